@@ -1,0 +1,67 @@
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := venv
+
+PYTHON      ?= python3
+VENV        := .venv
+VENV_PY     := $(VENV)/bin/python
+STAMP       := $(VENV)/.installed
+ARGS        ?=
+PYTEST_ARGS ?=
+
+.PHONY: venv run test bench clean
+
+## venv: create .venv (if missing) and install the package with test extras
+venv: $(STAMP)
+
+# Re-install only when pyproject.toml changes. A venv whose interpreter no
+# longer runs (e.g. the base python moved) is recreated from scratch.
+$(STAMP): pyproject.toml
+	@if ! $(VENV_PY) -c '' >/dev/null 2>&1; then \
+	  echo "creating $(VENV) with $(PYTHON)"; \
+	  if [ -e $(VENV) ]; then $(PYTHON) -m venv --clear $(VENV); else $(PYTHON) -m venv $(VENV); fi; \
+	fi
+	$(VENV_PY) -m pip install --quiet --upgrade pip
+	$(VENV_PY) -m pip install --quiet -e '.[test]'
+	@touch $@
+
+## run: start the hub (make run ARGS='...')
+run: venv
+	$(VENV)/bin/amux up $(ARGS)
+
+## test: run the test suite against PostgreSQL (make test PYTEST_ARGS='-k foo')
+test: venv
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "make test: installing chromium (apt-get) ..." >&2; \
+	    log=$$(mktemp); \
+	    if DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >"$$log" 2>&1 \
+	       || { DEBIAN_FRONTEND=noninteractive apt-get update -q >>"$$log" 2>&1 \
+	            && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >>"$$log" 2>&1; }; then \
+	      echo "make test: chromium installed" >&2; \
+	    else \
+	      tail -n 20 "$$log" >&2; \
+	      echo "make test: WARNING: could not install chromium; browser tests may fail or be skipped" >&2; \
+	    fi; \
+	    rm -f "$$log"; \
+	  else \
+	    echo "make test: WARNING: /usr/bin/chromium missing (and cannot apt-get install it); browser tests may fail or be skipped" >&2; \
+	  fi; \
+	fi
+	@url="$${AMUX_TEST_DATABASE_URL:-}"; \
+	if [ -z "$$url" ]; then \
+	  url="$$($(VENV_PY) scripts/ensure_postgres.py)" \
+	    || { echo "make test: no PostgreSQL available (see above); set AMUX_TEST_DATABASE_URL to override" >&2; exit 1; }; \
+	fi; \
+	echo "make test: AMUX_TEST_DATABASE_URL=$$url" >&2; \
+	echo "+ $(VENV_PY) -m pytest -q $(PYTEST_ARGS)" >&2; \
+	AMUX_TEST_DATABASE_URL="$$url" $(VENV_PY) -m pytest -q $(PYTEST_ARGS)
+
+## bench: run the benchmarks (make bench ARGS='...')
+bench: venv
+	$(VENV_PY) -m bench $(ARGS)
+
+## clean: remove the virtualenv, local state and caches
+clean:
+	rm -rf $(VENV) .amux .pytest_cache build *.egg-info
+	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +

@@ -1,0 +1,1 @@
+"""Feishu adapter for the amux hub (cards, events, delivery channel)."""

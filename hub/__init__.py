@@ -1,0 +1,1 @@
+"""amux hub: admit, freeze, reserve, dispatch and record coding-agent work."""

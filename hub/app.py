@@ -1,0 +1,68 @@
+"""Composition root: the only module that wires concrete adapters together."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import AsyncIterator
+
+from aiohttp import web
+
+from .clock import Clock, SystemClock
+from .config import Settings
+from .mcp.server import build_mcp
+from .services.auth import AuthService
+from .services.dispatch import Dispatcher
+from .services.notify import Notifier
+from .services.runtimes import RuntimeService
+from .services.tasks import TaskService
+from .store.db import Database
+from .web import health, rest
+from .web.mcp_mount import McpMount
+from .web.runner_ws import RunnerEndpoint
+
+HUB = web.AppKey("hub", object)
+
+
+class Hub:
+    """Every service of one hub replica, built over one database and one clock."""
+
+    def __init__(self, settings: Settings, db: Database | None = None, clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.db = db or Database(settings.db_url())
+        self.clock = clock or SystemClock()
+        self.notifier = Notifier()
+        self.metrics = health.Metrics()
+        hs = settings.hub
+        self.auth = AuthService(self.db, self.clock)
+        self.dispatcher = Dispatcher(self.db, self.clock, self.notifier, hs)
+        self.tasks = TaskService(self.db, self.clock, self.notifier, hs, on_admitted=self.dispatcher.kick)
+        self.runtimes = RuntimeService(self.db, self.clock, self.notifier, self.dispatcher,
+                                       on_started=lambda _t, s: self.metrics.dispatch_latency.observe(max(s, 0.0)))
+        self.runner_endpoint = RunnerEndpoint(self.auth, self.runtimes, self.notifier, hs.heartbeat_s, hs.poll_s)
+        self.mcp = McpMount(build_mcp(self.auth, self.tasks), self.auth)
+
+    def web_app(self, *, background: bool = True) -> web.Application:
+        """Build the aiohttp application; `background` starts the placement and reaper loops."""
+        app = web.Application(middlewares=[rest.auth_middleware(self.auth)], client_max_size=2 * 1024 * 1024)
+        app[HUB] = self
+        health.add_routes(app, self.db, self.metrics)
+        rest.add_routes(app, self.tasks, self.db)
+        app.router.add_get("/runner/ws", self.runner_endpoint.handle)
+        app.router.add_route("*", "/mcp", self.mcp.handle)
+        app.cleanup_ctx.append(self._mcp_ctx)
+        if background:
+            app.cleanup_ctx.append(self._loops_ctx)
+        return app
+
+    async def _mcp_ctx(self, _app: web.Application) -> AsyncIterator[None]:
+        async with self.mcp.lifespan():
+            yield
+
+    async def _loops_ctx(self, _app: web.Application) -> AsyncIterator[None]:
+        loops = [asyncio.create_task(self.dispatcher.run_placement()), asyncio.create_task(self.dispatcher.run_reaper())]
+        yield
+        for t in loops:
+            t.cancel()
+        for t in loops:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t

@@ -1,0 +1,330 @@
+"""The `amux` command line."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import AmuxError
+
+DEFAULT_HUB = "http://127.0.0.1:8787"
+
+
+def _print(args: argparse.Namespace, data: Any, human: str | None = None) -> None:
+    if getattr(args, "json", False) or human is None:
+        print(json.dumps(data, indent=2, ensure_ascii=False))
+    else:
+        print(human)
+
+
+# ---------------------------------------------------------------- server side
+
+def _settings(args: argparse.Namespace):  # noqa: ANN202
+    from .config import load_settings
+
+    return load_settings(getattr(args, "config", None), database_url=getattr(args, "db", None),
+                         listen=getattr(args, "listen", None))
+
+
+async def _token_file(hub, path: Path, principal: str, label: str) -> str:  # noqa: ANN001
+    """Reuse a stored token that still works, else mint one and store it (mode 0600)."""
+    if path.exists():
+        token = path.read_text().strip()
+        try:
+            await hub.auth.authenticate(token)
+            return token
+        except AmuxError:
+            pass
+    token = await hub.auth.create_token(principal, label=label, admin=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return token
+
+
+async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
+    from aiohttp import web
+
+    from .app import Hub
+    from .engines.base import Engine
+    from .runner.agent import Runner, default_engines
+    from .store.db import upgrade
+
+    settings = _settings(args)
+    settings.home.mkdir(parents=True, exist_ok=True)
+    await upgrade(settings.db_url())
+    hub = Hub(settings)
+    host, _, port = settings.listen.rpartition(":")
+    runner_app = web.AppRunner(hub.web_app(), access_log=None)
+    await runner_app.setup()
+    site = web.TCPSite(runner_app, host or "127.0.0.1", int(port))
+    await site.start()
+    url = f"http://{host or '127.0.0.1'}:{port}"
+    admin_token = await _token_file(hub, settings.home / "admin.token", "admin", "cli")
+    print(f"amux hub listening on {url}  (MCP: {url}/mcp, database: {hub.db.url.split('@')[-1]})", flush=True)
+    print(f"admin token written to {settings.home / 'admin.token'}", flush=True)
+    local = None
+    tasks = []
+    if with_runner:
+        runner_token = await _token_file(hub, settings.home / "runner.token", "local-runner", "runner")
+        engines: dict[str, Engine] = default_engines()
+        local = Runner(url, runner_token, name=f"local-{socket.gethostname()}", slots=args.slots,
+                       workspace_root=settings.home / "workspaces", engines=engines)
+        tasks.append(asyncio.create_task(local.run_forever()))
+        print(f"in-process runner {local.name} with {args.slots} slots, engines: {', '.join(sorted(local.engines))}", flush=True)
+    del admin_token
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    if local:
+        await local.stop()
+    for t in tasks:
+        t.cancel()
+    await runner_app.cleanup()
+    await hub.db.close()
+
+
+async def _runner(args: argparse.Namespace) -> None:
+    from .runner.agent import Runner, default_engines
+
+    token = args.token or os.environ.get("AMUX_TOKEN")
+    if not token:
+        raise AmuxError("amux runner needs --token (or AMUX_TOKEN); create one with `amux token create --principal NAME --admin`")
+    root = Path(args.workspace_root or Path.home() / ".amux" / "workspaces")
+    runner = Runner(args.hub, token, name=args.name or socket.gethostname(), slots=args.slots,
+                    workspace_root=root, engines=default_engines())
+    loop = asyncio.get_running_loop()
+    stopper = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopper.set)
+    main = asyncio.create_task(runner.run_forever())
+    waiter = asyncio.create_task(stopper.wait())
+    done, _ = await asyncio.wait({main, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    await runner.stop()
+    main.cancel()
+    if main in done and main.exception():
+        raise main.exception()
+
+
+async def _db_upgrade(args: argparse.Namespace) -> None:
+    from .store.db import upgrade
+
+    settings = _settings(args)
+    await upgrade(settings.db_url())
+    print(f"database at head: {settings.db_url().split('@')[-1]}")
+
+
+async def _token_create(args: argparse.Namespace) -> None:
+    from .app import Hub
+    from .store.db import upgrade
+
+    settings = _settings(args)
+    await upgrade(settings.db_url())
+    hub = Hub(settings)
+    try:
+        token = await hub.auth.create_token(args.principal, label=args.label, admin=args.admin, kind=args.kind)
+    finally:
+        await hub.db.close()
+    _print(args, {"principal": args.principal, "label": args.label, "admin": args.admin, "token": token},
+           f"{token}\n(shown once; store it now — only its hash is kept)")
+
+
+# ---------------------------------------------------------------- client side
+
+class ApiClient:
+    """A small REST client for the CLI."""
+
+    def __init__(self, hub: str, token: str) -> None:
+        self.hub = hub.rstrip("/")
+        self.token = token
+
+    async def call(self, method: str, path: str, body: dict | None = None, params: dict | None = None) -> dict:
+        """Call `/api/v1/<path>` and return JSON, raising AmuxError on refusals."""
+        import aiohttp
+
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"}) as http:
+            try:
+                async with http.request(method, f"{self.hub}/api/v1/{path}", json=body, params=params) as resp:
+                    data = await resp.json(content_type=None)
+            except aiohttp.ClientConnectionError as e:
+                raise AmuxError(f"cannot reach the hub at {self.hub} ({e}); start it with `amux up` or pass --hub") from e
+        if resp.status >= 400:
+            raise AmuxError(data.get("message") or str(data))
+        return data
+
+
+def _client(args: argparse.Namespace) -> ApiClient:
+    token = args.token or os.environ.get("AMUX_TOKEN")
+    if not token:
+        home = Path(os.environ.get("AMUX_HOME", ".amux"))
+        f = home / "admin.token"
+        if f.exists():
+            token = f.read_text().strip()
+    if not token:
+        raise AmuxError("no token: pass --token, set AMUX_TOKEN, or run `amux up` (it writes .amux/admin.token)")
+    return ApiClient(args.hub or os.environ.get("AMUX_HUB_URL") or DEFAULT_HUB, token)
+
+
+async def _task(args: argparse.Namespace) -> None:
+    api = _client(args)
+    if args.task_cmd == "submit":
+        prompt = args.prompt
+        if prompt in (None, "-"):
+            prompt = sys.stdin.read()
+        body = {k: v for k, v in {"prompt": prompt, "profile": args.profile, "runtime": args.runtime,
+                                  "model": args.model, "extra_args": args.arg or None,
+                                  "timeout_s": args.timeout, "name": args.name}.items() if v is not None}
+        sub = await api.call("POST", "tasks", body)
+        if not args.wait:
+            _print(args, sub, sub["task_id"])
+            return
+        args.id = sub["task_id"]
+        args.timeout = None
+        await _wait(args, api)
+    elif args.task_cmd == "get":
+        t = await api.call("GET", f"tasks/{args.id}")
+        _print(args, t, _human(t))
+    elif args.task_cmd == "wait":
+        await _wait(args, api)
+    elif args.task_cmd == "cancel":
+        t = await api.call("POST", f"tasks/{args.id}/cancel")
+        _print(args, t, f"{t['task_id']}: {t['status']}")
+    elif args.task_cmd == "list":
+        data = await api.call("GET", "tasks")
+        _print(args, data, "\n".join(f"{t['task_id']}  {t['status']:<10} {t['name'] or ''}" for t in data["tasks"]))
+
+
+async def _wait(args: argparse.Namespace, api: ApiClient) -> None:
+    cursor = 0
+    loop = asyncio.get_running_loop()
+    deadline = None if args.timeout is None else loop.time() + args.timeout
+    while True:
+        page = await api.call("GET", f"tasks/{args.id}/wait", params={"cursor": cursor, "timeout_s": 25})
+        for ev in page["events"]:
+            if not args.json:
+                print(f"  [{ev['seq']}] {ev['type']}: {ev.get('text') or ev.get('tool') or ev.get('usage') or ''}")
+        cursor = page["cursor"]
+        if page["done"] or (deadline is not None and loop.time() >= deadline):
+            break
+    t = await api.call("GET", f"tasks/{args.id}")
+    _print(args, t, _human(t))
+
+
+def _human(t: dict) -> str:
+    lines = [f"{t['task_id']}  {t['status']}" + (f"  ({t['error']})" if t.get("error") else "")]
+    if t.get("result") and t["result"].get("text"):
+        lines.append(t["result"]["text"])
+    files = t.get("changed_files") or {}
+    for kind in ("created", "modified", "deleted"):
+        for path in files.get(kind, []):
+            lines.append(f"  {kind}: {path}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- parser
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the `amux` argument parser."""
+    ap = argparse.ArgumentParser(prog="amux", description="amux hub: run coding-agent work on a fleet of machines")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def server_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8787)")
+        p.add_argument("--db", help="database URL (default sqlite in $AMUX_HOME)")
+        p.add_argument("--config", help="TOML config file (default $AMUX_HOME/amux.toml)")
+
+    def client_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--hub", help=f"hub URL (default $AMUX_HUB_URL or {DEFAULT_HUB})")
+        p.add_argument("--token", help="API token (default $AMUX_TOKEN or $AMUX_HOME/admin.token)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+    up = sub.add_parser("up", help="hub + in-process runner on the embedded database")
+    server_opts(up)
+    up.add_argument("--slots", type=int, default=8)
+    hub = sub.add_parser("hub", help="hub commands")
+    hub_sub = hub.add_subparsers(dest="hub_cmd", required=True)
+    serve = hub_sub.add_parser("serve", help="hub only (production)")
+    server_opts(serve)
+
+    run = sub.add_parser("runner", help="connect this machine to a hub as a runtime")
+    run.add_argument("--hub", required=True)
+    run.add_argument("--token")
+    run.add_argument("--slots", type=int, default=4)
+    run.add_argument("--name")
+    run.add_argument("--workspace-root")
+
+    db = sub.add_parser("db", help="database commands")
+    db_sub = db.add_subparsers(dest="db_cmd", required=True)
+    dbu = db_sub.add_parser("upgrade", help="apply migrations")
+    server_opts(dbu)
+
+    tok = sub.add_parser("token", help="API tokens")
+    tok_sub = tok.add_subparsers(dest="token_cmd", required=True)
+    tc = tok_sub.add_parser("create", help="create a token (shown once)")
+    server_opts(tc)
+    tc.add_argument("--principal", required=True)
+    tc.add_argument("--label")
+    tc.add_argument("--admin", action="store_true")
+    tc.add_argument("--kind", default="user", choices=["user", "service", "runtime"])
+    tc.add_argument("--json", action="store_true")
+
+    task = sub.add_parser("task", help="tasks")
+    task_sub = task.add_subparsers(dest="task_cmd", required=True)
+    ts = task_sub.add_parser("submit", help="submit a task")
+    client_opts(ts)
+    ts.add_argument("prompt", nargs="?", help="the prompt ('-' or omitted: read stdin)")
+    ts.add_argument("--profile")
+    ts.add_argument("--runtime")
+    ts.add_argument("--model")
+    ts.add_argument("--arg", action="append", help="native engine argument (repeatable)")
+    ts.add_argument("--timeout", type=float)
+    ts.add_argument("--name")
+    ts.add_argument("--wait", action="store_true", help="follow events until the task ends")
+    for name in ("get", "wait", "cancel"):
+        p = task_sub.add_parser(name, help=f"{name} a task")
+        client_opts(p)
+        p.add_argument("id")
+        if name == "wait":
+            p.add_argument("--timeout", type=float)
+    tl = task_sub.add_parser("list", help="your recent tasks")
+    client_opts(tl)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `amux` console script."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=os.environ.get("AMUX_LOG_LEVEL", "WARNING"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.cmd == "up":
+            asyncio.run(_serve(args, with_runner=True))
+        elif args.cmd == "hub":
+            asyncio.run(_serve(args, with_runner=False))
+        elif args.cmd == "runner":
+            asyncio.run(_runner(args))
+        elif args.cmd == "db":
+            asyncio.run(_db_upgrade(args))
+        elif args.cmd == "token":
+            asyncio.run(_token_create(args))
+        elif args.cmd == "task":
+            asyncio.run(_task(args))
+    except AmuxError as e:
+        print(f"amux: {e.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""Settings: an optional TOML file overlaid by `AMUX_*` environment variables (`__` between levels)."""
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping
+
+from pydantic import BaseModel, Field, ValidationError
+
+from .errors import Invalid
+
+
+class HubSettings(BaseModel):
+    """Dispatch and runner timing."""
+
+    reservation_ttl_s: float = 30.0
+    runtime_lost_s: float = 60.0
+    heartbeat_s: float = 5.0
+    deadline_grace_s: float = 30.0
+    poll_s: float = 0.25
+    max_prompt_bytes: int = 256 * 1024
+    max_extra_args: int = 64
+    default_timeout_s: float = 3600.0
+
+
+class LeaseSettings(BaseModel):
+    """Task-lease clocks (seed: rift tasks)."""
+
+    activity_granularity_s: float = 60
+    takeover_quiet_s: float = 1800
+    auto_close_quiet_s: float = 14400
+
+
+class Settings(BaseModel):
+    """Everything the hub reads at start."""
+
+    home: Path = Path(".amux")
+    database_url: str | None = None
+    listen: str = "127.0.0.1:8787"
+    secret_key: str | None = None
+    public_url: str | None = None
+    hub: HubSettings = Field(default_factory=HubSettings)
+    leases: LeaseSettings = Field(default_factory=LeaseSettings)
+
+    def db_url(self) -> str:
+        """Return the database URL, defaulting to SQLite in `home`."""
+        return self.database_url or f"sqlite+aiosqlite:///{(self.home / 'amux.db').resolve()}"
+
+
+def _set_path(tree: dict[str, Any], path: list[str], value: str) -> None:
+    for part in path[:-1]:
+        tree = tree.setdefault(part, {})
+    tree[path[-1]] = value
+
+
+def load_settings(
+    config_file: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> Settings:
+    """Read the TOML file (if any), overlay `AMUX_*` variables, then explicit overrides."""
+    env = os.environ if env is None else env
+    home = Path(overrides.get("home") or env.get("AMUX_HOME") or ".amux")
+    path = Path(config_file) if config_file else home / "amux.toml"
+    data: dict[str, Any] = {}
+    if path.exists():
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise Invalid(f"config file {path} is not valid TOML ({e}); fix the line it names") from e
+    elif config_file:
+        raise Invalid(f"config file {path} does not exist; pass an existing file to --config")
+    for key, value in env.items():
+        if key.startswith("AMUX_") and key not in ("AMUX_TEST_DATABASE_URL", "AMUX_SESSION_ID", "AMUX_TOKEN", "AMUX_HUB_URL"):
+            _set_path(data, key[5:].lower().split("__"), value)
+    for key, value in overrides.items():
+        if value is not None:
+            data[key] = value
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as e:
+        raise Invalid(f"bad configuration: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}; fix it in {path} or the AMUX_* variable") from e

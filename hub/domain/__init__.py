@@ -1,0 +1,1 @@
+"""Pure rules: no I/O; `now` is always passed in."""

@@ -1,0 +1,33 @@
+"""TaskRun states and the transitions between them."""
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Status(StrEnum):
+    """Where a TaskRun is; the last four are terminal and equal the outcome."""
+
+    QUEUED = "queued"          # admitted, waiting for capacity
+    DISPATCHED = "dispatched"  # capacity reserved on a runtime, runner not yet confirmed
+    RUNNING = "running"        # runner committed the reservation and launched the engine
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+
+
+TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.TIMED_OUT})
+ACTIVE = frozenset({Status.QUEUED, Status.DISPATCHED, Status.RUNNING})
+OUTCOMES = tuple(s.value for s in TERMINAL)
+
+RUNTIME_LOST = "runtime lost: the runner stopped reporting; resubmit the task"
+
+
+def is_terminal(status: str) -> bool:
+    """Return whether a status is a terminal outcome."""
+    return status in TERMINAL
+
+
+def can_finish(status: str) -> bool:
+    """A terminal report applies only to an active run; later reports are ignored (idempotent)."""
+    return status in ACTIVE

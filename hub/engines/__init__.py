@@ -1,0 +1,1 @@
+"""Engine adapters: each turns a frozen snapshot into a launch and a stream of canonical events."""

@@ -1,0 +1,47 @@
+"""The engine interface every adapter implements."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Protocol
+
+Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+@dataclass
+class Job:
+    """One attempt of a task as the runner launches it."""
+
+    task_id: str
+    attempt: int
+    prompt: str
+    snapshot: dict[str, Any]
+    workspace: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class EngineResult:
+    """What an engine reports when it ends on its own (cancel and timeout are the runner's)."""
+
+    outcome: str  # succeeded | failed
+    text: str = ""
+    json: Any = None
+    error: str | None = None
+    resume_handle: str | None = None
+
+
+class Engine(Protocol):
+    """Launch one job and stream canonical events through `emit`.
+
+    Rules: emit `text`, `tool`, `usage`, `question` events in order; return an EngineResult when the
+    engine ends; on cancellation (asyncio.CancelledError) stop the child and its processes before re-raising.
+    """
+
+    name: str
+
+    def available(self) -> bool:
+        """Return whether this machine can launch the engine."""
+
+    async def run(self, job: Job, emit: Emit) -> EngineResult:
+        """Run the job to its end."""

@@ -1,0 +1,119 @@
+"""The built-in `scripted` engine: deterministic and offline; in-process or as a real subprocess."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..domain import scripted
+from ..errors import AmuxError
+from .base import EngineResult, Emit, Job
+
+
+async def interpret(prompt: str, workspace: Path, emit: Emit) -> EngineResult:
+    """Execute a script, emitting canonical events; the shared core of both modes."""
+    try:
+        steps = scripted.parse(prompt)
+    except AmuxError as e:
+        return EngineResult("failed", error=e.message)
+    said: list[str] = []
+    tools = 0
+    for step in steps:
+        if step.op == "say":
+            said.append(step.text)
+            await emit("text", {"text": step.text})
+        elif step.op == "tool":
+            tools += 1
+            await emit("tool", {"tool": {"id": f"tool_{tools}", "name": step.args[0], "title": step.args[1], "status": "completed"}})
+        elif step.op == "usage":
+            names = {"input": "input_tokens", "output": "output_tokens"}
+            await emit("usage", {"usage": {names.get(k, k): v for k, v in step.numbers}})
+        elif step.op == "write":
+            target = (workspace / step.args[0]).resolve()
+            if workspace.resolve() not in target.parents:
+                return EngineResult("failed", text="\n".join(said), error=f"write {step.args[0]!r} leaves the workspace; use a relative path inside it")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(step.text + "\n")
+        elif step.op == "sleep":
+            await asyncio.sleep(step.seconds)
+        elif step.op == "ask":
+            await emit("question", {"text": step.text, "options": []})
+            return EngineResult("failed", text="\n".join(said), error="question")
+        elif step.op == "fail":
+            return EngineResult("failed", text="\n".join(said), json={"lines": said}, error=step.text or "script failed")
+    return EngineResult("succeeded", text="\n".join(said), json={"lines": said})
+
+
+class ScriptedEngine:
+    """Run scripts in-process, or in `python -m hub.engines.scripted` when the snapshot asks for a subprocess."""
+
+    name = "scripted"
+
+    def available(self) -> bool:
+        """Always available: it needs nothing but Python."""
+        return True
+
+    async def run(self, job: Job, emit: Emit) -> EngineResult:
+        """Run in-process or as a subprocess, per the snapshot."""
+        if not job.snapshot.get("subprocess"):
+            return await interpret(job.prompt, job.workspace, emit)
+        return await run_subprocess(job, emit)
+
+
+async def run_subprocess(job: Job, emit: Emit) -> EngineResult:
+    """Launch the scripted CLI as a child process and translate its JSON lines."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "hub.engines.scripted", str(job.workspace),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        cwd=job.workspace, env={**os.environ, **job.env}, start_new_session=True,
+    )
+    try:
+        assert proc.stdin and proc.stdout
+        proc.stdin.write(job.prompt.encode())
+        await proc.stdin.drain()
+        proc.stdin.close()
+        result: EngineResult | None = None
+        async for line in proc.stdout:
+            try:
+                msg: dict[str, Any] = json.loads(line)
+            except ValueError:
+                continue  # garbage lines are not events
+            if msg.get("type") == "result":
+                result = EngineResult(msg.get("outcome", "failed"), msg.get("text", ""), msg.get("json"), msg.get("error"))
+            elif isinstance(msg.get("type"), str):
+                await emit(msg.pop("type"), msg)
+        code = await proc.wait()
+        if result is None:
+            err = (await proc.stderr.read()).decode(errors="replace")[-500:] if proc.stderr else ""
+            return EngineResult("failed", error=f"scripted engine exited with code {code} without a result: {err}")
+        return result
+    except asyncio.CancelledError:
+        _kill_group(proc)
+        raise
+    finally:
+        if proc.returncode is None:
+            _kill_group(proc)
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+async def _cli(workspace: str) -> None:
+    async def emit(kind: str, payload: dict) -> None:
+        sys.stdout.write(json.dumps({"type": kind, **payload}) + "\n")
+        sys.stdout.flush()
+
+    res = await interpret(sys.stdin.read(), Path(workspace), emit)
+    sys.stdout.write(json.dumps({"type": "result", "outcome": res.outcome, "text": res.text, "json": res.json, "error": res.error}) + "\n")
+
+
+if __name__ == "__main__":
+    asyncio.run(_cli(sys.argv[1] if len(sys.argv) > 1 else "."))

@@ -1,0 +1,1 @@
+"""The MCP endpoint: tools generated from typed models, mounted into the aiohttp app."""

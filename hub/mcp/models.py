@@ -1,0 +1,96 @@
+"""Typed tool results; the MCP SDK generates output schemas from these."""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class ProfileInfo(BaseModel):
+    """One profile a task can name."""
+
+    name: str
+    engine: str
+    kind: str
+    description: str
+    digest: str
+
+
+class ProfileList(BaseModel):
+    """Profiles available to tasks."""
+
+    profiles: list[ProfileInfo]
+
+
+class Submitted(BaseModel):
+    """An admitted task."""
+
+    task_id: str
+    status: str
+
+
+class TaskResult(BaseModel):
+    """A finished task's result."""
+
+    text: str = ""
+    json_: Any = Field(default=None, alias="json", serialization_alias="json")
+
+    model_config = {"populate_by_name": True}
+
+
+class ChangedFiles(BaseModel):
+    """Paths created, modified and deleted in the run's workspace."""
+
+    created: list[str] = []
+    modified: list[str] = []
+    deleted: list[str] = []
+
+
+class TaskView(BaseModel):
+    """A task's state, outcome and evidence."""
+
+    task_id: str
+    name: str | None = None
+    status: str
+    outcome: str | None = None
+    result: TaskResult | None = None
+    usage: dict[str, int] | None = None
+    changed_files: ChangedFiles = ChangedFiles()
+    error: str | None = None
+    runtime: str | None = None
+    snapshot: dict[str, Any] = {}
+    created_at: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+
+
+class TaskEvent(BaseModel):
+    """One event of a task's log."""
+
+    seq: int
+    type: str
+    text: str | None = None
+    tool: dict[str, str] | None = None
+    usage: dict[str, int] | None = None
+    at: str | None = None
+
+
+class EventPage(BaseModel):
+    """Events after a cursor, and the cursor to pass next."""
+
+    task_id: str
+    status: str
+    outcome: str | None = None
+    events: list[TaskEvent]
+    cursor: int
+    done: bool
+    timed_out: bool = False
+
+
+class Cancelled(BaseModel):
+    """The answer to a cancel request."""
+
+    task_id: str
+    status: str
+    outcome: str | None = None
+    note: str | None = None

@@ -1,0 +1,1 @@
+"""The runner protocol: hub side (`hubside`) and runner side (`agent`), sharing `protocol`."""

@@ -1,0 +1,267 @@
+"""The runner: connects out to the hub, launches engines and streams canonical events back."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import platform
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from ..engines.base import Engine, EngineResult, Job
+from . import protocol as p
+
+log = logging.getLogger("amux.runner")
+
+QUESTION_DIAGNOSTIC = (
+    "The task asked the user a question, but task children have no channel to ask users; "
+    "gather the missing input in an interactive session and submit a new task. / "
+    "任务向用户提出了问题，但子任务无法向用户提问；请在交互式会话中收集缺少的信息，然后提交新任务。"
+)
+
+
+@dataclass
+class _Held:
+    """A task this runner holds until the hub acknowledges its final report."""
+
+    task_id: str
+    attempt: int
+    rseq: int = 0
+    unacked: list[dict] = field(default_factory=list)
+    pending_events: list[p.Event] = field(default_factory=list)
+    task: asyncio.Task | None = None
+    cancel_intent: bool = False
+    finished: bool = False
+
+
+def snapshot_tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Map each file under `root` to (size, mtime_ns) for changed-file evidence."""
+    out: dict[str, tuple[int, int]] = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            full = Path(dirpath) / name
+            try:
+                st = full.stat()
+            except OSError:
+                continue
+            out[str(full.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def diff_trees(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> dict[str, list[str]]:
+    """Return created, modified and deleted paths."""
+    return {
+        "created": sorted(set(after) - set(before)),
+        "modified": sorted(k for k in set(after) & set(before) if after[k] != before[k]),
+        "deleted": sorted(set(before) - set(after)),
+    }
+
+
+class Runner:
+    """One runner process (or the in-process runner of `amux up`): the same protocol either way."""
+
+    def __init__(self, hub_url: str, token: str, *, name: str, slots: int, workspace_root: Path,
+                 engines: dict[str, Engine]) -> None:
+        self.hub_url = hub_url.rstrip("/")
+        self.token = token
+        self.name = name
+        self.slots = slots
+        self.workspace_root = Path(workspace_root)
+        self.engines = {k: e for k, e in engines.items() if e.available()}
+        self.held: dict[str, _Held] = {}
+        self.ws: aiohttp.ClientWebSocketResponse | None = None
+        self.runtime_id: str | None = None
+        self.heartbeat_s = 5.0
+        self.registered = asyncio.Event()
+        self._stop = asyncio.Event()
+
+    def capabilities(self) -> dict[str, Any]:
+        """Describe what this runner can do."""
+        self.workspace_root.mkdir(parents=True, exist_ok=True)
+        return {
+            "platform": platform.system().lower(),
+            "arch": platform.machine(),
+            "engines": sorted(self.engines),
+            "workspace_root": str(self.workspace_root),
+            "workspace_writable": os.access(self.workspace_root, os.W_OK),
+            "isolation": ["process"],
+        }
+
+    async def run_forever(self) -> None:
+        """Connect, serve, and reconnect with backoff until stopped."""
+        delay = 0.1
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"}) as http:
+            while not self._stop.is_set():
+                try:
+                    await self._session(http)
+                    delay = 0.1
+                except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                    log.info("hub unreachable (%s); retrying in %.1fs", e, delay)
+                except PermissionError as e:
+                    log.error("%s", e)
+                    raise
+                self.ws = None
+                self.registered.clear()
+                if self._stop.is_set():
+                    break
+                await asyncio.sleep(delay + random.random() * delay / 2)
+                delay = min(delay * 2, 2.0)
+
+    async def stop(self) -> None:
+        """Stop connecting and cancel held work."""
+        self._stop.set()
+        for h in self.held.values():
+            if h.task and not h.task.done():
+                h.task.cancel()
+        if self.ws is not None:
+            await self.ws.close()
+
+    async def _session(self, http: aiohttp.ClientSession) -> None:
+        url = self.hub_url.replace("http://", "ws://").replace("https://", "wss://") + "/runner/ws"
+        async with http.ws_connect(url, heartbeat=30, max_msg_size=16 * 1024 * 1024) as ws:
+            reg = p.Register(name=self.name, slots=self.slots, capabilities=self.capabilities(),
+                             running=[p.RunningWork(task_id=h.task_id, attempt=h.attempt) for h in self.held.values()])
+            await ws.send_json(reg.model_dump())
+            first = await ws.receive_json(timeout=30)
+            if first.get("type") == "error":
+                raise PermissionError(f"hub refused the runner: {first.get('message')}")
+            registered = p.Registered.model_validate(first)
+            self.runtime_id, self.heartbeat_s = registered.runtime_id, registered.heartbeat_s
+            for task_id in registered.drop:
+                self._drop(task_id)
+            self.ws = ws
+            self.registered.set()
+            for h in list(self.held.values()):  # resend what the hub has not acknowledged
+                for msg in h.unacked:
+                    await ws.send_json(msg)
+            beat = asyncio.create_task(self._heartbeat(ws))
+            try:
+                async for raw in ws:
+                    if raw.type != aiohttp.WSMsgType.TEXT:
+                        break
+                    await self._on_message(raw.json())
+            finally:
+                beat.cancel()
+                self.ws = None
+
+    async def _heartbeat(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        while not ws.closed:
+            await asyncio.sleep(self.heartbeat_s)
+            await ws.send_json(p.Heartbeat().model_dump())
+
+    async def _on_message(self, msg: dict) -> None:
+        kind = msg.get("type")
+        if kind == "dispatch":
+            self._start(p.Dispatch.model_validate(msg))
+        elif kind == "cancel":
+            h = self.held.get(msg["task_id"])
+            if h and h.task and not h.task.done():
+                h.cancel_intent = True  # recorded first: the run finishes cancelled whatever the engine says
+                h.task.cancel()
+        elif kind == "ack":
+            ack = p.Ack.model_validate(msg)
+            if ack.drop:
+                self._drop(ack.task_id)
+                return
+            h = self.held.get(ack.task_id)
+            if h:
+                h.unacked = [m for m in h.unacked if m.get("rseq", m.get("last_rseq", 0)) > ack.rseq]
+                if h.finished and not h.unacked:
+                    self.held.pop(ack.task_id, None)
+        elif kind == "error":
+            log.warning("hub: %s", msg.get("message"))
+
+    def _drop(self, task_id: str) -> None:
+        h = self.held.pop(task_id, None)
+        if h and h.task and not h.task.done():
+            h.task.cancel()
+
+    def _start(self, d: p.Dispatch) -> None:
+        existing = self.held.get(d.task_id)
+        if existing and existing.attempt == d.attempt:
+            return  # a resent dispatch: already running
+        if existing:
+            self._drop(d.task_id)
+        h = _Held(d.task_id, d.attempt)
+        self.held[d.task_id] = h
+        h.task = asyncio.create_task(self._execute(h, d))
+
+    async def _send(self, h: _Held, msg: dict) -> None:
+        h.unacked.append(msg)
+        if self.ws is not None and not self.ws.closed:
+            try:
+                await self.ws.send_json(msg)
+            except (ConnectionError, RuntimeError):
+                pass  # resent after reconnect
+
+    async def _flush(self, h: _Held) -> None:
+        if not h.pending_events:
+            return
+        events, h.pending_events = h.pending_events, []
+        msg = p.Events(task_id=h.task_id, attempt=h.attempt, events=events).model_dump()
+        msg["last_rseq"] = events[-1].rseq
+        await self._send(h, msg)
+
+    async def _execute(self, h: _Held, d: p.Dispatch) -> None:
+        await self._send(h, {**p.Accepted(task_id=d.task_id, attempt=d.attempt).model_dump(), "rseq": 0})
+        workspace = self.workspace_root / d.task_id
+        workspace.mkdir(parents=True, exist_ok=True)
+        before = snapshot_tree(workspace)
+        engine = self.engines.get(d.snapshot.get("engine", ""))
+        last_usage: dict | None = None
+        asked = False
+
+        async def emit(kind: str, payload: dict) -> None:
+            nonlocal last_usage, asked
+            if kind == "usage":
+                if payload.get("usage") == last_usage:
+                    return
+                last_usage = payload.get("usage")
+            if kind == "question":
+                asked = True
+            h.rseq += 1
+            h.pending_events.append(p.Event(rseq=h.rseq, type=kind, payload=payload))
+            if len(h.pending_events) == 1:
+                asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._flush(h)))
+
+        outcome, result = "failed", EngineResult("failed")
+        try:
+            if engine is None:
+                result = EngineResult("failed", error=f"engine {d.snapshot.get('engine')!r} is not installed on runner {self.name}")
+            else:
+                job = Job(d.task_id, d.attempt, d.prompt, d.snapshot, workspace)
+                result = await asyncio.wait_for(engine.run(job, emit), timeout=float(d.snapshot.get("timeout_s") or 3600))
+            outcome = result.outcome
+            if asked:
+                outcome, result.error = "failed", QUESTION_DIAGNOSTIC
+        except asyncio.TimeoutError:
+            outcome, result = "timed_out", EngineResult("timed_out", error=f"timed out after {d.snapshot.get('timeout_s')}s")
+        except asyncio.CancelledError:
+            if not h.cancel_intent:
+                raise
+            outcome, result = "cancelled", EngineResult("cancelled", error="cancelled on request")
+        except Exception as e:  # an adapter crash fails the task, never the runner
+            log.exception("engine crashed")
+            outcome, result = "failed", EngineResult("failed", error=f"engine crashed: {type(e).__name__}: {e}")
+        await self._flush(h)
+        h.rseq += 1
+        fin = p.Finished(
+            task_id=d.task_id, attempt=d.attempt, rseq=h.rseq, outcome=outcome, result_text=result.text or "",
+            result_json=result.json, error=result.error, usage=last_usage,
+            changed_files=diff_trees(before, snapshot_tree(workspace)),
+        )
+        h.finished = True
+        await self._send(h, fin.model_dump())
+
+
+def default_engines() -> dict[str, Engine]:
+    """Return the engines this build knows; the runner keeps those available here."""
+    from ..engines.scripted import ScriptedEngine
+
+    engines: dict[str, Engine] = {"scripted": ScriptedEngine()}
+    return engines
+

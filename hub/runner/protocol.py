@@ -1,0 +1,118 @@
+"""Messages between hub and runner over `/runner/ws` (JSON objects with a `type`)."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+PROTOCOL_VERSION = 1
+
+
+class RunningWork(BaseModel):
+    """A task the runner holds (running, or finished with the report not yet acknowledged)."""
+
+    task_id: str
+    attempt: int
+
+
+class Register(BaseModel):
+    """Runner → hub, first message: who I am, what I can do, what I already hold."""
+
+    type: Literal["register"] = "register"
+    protocol: int = PROTOCOL_VERSION
+    name: str = Field(min_length=1, max_length=200)
+    slots: int = Field(ge=1, le=1024)
+    capabilities: dict[str, Any]
+    running: list[RunningWork] = []
+
+
+class Registered(BaseModel):
+    """Hub → runner: registration accepted."""
+
+    type: Literal["registered"] = "registered"
+    runtime_id: str
+    heartbeat_s: float
+    drop: list[str] = []  # tasks the hub no longer considers the runner's: stop them
+
+
+class Dispatch(BaseModel):
+    """Hub → runner: run this task (idempotent by task id and attempt)."""
+
+    type: Literal["dispatch"] = "dispatch"
+    task_id: str
+    attempt: int
+    prompt: str
+    snapshot: dict[str, Any]
+
+
+class Cancel(BaseModel):
+    """Hub → runner: cancel this task (idempotent)."""
+
+    type: Literal["cancel"] = "cancel"
+    task_id: str
+
+
+class Accepted(BaseModel):
+    """Runner → hub: I launched the task; commit the reservation."""
+
+    type: Literal["accepted"] = "accepted"
+    task_id: str
+    attempt: int
+
+
+class Event(BaseModel):
+    """One canonical event with the runner's per-attempt sequence number."""
+
+    rseq: int
+    type: str
+    payload: dict[str, Any]
+
+
+class Events(BaseModel):
+    """Runner → hub: canonical events in order."""
+
+    type: Literal["events"] = "events"
+    task_id: str
+    attempt: int
+    events: list[Event]
+
+
+class Finished(BaseModel):
+    """Runner → hub: the terminal outcome and everything the TaskRun keeps."""
+
+    type: Literal["finished"] = "finished"
+    task_id: str
+    attempt: int
+    rseq: int
+    outcome: Literal["succeeded", "failed", "cancelled", "timed_out"]
+    result_text: str = ""
+    result_json: Any = None
+    error: str | None = None
+    usage: dict[str, int] | None = None
+    changed_files: dict[str, list[str]] = Field(default_factory=lambda: {"created": [], "modified": [], "deleted": []})
+
+
+class Ack(BaseModel):
+    """Hub → runner: everything up to `rseq` of this task is stored (or the task is not yours: `drop`)."""
+
+    type: Literal["ack"] = "ack"
+    task_id: str
+    rseq: int
+    drop: bool = False
+
+
+class Heartbeat(BaseModel):
+    """Runner → hub: still here."""
+
+    type: Literal["heartbeat"] = "heartbeat"
+
+
+class ErrorMsg(BaseModel):
+    """Hub → runner: a refusal naming the fix."""
+
+    type: Literal["error"] = "error"
+    message: str
+
+
+RUNNER_MESSAGES = {m.model_fields["type"].default: m for m in (Register, Accepted, Events, Finished, Heartbeat)}
+HUB_MESSAGES = {m.model_fields["type"].default: m for m in (Registered, Dispatch, Cancel, Ack, ErrorMsg)}

@@ -1,0 +1,1 @@
+"""Services combine domain rules with the store; adapters call these."""

@@ -1,0 +1,128 @@
+"""Principals and API tokens: random, shown once, stored as SHA-256, checked in constant time."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+
+import sqlalchemy as sa
+
+from ..clock import Clock, utc
+from ..errors import Invalid, NotFound, Unauthorized
+from ..ids import new_id
+from ..store.db import Database
+from ..store.tables import api_tokens, principals
+
+TOKEN_PREFIX = "amux"
+MISSING = (
+    "missing bearer token: send `Authorization: Bearer <token>`; "
+    "create one with `amux token create --principal NAME`"
+)
+WRONG = "invalid or revoked token: create a new one with `amux token create --principal NAME`"
+LAST_USED_GRANULARITY = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling: the token's principal, label and admin flag."""
+
+    principal_id: str
+    principal: str
+    token_id: str
+    label: str | None
+    admin: bool
+
+
+def hash_secret(secret: str) -> str:
+    """Return the stored form of a secret."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def parse_token(token: str) -> tuple[str, str] | None:
+    """Split `amux.<token id>.<secret>`; None when malformed."""
+    parts = token.split(".")
+    if len(parts) != 3 or parts[0] != TOKEN_PREFIX or not parts[1] or not parts[2] or len(token) > 512:
+        return None
+    return parts[1], parts[2]
+
+
+class AuthService:
+    """Create principals and tokens; authenticate bearer tokens."""
+
+    def __init__(self, db: Database, clock: Clock) -> None:
+        self.db = db
+        self.clock = clock
+
+    async def ensure_principal(self, conn, name: str, kind: str = "user") -> str:  # noqa: ANN001
+        """Return the id of principal `name`, creating it."""
+        row = (await conn.execute(sa.select(principals.c.id).where(principals.c.name == name))).first()
+        if row:
+            return row.id
+        pid = new_id("pr")
+        await conn.execute(principals.insert().values(id=pid, kind=kind, name=name, created_at=self.clock.now()))
+        return pid
+
+    async def create_token(self, principal: str, label: str | None = None, admin: bool = False, kind: str = "user") -> str:
+        """Create a token for `principal` (created if new) and return its plaintext, shown once."""
+        principal = principal.strip()
+        if not principal or len(principal) > 200:
+            raise Invalid("principal name must be 1–200 characters, e.g. --principal alice")
+        if kind not in ("user", "service", "runtime"):
+            raise Invalid("principal kind must be user, service or runtime")
+        token_id = new_id("tok")
+        secret = secrets.token_urlsafe(32)
+        async with self.db.write() as conn:
+            pid = await self.ensure_principal(conn, principal, kind)
+            await conn.execute(api_tokens.insert().values(
+                id=token_id, principal_id=pid, label=label or None, token_hash=hash_secret(secret),
+                admin=admin, created_at=self.clock.now(),
+            ))
+        return f"{TOKEN_PREFIX}.{token_id.split('_', 1)[1]}.{secret}"
+
+    async def authenticate(self, header: str | None) -> Caller:
+        """Resolve an `Authorization` header (or bare token) to a Caller, or raise Unauthorized."""
+        if not header:
+            raise Unauthorized(MISSING)
+        token = header[7:].strip() if header[:7].lower() == "bearer " else header.strip()
+        parsed = parse_token(token)
+        if parsed is None:
+            raise Unauthorized(WRONG)
+        token_id, secret = "tok_" + parsed[0], parsed[1]
+        async with self.db.read() as conn:
+            row = (await conn.execute(
+                sa.select(api_tokens, principals.c.name)
+                .join(principals, principals.c.id == api_tokens.c.principal_id)
+                .where(api_tokens.c.id == token_id)
+            )).first()
+        if row is None or not hmac.compare_digest(row.token_hash, hash_secret(secret)) or row.revoked_at is not None:
+            raise Unauthorized(WRONG)
+        now = self.clock.now()
+        last = utc(row.last_used_at)
+        if last is None or now - last >= LAST_USED_GRANULARITY:
+            async with self.db.write() as conn:
+                await conn.execute(api_tokens.update().where(api_tokens.c.id == token_id).values(last_used_at=now))
+        return Caller(row.principal_id, row.name, token_id, row.label, bool(row.admin))
+
+    async def claim_label(self, caller: Caller, client_name: str) -> str | None:
+        """Label an unlabeled token `mcp:<client name>`; the first client wins, an explicit label is kept."""
+        name = "".join(ch for ch in client_name.strip() if ch.isprintable())[:120]
+        if caller.label or not name:
+            return caller.label
+        async with self.db.write() as conn:
+            await conn.execute(
+                api_tokens.update()
+                .where(api_tokens.c.id == caller.token_id, api_tokens.c.label.is_(None))
+                .values(label=f"mcp:{name}")
+            )
+            row = (await conn.execute(sa.select(api_tokens.c.label).where(api_tokens.c.id == caller.token_id))).first()
+        return row.label if row else None
+
+    async def token_label(self, token_id: str) -> str | None:
+        """Return a token's current label."""
+        async with self.db.read() as conn:
+            row = (await conn.execute(sa.select(api_tokens.c.label).where(api_tokens.c.id == token_id))).first()
+        if row is None:
+            raise NotFound(f"token {token_id} does not exist")
+        return row.label

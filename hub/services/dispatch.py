@@ -1,0 +1,161 @@
+"""Placement (queued → reserved on a runtime) and the reaper (TTL, lost runtimes, deadlines)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import timedelta
+from typing import Any, Callable
+
+import sqlalchemy as sa
+
+from ..clock import Clock
+from ..config import HubSettings
+from ..domain.tasks import RUNTIME_LOST, Status
+from ..ids import new_id
+from ..store.db import Database
+from ..store.tables import reservations, runtimes, task_runs
+from .notify import Notifier
+from .tasks import finish_task, task_key
+
+log = logging.getLogger("amux.dispatch")
+ACTIVE_RES = ("pending", "committed")
+
+
+def eligible(task: Any, runtime: Any) -> bool:
+    """Return whether `runtime` may run `task`: engine, requested runtime, owner, workspace access."""
+    snap = task.snapshot
+    caps = runtime.capabilities
+    if snap["engine"] not in caps.get("engines", []):
+        return False
+    if snap.get("runtime") and snap["runtime"] != runtime.name:
+        return False
+    if snap.get("platform") and snap["platform"] != caps.get("platform"):
+        return False
+    if not caps.get("workspace_writable", False):
+        return False
+    return bool(runtime.shared) or runtime.principal_id == task.owner_id
+
+
+class Dispatcher:
+    """Reserve capacity for queued tasks and reap what time has run out on."""
+
+    def __init__(self, db: Database, clock: Clock, notifier: Notifier, settings: HubSettings,
+                 on_dispatch_latency: Callable[[float], None] | None = None) -> None:
+        self.db = db
+        self.clock = clock
+        self.notifier = notifier
+        self.settings = settings
+        self.kicked = asyncio.Event()
+        self.on_dispatch_latency = on_dispatch_latency or (lambda s: None)
+
+    def kick(self) -> None:
+        """Ask the placement loop to run now."""
+        self.kicked.set()
+
+    async def place_once(self, batch: int = 200) -> int:
+        """Reserve capacity for as many queued tasks as fit; return how many were placed."""
+        now = self.clock.now()
+        placed: list[tuple[str, str]] = []
+        async with self.db.write() as conn:
+            queued = (await conn.execute(self.db.for_update(
+                sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.snapshot, task_runs.c.attempt)
+                .where(task_runs.c.status == Status.QUEUED.value)
+                .order_by(task_runs.c.created_at).limit(batch), skip_locked=True))).all()
+            if not queued:
+                return 0
+            online = (await conn.execute(self.db.for_update(
+                sa.select(runtimes).where(runtimes.c.status == "online").order_by(runtimes.c.id)))).all()
+            if not online:
+                return 0
+            used = dict((await conn.execute(
+                sa.select(reservations.c.runtime_id, sa.func.count())
+                .where(reservations.c.state.in_(ACTIVE_RES)).group_by(reservations.c.runtime_id))).all())
+            free = {r.id: r.slots - used.get(r.id, 0) for r in online}
+            for task in queued:
+                candidates = [r for r in online if free[r.id] > 0 and eligible(task, r)]
+                if not candidates:
+                    continue
+                rt = max(candidates, key=lambda r: free[r.id])  # spread load
+                free[rt.id] -= 1
+                attempt = task.attempt + 1
+                timeout = float(task.snapshot.get("timeout_s") or self.settings.default_timeout_s)
+                await conn.execute(reservations.insert().values(
+                    id=new_id("res"), runtime_id=rt.id, task_id=task.id, attempt=attempt, state="pending",
+                    created_at=now, expires_at=now + timedelta(seconds=self.settings.reservation_ttl_s),
+                ))
+                await conn.execute(task_runs.update().where(task_runs.c.id == task.id).values(
+                    status=Status.DISPATCHED.value, runtime_id=rt.id, attempt=attempt, last_rseq=0,
+                    dispatched_at=now, deadline_at=now + timedelta(seconds=timeout)))
+                placed.append((task.id, rt.id))
+        for task_id, rt_id in placed:
+            self.notifier.notify(f"runtime:{rt_id}")
+            self.notifier.notify(task_key(task_id))
+        return len(placed)
+
+    async def reap_once(self) -> dict[str, int]:
+        """Expire uncommitted reservations, fail tasks of lost runtimes, time out overdue runs."""
+        now = self.clock.now()
+        counts = {"expired": 0, "lost": 0, "timed_out": 0}
+        touched: list[str] = []
+        async with self.db.write() as conn:
+            expired = (await conn.execute(
+                sa.select(reservations.c.id, reservations.c.task_id)
+                .where(reservations.c.state == "pending", reservations.c.expires_at < now))).all()
+            for res in expired:
+                await conn.execute(reservations.update().where(reservations.c.id == res.id, reservations.c.state == "pending")
+                                   .values(state="released", released_at=now))
+                moved = await conn.execute(task_runs.update().where(
+                    task_runs.c.id == res.task_id, task_runs.c.status == Status.DISPATCHED.value)
+                    .values(status=Status.QUEUED.value, runtime_id=None))
+                counts["expired"] += moved.rowcount
+                touched.append(res.task_id)
+            lost_before = now - timedelta(seconds=self.settings.runtime_lost_s)
+            lost = (await conn.execute(sa.select(runtimes.c.id).where(
+                runtimes.c.status.in_(["online", "offline"]), runtimes.c.last_seen_at < lost_before))).all()
+            for rt in lost:
+                await conn.execute(runtimes.update().where(runtimes.c.id == rt.id).values(status="lost", connection_id=None))
+                victims = (await conn.execute(sa.select(task_runs.c.id).where(
+                    task_runs.c.runtime_id == rt.id,
+                    task_runs.c.status.in_([Status.DISPATCHED.value, Status.RUNNING.value])))).all()
+                for v in victims:
+                    if await finish_task(conn, v.id, Status.FAILED, now, error=RUNTIME_LOST):
+                        counts["lost"] += 1
+                        touched.append(v.id)
+            grace = timedelta(seconds=self.settings.deadline_grace_s)
+            overdue = (await conn.execute(sa.select(task_runs.c.id).where(
+                task_runs.c.status.in_([Status.DISPATCHED.value, Status.RUNNING.value]),
+                task_runs.c.deadline_at < now - grace))).all()
+            for t in overdue:
+                if await finish_task(
+                        conn, t.id, Status.TIMED_OUT, now, error="deadline passed without a report from the runner"):
+                    counts["timed_out"] += 1
+                    touched.append(t.id)
+        for task_id in touched:
+            self.notifier.notify(task_key(task_id))
+        if touched:
+            self.kick()
+        return counts
+
+    async def run_placement(self) -> None:
+        """Place on every kick, and at least every few poll intervals for work other replicas admitted."""
+        while True:
+            try:
+                await asyncio.wait_for(self.kicked.wait(), self.settings.poll_s * 2)
+            except asyncio.TimeoutError:
+                pass
+            self.kicked.clear()
+            try:
+                while await self.place_once() > 0:
+                    pass
+            except Exception:  # keep the loop alive; the next pass retries
+                log.exception("placement pass failed")
+                await asyncio.sleep(self.settings.poll_s)
+
+    async def run_reaper(self, interval: float = 1.0) -> None:
+        """Reap once a second (the rules compare against the injected clock)."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.reap_once()
+            except Exception:
+                log.exception("reaper pass failed")

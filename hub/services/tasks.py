@@ -1,0 +1,251 @@
+"""Task admission, reads, waiting and cancellation."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from ..clock import Clock, utc
+from ..config import HubSettings
+from ..domain import scripted
+from ..domain.tasks import ACTIVE, Status, is_terminal
+from ..errors import Invalid, NotFound
+from ..ids import new_id
+from ..profiles import resolve_profile
+from ..store.db import Database
+from ..store.tables import reservations, runtimes, task_events, task_runs
+from .auth import Caller
+from .notify import Notifier
+
+MAX_TIMEOUT_S = 7 * 86400
+
+
+@dataclass
+class SubmitRequest:
+    """What a caller asks for; omitted choices are resolved at admission."""
+
+    prompt: str
+    profile: str | None = None
+    runtime: str | None = None
+    model: str | None = None
+    extra_args: list[str] | None = None
+    timeout_s: float | None = None
+    name: str | None = None
+
+
+def task_key(task_id: str) -> str:
+    """Notifier key for a task's changes."""
+    return f"task:{task_id}"
+
+
+class TaskService:
+    """Admit Tasks (freezing their snapshot) and answer questions about them."""
+
+    def __init__(self, db: Database, clock: Clock, notifier: Notifier, settings: HubSettings,
+                 default_profile: str = "scripted", on_admitted=None) -> None:  # noqa: ANN001
+        self.db = db
+        self.clock = clock
+        self.notifier = notifier
+        self.settings = settings
+        self.default_profile = default_profile
+        self.on_admitted = on_admitted or (lambda: None)
+
+    def _validate(self, req: SubmitRequest) -> tuple[Any, list[str], float]:
+        if not isinstance(req.prompt, str) or not req.prompt.strip():
+            raise Invalid("prompt is empty; pass the work to do as `prompt`")
+        if len(req.prompt.encode()) > self.settings.max_prompt_bytes:
+            raise Invalid(f"prompt is {len(req.prompt.encode())} bytes; the limit is {self.settings.max_prompt_bytes} — put large inputs in files and reference them")
+        profile = resolve_profile(req.profile, self.default_profile)
+        args = list(req.extra_args or [])
+        if len(args) > self.settings.max_extra_args or any(not isinstance(a, str) or len(a) > 4096 for a in args):
+            raise Invalid(f"extra_args must be at most {self.settings.max_extra_args} strings of at most 4096 characters each")
+        if req.model is not None and (not isinstance(req.model, str) or not req.model.strip() or len(req.model) > 200):
+            raise Invalid("model must be a non-empty name of at most 200 characters, or omitted for the engine's default")
+        if req.name is not None and len(req.name) > 200:
+            raise Invalid("name must be at most 200 characters")
+        timeout = self.settings.default_timeout_s if req.timeout_s is None else req.timeout_s
+        if not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT_S:
+            raise Invalid(f"timeout_s must be between 0 and {MAX_TIMEOUT_S} seconds")
+        if profile.engine == "scripted":
+            scripted.parse(req.prompt)  # refuse a bad script now, not on the runner
+        return profile, args, float(timeout)
+
+    async def _find_runtime(self, conn, ref: str) -> Any:  # noqa: ANN001
+        row = (await conn.execute(sa.select(runtimes).where(sa.or_(runtimes.c.id == ref, runtimes.c.name == ref)))).first()
+        if row is None:
+            names = [r.name for r in await conn.execute(sa.select(runtimes.c.name).order_by(runtimes.c.name).limit(20))]
+            raise Invalid(f"unknown runtime {ref!r}; registered runtimes: {', '.join(names) or 'none — start one with `amux runner`'}")
+        return row
+
+    async def submit(self, caller: Caller, req: SubmitRequest) -> dict:
+        """Admit a Task: validate, resolve, freeze its snapshot and queue it for dispatch."""
+        profile, args, timeout = self._validate(req)
+        async with self.db.read() as conn:
+            runtime = await self._find_runtime(conn, req.runtime) if req.runtime else None
+            if runtime is not None and profile.engine not in runtime.capabilities.get("engines", []):
+                raise Invalid(f"runtime {runtime.name!r} cannot launch engine {profile.engine!r}; it offers {', '.join(runtime.capabilities.get('engines', []))} — pick another runtime or omit it")
+            if runtime is None:
+                rows = (await conn.execute(sa.select(runtimes.c.capabilities))).all()
+                if not any(profile.engine in r.capabilities.get("engines", []) for r in rows):
+                    raise Invalid(f"no registered runtime offers engine {profile.engine!r}; start `amux runner` on a machine that has it")
+        subprocess_mode = profile.engine == "scripted" and "--subprocess" in args
+        snapshot = {
+            "profile": {"ref": profile.name, "kind": profile.kind, "digest": profile.digest()},
+            "engine": profile.engine,
+            "runtime": runtime.name if runtime is not None else None,
+            "model": req.model if req.model is not None else profile.preset.model,
+            "reasoning_effort": profile.preset.reasoning_effort,
+            "extra_args": args,
+            "permission_policy": "policy-allow",
+            "credential_profile": None,
+            "timeout_s": timeout,
+            "subprocess": subprocess_mode,
+        }
+        now = self.clock.now()
+        task_id = new_id("tr")
+        async with self.db.write() as conn:
+            await conn.execute(task_runs.insert().values(
+                id=task_id, owner_id=caller.principal_id, name=req.name, prompt=req.prompt, snapshot=snapshot,
+                status=Status.QUEUED, attempt=0, event_seq=0, last_rseq=0, created_at=now,
+                deadline_at=None,
+            ))
+        self.on_admitted()
+        return {"task_id": task_id, "status": Status.QUEUED.value}
+
+    async def _row(self, conn, caller: Caller, task_id: str) -> Any:  # noqa: ANN001
+        row = (await conn.execute(sa.select(task_runs).where(task_runs.c.id == task_id))).first()
+        if row is None or (row.owner_id != caller.principal_id and not caller.admin):
+            raise NotFound(f"task {task_id!r} does not exist or is not yours; list your tasks with `amux task list`")
+        return row
+
+    async def get(self, caller: Caller, task_id: str) -> dict:
+        """Return a task's public view."""
+        async with self.db.read() as conn:
+            return await self._view(conn, await self._row(conn, caller, task_id))
+
+    async def _view(self, conn, row) -> dict:  # noqa: ANN001
+        runtime_name = None
+        if row.runtime_id:
+            runtime_name = (await conn.execute(sa.select(runtimes.c.name).where(runtimes.c.id == row.runtime_id))).scalar()
+        done = is_terminal(row.status)
+        return {
+            "task_id": row.id,
+            "name": row.name,
+            "status": row.status,
+            "outcome": row.outcome,
+            "result": {"text": row.result_text or "", "json": row.result_json} if done else None,
+            "usage": row.usage_json,
+            "changed_files": row.changed_files or {"created": [], "modified": [], "deleted": []},
+            "error": row.error,
+            "runtime": runtime_name,
+            "snapshot": row.snapshot,
+            "created_at": _iso(row.created_at),
+            "started_at": _iso(row.started_at),
+            "finished_at": _iso(row.finished_at),
+        }
+
+    async def events(self, caller: Caller, task_id: str, cursor: int = 0, limit: int = 500) -> dict:
+        """Return events after `cursor` and the next cursor."""
+        if not isinstance(cursor, int) or cursor < 0:
+            raise Invalid("cursor must be a non-negative integer (the `cursor` of the previous answer, or 0)")
+        limit = max(1, min(int(limit), 1000))
+        async with self.db.read() as conn:
+            row = await self._row(conn, caller, task_id)
+            evs = (await conn.execute(
+                sa.select(task_events.c.seq, task_events.c.type, task_events.c.payload, task_events.c.created_at)
+                .where(task_events.c.task_id == task_id, task_events.c.seq > cursor)
+                .order_by(task_events.c.seq).limit(limit)
+            )).all()
+        out = [{"seq": e.seq, "type": e.type, **e.payload, "at": _iso(e.created_at)} for e in evs]
+        return {"task_id": task_id, "status": row.status, "outcome": row.outcome,
+                "events": out, "cursor": out[-1]["seq"] if out else cursor, "done": is_terminal(row.status)}
+
+    async def wait(self, caller: Caller, task_id: str, cursor: int = 0, timeout_s: float = 30.0) -> dict:
+        """Return new events (or terminal status) as soon as there are any, else after `timeout_s`; never cancels."""
+        timeout_s = max(0.0, min(float(timeout_s), 600.0))
+        loop_deadline = _monotonic() + timeout_s
+        while True:
+            ans = await self.events(caller, task_id, cursor)
+            remaining = loop_deadline - _monotonic()
+            if ans["events"] or ans["done"] or remaining <= 0:
+                ans["timed_out"] = not (ans["events"] or ans["done"])
+                return ans
+            await self.notifier.wait(task_key(task_id), min(remaining, self.settings.poll_s * 4))
+
+    async def run(self, caller: Caller, req: SubmitRequest) -> dict:
+        """Submit and block until the task is terminal."""
+        sub = await self.submit(caller, req)
+        return await self.wait_terminal(caller, sub["task_id"])
+
+    async def wait_terminal(self, caller: Caller, task_id: str, timeout_s: float | None = None) -> dict:
+        """Block until `task_id` is terminal (or `timeout_s`), then return its view."""
+        deadline = None if timeout_s is None else _monotonic() + timeout_s
+        while True:
+            view = await self.get(caller, task_id)
+            if is_terminal(view["status"]) or (deadline is not None and _monotonic() >= deadline):
+                return view
+            wait = self.settings.poll_s * 4 if deadline is None else min(self.settings.poll_s * 4, max(0.0, deadline - _monotonic()))
+            await self.notifier.wait(task_key(task_id), wait)
+
+    async def cancel(self, caller: Caller, task_id: str) -> dict:
+        """Cancel a task: at once when not yet running, else through its runner."""
+        now = self.clock.now()
+        async with self.db.write() as conn:
+            row = (await conn.execute(self.db.for_update(sa.select(task_runs).where(task_runs.c.id == task_id)))).first()
+            if row is None or (row.owner_id != caller.principal_id and not caller.admin):
+                raise NotFound(f"task {task_id!r} does not exist or is not yours; list your tasks with `amux task list`")
+            if is_terminal(row.status):
+                return {"task_id": task_id, "status": row.status, "outcome": row.outcome, "note": "already finished"}
+            if row.status == Status.RUNNING:
+                await conn.execute(task_runs.update().where(task_runs.c.id == task_id).values(cancel_requested_at=now))
+                status = Status.RUNNING
+            else:
+                await finish_task(conn, task_id, Status.CANCELLED, now, error="cancelled before it started")
+                status = Status.CANCELLED
+        self.notifier.notify(task_key(task_id))
+        if row.runtime_id:
+            self.notifier.notify(f"runtime:{row.runtime_id}")
+        return {"task_id": task_id, "status": status.value, "outcome": status.value if status == Status.CANCELLED else None}
+
+    async def list(self, caller: Caller, limit: int = 50) -> list[dict]:
+        """Return the caller's most recent tasks."""
+        async with self.db.read() as conn:
+            rows = (await conn.execute(
+                sa.select(task_runs.c.id, task_runs.c.name, task_runs.c.status, task_runs.c.created_at)
+                .where(task_runs.c.owner_id == caller.principal_id)
+                .order_by(task_runs.c.created_at.desc()).limit(max(1, min(limit, 500)))
+            )).all()
+        return [{"task_id": r.id, "name": r.name, "status": r.status, "created_at": _iso(r.created_at)} for r in rows]
+
+
+async def finish_task(conn, task_id: str, status: Status, now, *, error: str | None = None,  # noqa: ANN001
+                      result_text: str | None = None, result_json: Any = None, usage: Any = None,
+                      changed_files: Any = None) -> bool:
+    """Move an active task to a terminal status and release its reservation; False if it was already terminal."""
+    values: dict[str, Any] = {"status": status.value, "outcome": status.value, "finished_at": now}
+    for key, val in (("error", error), ("result_text", result_text), ("result_json", result_json),
+                     ("usage_json", usage), ("changed_files", changed_files)):
+        if val is not None:
+            values[key] = val
+    res = await conn.execute(
+        task_runs.update().where(task_runs.c.id == task_id, task_runs.c.status.in_([s.value for s in ACTIVE])).values(**values)
+    )
+    if res.rowcount == 0:
+        return False
+    await conn.execute(
+        reservations.update().where(reservations.c.task_id == task_id, reservations.c.state != "released")
+        .values(state="released", released_at=now)
+    )
+    return True
+
+
+def _iso(dt) -> str | None:  # noqa: ANN001
+    dt = utc(dt)
+    return dt.isoformat() if dt else None
+
+
+def _monotonic() -> float:
+    return time.monotonic()
+

@@ -1,0 +1,1 @@
+"""Persistence: SQLAlchemy Core tables, the engine factory and dialect differences."""

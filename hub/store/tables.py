@@ -1,0 +1,97 @@
+"""Table definitions used by queries; Alembic migrations are the only source of the schema."""
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+TS = sa.DateTime(timezone=True)
+
+principals = sa.Table(
+    "principals", metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("name", sa.String(200), nullable=False, unique=True),
+    sa.Column("created_at", TS, nullable=False),
+)
+
+api_tokens = sa.Table(
+    "api_tokens", metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("principal_id", sa.String(40), sa.ForeignKey("principals.id"), nullable=False, index=True),
+    sa.Column("label", sa.String(200)),
+    sa.Column("token_hash", sa.String(64), nullable=False),
+    sa.Column("admin", sa.Boolean, nullable=False, default=False),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("last_used_at", TS),
+    sa.Column("revoked_at", TS),
+)
+
+runtimes = sa.Table(
+    "runtimes", metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("name", sa.String(200), nullable=False, unique=True),
+    sa.Column("principal_id", sa.String(40), sa.ForeignKey("principals.id"), nullable=False),
+    sa.Column("shared", sa.Boolean, nullable=False),
+    sa.Column("capabilities", sa.JSON, nullable=False),
+    sa.Column("slots", sa.Integer, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("connection_id", sa.String(40)),
+    sa.Column("registered_at", TS, nullable=False),
+    sa.Column("last_seen_at", TS, nullable=False),
+)
+
+task_runs = sa.Table(
+    "task_runs", metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("owner_id", sa.String(40), sa.ForeignKey("principals.id"), nullable=False, index=True),
+    sa.Column("name", sa.String(200)),
+    sa.Column("prompt", sa.Text, nullable=False),
+    sa.Column("snapshot", sa.JSON, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False, index=True),
+    sa.Column("outcome", sa.String(16)),
+    sa.Column("error", sa.Text),
+    sa.Column("result_text", sa.Text),
+    sa.Column("result_json", sa.JSON),
+    sa.Column("usage_json", sa.JSON),
+    sa.Column("changed_files", sa.JSON),
+    sa.Column("runtime_id", sa.String(40), index=True),
+    sa.Column("attempt", sa.Integer, nullable=False, default=0),
+    sa.Column("event_seq", sa.Integer, nullable=False, default=0),
+    sa.Column("last_rseq", sa.Integer, nullable=False, default=0),
+    sa.Column("cancel_requested_at", TS),
+    sa.Column("deadline_at", TS),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("dispatched_at", TS),
+    sa.Column("started_at", TS),
+    sa.Column("finished_at", TS),
+    sa.Column("parent_session_id", sa.String(40)),
+    sa.Column("parent_turn_id", sa.String(40)),
+    sa.Column("instance_id", sa.String(40)),
+)
+
+reservations = sa.Table(
+    "reservations", metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("runtime_id", sa.String(40), sa.ForeignKey("runtimes.id"), nullable=False),
+    sa.Column("task_id", sa.String(40), sa.ForeignKey("task_runs.id"), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("expires_at", TS, nullable=False),
+    sa.Column("sent_at", TS),
+    sa.Column("released_at", TS),
+    sa.Index("ix_reservations_runtime_state", "runtime_id", "state"),
+    sa.Index("ix_reservations_task", "task_id"),
+)
+
+task_events = sa.Table(
+    "task_events", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("task_id", sa.String(40), sa.ForeignKey("task_runs.id"), nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("type", sa.String(32), nullable=False),
+    sa.Column("payload", sa.JSON, nullable=False),
+    sa.Column("turn_id", sa.String(40)),
+    sa.Column("created_at", TS, nullable=False),
+    sa.UniqueConstraint("task_id", "seq", name="uq_task_events_task_seq"),
+)

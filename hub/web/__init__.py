@@ -1,0 +1,1 @@
+"""HTTP adapters: REST, runner WebSocket, MCP mount, health and metrics."""

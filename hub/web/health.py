@@ -1,0 +1,65 @@
+"""`/healthz`, `/readyz` and `/metrics` (Prometheus text format)."""
+from __future__ import annotations
+
+import sqlalchemy as sa
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from ..domain.tasks import Status
+from ..store.db import Database
+from ..store.tables import runtimes, task_runs
+
+
+class Metrics:
+    """This replica's registry: task counts read from the store at scrape, latencies observed here."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.dispatch_latency = Histogram(
+            "amux_dispatch_latency_seconds", "Time from task admission to the runner starting it",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=self.registry)
+        self.counts: dict[str, dict[str, int]] = {"tasks": {}, "runtimes": {}}
+        self.registry.register(self)
+
+    def collect(self):  # noqa: ANN201
+        """Yield gauges from the last refresh."""
+        g = GaugeMetricFamily("amux_tasks", "Tasks by status", labels=["status"])
+        for status in Status:
+            g.add_metric([status.value], self.counts["tasks"].get(status.value, 0))
+        yield g
+        r = GaugeMetricFamily("amux_runtimes", "Runtimes by status", labels=["status"])
+        for status in ("online", "offline", "lost"):
+            r.add_metric([status], self.counts["runtimes"].get(status, 0))
+        yield r
+
+    async def refresh(self, db: Database) -> None:
+        """Read current counts from the store."""
+        async with db.read() as conn:
+            self.counts["tasks"] = dict((await conn.execute(
+                sa.select(task_runs.c.status, sa.func.count()).group_by(task_runs.c.status))).all())
+            self.counts["runtimes"] = dict((await conn.execute(
+                sa.select(runtimes.c.status, sa.func.count()).group_by(runtimes.c.status))).all())
+
+
+def add_routes(app: web.Application, db: Database, metrics: Metrics) -> None:
+    """Register the health and metrics endpoints."""
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def readyz(_: web.Request) -> web.Response:
+        try:
+            async with db.read() as conn:
+                await conn.execute(sa.text("SELECT 1"))
+        except Exception as e:  # the point is to report it
+            return web.json_response({"ok": False, "database": str(e)[:200]}, status=503)
+        return web.json_response({"ok": True})
+
+    async def metrics_view(_: web.Request) -> web.Response:
+        await metrics.refresh(db)
+        return web.Response(body=generate_latest(metrics.registry), content_type="text/plain", charset="utf-8")
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_view)

@@ -1,0 +1,123 @@
+"""`/api/v1`: JSON REST for the CLI and pages; same services as MCP."""
+from __future__ import annotations
+
+import json
+from typing import Any, Awaitable, Callable
+
+import sqlalchemy as sa
+from aiohttp import web
+
+from ..errors import AmuxError, Invalid
+from ..profiles import BUILTINS
+from ..services.auth import AuthService, Caller
+from ..services.tasks import SubmitRequest, TaskService
+from ..store.db import Database
+from ..store.tables import runtimes
+
+MAX_BODY = 1024 * 1024
+SUBMIT_FIELDS = {"prompt", "profile", "runtime", "model", "extra_args", "timeout_s", "name"}
+
+
+def error_response(e: AmuxError) -> web.Response:
+    """Render a refusal as JSON with its status."""
+    return web.json_response({"error": e.code, "message": e.message}, status=e.status)
+
+
+def auth_middleware(auth: AuthService) -> Callable:
+    """Authenticate every `/api/` request; 401 names the fix."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        if not request.path.startswith("/api/"):
+            return await handler(request)
+        try:
+            request["caller"] = await auth.authenticate(request.headers.get("Authorization"))
+            return await handler(request)
+        except AmuxError as e:
+            return error_response(e)
+
+    return middleware
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    if request.content_length and request.content_length > MAX_BODY:
+        raise Invalid(f"request body is larger than {MAX_BODY} bytes; send less")
+    try:
+        data = json.loads(await request.read() or b"{}")
+    except ValueError as e:
+        raise Invalid(f"request body is not JSON ({e}); send a JSON object") from e
+    if not isinstance(data, dict):
+        raise Invalid("request body must be a JSON object")
+    return data
+
+
+def _int(request: web.Request, key: str, default: int) -> int:
+    try:
+        return int(request.query.get(key, default))
+    except ValueError as e:
+        raise Invalid(f"query parameter {key} must be an integer") from e
+
+
+def add_routes(app: web.Application, tasks: TaskService, db: Database) -> None:
+    """Register the REST endpoints."""
+    r = app.router
+
+    async def whoami(request: web.Request) -> web.Response:
+        c: Caller = request["caller"]
+        return web.json_response({"principal": c.principal, "label": c.label, "admin": c.admin})
+
+    async def profiles(_: web.Request) -> web.Response:
+        return web.json_response({"profiles": [p.public() for p in BUILTINS.values()]})
+
+    async def submit(request: web.Request) -> web.Response:
+        data = await _body(request)
+        unknown = set(data) - SUBMIT_FIELDS
+        if unknown:
+            raise Invalid(f"unknown fields {sorted(unknown)}; a task takes {sorted(SUBMIT_FIELDS)}")
+        if "prompt" not in data:
+            raise Invalid("prompt is required")
+        return web.json_response(await tasks.submit(request["caller"], SubmitRequest(**data)), status=201)
+
+    async def task_list(request: web.Request) -> web.Response:
+        return web.json_response({"tasks": await tasks.list(request["caller"], _int(request, "limit", 50))})
+
+    async def get(request: web.Request) -> web.Response:
+        return web.json_response(await tasks.get(request["caller"], request.match_info["id"]))
+
+    async def events(request: web.Request) -> web.Response:
+        return web.json_response(await tasks.events(request["caller"], request.match_info["id"], _int(request, "cursor", 0)))
+
+    async def wait(request: web.Request) -> web.Response:
+        try:
+            timeout = float(request.query.get("timeout_s", 30))
+        except ValueError as e:
+            raise Invalid("timeout_s must be a number of seconds") from e
+        return web.json_response(await tasks.wait(request["caller"], request.match_info["id"], _int(request, "cursor", 0), timeout))
+
+    async def cancel(request: web.Request) -> web.Response:
+        return web.json_response(await tasks.cancel(request["caller"], request.match_info["id"]))
+
+    async def runtime_list(_: web.Request) -> web.Response:
+        async with db.read() as conn:
+            rows = (await conn.execute(sa.select(runtimes).order_by(runtimes.c.name))).all()
+        return web.json_response({"runtimes": [
+            {"id": x.id, "name": x.name, "status": x.status, "slots": x.slots, "capabilities": x.capabilities}
+            for x in rows]})
+
+    def wrap(fn: Callable[[web.Request], Awaitable[web.Response]]) -> Callable:
+        async def handler(request: web.Request) -> web.Response:
+            try:
+                return await fn(request)
+            except AmuxError as e:
+                return error_response(e)
+        return handler
+
+    r.add_get("/api/v1/whoami", wrap(whoami))
+    r.add_get("/api/v1/profiles", wrap(profiles))
+    r.add_post("/api/v1/tasks", wrap(submit))
+    r.add_get("/api/v1/tasks", wrap(task_list))
+    r.add_get("/api/v1/tasks/{id}", wrap(get))
+    r.add_get("/api/v1/tasks/{id}/events", wrap(events))
+    r.add_get("/api/v1/tasks/{id}/wait", wrap(wait))
+    r.add_post("/api/v1/tasks/{id}/cancel", wrap(cancel))
+    r.add_get("/api/v1/runtimes", wrap(runtime_list))

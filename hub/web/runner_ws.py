@@ -1,0 +1,100 @@
+"""`GET /runner/ws`: the hub's end of the runner protocol."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiohttp import WSMsgType, web
+from pydantic import ValidationError
+
+from ..errors import AmuxError
+from ..runner import protocol as p
+from ..services.auth import AuthService
+from ..services.runtimes import RuntimeService
+from ..services.notify import Notifier
+
+log = logging.getLogger("amux.runner_ws")
+
+
+class RunnerEndpoint:
+    """Accept runner connections; one pump per connection sends dispatches and cancels."""
+
+    def __init__(self, auth: AuthService, runtimes: RuntimeService, notifier: Notifier,
+                 heartbeat_s: float, poll_s: float) -> None:
+        self.auth = auth
+        self.runtimes = runtimes
+        self.notifier = notifier
+        self.heartbeat_s = heartbeat_s
+        self.poll_s = poll_s
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """Authenticate, register, then serve messages until the runner goes away."""
+        try:
+            caller = await self.auth.authenticate(request.headers.get("Authorization"))
+        except AmuxError as e:
+            return web.json_response({"error": e.code, "message": e.message}, status=e.status)
+        ws = web.WebSocketResponse(heartbeat=30, max_msg_size=16 * 1024 * 1024)
+        await ws.prepare(request)
+        try:
+            first = await ws.receive_json(timeout=30)
+            reg = p.Register.model_validate(first)
+            runtime_id, conn_id, drop = await self.runtimes.register(caller, reg)
+        except (AmuxError, ValidationError, ValueError, TypeError, asyncio.TimeoutError) as e:
+            msg = e.message if isinstance(e, AmuxError) else f"bad register message ({e}); upgrade the runner to this hub's version"
+            await ws.send_json(p.ErrorMsg(message=msg).model_dump())
+            await ws.close()
+            return ws
+        await ws.send_json(p.Registered(runtime_id=runtime_id, heartbeat_s=self.heartbeat_s, drop=drop).model_dump())
+        pump = asyncio.create_task(self._pump(ws, runtime_id, conn_id))
+        try:
+            async for raw in ws:
+                if raw.type != WSMsgType.TEXT:
+                    break
+                await self._on_message(ws, runtime_id, conn_id, raw.json())
+        finally:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+            with contextlib.suppress(Exception):
+                await self.runtimes.disconnected(runtime_id, conn_id)
+        return ws
+
+    async def _pump(self, ws: web.WebSocketResponse, runtime_id: str, conn_id: str) -> None:
+        cancels_sent: set[str] = set()
+        while not ws.closed:
+            try:
+                for msg in await self.runtimes.outgoing(runtime_id, conn_id, cancels_sent):
+                    await ws.send_json(msg)
+            except (ConnectionError, RuntimeError):
+                return
+            except Exception:
+                log.exception("runner pump failed")
+            await self.notifier.wait(f"runtime:{runtime_id}", self.poll_s)
+
+    async def _on_message(self, ws: web.WebSocketResponse, runtime_id: str, conn_id: str, msg: dict) -> None:
+        kind = msg.get("type")
+        try:
+            if kind == "heartbeat":
+                await self.runtimes.heartbeat(runtime_id, conn_id)
+            elif kind == "accepted":
+                m = p.Accepted.model_validate(msg)
+                verdict = await self.runtimes.accepted(runtime_id, m)
+                if verdict == "drop":
+                    await ws.send_json(p.Ack(task_id=m.task_id, rseq=0, drop=True).model_dump())
+                    return
+                await ws.send_json(p.Ack(task_id=m.task_id, rseq=0).model_dump())
+                if verdict == "cancel":
+                    await ws.send_json(p.Cancel(task_id=m.task_id).model_dump())
+            elif kind == "events":
+                m = p.Events.model_validate(msg)
+                last = await self.runtimes.events(runtime_id, m)
+                await ws.send_json(p.Ack(task_id=m.task_id, rseq=last or 0, drop=last is None).model_dump())
+            elif kind == "finished":
+                m = p.Finished.model_validate(msg)
+                ok = await self.runtimes.finished(runtime_id, m)
+                await ws.send_json(p.Ack(task_id=m.task_id, rseq=m.rseq, drop=not ok).model_dump())
+            else:
+                await ws.send_json(p.ErrorMsg(message=f"unknown message type {kind!r}; upgrade the runner").model_dump())
+        except ValidationError as e:
+            await ws.send_json(p.ErrorMsg(message=f"malformed {kind} message: {e.errors()[0]['msg']}").model_dump())
