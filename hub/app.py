@@ -10,6 +10,7 @@ from aiohttp import web
 from .clock import Clock, SystemClock
 from .config import Settings
 from .mcp.server import build_mcp
+from .mcp.task_tools import task_tools
 from .services.auth import AuthService
 from .services.dispatch import Dispatcher
 from .services.notify import Notifier
@@ -39,7 +40,7 @@ class Hub:
         self.runtimes = RuntimeService(self.db, self.clock, self.notifier, self.dispatcher,
                                        on_started=lambda _t, s: self.metrics.dispatch_latency.observe(max(s, 0.0)))
         self.runner_endpoint = RunnerEndpoint(self.auth, self.runtimes, self.notifier, hs.heartbeat_s, hs.poll_s)
-        self.mcp = McpMount(build_mcp(self.auth, self.tasks), self.auth)
+        self.mcp = McpMount(build_mcp(self.auth, [task_tools(self.tasks)]), self.auth)
 
     def web_app(self, *, background: bool = True) -> web.Application:
         """Build the aiohttp application; `background` starts the placement and reaper loops."""

@@ -8,10 +8,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CLIENT_INFO_META_KEY
 
 from ..errors import AmuxError
-from ..profiles import BUILTINS
 from ..services.auth import AuthService, Caller
-from ..services.tasks import SubmitRequest, TaskService
-from . import models as m
 
 INSTRUCTIONS = (
     "amux hub: delegate bounded coding-agent work as Tasks (task_submit, task_wait, task_get). "
@@ -49,8 +46,8 @@ def client_name(method: str, params: Any) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def build_mcp(auth: AuthService, tasks: TaskService) -> MCPServer:
-    """Create the MCP server and register every tool."""
+def build_mcp(auth: AuthService, registrars: list[Callable[[MCPServer], None]]) -> MCPServer:
+    """Create the MCP server: client-name capture plus each feature's tools."""
     server = MCPServer("amux", instructions=INSTRUCTIONS, version="0.1.0")
 
     async def capture_client(ctx, call_next):  # noqa: ANN001, ANN202
@@ -64,47 +61,6 @@ def build_mcp(auth: AuthService, tasks: TaskService) -> MCPServer:
         return await call_next(ctx)
 
     server.middleware.append(capture_client)
-
-    @server.tool()
-    async def profile_list() -> m.ProfileList:
-        """List the profiles a task can run with (builtin shortcuts: claude, codex, pi, scripted)."""
-        return m.ProfileList(profiles=[m.ProfileInfo(**{k: v for k, v in p.public().items() if k != "preset"})
-                                       for p in BUILTINS.values()])
-
-    @server.tool()
-    async def task_submit(prompt: str, ctx: Context, profile: str | None = None, runtime: str | None = None,
-                          model: str | None = None, extra_args: list[str] | None = None,
-                          timeout_s: float | None = None, name: str | None = None) -> m.Submitted:
-        """Admit a task (returns at once with its task_id); follow it with task_wait or task_get."""
-        req = SubmitRequest(prompt, profile, runtime, model, extra_args, timeout_s, name)
-        return m.Submitted(**await guarded(lambda: tasks.submit(caller_of(ctx), req)))
-
-    @server.tool()
-    async def task_run(prompt: str, ctx: Context, profile: str | None = None, runtime: str | None = None,
-                       model: str | None = None, extra_args: list[str] | None = None,
-                       timeout_s: float | None = None, name: str | None = None) -> m.TaskView:
-        """Submit a task and block until it is terminal; returns its result."""
-        req = SubmitRequest(prompt, profile, runtime, model, extra_args, timeout_s, name)
-        return m.TaskView(**await guarded(lambda: tasks.run(caller_of(ctx), req)))
-
-    @server.tool()
-    async def task_get(task_id: str, ctx: Context) -> m.TaskView:
-        """Return a task's status, outcome, result, usage, changed files and error."""
-        return m.TaskView(**await guarded(lambda: tasks.get(caller_of(ctx), task_id)))
-
-    @server.tool()
-    async def task_wait(task_id: str, ctx: Context, cursor: int = 0, timeout_s: float = 30) -> m.EventPage:
-        """Wait for events after `cursor` (or the end); a timeout returns what there is and never cancels the task."""
-        return m.EventPage(**await guarded(lambda: tasks.wait(caller_of(ctx), task_id, cursor, timeout_s)))
-
-    @server.tool()
-    async def task_events(task_id: str, ctx: Context, cursor: int = 0, limit: int = 500) -> m.EventPage:
-        """Return a task's events after `cursor` without waiting."""
-        return m.EventPage(**await guarded(lambda: tasks.events(caller_of(ctx), task_id, cursor, limit)))
-
-    @server.tool()
-    async def task_cancel(task_id: str, ctx: Context) -> m.Cancelled:
-        """Cancel a task; a queued task ends at once, a running one through its runner."""
-        return m.Cancelled(**await guarded(lambda: tasks.cancel(caller_of(ctx), task_id)))
-
+    for register in registrars:
+        register(server)
     return server

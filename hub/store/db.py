@@ -94,13 +94,13 @@ def alembic_config(url: str):  # noqa: ANN201
     return cfg
 
 
-def upgrade_sync(url: str, revision: str = "head") -> None:
+def upgrade_sync(url: str, revision: str = "heads") -> None:
     """Apply migrations up to `revision` (blocking; call from a thread inside a loop)."""
     from alembic import command
 
     command.upgrade(alembic_config(url), revision)
 
 
-async def upgrade(url: str, revision: str = "head") -> None:
+async def upgrade(url: str, revision: str = "heads") -> None:
     """Apply migrations without blocking the running event loop."""
     await asyncio.to_thread(upgrade_sync, url, revision)

@@ -1,6 +1,7 @@
 """Serve the MCP SDK's Streamable HTTP app (stateless, JSON) inside aiohttp at `/mcp`."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any, AsyncIterator
 
@@ -45,6 +46,24 @@ class McpMount:
 
     @contextlib.asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
-        """Run the SDK's session manager for the app's lifetime."""
-        async with self.asgi.router.lifespan_context(self.asgi):
+        """Run the SDK's session manager for the app's lifetime, in a task of its own.
+
+        The SDK's lifespan holds an anyio cancel scope, which must be left by the task that entered it;
+        aiohttp may start and clean up an app from different tasks.
+        """
+        started, stop = asyncio.Event(), asyncio.Event()
+
+        async def hold() -> None:
+            async with self.asgi.router.lifespan_context(self.asgi):
+                started.set()
+                await stop.wait()
+
+        task = asyncio.create_task(hold())
+        await asyncio.wait({task, asyncio.create_task(started.wait())}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            task.result()  # raise the startup error
+        try:
             yield
+        finally:
+            stop.set()
+            await task

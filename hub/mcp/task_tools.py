@@ -1,0 +1,58 @@
+"""MCP tools for profiles and tasks."""
+from __future__ import annotations
+
+from mcp.server.mcpserver import Context, MCPServer
+
+from ..profiles import BUILTINS
+from ..services.tasks import SubmitRequest, TaskService
+from . import models as m
+from .server import caller_of, guarded
+
+
+def task_tools(tasks: TaskService):  # noqa: ANN201
+    """Return a registrar adding profile_list and the task_* tools."""
+
+    def register(server: MCPServer) -> None:
+        @server.tool()
+        async def profile_list() -> m.ProfileList:
+            """List the profiles a task can run with (builtin shortcuts: claude, codex, pi, scripted)."""
+            return m.ProfileList(profiles=[m.ProfileInfo(**{k: v for k, v in p.public().items() if k != "preset"})
+                                           for p in BUILTINS.values()])
+
+        @server.tool()
+        async def task_submit(prompt: str, ctx: Context, profile: str | None = None, runtime: str | None = None,
+                              model: str | None = None, extra_args: list[str] | None = None,
+                              timeout_s: float | None = None, name: str | None = None) -> m.Submitted:
+            """Admit a task (returns at once with its task_id); follow it with task_wait or task_get."""
+            req = SubmitRequest(prompt, profile, runtime, model, extra_args, timeout_s, name)
+            return m.Submitted(**await guarded(lambda: tasks.submit(caller_of(ctx), req)))
+
+        @server.tool()
+        async def task_run(prompt: str, ctx: Context, profile: str | None = None, runtime: str | None = None,
+                           model: str | None = None, extra_args: list[str] | None = None,
+                           timeout_s: float | None = None, name: str | None = None) -> m.TaskView:
+            """Submit a task and block until it is terminal; returns its result."""
+            req = SubmitRequest(prompt, profile, runtime, model, extra_args, timeout_s, name)
+            return m.TaskView(**await guarded(lambda: tasks.run(caller_of(ctx), req)))
+
+        @server.tool()
+        async def task_get(task_id: str, ctx: Context) -> m.TaskView:
+            """Return a task's status, outcome, result, usage, changed files and error."""
+            return m.TaskView(**await guarded(lambda: tasks.get(caller_of(ctx), task_id)))
+
+        @server.tool()
+        async def task_wait(task_id: str, ctx: Context, cursor: int = 0, timeout_s: float = 30) -> m.EventPage:
+            """Wait for events after `cursor` (or the end); a timeout returns what there is and never cancels the task."""
+            return m.EventPage(**await guarded(lambda: tasks.wait(caller_of(ctx), task_id, cursor, timeout_s)))
+
+        @server.tool()
+        async def task_events(task_id: str, ctx: Context, cursor: int = 0, limit: int = 500) -> m.EventPage:
+            """Return a task's events after `cursor` without waiting."""
+            return m.EventPage(**await guarded(lambda: tasks.events(caller_of(ctx), task_id, cursor, limit)))
+
+        @server.tool()
+        async def task_cancel(task_id: str, ctx: Context) -> m.Cancelled:
+            """Cancel a task; a queued task ends at once, a running one through its runner."""
+            return m.Cancelled(**await guarded(lambda: tasks.cancel(caller_of(ctx), task_id)))
+
+    return register

@@ -1,0 +1,171 @@
+"""Shared test helpers: databases on both backends, a real hub on a real port, runners, MCP clients."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import httpx2
+import sqlalchemy as sa
+from aiohttp import web
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import Implementation
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from hub.app import Hub
+from hub.clock import Clock, ManualClock
+from hub.config import Settings, load_settings
+from hub.engines.scripted import ScriptedEngine
+from hub.runner.agent import Runner
+from hub.store.db import Database, normalize_url, upgrade_sync
+
+PG_URL = normalize_url(os.environ.get("AMUX_TEST_DATABASE_URL") or "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
+REPO = Path(__file__).resolve().parent.parent
+
+
+class Databases:
+    """Migrated template databases, copied per test (a file copy on SQLite, CREATE DATABASE … TEMPLATE on PostgreSQL)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.sqlite_template = tmp / "template.db"
+        self.pg_template: str | None = None
+        self.pg_admin = PG_URL
+        upgrade_sync(f"sqlite+aiosqlite:///{self.sqlite_template}")  # built outside any event loop
+
+    def sqlite(self) -> str:
+        """Return the URL of a fresh, migrated SQLite database."""
+        path = self.tmp / f"t_{uuid.uuid4().hex[:10]}.db"
+        shutil.copy(self.sqlite_template, path)
+        return f"sqlite+aiosqlite:///{path}"
+
+    async def _admin(self, sql: str) -> None:
+        engine = create_async_engine(self.pg_admin, isolation_level="AUTOCOMMIT")
+        try:
+            async with engine.connect() as conn:
+                await conn.execute(sa.text(sql))
+        finally:
+            await engine.dispose()
+
+    def _url_for(self, name: str) -> str:
+        return str(sa.engine.make_url(self.pg_admin).set(database=name).render_as_string(hide_password=False))
+
+    async def postgres(self) -> str:
+        """Return the URL of a fresh, migrated PostgreSQL database."""
+        if self.pg_template is None:
+            name = f"amux_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+            await self._admin(f'CREATE DATABASE "{name}"')
+            await asyncio.to_thread(upgrade_sync, self._url_for(name))
+            self.pg_template = name
+        name = f"amux_t_{uuid.uuid4().hex[:12]}"
+        await self._admin(f'CREATE DATABASE "{name}" TEMPLATE "{self.pg_template}"')
+        return self._url_for(name)
+
+    async def drop(self, url: str) -> None:
+        """Drop a PostgreSQL test database."""
+        name = sa.engine.make_url(url).database
+        await self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    async def drop_template(self) -> None:
+        """Drop the template at session end."""
+        if self.pg_template:
+            await self._admin(f'DROP DATABASE IF EXISTS "{self.pg_template}" WITH (FORCE)')
+
+
+def test_settings(db_url: str, home: Path, **hub_overrides: Any) -> Settings:
+    """Settings for a test hub: fast polling, the given database."""
+    s = load_settings(env={}, home=str(home), database_url=db_url)
+    s.hub.poll_s = 0.05
+    for k, v in hub_overrides.items():
+        setattr(s.hub, k, v)
+    return s
+
+
+@dataclass
+class HubHandle:
+    """A hub serving on a real port."""
+
+    hub: Hub
+    url: str
+    admin_token: str
+    site_runner: web.AppRunner
+    runners: list[tuple[Runner, asyncio.Task]] = field(default_factory=list)
+
+    @property
+    def clock(self) -> Clock:
+        return self.hub.clock
+
+    async def token(self, principal: str, label: str | None = None, admin: bool = False) -> str:
+        """Create a token."""
+        return await self.hub.auth.create_token(principal, label=label, admin=admin)
+
+    async def start_runner(self, name: str = "r1", slots: int = 4, workspace: Path | None = None,
+                           token: str | None = None) -> Runner:
+        """Start an in-process runner over the real WebSocket and wait until it registered."""
+        ws = workspace or Path(self.hub.settings.home) / "ws" / name
+        runner = Runner(self.url, token or self.admin_token, name=name, slots=slots, workspace_root=ws,
+                        engines={"scripted": ScriptedEngine()})
+        task = asyncio.create_task(runner.run_forever())
+        self.runners.append((runner, task))
+        await asyncio.wait_for(runner.registered.wait(), 10)
+        return runner
+
+    async def stop(self) -> None:
+        """Stop runners, the site and the database pool."""
+        for runner, task in self.runners:
+            await runner.stop()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.site_runner.cleanup()
+        await self.hub.db.close()
+
+
+async def start_hub(db_url: str, home: Path, clock: Clock | None = None, port: int = 0,
+                    background: bool = True, **hub_overrides: Any) -> HubHandle:
+    """Start a hub on 127.0.0.1 with an admin token."""
+    settings = test_settings(db_url, home, **hub_overrides)
+    hub = Hub(settings, Database(db_url), clock or ManualClock())
+    site_runner = web.AppRunner(hub.web_app(background=background), access_log=None)
+    await site_runner.setup()
+    site = web.TCPSite(site_runner, "127.0.0.1", port)
+    await site.start()
+    real_port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+    admin = await hub.auth.create_token("admin", label="cli", admin=True)
+    return HubHandle(hub, f"http://127.0.0.1:{real_port}", admin, site_runner)
+
+
+@contextlib.asynccontextmanager
+async def mcp_client(url: str, token: str | None, name: str = "pytest", mode: str = "auto") -> AsyncIterator[Client]:
+    """Connect the official MCP SDK client to the hub's /mcp with a bearer token."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx2.AsyncClient(headers=headers, timeout=60) as http:
+        async with Client(streamable_http_client(f"{url}/mcp", http_client=http),
+                          client_info=Implementation(name=name, version="1.0"), mode=mode) as client:
+            yield client
+
+
+def runner_command(url: str, token: str, name: str, slots: int, workspace: Path) -> list[str]:
+    """Return argv for a real `amux runner` subprocess."""
+    return [sys.executable, "-m", "hub.cli", "runner", "--hub", url, "--token", token,
+            "--name", name, "--slots", str(slots), "--workspace-root", str(workspace)]
+
+
+async def eventually(predicate, timeout: float = 10.0, interval: float = 0.02):  # noqa: ANN001, ANN201
+    """Poll an async predicate until it returns a truthy value (for real I/O, not rule durations)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s (last value {value!r})")
+        await asyncio.sleep(interval)
