@@ -79,7 +79,7 @@ class Databases:
             await self._admin(f'DROP DATABASE IF EXISTS "{self.pg_template}" WITH (FORCE)')
 
 
-def test_settings(db_url: str, home: Path, **hub_overrides: Any) -> Settings:
+def hub_settings(db_url: str, home: Path, **hub_overrides: Any) -> Settings:
     """Settings for a test hub: fast polling, the given database."""
     s = load_settings(env={}, home=str(home), database_url=db_url)
     s.hub.poll_s = 0.05
@@ -131,7 +131,7 @@ class HubHandle:
 async def start_hub(db_url: str, home: Path, clock: Clock | None = None, port: int = 0,
                     background: bool = True, **hub_overrides: Any) -> HubHandle:
     """Start a hub on 127.0.0.1 with an admin token."""
-    settings = test_settings(db_url, home, **hub_overrides)
+    settings = hub_settings(db_url, home, **hub_overrides)
     hub = Hub(settings, Database(db_url), clock or ManualClock())
     site_runner = web.AppRunner(hub.web_app(background=background), access_log=None)
     await site_runner.setup()
