@@ -49,6 +49,7 @@ class Hub:
         health.add_routes(app, self.db, self.metrics)
         rest.add_routes(app, self.tasks, self.db)
         app.router.add_get("/runner/ws", self.runner_endpoint.handle)
+        app.on_shutdown.append(self.runner_endpoint.close_all)
         app.router.add_route("*", "/mcp", self.mcp.handle)
         app.cleanup_ctx.append(self._mcp_ctx)
         if background:

@@ -5,7 +5,7 @@ import asyncio
 import contextlib
 import logging
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
 
 from ..errors import AmuxError
@@ -27,6 +27,12 @@ class RunnerEndpoint:
         self.notifier = notifier
         self.heartbeat_s = heartbeat_s
         self.poll_s = poll_s
+        self.open: set[web.WebSocketResponse] = set()
+
+    async def close_all(self, _app: web.Application | None = None) -> None:
+        """Close every runner connection (on shutdown): runners reconnect to another replica or a restarted hub."""
+        for ws in list(self.open):
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"hub shutting down")
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Authenticate, register, then serve messages until the runner goes away."""
@@ -47,12 +53,14 @@ class RunnerEndpoint:
             return ws
         await ws.send_json(p.Registered(runtime_id=runtime_id, heartbeat_s=self.heartbeat_s, drop=drop).model_dump())
         pump = asyncio.create_task(self._pump(ws, runtime_id, conn_id))
+        self.open.add(ws)
         try:
             async for raw in ws:
                 if raw.type != WSMsgType.TEXT:
                     break
                 await self._on_message(ws, runtime_id, conn_id, raw.json())
         finally:
+            self.open.discard(ws)
             pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await pump
