@@ -95,3 +95,36 @@ task_events = sa.Table(
     sa.Column("created_at", TS, nullable=False),
     sa.UniqueConstraint("task_id", "seq", name="uq_task_events_task_seq"),
 )
+
+lease_tasks = sa.Table(
+    "lease_tasks", metadata,
+    sa.Column("id", sa.String(48), primary_key=True),
+    sa.Column("owner_id", sa.String(40), sa.ForeignKey("principals.id"), nullable=False),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("holder_label", sa.String(200)),
+    sa.Column("holder_token_id", sa.String(40)),
+    sa.Column("secret_hash", sa.String(64)),
+    sa.Column("attached_at", TS),
+    sa.Column("last_activity_at", TS, nullable=False),
+    sa.Column("released_at", TS),
+    sa.Column("closed_at", TS),
+    sa.Column("closed_reason", sa.String(200)),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Index("ix_lease_tasks_owner_status", "owner_id", "status"),
+    sa.Index("ix_lease_tasks_status_activity", "status", "last_activity_at"),
+)
+
+boxes = sa.Table(
+    "boxes", metadata,
+    sa.Column("id", sa.String(48), primary_key=True),
+    sa.Column("task_id", sa.String(48), sa.ForeignKey("lease_tasks.id"), nullable=False),
+    sa.Column("name", sa.String(200)),
+    sa.Column("driver", sa.String(32), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("handle", sa.JSON),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("destroyed_at", TS),
+    sa.Index("ix_boxes_task_state", "task_id", "state"),
+    sa.Index("ix_boxes_state", "state"),
+)

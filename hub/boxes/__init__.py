@@ -1,0 +1,1 @@
+"""Box drivers: where the machines claimed inside a lease task come from."""
