@@ -14,6 +14,7 @@ from ..services.tasks import SubmitRequest, TaskService
 from ..store.db import Database
 from ..store.tables import runtimes
 
+CALLER = web.RequestKey("caller", Caller)
 MAX_BODY = 1024 * 1024
 SUBMIT_FIELDS = {"prompt", "profile", "runtime", "model", "extra_args", "timeout_s", "name"}
 
@@ -31,7 +32,7 @@ def auth_middleware(auth: AuthService) -> Callable:
         if not request.path.startswith("/api/"):
             return await handler(request)
         try:
-            request["caller"] = await auth.authenticate(request.headers.get("Authorization"))
+            request[CALLER] = await auth.authenticate(request.headers.get("Authorization"))
             return await handler(request)
         except AmuxError as e:
             return error_response(e)
@@ -63,7 +64,7 @@ def add_routes(app: web.Application, tasks: TaskService, db: Database) -> None:
     r = app.router
 
     async def whoami(request: web.Request) -> web.Response:
-        c: Caller = request["caller"]
+        c: Caller = request[CALLER]
         return web.json_response({"principal": c.principal, "label": c.label, "admin": c.admin})
 
     async def profiles(_: web.Request) -> web.Response:
@@ -76,26 +77,26 @@ def add_routes(app: web.Application, tasks: TaskService, db: Database) -> None:
             raise Invalid(f"unknown fields {sorted(unknown)}; a task takes {sorted(SUBMIT_FIELDS)}")
         if "prompt" not in data:
             raise Invalid("prompt is required")
-        return web.json_response(await tasks.submit(request["caller"], SubmitRequest(**data)), status=201)
+        return web.json_response(await tasks.submit(request[CALLER], SubmitRequest(**data)), status=201)
 
     async def task_list(request: web.Request) -> web.Response:
-        return web.json_response({"tasks": await tasks.list(request["caller"], _int(request, "limit", 50))})
+        return web.json_response({"tasks": await tasks.list(request[CALLER], _int(request, "limit", 50))})
 
     async def get(request: web.Request) -> web.Response:
-        return web.json_response(await tasks.get(request["caller"], request.match_info["id"]))
+        return web.json_response(await tasks.get(request[CALLER], request.match_info["id"]))
 
     async def events(request: web.Request) -> web.Response:
-        return web.json_response(await tasks.events(request["caller"], request.match_info["id"], _int(request, "cursor", 0)))
+        return web.json_response(await tasks.events(request[CALLER], request.match_info["id"], _int(request, "cursor", 0)))
 
     async def wait(request: web.Request) -> web.Response:
         try:
             timeout = float(request.query.get("timeout_s", 30))
         except ValueError as e:
             raise Invalid("timeout_s must be a number of seconds") from e
-        return web.json_response(await tasks.wait(request["caller"], request.match_info["id"], _int(request, "cursor", 0), timeout))
+        return web.json_response(await tasks.wait(request[CALLER], request.match_info["id"], _int(request, "cursor", 0), timeout))
 
     async def cancel(request: web.Request) -> web.Response:
-        return web.json_response(await tasks.cancel(request["caller"], request.match_info["id"]))
+        return web.json_response(await tasks.cancel(request[CALLER], request.match_info["id"]))
 
     async def runtime_list(_: web.Request) -> web.Response:
         async with db.read() as conn:

@@ -1,6 +1,7 @@
 """Task admission, placement, reservations and reconciliation — the same suite on SQLite and PostgreSQL."""
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from pathlib import Path
 
@@ -271,3 +272,22 @@ async def test_a_private_runtime_only_runs_its_owners_tasks(core):
     assert await core.dispatcher.place_once() == 0
     await core.tasks.submit(bob, SubmitRequest("say hi", profile="scripted"))
     assert await core.dispatcher.place_once() == 1
+
+
+async def test_concurrent_placement_from_two_hubs_on_postgres_never_overbooks(pg_url, clock, tmp_path):
+    from hub.store.db import Database
+
+    hubs = [Hub(hub_settings(pg_url, tmp_path), Database(pg_url), clock) for _ in range(2)]
+    try:
+        token = await hubs[0].auth.create_token("admin", admin=True)
+        for h in hubs:
+            h.admin = await h.auth.authenticate(token)
+        rt, _ = await register(hubs[0], slots=3)
+        for _ in range(40):
+            await submit(hubs[0])
+        placed = await asyncio.gather(*(h.dispatcher.place_once(batch=5) for h in hubs for _ in range(6)))
+        assert sum(placed) == 3
+        assert await active_reservations(hubs[0], rt) == 3
+    finally:
+        for h in hubs:
+            await h.db.close()

@@ -1,0 +1,60 @@
+"""Two hub processes on one PostgreSQL: no routing state lives in one process's memory."""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+
+import httpx2
+
+from tests.helpers import REPO, eventually, mcp_client, runner_command, start_hub
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_a_task_admitted_on_one_hub_runs_on_a_runner_connected_to_another(pg_url, tmp_path, clock):
+    port = free_port()
+    home = tmp_path / "replica-b"
+    env = {**os.environ, "AMUX_HOME": str(home), "AMUX_HUB__POLL_S": "0.05"}
+    replica_b = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "hub.cli", "hub", "serve", "--db", pg_url, "--listen", f"127.0.0.1:{port}",
+        cwd=REPO, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    runner = None
+    replica_a = await start_hub(pg_url, tmp_path / "replica-a", clock)
+    try:
+        b_url = f"http://127.0.0.1:{port}"
+
+        async def b_ready():
+            try:
+                async with httpx2.AsyncClient() as http:
+                    return (await http.get(f"{b_url}/readyz")).status_code == 200 and (home / "admin.token").exists()
+            except httpx2.TransportError:
+                return False
+
+        await eventually(b_ready, timeout=30)
+        token_b = (home / "admin.token").read_text().strip()
+        runner = await asyncio.create_subprocess_exec(
+            *runner_command(b_url, token_b, "on-b", 2, tmp_path / "ws"), cwd=REPO, env=env,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        async with mcp_client(replica_a.url, replica_a.admin_token) as c:
+            async def runtime_online():
+                res = await c.call_tool("task_submit", {"prompt": "say across replicas", "profile": "scripted"})
+                return None if res.is_error else res.structured_content
+
+            sub = await eventually(runtime_online, timeout=20, interval=0.2)
+            done = (await c.call_tool("task_wait", {"task_id": sub["task_id"], "timeout_s": 20})).structured_content
+            while not done["done"]:
+                done = (await c.call_tool("task_wait", {"task_id": sub["task_id"], "cursor": done["cursor"], "timeout_s": 20})).structured_content
+            view = (await c.call_tool("task_get", {"task_id": sub["task_id"]})).structured_content
+        assert view["status"] == "succeeded" and view["runtime"] == "on-b" and view["result"]["text"] == "across replicas"
+    finally:
+        for proc in (runner, replica_b):
+            if proc is not None:
+                proc.kill()
+                await proc.wait()
+        await replica_a.stop()

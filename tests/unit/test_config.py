@@ -1,0 +1,29 @@
+"""Settings: TOML file overlaid by AMUX_* variables with `__` between levels."""
+from __future__ import annotations
+
+import pytest
+
+from hub.config import load_settings
+from hub.errors import Invalid
+
+
+def test_environment_overrides_the_toml_file_with_double_underscore_levels(tmp_path):
+    f = tmp_path / "amux.toml"
+    f.write_text('listen = "0.0.0.0:9000"\n[hub]\nreservation_ttl_s = 10\n')
+    s = load_settings(f, env={"AMUX_HUB__RESERVATION_TTL_S": "5", "AMUX_LEASES__TAKEOVER_QUIET_S": "60"})
+    assert s.listen == "0.0.0.0:9000" and s.hub.reservation_ttl_s == 5 and s.leases.takeover_quiet_s == 60
+
+
+def test_default_database_is_sqlite_in_amux_home(tmp_path):
+    s = load_settings(env={"AMUX_HOME": str(tmp_path)})
+    assert s.db_url() == f"sqlite+aiosqlite:///{tmp_path.resolve() / 'amux.db'}"
+
+
+def test_a_missing_explicit_config_file_is_refused(tmp_path):
+    with pytest.raises(Invalid, match="--config"):
+        load_settings(tmp_path / "nope.toml", env={})
+
+
+def test_a_bad_value_names_where_to_fix_it(tmp_path):
+    with pytest.raises(Invalid, match="AMUX_"):
+        load_settings(env={"AMUX_HOME": str(tmp_path), "AMUX_HUB__POLL_S": "often"})
