@@ -7,17 +7,20 @@ from typing import AsyncIterator
 
 from aiohttp import web
 
+from .boxes.local import LocalBoxDriver
 from .clock import Clock, SystemClock
 from .config import Settings
+from .mcp.lease_tools import lease_tools
 from .mcp.server import build_mcp
 from .mcp.task_tools import task_tools
 from .services.auth import AuthService
 from .services.dispatch import Dispatcher
+from .services.leases import LeaseService
 from .services.notify import Notifier
 from .services.runtimes import RuntimeService
 from .services.tasks import TaskService
 from .store.db import Database
-from .web import health, rest
+from .web import boxes, health, rest
 from .web.mcp_mount import McpMount
 from .web.runner_ws import RunnerEndpoint
 
@@ -40,7 +43,9 @@ class Hub:
         self.runtimes = RuntimeService(self.db, self.clock, self.notifier, self.dispatcher,
                                        on_started=lambda _t, s: self.metrics.dispatch_latency.observe(max(s, 0.0)))
         self.runner_endpoint = RunnerEndpoint(self.auth, self.runtimes, self.notifier, hs.heartbeat_s, hs.poll_s)
-        self.mcp = McpMount(build_mcp(self.auth, [task_tools(self.tasks)]), self.auth)
+        self.leases = LeaseService(self.db, self.clock, settings.leases,
+                                   LocalBoxDriver(settings.home / "boxes", hide=[settings.home]))
+        self.mcp = McpMount(build_mcp(self.auth, [task_tools(self.tasks), lease_tools(self.leases)]), self.auth)
 
     def web_app(self, *, background: bool = True) -> web.Application:
         """Build the aiohttp application; `background` starts the placement and reaper loops."""
@@ -51,6 +56,7 @@ class Hub:
         app.router.add_get("/runner/ws", self.runner_endpoint.handle)
         app.on_shutdown.append(self.runner_endpoint.close_all)
         app.router.add_route("*", "/mcp", self.mcp.handle)
+        boxes.add_routes(app, self.auth, self.leases, self.clock)
         app.cleanup_ctx.append(self._mcp_ctx)
         if background:
             app.cleanup_ctx.append(self._loops_ctx)
@@ -62,6 +68,7 @@ class Hub:
 
     async def _loops_ctx(self, _app: web.Application) -> AsyncIterator[None]:
         loops = [asyncio.create_task(self.dispatcher.run_placement()), asyncio.create_task(self.dispatcher.run_reaper())]
+        loops.append(asyncio.create_task(self.leases.run_reaper()))
         yield
         for t in loops:
             t.cancel()

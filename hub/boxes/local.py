@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ class LocalBoxDriver:
         self._sandbox = sandbox
         self._resolved: str | None = None if sandbox == "auto" else sandbox
         self._groups: dict[str, set[int]] = {}
+        self.host = socket.gethostname()
 
     # --- sandbox -------------------------------------------------------------------------------
 
@@ -83,6 +85,10 @@ class LocalBoxDriver:
         box_id = str(handle.get("box_id", ""))
         if not _BOX_ID.fullmatch(box_id):
             raise BoxError("box handle names no box; destroy it with `rift_vm_destroy` and make another with `rift_vm_new`")
+        host = handle.get("host")
+        if host and host != self.host:
+            raise BoxError(f"box {box_id} lives on host {host}, and this hub replica runs on {self.host}; "
+                           f"the local driver serves a box only from its own machine")
         return box_id, self.root / box_id
 
     async def create(self, box_id: str) -> dict[str, Any]:
@@ -95,7 +101,7 @@ class LocalBoxDriver:
             box_dir.mkdir(mode=0o700)
         except FileExistsError as e:
             raise BoxError(f"box {box_id} already exists; make another with `rift_vm_new`") from e
-        return {"box_id": box_id, "dir": str(box_dir), "sandbox": await self.sandbox()}
+        return {"box_id": box_id, "dir": str(box_dir), "sandbox": await self.sandbox(), "host": self.host}
 
     async def exec(self, handle: dict[str, Any], command: str, timeout_s: float) -> ExecResult:
         """Run `sh -c command` in the box; kill its process group at the timeout; cap each stream."""

@@ -1,0 +1,377 @@
+"""Lease tasks and their boxes: open, attach, release, close; boxes inside; the reaper that closes quiet tasks."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import secrets
+from datetime import datetime
+from typing import Any, Callable
+
+import sqlalchemy as sa
+
+from ..boxes.base import DEFAULT_EXEC_TIMEOUT_S, MAX_COMMAND_BYTES, MAX_EXEC_TIMEOUT_S, BoxDriver, BoxError
+from ..clock import Clock, utc
+from ..config import LeaseSettings
+from ..domain import leases as rules
+from ..errors import Conflict, Invalid, NotFound
+from ..ids import short_id
+from ..store.db import Database
+from ..store.tables import boxes, lease_tasks
+from .auth import Caller
+
+log = logging.getLogger(__name__)
+
+LIVE = ("creating", "live")
+MAX_BOXES_PER_TASK = 32
+RECENT_CLOSED = 10
+REAP_BATCH = 100
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _iso(dt: datetime | None) -> str | None:
+    dt = utc(dt)
+    return dt.isoformat().replace("+00:00", "Z") if dt else None
+
+
+def holder_of(caller: Caller) -> str:
+    """Return the holder name a lease shows: the attaching token's label (`mcp:Claude`)."""
+    return caller.label or f"{caller.principal} (unlabeled token)"
+
+
+def _parse(fn: Callable[[str | None], Any], raw: str | None) -> Any:
+    try:
+        return fn(raw)
+    except rules.HandleError as e:
+        raise Invalid(str(e)) from e
+
+
+def task_view(row: Any, box_ids: list[str] | None = None) -> dict[str, Any]:
+    """Render a lease task row for tools and pages (never the secret or its hash)."""
+    held = row.status == "open" and row.secret_hash is not None
+    return {
+        "task_id": row.id, "name": row.name, "status": row.status,
+        "holder": row.holder_label if held else None, "held": held,
+        "last_holder": row.holder_label, "attached_at": _iso(row.attached_at),
+        "last_activity_at": _iso(row.last_activity_at), "released_at": _iso(row.released_at),
+        "closed_at": _iso(row.closed_at), "closed_reason": row.closed_reason,
+        "created_at": _iso(row.created_at), "boxes": box_ids if box_ids is not None else [],
+    }
+
+
+def box_view(row: Any) -> dict[str, Any]:
+    """Render a box row (the driver handle stays inside the hub)."""
+    handle = row.handle or {}
+    return {"vm_id": row.id, "task_id": row.task_id, "name": row.name, "driver": row.driver, "state": row.state,
+            "sandbox": handle.get("sandbox"), "created_at": _iso(row.created_at),
+            "destroyed_at": _iso(row.destroyed_at)}
+
+
+class LeaseService:
+    """Hold lease tasks for callers and run their boxes through one box driver."""
+
+    def __init__(self, db: Database, clock: Clock, settings: LeaseSettings, driver: BoxDriver) -> None:
+        self.db = db
+        self.clock = clock
+        self.settings = settings
+        self.driver = driver
+
+    # --- the lease gate ------------------------------------------------------------------------
+
+    async def _gate(self, conn: Any, caller: Caller, raw: str | None, *, lock: bool) -> Any:
+        """Return the task row a handle holds, or raise the refusal that names the mending tool."""
+        handle: rules.Handle = _parse(rules.parse_handle, raw)
+        stmt = sa.select(lease_tasks).where(lease_tasks.c.id == handle.task_id)
+        row = (await conn.execute(self.db.for_update(stmt) if lock else stmt)).first()
+        if row is None or row.owner_id != caller.principal_id:
+            raise NotFound(rules.not_yours(handle.task_id))
+        if row.status != "open":
+            raise Conflict(rules.closed(row.id, row.closed_reason))
+        if row.secret_hash is None:
+            raise Conflict(rules.released(row.id))
+        if not hmac.compare_digest(row.secret_hash, _hash(handle.secret)):
+            raise Conflict(rules.held_by(row.holder_label or "another agent", utc(row.attached_at) or utc(row.created_at)))
+        return row
+
+    async def _touch(self, conn: Any, row: Any, now: datetime) -> None:
+        """Record activity under the current handle, at most once per granularity."""
+        if rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s):
+            await conn.execute(lease_tasks.update().where(
+                lease_tasks.c.id == row.id, lease_tasks.c.secret_hash == row.secret_hash,
+                lease_tasks.c.status == "open").values(last_activity_at=now))
+
+    async def _held(self, caller: Caller, raw: str | None) -> Any:
+        """Check a handle on a read connection and record the activity; return the task row."""
+        now = self.clock.now()
+        async with self.db.read() as conn:
+            row = await self._gate(conn, caller, raw, lock=False)
+        if rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s):
+            async with self.db.write() as conn:
+                await self._touch(conn, row, now)
+        return row
+
+    # --- tasks ---------------------------------------------------------------------------------
+
+    async def new(self, caller: Caller, name: str | None) -> dict[str, Any]:
+        """Open a task held by the caller and return it with its handle (shown once)."""
+        try:
+            clean = rules.clean_name(name, required=True, what="task")
+        except ValueError as e:
+            raise Invalid(str(e)) from e
+        now, secret = self.clock.now(), secrets.token_urlsafe(24)
+        task_id = short_id("task")
+        async with self.db.write() as conn:
+            await conn.execute(lease_tasks.insert().values(
+                id=task_id, owner_id=caller.principal_id, name=clean, status="open", holder_label=holder_of(caller),
+                holder_token_id=caller.token_id, secret_hash=_hash(secret), attached_at=now,
+                last_activity_at=now, created_at=now))
+            row = (await conn.execute(sa.select(lease_tasks).where(lease_tasks.c.id == task_id))).one()
+        return {**task_view(row), "handle": rules.format_handle(task_id, secret)}
+
+    async def list(self, caller: Caller) -> list[dict[str, Any]]:
+        """Return the caller's open tasks and the most recently closed ones, with their live boxes."""
+        async with self.db.read() as conn:
+            open_rows = (await conn.execute(
+                sa.select(lease_tasks).where(lease_tasks.c.owner_id == caller.principal_id, lease_tasks.c.status == "open")
+                .order_by(lease_tasks.c.last_activity_at.desc()))).all()
+            closed_rows = (await conn.execute(
+                sa.select(lease_tasks).where(lease_tasks.c.owner_id == caller.principal_id, lease_tasks.c.status == "closed")
+                .order_by(lease_tasks.c.closed_at.desc()).limit(RECENT_CLOSED))).all()
+            box_rows = (await conn.execute(
+                sa.select(boxes.c.id, boxes.c.task_id).join(lease_tasks, lease_tasks.c.id == boxes.c.task_id)
+                .where(lease_tasks.c.owner_id == caller.principal_id, lease_tasks.c.status == "open",
+                       boxes.c.state.in_(LIVE)).order_by(boxes.c.created_at, boxes.c.id))).all()
+        by_task: dict[str, list[str]] = {}
+        for b in box_rows:
+            by_task.setdefault(b.task_id, []).append(b.id)
+        return [task_view(r, by_task.get(r.id, [])) for r in [*open_rows, *closed_rows]]
+
+    async def attach(self, caller: Caller, task_id: str | None, takeover: bool = False) -> dict[str, Any]:
+        """Mint a new secret for one of the caller's open tasks; the previous handle stops working.
+
+        A released task, or one whose lease is quiet for `takeover_quiet_s`, is taken without asking;
+        a lease active lately is taken only with `takeover`.
+        """
+        tid: str = _parse(rules.parse_task_id, task_id)
+        now, secret = self.clock.now(), secrets.token_urlsafe(24)
+        async with self.db.write() as conn:
+            row = (await conn.execute(self.db.for_update(sa.select(lease_tasks).where(lease_tasks.c.id == tid)))).first()
+            if row is None or row.owner_id != caller.principal_id:
+                raise NotFound(rules.not_yours(tid))
+            if row.status != "open":
+                raise Conflict(rules.closed(row.id, row.closed_reason))
+            held = row.secret_hash is not None
+            last = utc(row.last_activity_at)
+            if not takeover and not rules.may_attach_without_takeover(held, last, now, self.settings.takeover_quiet_s):
+                raise Conflict(rules.attach_refused(row.id, row.holder_label or "another agent",
+                                                    utc(row.attached_at) or last, last, now, self.settings.takeover_quiet_s))
+            await conn.execute(lease_tasks.update().where(lease_tasks.c.id == tid).values(
+                secret_hash=_hash(secret), holder_label=holder_of(caller), holder_token_id=caller.token_id,
+                attached_at=now, last_activity_at=now, released_at=None))
+            new_row = (await conn.execute(sa.select(lease_tasks).where(lease_tasks.c.id == tid))).one()
+            box_ids = [b.id for b in await conn.execute(
+                sa.select(boxes.c.id).where(boxes.c.task_id == tid, boxes.c.state.in_(LIVE)).order_by(boxes.c.created_at))]
+        return {**task_view(new_row, box_ids), "handle": rules.format_handle(tid, secret),
+                "previous_holder": row.holder_label if held else None, "took_over": held}
+
+    async def release(self, caller: Caller, handle: str | None) -> dict[str, Any]:
+        """Give up the lease: the handle stops working and anyone of the owner's agents may attach."""
+        now = self.clock.now()
+        async with self.db.write() as conn:
+            row = await self._gate(conn, caller, handle, lock=True)
+            await conn.execute(lease_tasks.update().where(lease_tasks.c.id == row.id).values(
+                secret_hash=None, released_at=now, last_activity_at=now))
+            new_row = (await conn.execute(sa.select(lease_tasks).where(lease_tasks.c.id == row.id))).one()
+        return task_view(new_row)
+
+    async def close(self, caller: Caller, handle: str | None) -> dict[str, Any]:
+        """Close the task and destroy every box in it."""
+        now = self.clock.now()
+        async with self.db.write() as conn:
+            row = await self._gate(conn, caller, handle, lock=True)
+            await conn.execute(lease_tasks.update().where(lease_tasks.c.id == row.id).values(
+                status="closed", closed_at=now, closed_reason=f"closed by {holder_of(caller)}", secret_hash=None))
+        destroyed = await self._destroy_boxes_of([row.id])
+        async with self.db.read() as conn:
+            new_row = (await conn.execute(sa.select(lease_tasks).where(lease_tasks.c.id == row.id))).one()
+        return {**task_view(new_row), "destroyed": destroyed}
+
+    # --- boxes ---------------------------------------------------------------------------------
+
+    async def vm_new(self, caller: Caller, handle: str | None, name: str | None = None) -> dict[str, Any]:
+        """Claim a new box inside the held task."""
+        try:
+            clean = rules.clean_name(name, required=False, what="box")
+        except ValueError as e:
+            raise Invalid(str(e)) from e
+        now = self.clock.now()
+        box_id = short_id("vm", 10)
+        async with self.db.write() as conn:
+            row = await self._gate(conn, caller, handle, lock=True)
+            await self._touch(conn, row, now)
+            count = (await conn.execute(sa.select(sa.func.count()).select_from(boxes).where(
+                boxes.c.task_id == row.id, boxes.c.state.in_(LIVE)))).scalar_one()
+            if count >= MAX_BOXES_PER_TASK:
+                raise Conflict(f"task {row.id} already has {count} boxes, the most one task may hold; "
+                               f"`rift_vm_destroy` one, or `rift_task_new` for separate work")
+            await conn.execute(boxes.insert().values(id=box_id, task_id=row.id, name=clean, driver=self.driver.name,
+                                                     state="creating", created_at=now))
+        try:
+            box_handle = await self.driver.create(box_id)
+        except BoxError as e:
+            async with self.db.write() as conn:
+                await conn.execute(boxes.update().where(boxes.c.id == box_id).values(
+                    state="failed", destroyed_at=self.clock.now()))
+            raise Invalid(f"box could not be created: {e}") from e
+        async with self.db.write() as conn:
+            res = await conn.execute(boxes.update().where(boxes.c.id == box_id, boxes.c.state == "creating")
+                                     .values(state="live", handle=box_handle))
+            claimed = res.rowcount == 1
+            box = (await conn.execute(sa.select(boxes).where(boxes.c.id == box_id))).one()
+        if not claimed:  # the task closed while the box was being made
+            await self._destroy_quietly(box_id, box_handle)
+            raise Conflict(rules.closed(row.id, "closed while the box was being made"))
+        return box_view(box)
+
+    async def vm_list(self, caller: Caller, handle: str | None) -> list[dict[str, Any]]:
+        """Return the live boxes of the held task."""
+        now = self.clock.now()
+        async with self.db.read() as conn:
+            row = await self._gate(conn, caller, handle, lock=False)
+            rows = (await conn.execute(sa.select(boxes).where(boxes.c.task_id == row.id, boxes.c.state.in_(LIVE))
+                                       .order_by(boxes.c.created_at, boxes.c.id))).all()
+        if rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s):
+            async with self.db.write() as conn:
+                await self._touch(conn, row, now)
+        return [box_view(b) for b in rows]
+
+    async def _box(self, row: Any, vm_id: str | None) -> Any:
+        bid: str = _parse(rules.parse_box_id, vm_id)
+        async with self.db.read() as conn:
+            box = (await conn.execute(sa.select(boxes).where(boxes.c.id == bid, boxes.c.task_id == row.id))).first()
+        if box is None or box.state != "live":
+            raise NotFound(rules.box_not_in_task(bid, row.id))
+        return box
+
+    async def vm_exec(self, caller: Caller, handle: str | None, vm_id: str | None, command: str | None,
+                      timeout_s: float | None = None) -> dict[str, Any]:
+        """Run a shell command in one of the task's boxes; output is capped and the exit code returned."""
+        if not isinstance(command, str) or not command.strip():
+            raise Invalid("command is empty; pass a shell command, e.g. command=\"ls -la\"")
+        if len(command.encode()) > MAX_COMMAND_BYTES or "\0" in command:
+            raise Invalid(f"command must be at most {MAX_COMMAND_BYTES} bytes without NUL; write long scripts to a file "
+                          f"in the box first")
+        timeout = DEFAULT_EXEC_TIMEOUT_S if timeout_s is None else timeout_s
+        if not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_EXEC_TIMEOUT_S:
+            raise Invalid(f"timeout_s must be between 0 and {MAX_EXEC_TIMEOUT_S:g} seconds; run longer work in the "
+                          f"background (`nohup … > log 2>&1 &`) and poll it")
+        row = await self._held(caller, handle)
+        box = await self._box(row, vm_id)
+        try:
+            res = await self.driver.exec(box.handle or {}, command, float(timeout))
+        except BoxError as e:
+            raise Conflict(str(e)) from e
+        return {"vm_id": box.id, "task_id": row.id, "exit_code": res.exit_code, "stdout": res.stdout,
+                "stderr": res.stderr, "stdout_truncated": res.stdout_truncated, "stderr_truncated": res.stderr_truncated,
+                "timed_out": res.timed_out, "duration_s": res.duration_s}
+
+    async def vm_destroy(self, caller: Caller, handle: str | None, vm_id: str | None) -> dict[str, Any]:
+        """Destroy one box of the held task (kills its processes, removes it)."""
+        row = await self._held(caller, handle)
+        box = await self._box(row, vm_id)
+        try:
+            await self.driver.destroy(box.handle or {})
+        except BoxError as e:
+            raise Conflict(str(e)) from e
+        await self._mark_destroyed(box.id)
+        async with self.db.read() as conn:
+            return box_view((await conn.execute(sa.select(boxes).where(boxes.c.id == box.id))).one())
+
+    async def _mark_destroyed(self, box_id: str) -> bool:
+        async with self.db.write() as conn:
+            res = await conn.execute(boxes.update().where(boxes.c.id == box_id, boxes.c.state.in_(LIVE))
+                                     .values(state="destroyed", destroyed_at=self.clock.now()))
+        return res.rowcount == 1
+
+    async def _destroy_quietly(self, box_id: str, handle: dict[str, Any] | None) -> bool:
+        """Destroy a box through the driver; on failure keep it for the reaper's next sweep."""
+        try:
+            if handle:
+                await self.driver.destroy(handle)
+        except BoxError as e:
+            log.warning("box %s not destroyed here (%s); the reaper will retry", box_id, e)
+            return False
+        except Exception:  # one stubborn box must not stop the others; the sweep retries
+            log.exception("destroying box %s failed; the reaper will retry", box_id)
+            return False
+        return True
+
+    async def _destroy_boxes_of(self, task_ids: list[str]) -> list[str]:
+        """Destroy the live boxes of closed tasks; return the ids marked destroyed."""
+        async with self.db.read() as conn:
+            rows = (await conn.execute(sa.select(boxes).where(boxes.c.task_id.in_(task_ids), boxes.c.state.in_(LIVE))
+                                       .order_by(boxes.c.created_at))).all()
+        done = []
+        for b in rows:
+            # A box still being made has no handle yet: marking it stops its maker, which destroys it.
+            if b.state == "creating" or await self._destroy_quietly(b.id, b.handle):
+                if await self._mark_destroyed(b.id):
+                    done.append(b.id)
+        return done
+
+    # --- reaper --------------------------------------------------------------------------------
+
+    async def reap_once(self) -> dict[str, int]:
+        """Close tasks quiet for `auto_close_quiet_s` and destroy the boxes of every closed task.
+
+        Safe with several replicas: a task is closed by one conditional UPDATE (rows claimed with
+        SKIP LOCKED on PostgreSQL), and destroying a box is idempotent, so two sweeps of one box are harmless.
+        """
+        now = self.clock.now()
+        cutoff = rules.auto_close_cutoff(now, self.settings.auto_close_quiet_s)
+        due = ((lease_tasks.c.status == "open") & (lease_tasks.c.last_activity_at <= cutoff))
+        async with self.db.write() as conn:
+            ids = [r.id for r in await conn.execute(self.db.for_update(
+                sa.select(lease_tasks.c.id).where(due).order_by(lease_tasks.c.last_activity_at).limit(REAP_BATCH),
+                skip_locked=True))]
+            closed = 0
+            if ids:
+                res = await conn.execute(lease_tasks.update().where(lease_tasks.c.id.in_(ids), due).values(
+                    status="closed", closed_at=now, secret_hash=None,
+                    closed_reason=f"quiet for {self.settings.auto_close_quiet_s / 3600:g} hours"))
+                closed = res.rowcount
+        async with self.db.read() as conn:
+            leftover = [r.task_id for r in await conn.execute(
+                sa.select(boxes.c.task_id).distinct().join(lease_tasks, lease_tasks.c.id == boxes.c.task_id)
+                .where(lease_tasks.c.status == "closed", boxes.c.state.in_(LIVE)).limit(REAP_BATCH))]
+        destroyed = await self._destroy_boxes_of(leftover) if leftover else []
+        return {"closed": closed, "destroyed": len(destroyed)}
+
+    async def run_reaper(self, interval_s: float = 30.0) -> None:
+        """Reap every `interval_s` real seconds (the rules compare against the injected clock)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.reap_once()
+            except Exception:
+                log.exception("lease reaper pass failed")
+
+    # --- the Boxes page ------------------------------------------------------------------------
+
+    async def overview(self, principal_id: str) -> tuple[list[Any], list[Any]]:
+        """Return a user's open tasks and their live boxes: one query per table."""
+        async with self.db.read() as conn:
+            tasks = (await conn.execute(
+                sa.select(lease_tasks).where(lease_tasks.c.owner_id == principal_id, lease_tasks.c.status == "open")
+                .order_by(lease_tasks.c.last_activity_at.desc(), lease_tasks.c.id))).all()
+            box_rows = (await conn.execute(
+                sa.select(boxes.c.id, boxes.c.task_id, boxes.c.name, boxes.c.driver, boxes.c.state, boxes.c.created_at)
+                .join(lease_tasks, lease_tasks.c.id == boxes.c.task_id)
+                .where(lease_tasks.c.owner_id == principal_id, lease_tasks.c.status == "open", boxes.c.state.in_(LIVE))
+                .order_by(boxes.c.created_at, boxes.c.id))).all()
+        return tasks, box_rows
+

@@ -1,0 +1,132 @@
+"""`GET /boxes`: the read-only Boxes page — a user's open lease tasks and their boxes, server-rendered."""
+from __future__ import annotations
+
+from datetime import datetime
+from html import escape
+from typing import Any
+
+from aiohttp import web
+
+from ..clock import Clock, utc
+from ..domain.leases import ago
+from ..errors import AmuxError
+from ..services.auth import AuthService, Caller
+from ..services.leases import LeaseService
+
+COOKIE = "amux_boxes"
+COOKIE_MAX_AGE_S = 12 * 3600
+HEADERS = {
+    "Content-Security-Policy": ("default-src 'none'; style-src 'unsafe-inline'; form-action 'none'; "
+                                "frame-ancestors 'none'; base-uri 'none'"),
+    "Cache-Control": "no-store",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+}
+STYLE = """
+body{font:14px/1.45 system-ui,sans-serif;margin:2rem;color:#1d1d1f;max-width:72rem}
+h1{font-size:1.4rem;margin:0 0 .2rem}h2{font-size:1.1rem;margin:1.6rem 0 .4rem}
+table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:.3rem .6rem;border-bottom:1px solid #e3e3e6;vertical-align:top}
+th{background:#f5f5f7;font-weight:600}code{font:12px ui-monospace,monospace;background:#f5f5f7;padding:0 .2rem}
+.muted{color:#6e6e73}.help{background:#f0f6ff;border:1px solid #c9defc;padding:.7rem 1rem;border-radius:6px}
+"""
+
+
+def _t(dt: Any) -> str:
+    dt = utc(dt)
+    return dt.strftime("%Y-%m-%d %H:%M UTC") if dt else "—"
+
+
+def _help(auto_close_s: float) -> str:
+    hours = f"{auto_close_s / 3600:g}"
+    return (
+        '<section class="help" id="help"><p><strong>This page only shows; it changes nothing.</strong> '
+        "To put away boxes an agent left behind, ask your agent to call <code>rift_task_close</code> on the task, "
+        "which destroys its boxes, or <code>rift_vm_destroy</code> on one box. "
+        f"A task that is quiet for {hours} hours closes itself, and its boxes are destroyed.</p>"
+        "<p>To hand a task to another agent: the holder calls <code>rift_task_release</code>, the other agent calls "
+        "<code>rift_task_attach</code>; a task active lately needs <code>takeover</code> (ask first).</p></section>"
+    )
+
+
+def render_page(caller: Caller, tasks: list[Any], boxes: list[Any], now: datetime, auto_close_s: float) -> str:
+    """Render the Boxes page: tasks with holder, last activity and boxes; boxes with their task."""
+    names = {t.id: t.name for t in tasks}
+    by_task: dict[str, list[Any]] = {}
+    for b in boxes:
+        by_task.setdefault(b.task_id, []).append(b)
+    out = [
+        '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Boxes · amux</title>',
+        f'<meta name="viewport" content="width=device-width"><style>{STYLE}</style></head><body>',
+        f'<h1>Boxes</h1><p class="muted">Signed in as <span id="principal">{escape(caller.principal)}</span> · '
+        f"{len(tasks)} open task{'s' if len(tasks) != 1 else ''}, {len(boxes)} box{'es' if len(boxes) != 1 else ''} · "
+        f"as of {_t(now)}</p>",
+        _help(auto_close_s),
+        '<h2>Open tasks</h2>',
+    ]
+    if not tasks:
+        out.append('<p class="muted" id="no-tasks">No open tasks. An agent opens one with <code>rift_task_new</code>.</p>')
+    else:
+        out.append('<table id="tasks"><thead><tr><th>Task</th><th>Name</th><th>Holder</th><th>Held since</th>'
+                   '<th>Last activity</th><th>Boxes</th></tr></thead><tbody>')
+        for t in tasks:
+            if t.secret_hash is not None:
+                holder = escape(t.holder_label or "—")
+            else:
+                holder = f'<span class="muted">released by {escape(t.holder_label or "—")}</span>'
+            task_boxes = by_task.get(t.id, [])
+            box_cell = ", ".join(f"<code>{escape(b.id)}</code>" + (f" {escape(b.name)}" if b.name else "")
+                                 for b in task_boxes) or '<span class="muted">none</span>'
+            out.append(
+                f'<tr data-task="{escape(t.id)}"><td><code>{escape(t.id)}</code></td><td>{escape(t.name)}</td>'
+                f'<td class="holder">{holder}</td><td>{_t(t.attached_at)}</td>'
+                f'<td class="activity">{_t(t.last_activity_at)} <span class="muted">({ago(utc(t.last_activity_at), now)})</span></td>'
+                f'<td class="boxes">{box_cell}</td></tr>')
+        out.append("</tbody></table>")
+    out.append("<h2>Boxes</h2>")
+    if not boxes:
+        out.append('<p class="muted" id="no-boxes">No boxes. An agent claims one inside a task with <code>rift_vm_new</code>.</p>')
+    else:
+        out.append('<table id="boxes"><thead><tr><th>Box</th><th>Name</th><th>Task</th><th>Driver</th><th>State</th>'
+                   '<th>Created</th></tr></thead><tbody>')
+        for b in boxes:
+            out.append(
+                f'<tr data-box="{escape(b.id)}"><td><code>{escape(b.id)}</code></td><td>{escape(b.name or "")}</td>'
+                f'<td class="task"><code>{escape(b.task_id)}</code> {escape(names.get(b.task_id, ""))}</td>'
+                f"<td>{escape(b.driver)}</td><td>{escape(b.state)}</td><td>{_t(b.created_at)}</td></tr>")
+        out.append("</tbody></table>")
+    out.append("</body></html>")
+    return "".join(out)
+
+
+def _signin_page(message: str) -> str:
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Sign in · Boxes · amux</title>'
+            f"<style>{STYLE}</style></head><body><h1>Boxes</h1><p>{escape(message)}</p>"
+            "<p>Open <code>/boxes?token=&lt;your token&gt;</code> once (the page keeps you signed in with an HttpOnly "
+            "cookie and drops the token from the address), or send <code>Authorization: Bearer &lt;token&gt;</code>. "
+            "Create a token with <code>amux token create --principal NAME</code>.</p></body></html>")
+
+
+def add_routes(app: web.Application, auth: AuthService, leases: LeaseService, clock: Clock) -> None:
+    """Register `GET /boxes`."""
+
+    async def page(request: web.Request) -> web.Response:
+        query_token = request.query.get("token")
+        header = request.headers.get("Authorization") or query_token or request.cookies.get(COOKIE)
+        try:
+            caller = await auth.authenticate(header)
+        except AmuxError as e:
+            resp = web.Response(text=_signin_page(e.message), content_type="text/html", status=401, headers=HEADERS)
+            if request.cookies.get(COOKIE):
+                resp.del_cookie(COOKIE, path="/boxes")
+            return resp
+        if query_token and not request.headers.get("Authorization"):
+            # Keep the token out of the address bar and history: move it into an HttpOnly cookie.
+            resp = web.Response(status=303, headers={**HEADERS, "Location": "/boxes"})
+            resp.set_cookie(COOKIE, query_token.strip(), max_age=COOKIE_MAX_AGE_S, path="/boxes", httponly=True,
+                            samesite="Strict", secure=request.secure)
+            return resp
+        tasks, boxes = await leases.overview(caller.principal_id)
+        html = render_page(caller, tasks, boxes, clock.now(), leases.settings.auto_close_quiet_s)
+        return web.Response(text=html, content_type="text/html", headers=HEADERS)
+
+    app.router.add_get("/boxes", page)

@@ -1,0 +1,150 @@
+"""Lease rules (seed: Rift tasks), table-driven: one case per rule, `now` passed in."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from hub.domain import leases as rules
+
+T0 = datetime(2026, 1, 5, 9, 0, tzinfo=timezone.utc)
+MIN = timedelta(minutes=1)
+
+
+# --- handles ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw, refusal", [
+    (None, rules.NO_HANDLE),                              # no handle → rift_task_new opens one
+    ("", rules.NO_HANDLE),
+    ("   ", rules.NO_HANDLE),
+    ("task_k3v9q2mx", rules.MALFORMED),                   # no dot: the id alone buys nothing
+    ("lease_k3v9q2mx.abc", rules.MALFORMED),              # wrong prefix
+    ("task_k3v9q2mx.", rules.MALFORMED),                  # empty secret
+    (".abc", rules.MALFORMED),                            # empty id
+    ("task_K3V9.abc", rules.MALFORMED),                   # id outside the alphabet
+    ("task_k3v9q2mx.abc.def", rules.MALFORMED),           # two dots
+    ("task_k3v9q2mx.a b", rules.MALFORMED),               # secret outside urlsafe base64
+    ("task_k3v9q2mx." + "x" * 10_000, rules.MALFORMED),   # 10 KB of junk
+    ("\x00" * 10_240, rules.MALFORMED),
+], ids=["none", "empty", "blank", "no-dot", "wrong-prefix", "empty-secret", "empty-id", "bad-id-chars",
+        "two-dots", "bad-secret-chars", "oversized-secret", "10kb-nul-junk"])
+def test_a_malformed_handle_is_refused_with_text_naming_rift_task_new(raw, refusal):
+    with pytest.raises(rules.HandleError) as e:
+        rules.parse_handle(raw)
+    assert str(e.value) == refusal and "rift_task_new" in str(e.value)
+
+
+def test_malformed_handle_refusals_never_echo_the_input():
+    junk = "task_abc." + "S3CRET" * 2000
+    with pytest.raises(rules.HandleError) as e:
+        rules.parse_handle(junk)
+    assert "S3CRET" not in str(e.value) and len(str(e.value)) < 300
+
+
+def test_a_handle_is_task_id_dot_secret():
+    h = rules.parse_handle(" task_k3v9q2mx.Ab-_09 ")
+    assert h == rules.Handle("task_k3v9q2mx", "Ab-_09")
+    assert rules.format_handle(h.task_id, h.secret) == "task_k3v9q2mx.Ab-_09"
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("task_k3v9q2mx", "task_k3v9q2mx"),             # the id as rift_task_list shows it
+    ("task_k3v9q2mx.oldsecret", "task_k3v9q2mx"),   # a whole (stale) handle: its secret is ignored
+])
+def test_attach_accepts_a_task_id_or_a_whole_handle(raw, expected):
+    assert rules.parse_task_id(raw) == expected
+
+
+@pytest.mark.parametrize("raw", [None, "", "k3v9q2mx", "vm_k3v9q2mx", "task_" + "a" * 10_000])
+def test_a_malformed_task_id_is_refused_with_text_naming_the_listing_tool(raw):
+    with pytest.raises(rules.HandleError, match="rift_task_list"):
+        rules.parse_task_id(raw)
+
+
+@pytest.mark.parametrize("raw", [None, "", "task_abc", "vm_", "vm_ABC", "vm_abc; rm -rf /", "vm_" + "a" * 100])
+def test_a_malformed_box_id_is_refused_with_text_naming_rift_vm_list(raw):
+    with pytest.raises(rules.HandleError, match="rift_vm_list"):
+        rules.parse_box_id(raw)
+
+
+@pytest.mark.parametrize("raw, required, ok", [
+    ("fix login", True, "fix login"),
+    ("  spaced  ", True, "spaced"),
+    ("bell\x07 ring", True, "bell ring"),   # control characters are dropped
+    (None, False, None),                    # a box name is optional
+    ("", True, ValueError),                 # a task name is required
+    ("x" * 201, True, ValueError),          # at most 200 characters
+])
+def test_names_are_printable_and_at_most_200_characters(raw, required, ok):
+    if ok is ValueError:
+        with pytest.raises(ValueError):
+            rules.clean_name(raw, required=required, what="task")
+    else:
+        assert rules.clean_name(raw, required=required, what="task") == ok
+
+
+# --- clocks -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("last, now, due", [
+    (None, T0, True),                           # never recorded → record now
+    (T0, T0 + 59 * timedelta(seconds=1), False),  # within the minute → the stored time stays
+    (T0, T0 + MIN, True),                       # a minute later → it moves
+    (T0, T0 + 90 * MIN, True),
+])
+def test_stored_activity_moves_at_most_once_a_minute(last, now, due):
+    assert rules.activity_due(last, now, 60) is due
+
+
+@pytest.mark.parametrize("held, quiet, may", [
+    (True, 29 * MIN + timedelta(seconds=59), False),  # active lately → takeover needed
+    (True, 30 * MIN, True),                           # quiet for 30 minutes → taken up without asking
+    (True, 5 * 60 * MIN, True),
+    (False, timedelta(0), True),                      # released → anyone of the owner's agents may attach
+])
+def test_a_lease_quiet_for_30_minutes_may_be_taken_up_without_asking(held, quiet, may):
+    assert rules.may_attach_without_takeover(held, T0, T0 + quiet, 1800) is may
+
+
+@pytest.mark.parametrize("quiet, due", [
+    (4 * 60 * MIN - timedelta(seconds=1), False),
+    (4 * 60 * MIN, True),            # quiet for 4 hours → closes itself
+    (10 * 60 * MIN, True),
+])
+def test_a_task_quiet_for_4_hours_is_due_to_close_itself(quiet, due):
+    assert rules.auto_close_due(T0, T0 + quiet, 14400) is due
+    assert (T0 <= rules.auto_close_cutoff(T0 + quiet, 14400)) is due
+
+
+def test_a_touch_restarts_the_auto_close_timer():
+    touched = T0 + 3 * 60 * MIN
+    assert not rules.auto_close_due(touched, T0 + 4 * 60 * MIN, 14400)
+    assert rules.auto_close_due(touched, touched + 4 * 60 * MIN, 14400)
+
+
+@pytest.mark.parametrize("delta, text", [
+    (timedelta(seconds=30), "just now"),
+    (3 * MIN, "3 min ago"),
+    (125 * MIN, "2 h 5 min ago"),
+    (26 * 60 * MIN, "1 d 2 h ago"),
+    (-MIN, "just now"),               # a clock skew never shows negative time
+])
+def test_quiet_time_reads_for_people(delta, text):
+    assert rules.ago(T0, T0 + delta) == text
+
+
+# --- refusal texts: each names the tool that mends it ---------------------------------------------
+
+@pytest.mark.parametrize("text, must_contain", [
+    (rules.not_yours("task_abc"), ["task_abc", "does not exist or is not yours", "rift_task_list"]),
+    (rules.closed("task_abc", "quiet for 4 hours"), ["task_abc is closed", "its VMs are gone", "`rift_task_new` opens another"]),
+    (rules.released("task_abc"), ["task_abc was released", "`rift_task_attach task_abc` takes it up"]),
+    (rules.held_by("mcp:Claude", T0), ["held by mcp:Claude since 2026-01-05T09:00:00Z",
+                                       "`rift_task_attach` with takeover takes it over — tell the user"]),
+    (rules.attach_refused("task_abc", "mcp:Claude", T0, T0 + 2 * MIN, T0 + 5 * MIN, 1800),
+     ["held by mcp:Claude since 2026-01-05T09:00:00Z", "active 3 min ago", "takeover=true", "tell the user",
+      "2026-01-05T09:32:00Z"]),
+    (rules.box_not_in_task("vm_x", "task_abc"), ["vm_x", "task_abc", "rift_vm_list"]),
+], ids=["not-yours", "closed", "released", "held-by", "attach-refused", "box-not-in-task"])
+def test_every_refusal_names_the_tool_that_mends_it(text, must_contain):
+    for part in must_contain:
+        assert part in text
