@@ -7,8 +7,8 @@ from pydantic import BaseModel
 from ..services.leases import LeaseService
 from .server import caller_of, guarded
 
-HANDLE_NOTE = ("`task` is the handle task_<id>.<secret> that rift_task_new or rift_task_attach returned; "
-               "every call under it counts as activity.")
+HANDLE_NOTE = ("`task` (required) is the handle task_<id>.<secret> that rift_task_new or rift_task_attach "
+               "returned; every call under it counts as activity.")
 
 
 class LeaseTask(BaseModel):
@@ -119,37 +119,37 @@ def lease_tools(leases: LeaseService):  # noqa: ANN201
             return HeldTask(**await guarded(lambda: leases.attach(caller_of(ctx), task_id, takeover)))
 
         @server.tool(description=f"Give up the task's lease so another agent can `rift_task_attach` it. {HANDLE_NOTE}")
-        async def rift_task_release(task: str, ctx: Context) -> LeaseTask:
+        async def rift_task_release(ctx: Context, task: str | None = None) -> LeaseTask:
             """Give up the task's lease."""
             return LeaseTask(**await guarded(lambda: leases.release(caller_of(ctx), task)))
 
         @server.tool(description=f"Close the task and destroy every VM in it. {HANDLE_NOTE}")
-        async def rift_task_close(task: str, ctx: Context) -> ClosedTask:
+        async def rift_task_close(ctx: Context, task: str | None = None) -> ClosedTask:
             """Close the task and destroy its VMs."""
             return ClosedTask(**await guarded(lambda: leases.close(caller_of(ctx), task)))
 
         @server.tool(description=f"Claim a new VM (box) inside the task. {HANDLE_NOTE}")
-        async def rift_vm_new(task: str, ctx: Context, name: str | None = None) -> Box:
+        async def rift_vm_new(ctx: Context, task: str | None = None, name: str | None = None) -> Box:
             """Claim a new VM inside the task."""
             return Box(**await guarded(lambda: leases.vm_new(caller_of(ctx), task, name)))
 
         @server.tool(description=f"List the task's live VMs. {HANDLE_NOTE}")
-        async def rift_vm_list(task: str, ctx: Context) -> BoxList:
+        async def rift_vm_list(ctx: Context, task: str | None = None) -> BoxList:
             """List the task's VMs."""
             rows = await guarded(lambda: leases.vm_list(caller_of(ctx), task))
-            return BoxList(task_id=task.split(".", 1)[0], boxes=[Box(**b) for b in rows])
+            return BoxList(task_id=str(task).strip().split(".", 1)[0], boxes=[Box(**b) for b in rows])
 
         @server.tool(description=("Run a shell command in one of the task's VMs; returns the exit code and stdout/stderr "
                                   "capped at 64 KiB each. timeout_s defaults to 60 (at most 900); a command still "
                                   f"running then is killed and the VM stays usable. {HANDLE_NOTE}"))
-        async def rift_vm_exec(task: str, vm_id: str, command: str, ctx: Context,
+        async def rift_vm_exec(vm_id: str, command: str, ctx: Context, task: str | None = None,
                                timeout_s: float | None = None) -> ExecResult:
             """Run a shell command in a VM."""
             r = await guarded(lambda: leases.vm_exec(caller_of(ctx), task, vm_id, command, timeout_s))
             return ExecResult(**r, note=_exec_note(r))
 
         @server.tool(description=f"Destroy one VM of the task: kills its processes and removes it. {HANDLE_NOTE}")
-        async def rift_vm_destroy(task: str, vm_id: str, ctx: Context) -> Box:
+        async def rift_vm_destroy(vm_id: str, ctx: Context, task: str | None = None) -> Box:
             """Destroy one VM."""
             return Box(**await guarded(lambda: leases.vm_destroy(caller_of(ctx), task, vm_id)))
 
