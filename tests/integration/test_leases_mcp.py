@@ -270,3 +270,33 @@ async def test_a_task_quiet_for_4_hours_closes_itself_and_its_processes_are_kill
         listed = {x["task_id"]: x for x in (await ok(claude, "rift_task_list"))["tasks"]}
         assert listed[t["task_id"]]["status"] == "closed" and listed[t["task_id"]]["closed_reason"] == "quiet for 4 hours"
         assert "its VMs are gone" in await refused(claude, "rift_vm_list", {"task": t["handle"]})
+
+
+# --- the local driver itself, with and without bubblewrap ------------------------------------------
+
+@pytest.fixture(params=["none", "bwrap"])
+async def driver(request, tmp_path):  # noqa: ANN001, ANN201
+    """A LocalBoxDriver in each sandbox mode this machine supports."""
+    from hub.boxes.local import LocalBoxDriver
+
+    d = LocalBoxDriver(tmp_path / "boxes", sandbox="auto" if request.param == "bwrap" else "none", hide=[tmp_path])
+    if request.param == "bwrap" and await d.sandbox() != "bwrap":
+        pytest.skip("bubblewrap is not installed or cannot sandbox here")
+    return d
+
+
+async def test_the_local_driver_keeps_a_box_usable_after_a_timeout_and_destroy_kills_escaped_processes(driver, tmp_path):
+    (tmp_path / "secret.token").write_text("hub secret")
+    handle = await driver.create("vm_drivertest1")
+    assert (await driver.describe(handle)).alive
+    r = await driver.exec(handle, "echo $$; exec sleep 600", 0.5)
+    assert r.timed_out and not alive(int(r.stdout))
+    r = await driver.exec(handle, "setsid sh -c 'sleep 602 >/dev/null 2>&1 & echo $!' </dev/null; "
+                                  f"cat {tmp_path}/secret.token", 5)
+    pid = int(r.stdout.split()[0])
+    assert alive(pid) and ("hub secret" in r.stdout) is (handle["sandbox"] == "none")
+    assert (await driver.describe(handle)).details["processes"] >= 1
+    await driver.destroy(handle)
+    assert not alive(pid) and not Path(handle["dir"]).exists()
+    await driver.destroy(handle)  # idempotent
+    assert not (await driver.describe(handle)).alive
