@@ -1,0 +1,276 @@
+"""bench/leases: a lease-gated MCP call against a bare MCP SDK echo tool, and the Boxes page at 1,000 tasks × 3 boxes.
+
+Run: `.venv/bin/python -m bench.leases [--calls N] [--no-pg]`. Prints figures; asserts nothing.
+
+Both MCP servers run in their own subprocess (the hub as `amux hub serve`, the peer under uvicorn, both
+stateless with JSON responses); one client process calls them in alternating rounds so drift hits both.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import AsyncIterator
+
+import httpx2
+import sqlalchemy as sa
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import Implementation
+from sqlalchemy.ext.asyncio import create_async_engine
+
+REPO = Path(__file__).resolve().parent.parent
+PG_URL = os.environ.get("AMUX_TEST_DATABASE_URL") or "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
+
+
+def free_port() -> int:
+    """Return a free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pct(values: list[float], q: float) -> float:
+    """Return the q-th percentile (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))] if ordered else float("nan")
+
+
+def serve_bare(port: int) -> None:
+    """Serve a bare MCP SDK server with one echo tool (stateless, JSON responses) — the peer."""
+    import uvicorn
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("bare")
+
+    @server.tool()
+    async def echo(text: str) -> str:
+        """Echo the text."""
+        return text
+
+    app = server.streamable_http_app(streamable_http_path="/mcp", stateless_http=True, json_response=True)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+async def _wait_http(url: str, proc: asyncio.subprocess.Process, ready) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + 60
+    async with httpx2.AsyncClient() as http:
+        while True:
+            try:
+                if await ready(http):
+                    return
+            except httpx2.TransportError:
+                pass
+            if time.monotonic() > deadline or proc.returncode is not None:
+                err = (await proc.stderr.read()).decode()[-2000:] if proc.stderr else ""
+                raise RuntimeError(f"{url} did not start: {err}")
+            await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def subprocess(args: list[str], env: dict[str, str]) -> AsyncIterator[asyncio.subprocess.Process]:
+    """Run a Python module in a subprocess and terminate it afterwards."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", *args, cwd=REPO, env={**os.environ, **env},
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def hub_server(db_url: str | None) -> AsyncIterator[tuple[str, str, str]]:
+    """Run `amux hub serve`; yield (url, admin token, database url)."""
+    home = Path(tempfile.mkdtemp(prefix="amux-bench-leases-"))
+    port = free_port()
+    db = db_url or f"sqlite+aiosqlite:///{home / 'amux.db'}"
+    async with subprocess(["hub.cli", "hub", "serve", "--listen", f"127.0.0.1:{port}", "--db", db],
+                          {"AMUX_HOME": str(home)}) as proc:
+        url = f"http://127.0.0.1:{port}"
+
+        async def ready(http: httpx2.AsyncClient) -> bool:
+            return (await http.get(f"{url}/readyz")).status_code == 200 and (home / "admin.token").exists()
+
+        await _wait_http(url, proc, ready)
+        yield url, (home / "admin.token").read_text().strip(), db
+
+
+@contextlib.asynccontextmanager
+async def bare_server() -> AsyncIterator[str]:
+    """Run the bare SDK echo server; yield its URL."""
+    port = free_port()
+    async with subprocess(["bench.leases", "--serve-bare", str(port)], {}) as proc:
+        url = f"http://127.0.0.1:{port}"
+
+        async def ready(http: httpx2.AsyncClient) -> bool:
+            # A GET would open the server's event stream; a bodiless POST is answered at once.
+            return (await http.post(f"{url}/mcp", content=b"")).status_code < 500
+
+        await _wait_http(url, proc, ready)
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def client(url: str, token: str | None) -> AsyncIterator[Client]:
+    """Connect the official MCP SDK client."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx2.AsyncClient(headers=headers, timeout=60) as http:
+        async with Client(streamable_http_client(f"{url}/mcp", http_client=http),
+                          client_info=Implementation(name="bench", version="1")) as c:
+            yield c
+
+
+async def timed(c: Client, tool: str, args: dict, n: int) -> list[float]:
+    """Return the latencies (ms) of n sequential calls."""
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        res = await c.call_tool(tool, args)
+        out.append((time.perf_counter() - t0) * 1000)
+        if res.is_error:
+            raise RuntimeError(f"{tool} failed: {res.content[0].text}")
+    return out
+
+
+async def gated_vs_bare(url: str, token: str, bare: str, calls: int,
+                        rounds: int = 10) -> tuple[list[float], list[float], list[float]]:
+    """Time `rift_vm_list` under a live handle, the bare echo and the hub's `profile_list` (the door without a lease)."""
+    ours, peer, door = [], [], []
+    async with client(url, token) as c, client(bare, None) as b:
+        task = (await c.call_tool("rift_task_new", {"name": "bench"})).structured_content
+        await c.call_tool("rift_vm_new", {"task": task["handle"], "name": "b1"})
+        args = {"task": task["handle"]}
+        await timed(c, "rift_vm_list", args, 50)
+        await timed(b, "echo", {"text": "hi"}, 50)
+        for _ in range(rounds):
+            ours += await timed(c, "rift_vm_list", args, calls // rounds)
+            peer += await timed(b, "echo", {"text": "hi"}, calls // rounds)
+            door += await timed(c, "profile_list", {}, calls // rounds // 2)
+        await c.call_tool("rift_task_close", {"task": task["handle"]})
+    return ours, peer, door
+
+
+async def seed_boxes_page(db_url: str, tasks: int = 1000, per_task: int = 3) -> None:
+    """Give the admin principal `tasks` open lease tasks with `per_task` live boxes each (rows only)."""
+    engine = create_async_engine(db_url)
+    from hub.store.tables import boxes, lease_tasks, principals
+
+    now = datetime.now(timezone.utc)
+    try:
+        async with engine.begin() as conn:
+            owner = (await conn.execute(sa.select(principals.c.id).where(principals.c.name == "admin"))).scalar_one()
+            task_rows, box_rows = [], []
+            for i in range(tasks):
+                tid = f"task_b{i:07d}"
+                at = now - timedelta(seconds=i * 7)
+                task_rows.append(dict(id=tid, owner_id=owner, name=f"bench task {i} <&>", status="open",
+                                      holder_label="mcp:Claude" if i % 2 else "mcp:Codex", holder_token_id=None,
+                                      secret_hash="0" * 64, attached_at=at, last_activity_at=at, created_at=at))
+                for j in range(per_task):
+                    box_rows.append(dict(id=f"vm_b{i:07d}{j}", task_id=tid, name=f"box {j}", driver="local",
+                                         state="live", handle={}, created_at=at))
+            await conn.execute(lease_tasks.insert(), task_rows)
+            await conn.execute(boxes.insert(), box_rows)
+    finally:
+        await engine.dispose()
+
+
+async def boxes_page(url: str, token: str, n: int = 20) -> tuple[list[float], int, int]:
+    """Time GET /boxes; return latencies (ms), page bytes and rows shown."""
+    times, size, rows = [], 0, 0
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
+        for i in range(n + 2):
+            t0 = time.perf_counter()
+            r = await http.get(f"{url}/boxes")
+            dt = (time.perf_counter() - t0) * 1000
+            r.raise_for_status()
+            if i >= 2:  # two warm-ups
+                times.append(dt)
+            size, rows = len(r.content), r.text.count("<tr data-")
+    return times, size, rows
+
+
+@contextlib.asynccontextmanager
+async def pg_database() -> AsyncIterator[str]:
+    """Create a throwaway PostgreSQL database and drop it afterwards."""
+    name = f"amux_bench_leases_{uuid.uuid4().hex[:8]}"
+    base = sa.engine.make_url(PG_URL).set(drivername="postgresql+asyncpg")
+    admin = create_async_engine(base, isolation_level="AUTOCOMMIT")
+    async with admin.connect() as conn:
+        await conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield base.set(database=name).render_as_string(hide_password=False)
+    finally:
+        async with admin.connect() as conn:
+            await conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        await admin.dispose()
+
+
+async def main(calls: int, with_pg: bool) -> None:
+    print("bench/leases — hub (`amux hub serve`) and a bare MCP SDK echo server, each in its own process")
+    stores = [("sqlite", contextlib.nullcontext(None))]
+    if with_pg:
+        stores.append(("postgresql", pg_database()))
+    async with bare_server() as bare:
+        for label, ctx in stores:
+            try:
+                async with ctx as db_url, hub_server(db_url) as (url, token, db):
+                    ours, peer, door = await gated_vs_bare(url, token, bare, calls)
+                    p50, p99, b50, b99 = pct(ours, 50), pct(ours, 99), pct(peer, 50), pct(peer, 99)
+                    print(f"  {label:<10} rift_vm_list (lease-gated) p50 {p50:6.2f} ms  p99 {p99:6.2f} ms | "
+                          f"bare echo p50 {b50:6.2f} ms  p99 {b99:6.2f} ms | ratio p50 {p50 / b50:.2f}×  "
+                          f"p99 {p99 / b99:.2f}×  (target ≤ 1.5×; {len(ours)} calls each)")
+                    print(f"  {label:<10}   of which the door (auth + bridge, no lease): profile_list p50 "
+                          f"{pct(door, 50):6.2f} ms = {pct(door, 50) / b50:.2f}× bare; the lease gate adds "
+                          f"{p50 - pct(door, 50):+.2f} ms at p50")
+                    await seed_boxes_page(db)
+                    times, size, rows = await boxes_page(url, token)
+                    print(f"  {label:<10} GET /boxes with 1,000 tasks × 3 boxes: p50 {pct(times, 50):6.1f} ms  "
+                          f"p99 {pct(times, 99):6.1f} ms  ({rows} rows, {size / 1024:.0f} KiB, {len(times)} loads)")
+            except OSError as e:
+                print(f"  {label:<10} skipped: {e}")
+    from hub.web.boxes import render_page
+    print("  (render only, no I/O:", _render_only(render_page), ")")
+
+
+def _render_only(render_page) -> str:  # noqa: ANN001
+    """Time the pure HTML rendering of 1,000 tasks × 3 boxes."""
+    from types import SimpleNamespace
+
+    from hub.services.auth import Caller
+
+    now = datetime.now(timezone.utc)
+    tasks = [SimpleNamespace(id=f"task_{i:08d}", name=f"t{i}", secret_hash="x", holder_label="mcp:Claude",
+                             attached_at=now, last_activity_at=now) for i in range(1000)]
+    boxes = [SimpleNamespace(id=f"vm_{i:08d}{j}", task_id=f"task_{i:08d}", name=None, driver="local", state="live",
+                             created_at=now) for i in range(1000) for j in range(3)]
+    caller = Caller("pr_x", "alice", "tok_x", "cli", False)
+    t0 = time.perf_counter()
+    for _ in range(10):
+        render_page(caller, tasks, boxes, now, 14400)
+    return f"{(time.perf_counter() - t0) * 100:.1f} ms per page"
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=1000)
+    ap.add_argument("--no-pg", action="store_true", help="skip PostgreSQL")
+    ap.add_argument("--serve-bare", type=int, help=argparse.SUPPRESS)
+    ns = ap.parse_args()
+    if ns.serve_bare:
+        serve_bare(ns.serve_bare)
+    else:
+        asyncio.run(main(ns.calls, not ns.no_pg))
