@@ -85,11 +85,15 @@ class LocalBoxDriver:
         box_id = str(handle.get("box_id", ""))
         if not _BOX_ID.fullmatch(box_id):
             raise BoxError("box handle names no box; destroy it with `rift_vm_destroy` and make another with `rift_vm_new`")
-        host = handle.get("host")
-        if host and host != self.host:
-            raise BoxError(f"box {box_id} lives on host {host}, and this hub replica runs on {self.host}; "
-                           f"the local driver serves a box only from its own machine")
         return box_id, self.root / box_id
+
+    def _elsewhere(self, handle: dict[str, Any], box_dir: Path) -> str | None:
+        """Say where a box lives when it is not here (another replica's machine), else None."""
+        host = handle.get("host")
+        if box_dir.is_dir() or not host or host == self.host:
+            return None
+        return (f"box {handle.get('box_id')} lives on host {host}, and this hub replica runs on {self.host}; "
+                f"the local driver serves a box only from its own machine")
 
     async def create(self, box_id: str) -> dict[str, Any]:
         """Make the box's directory and return its handle."""
@@ -107,7 +111,7 @@ class LocalBoxDriver:
         """Run `sh -c command` in the box; kill its process group at the timeout; cap each stream."""
         box_id, box_dir = self._dir(handle)
         if not box_dir.is_dir():
-            raise BoxError(f"box {box_id} is gone; make another with `rift_vm_new`")
+            raise BoxError(self._elsewhere(handle, box_dir) or f"box {box_id} is gone; make another with `rift_vm_new`")
         exec_id = short_id("ex", 10)
         env = {"PATH": _PATH, "HOME": str(box_dir), "LANG": "C.UTF-8", "TERM": "dumb",
                "AMUX_BOX_ID": box_id, "AMUX_EXEC_ID": exec_id}
@@ -154,6 +158,9 @@ class LocalBoxDriver:
     async def destroy(self, handle: dict[str, Any]) -> None:
         """Kill every process of the box (its groups, then any process tagged with its id) and remove its directory."""
         box_id, box_dir = self._dir(handle)
+        elsewhere = self._elsewhere(handle, box_dir)
+        if elsewhere:  # leave it to the replica on that machine
+            raise BoxError(elsewhere)
         await self._kill(exec_marker=("AMUX_BOX_ID", box_id), groups=sorted(self._groups.pop(box_id, set())))
         if box_dir.exists():
             await asyncio.to_thread(shutil.rmtree, box_dir, True)

@@ -300,3 +300,19 @@ async def test_the_local_driver_keeps_a_box_usable_after_a_timeout_and_destroy_k
     assert not alive(pid) and not Path(handle["dir"]).exists()
     await driver.destroy(handle)  # idempotent
     assert not (await driver.describe(handle)).alive
+
+
+async def test_the_local_driver_leaves_a_box_on_another_machine_to_the_replica_there(tmp_path):
+    from hub.boxes.base import BoxError
+    from hub.boxes.local import LocalBoxDriver
+
+    driver = LocalBoxDriver(tmp_path / "boxes", sandbox="none")
+    elsewhere = {"box_id": "vm_elsewhere1", "dir": "/nowhere", "sandbox": "none", "host": "other-machine"}
+    for action in (driver.destroy(elsewhere), driver.exec(elsewhere, "true", 5)):
+        with pytest.raises(BoxError, match="lives on host other-machine"):
+            await action
+    # A box directory that is here is served here, whatever name the machine had when it was made.
+    here = {**await driver.create("vm_renamedhost"), "host": "old-name"}
+    assert (await driver.exec(here, "echo ok", 5)).stdout == "ok\n"
+    await driver.destroy(here)
+    await driver.destroy({**here, "host": driver.host})  # gone, on this machine: a no-op
