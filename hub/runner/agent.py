@@ -78,6 +78,7 @@ class Runner:
         self.heartbeat_s = 5.0
         self.registered = asyncio.Event()
         self._stop = asyncio.Event()
+        self._outq: list[dict] = []
 
     def capabilities(self) -> dict[str, Any]:
         """Describe what this runner can do."""
@@ -135,9 +136,10 @@ class Runner:
                 self._drop(task_id)
             self.ws = ws
             self.registered.set()
-            for h in list(self.held.values()):  # resend what the hub has not acknowledged
-                for msg in h.unacked:
-                    await ws.send_json(msg)
+            self._outq = []
+            resend = [msg for h in list(self.held.values()) for msg in h.unacked]
+            if resend:  # what the hub has not acknowledged, in order
+                await ws.send_json({"type": "batch", "messages": resend})
             beat = asyncio.create_task(self._heartbeat(ws))
             try:
                 async for raw in ws:
@@ -151,11 +153,14 @@ class Runner:
     async def _heartbeat(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         while not ws.closed:
             await asyncio.sleep(self.heartbeat_s)
-            await ws.send_json(p.Heartbeat().model_dump())
+            await ws.send_json(p.Heartbeat().model_dump())  # straight out: not part of any task's unacked log
 
     async def _on_message(self, msg: dict) -> None:
         kind = msg.get("type")
-        if kind == "dispatch":
+        if kind == "batch":
+            for inner in msg.get("messages", []):
+                await self._on_message(inner)
+        elif kind == "dispatch":
             self._start(p.Dispatch.model_validate(msg))
         elif kind == "cancel":
             h = self.held.get(msg["task_id"])
@@ -191,12 +196,20 @@ class Runner:
         h.task = asyncio.create_task(self._execute(h, d))
 
     async def _send(self, h: _Held, msg: dict) -> None:
+        """Queue a message for the hub; everything queued in one loop turn goes out as one batch."""
         h.unacked.append(msg)
-        if self.ws is not None and not self.ws.closed:
-            try:
-                await self.ws.send_json(msg)
-            except (ConnectionError, RuntimeError):
-                pass  # resent after reconnect
+        self._outq.append(msg)
+        if len(self._outq) == 1:
+            asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._flush_out()))
+
+    async def _flush_out(self) -> None:
+        batch, self._outq = self._outq, []
+        if not batch or self.ws is None or self.ws.closed:
+            return  # kept in `unacked`; resent after reconnect
+        try:
+            await self.ws.send_json(batch[0] if len(batch) == 1 else {"type": "batch", "messages": batch})
+        except (ConnectionError, RuntimeError):
+            pass
 
     async def _flush(self, h: _Held) -> None:
         if not h.pending_events:

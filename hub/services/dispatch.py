@@ -57,12 +57,6 @@ class Dispatcher:
         now = self.clock.now()
         placed: list[tuple[str, str]] = []
         async with self.db.write() as conn:
-            queued = (await conn.execute(self.db.for_update(
-                sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.snapshot, task_runs.c.attempt)
-                .where(task_runs.c.status == Status.QUEUED.value)
-                .order_by(task_runs.c.created_at).limit(batch), skip_locked=True))).all()
-            if not queued:
-                return 0
             online = (await conn.execute(self.db.for_update(
                 sa.select(runtimes).where(runtimes.c.status == "online").order_by(runtimes.c.id)))).all()
             if not online:
@@ -71,6 +65,16 @@ class Dispatcher:
                 sa.select(reservations.c.runtime_id, sa.func.count())
                 .where(reservations.c.state.in_(ACTIVE_RES)).group_by(reservations.c.runtime_id))).all())
             free = {r.id: r.slots - used.get(r.id, 0) for r in online}
+            capacity = sum(max(0, n) for n in free.values())
+            if capacity == 0:
+                return 0  # nothing fits: don't read the queue at all
+            # Read a few times the free capacity, so tasks no free runtime is eligible for can't starve the rest.
+            queued = (await conn.execute(self.db.for_update(
+                sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.snapshot, task_runs.c.attempt)
+                .where(task_runs.c.status == Status.QUEUED.value)
+                .order_by(task_runs.c.created_at).limit(min(batch, capacity * 4)), skip_locked=True))).all()
+            res_rows, task_rows = [], []
+            expires = now + timedelta(seconds=self.settings.reservation_ttl_s)
             for task in queued:
                 candidates = [r for r in online if free[r.id] > 0 and eligible(task, r)]
                 if not candidates:
@@ -79,14 +83,18 @@ class Dispatcher:
                 free[rt.id] -= 1
                 attempt = task.attempt + 1
                 timeout = float(task.snapshot.get("timeout_s") or self.settings.default_timeout_s)
-                await conn.execute(reservations.insert().values(
-                    id=new_id("res"), runtime_id=rt.id, task_id=task.id, attempt=attempt, state="pending",
-                    created_at=now, expires_at=now + timedelta(seconds=self.settings.reservation_ttl_s),
-                ))
-                await conn.execute(task_runs.update().where(task_runs.c.id == task.id).values(
-                    status=Status.DISPATCHED.value, runtime_id=rt.id, attempt=attempt, last_rseq=0,
-                    dispatched_at=now, deadline_at=now + timedelta(seconds=timeout)))
+                res_rows.append({"id": new_id("res"), "runtime_id": rt.id, "task_id": task.id, "attempt": attempt,
+                                 "state": "pending", "created_at": now, "expires_at": expires})
+                task_rows.append({"tid": task.id, "rt": rt.id, "attempt": attempt,
+                                  "deadline": now + timedelta(seconds=timeout)})
                 placed.append((task.id, rt.id))
+            if placed:
+                await conn.execute(reservations.insert(), res_rows)
+                await conn.execute(
+                    task_runs.update().where(task_runs.c.id == sa.bindparam("tid")).values(
+                        status=Status.DISPATCHED.value, runtime_id=sa.bindparam("rt"), attempt=sa.bindparam("attempt"),
+                        last_rseq=0, dispatched_at=now, deadline_at=sa.bindparam("deadline")),
+                    task_rows)
         for task_id, rt_id in placed:
             self.notifier.notify(f"runtime:{rt_id}")
             self.notifier.notify(task_key(task_id))

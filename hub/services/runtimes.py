@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 
-from ..clock import Clock
+from pydantic import BaseModel
+
+from ..clock import Clock, utc
 from ..domain.events import project
 from ..domain.tasks import Status, is_terminal
 from ..errors import Conflict, Invalid
@@ -20,7 +23,17 @@ from .notify import Notifier
 from .tasks import finish_task, task_key
 
 log = logging.getLogger("amux.runtimes")
-NOT_YOURS = "runner reported task {task} which this runtime does not hold (attempt {attempt}); it was dropped — nothing to do"
+
+
+@dataclass
+class _Effects:
+    """What a batch changed, acted on after its transaction commits."""
+
+    changed: set[str] = field(default_factory=set)
+    started: list[tuple[str, float]] = field(default_factory=list)
+    freed: bool = False
+NOT_YOURS = ("runner reported task {task}, which this runtime does not hold; the report was refused and nothing changed — "
+             "the runner drops the task (it was reassigned, finished or never dispatched here)")
 
 
 class RuntimeService:
@@ -76,12 +89,6 @@ class RuntimeService:
         self.dispatcher.kick()
         return rt_id, conn_id, drop
 
-    async def heartbeat(self, runtime_id: str, conn_id: str) -> None:
-        """Record that the runner is alive on this connection."""
-        async with self.db.write() as conn:
-            await conn.execute(runtimes.update().where(runtimes.c.id == runtime_id, runtimes.c.connection_id == conn_id)
-                               .values(last_seen_at=self.clock.now(), status="online"))
-
     async def disconnected(self, runtime_id: str, conn_id: str) -> None:
         """Mark the runtime offline; its tasks wait for a reconnect until the lost timeout."""
         async with self.db.write() as conn:
@@ -94,72 +101,120 @@ class RuntimeService:
             return None
         return row
 
-    async def accepted(self, runtime_id: str, msg: p.Accepted) -> str:
-        """Commit the reservation and mark the task running; return 'ok', 'cancel' or 'drop'."""
+    async def apply(self, runtime_id: str, conn_id: str, messages: list[BaseModel]) -> list[dict]:
+        """Apply a batch of runner messages in one transaction, in order; return the replies to send.
+
+        One transaction per batch is what keeps the store from being the bottleneck: a runner flushes
+        everything it produced in one loop turn (accepts, events, outcomes of several tasks) as one batch.
+        """
+        fx = _Effects()
+        replies: list[dict] = []
         now = self.clock.now()
         async with self.db.write() as conn:
-            row = await self._owned(conn, runtime_id, msg.task_id, msg.attempt)
-            if row is None:
-                return "drop"
-            if is_terminal(row.status):
-                return "cancel"
-            if row.status == Status.DISPATCHED.value:
-                await conn.execute(task_runs.update().where(task_runs.c.id == row.id)
-                                   .values(status=Status.RUNNING.value, started_at=now))
-                await conn.execute(reservations.update().where(
-                    reservations.c.task_id == row.id, reservations.c.attempt == msg.attempt,
-                    reservations.c.state == "pending").values(state="committed"))
-                from ..clock import utc
-                self.on_started(row.id, (now - utc(row.created_at)).total_seconds())
-        self.notifier.notify(task_key(msg.task_id))
-        return "cancel" if row.cancel_requested_at is not None else "ok"
+            for msg in messages:
+                if isinstance(msg, p.Heartbeat):
+                    await conn.execute(runtimes.update().where(runtimes.c.id == runtime_id, runtimes.c.connection_id == conn_id)
+                                       .values(last_seen_at=now, status="online"))
+                elif isinstance(msg, p.Accepted):
+                    verdict = await self._accepted(conn, runtime_id, msg, now, fx)
+                    replies.append(p.Ack(task_id=msg.task_id, rseq=0, drop=verdict == "drop").model_dump())
+                    if verdict == "cancel":
+                        replies.append(p.Cancel(task_id=msg.task_id).model_dump())
+                elif isinstance(msg, p.Events):
+                    last = await self._events(conn, runtime_id, msg, now, fx)
+                    replies.append(p.Ack(task_id=msg.task_id, rseq=last or 0, drop=last is None).model_dump())
+                elif isinstance(msg, p.Finished):
+                    ok = await self._finished(conn, runtime_id, msg, now, fx)
+                    replies.append(p.Ack(task_id=msg.task_id, rseq=msg.rseq, drop=not ok).model_dump())
+        for task_id, latency in fx.started:
+            self.on_started(task_id, latency)
+        for task_id in fx.changed:
+            self.notifier.notify(task_key(task_id))
+        if fx.freed:
+            self.dispatcher.kick()
+        refused = [p.ErrorMsg(message=NOT_YOURS.format(task=r["task_id"])).model_dump()
+                   for r in replies if r["type"] == "ack" and r["drop"]]
+        return replies + refused
+
+    async def heartbeat(self, runtime_id: str, conn_id: str) -> None:
+        """Record that the runner is alive on this connection."""
+        await self.apply(runtime_id, conn_id, [p.Heartbeat()])
+
+    async def accepted(self, runtime_id: str, msg: p.Accepted) -> str:
+        """Apply one Accepted; return 'ok', 'cancel' or 'drop'."""
+        fx = _Effects()
+        async with self.db.write() as conn:
+            verdict = await self._accepted(conn, runtime_id, msg, self.clock.now(), fx)
+        return verdict
 
     async def events(self, runtime_id: str, msg: p.Events) -> int | None:
-        """Append new events in order; return the acknowledged runner sequence, None when not ours."""
-        now = self.clock.now()
+        """Apply one Events; return the acknowledged runner sequence, None when not ours."""
         async with self.db.write() as conn:
-            row = await self._owned(conn, runtime_id, msg.task_id, msg.attempt)
-            if row is None:
-                return None
-            seq, last = row.event_seq, row.last_rseq
-            usage = row.usage_json
-            rows = []
-            for ev in msg.events:
-                if ev.rseq <= last:
-                    continue
-                last = ev.rseq
-                payload = project(ev.type, ev.payload)
-                if payload is None:
-                    continue
-                if ev.type == "usage":
-                    if payload["usage"] == usage:
-                        continue  # equal snapshots are deduplicated
-                    usage = payload["usage"]
-                seq += 1
-                rows.append({"task_id": row.id, "seq": seq, "type": ev.type, "payload": payload, "created_at": now})
-            if rows:
-                await conn.execute(task_events.insert(), rows)
-            if last != row.last_rseq:
-                await conn.execute(task_runs.update().where(task_runs.c.id == row.id)
-                                   .values(event_seq=seq, last_rseq=last, usage_json=usage))
-        if rows:
-            self.notifier.notify(task_key(msg.task_id))
-        return last
+            return await self._events(conn, runtime_id, msg, self.clock.now(), _Effects())
 
     async def finished(self, runtime_id: str, msg: p.Finished) -> bool:
-        """Record the terminal outcome and release capacity; False when the task is not this runner's."""
-        now = self.clock.now()
+        """Apply one Finished; False when the task is not this runner's."""
         async with self.db.write() as conn:
-            row = await self._owned(conn, runtime_id, msg.task_id, msg.attempt)
-            if row is None:
-                return False
-            if not is_terminal(row.status):
-                await finish_task(conn, row.id, Status(msg.outcome), now, error=msg.error,
-                                  result_text=msg.result_text, result_json=msg.result_json,
-                                  usage=msg.usage or row.usage_json, changed_files=msg.changed_files)
-                await conn.execute(task_runs.update().where(task_runs.c.id == row.id).values(last_rseq=msg.rseq))
-        self.notifier.notify(task_key(msg.task_id))
-        self.dispatcher.kick()
+            return await self._finished(conn, runtime_id, msg, self.clock.now(), _Effects())
+
+    async def _accepted(self, conn, runtime_id: str, msg: p.Accepted, now, fx: "_Effects") -> str:  # noqa: ANN001
+        """Commit the reservation and mark the task running."""
+        row = await self._owned(conn, runtime_id, msg.task_id, msg.attempt)
+        if row is None:
+            return "drop"
+        if is_terminal(row.status):
+            return "cancel"
+        if row.status == Status.DISPATCHED.value:
+            await conn.execute(task_runs.update().where(task_runs.c.id == row.id)
+                               .values(status=Status.RUNNING.value, started_at=now))
+            await conn.execute(reservations.update().where(
+                reservations.c.task_id == row.id, reservations.c.attempt == msg.attempt,
+                reservations.c.state == "pending").values(state="committed"))
+            fx.started.append((row.id, (now - utc(row.created_at)).total_seconds()))
+        fx.changed.add(row.id)
+        return "cancel" if row.cancel_requested_at is not None else "ok"
+
+    async def _events(self, conn, runtime_id: str, msg: p.Events, now, fx: "_Effects") -> int | None:  # noqa: ANN001
+        """Append new events in order (resends are skipped by the runner sequence)."""
+        row = await self._owned(conn, runtime_id, msg.task_id, msg.attempt)
+        if row is None:
+            return None
+        seq, last = row.event_seq, row.last_rseq
+        usage = row.usage_json
+        rows = []
+        for ev in msg.events:
+            if ev.rseq <= last:
+                continue
+            last = ev.rseq
+            payload = project(ev.type, ev.payload)
+            if payload is None:
+                continue
+            if ev.type == "usage":
+                if payload["usage"] == usage:
+                    continue  # equal snapshots are deduplicated
+                usage = payload["usage"]
+            seq += 1
+            rows.append({"task_id": row.id, "seq": seq, "type": ev.type, "payload": payload, "created_at": now})
+        if rows:
+            await conn.execute(task_events.insert(), rows)
+            fx.changed.add(row.id)
+        if last != row.last_rseq:
+            await conn.execute(task_runs.update().where(task_runs.c.id == row.id)
+                               .values(event_seq=seq, last_rseq=last, usage_json=usage))
+        return last
+
+    async def _finished(self, conn, runtime_id: str, msg: p.Finished, now, fx: "_Effects") -> bool:  # noqa: ANN001
+        """Record the terminal outcome and release capacity."""
+        row = await self._owned(conn, runtime_id, msg.task_id, msg.attempt)
+        if row is None:
+            return False
+        if not is_terminal(row.status):
+            await finish_task(conn, row.id, Status(msg.outcome), now, error=msg.error,
+                              result_text=msg.result_text, result_json=msg.result_json,
+                              usage=msg.usage or row.usage_json, changed_files=msg.changed_files,
+                              last_rseq=msg.rseq)
+            fx.freed = True
+        fx.changed.add(row.id)
         return True
 
     async def outgoing(self, runtime_id: str, conn_id: str, cancels_sent: set[str]) -> list[dict]:

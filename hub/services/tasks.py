@@ -222,11 +222,11 @@ class TaskService:
 
 async def finish_task(conn, task_id: str, status: Status, now, *, error: str | None = None,  # noqa: ANN001
                       result_text: str | None = None, result_json: Any = None, usage: Any = None,
-                      changed_files: Any = None) -> bool:
+                      changed_files: Any = None, last_rseq: int | None = None) -> bool:
     """Move an active task to a terminal status and release its reservation; False if it was already terminal."""
     values: dict[str, Any] = {"status": status.value, "outcome": status.value, "finished_at": now}
     for key, val in (("error", error), ("result_text", result_text), ("result_json", result_json),
-                     ("usage_json", usage), ("changed_files", changed_files)):
+                     ("usage_json", usage), ("changed_files", changed_files), ("last_rseq", last_rseq)):
         if val is not None:
             values[key] = val
     res = await conn.execute(

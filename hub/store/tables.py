@@ -43,11 +43,11 @@ runtimes = sa.Table(
 task_runs = sa.Table(
     "task_runs", metadata,
     sa.Column("id", sa.String(40), primary_key=True),
-    sa.Column("owner_id", sa.String(40), sa.ForeignKey("principals.id"), nullable=False, index=True),
+    sa.Column("owner_id", sa.String(40), sa.ForeignKey("principals.id"), nullable=False),
     sa.Column("name", sa.String(200)),
     sa.Column("prompt", sa.Text, nullable=False),
     sa.Column("snapshot", sa.JSON, nullable=False),
-    sa.Column("status", sa.String(16), nullable=False, index=True),
+    sa.Column("status", sa.String(16), nullable=False),
     sa.Column("outcome", sa.String(16)),
     sa.Column("error", sa.Text),
     sa.Column("result_text", sa.Text),
@@ -67,6 +67,8 @@ task_runs = sa.Table(
     sa.Column("parent_session_id", sa.String(40)),
     sa.Column("parent_turn_id", sa.String(40)),
     sa.Column("instance_id", sa.String(40)),
+    sa.Index("ix_task_runs_owner_created", "owner_id", "created_at"),
+    sa.Index("ix_task_runs_status_created", "status", "created_at"),
 )
 
 reservations = sa.Table(
@@ -80,7 +82,7 @@ reservations = sa.Table(
     sa.Column("expires_at", TS, nullable=False),
     sa.Column("sent_at", TS),
     sa.Column("released_at", TS),
-    sa.Index("ix_reservations_runtime_state", "runtime_id", "state"),
+    sa.Index("ix_reservations_state_runtime", "state", "runtime_id"),
     sa.Index("ix_reservations_task", "task_id"),
 )
 

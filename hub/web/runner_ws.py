@@ -81,28 +81,19 @@ class RunnerEndpoint:
             await self.notifier.wait(f"runtime:{runtime_id}", self.poll_s)
 
     async def _on_message(self, ws: web.WebSocketResponse, runtime_id: str, conn_id: str, msg: dict) -> None:
-        kind = msg.get("type")
-        try:
-            if kind == "heartbeat":
-                await self.runtimes.heartbeat(runtime_id, conn_id)
-            elif kind == "accepted":
-                m = p.Accepted.model_validate(msg)
-                verdict = await self.runtimes.accepted(runtime_id, m)
-                if verdict == "drop":
-                    await ws.send_json(p.Ack(task_id=m.task_id, rseq=0, drop=True).model_dump())
-                    return
-                await ws.send_json(p.Ack(task_id=m.task_id, rseq=0).model_dump())
-                if verdict == "cancel":
-                    await ws.send_json(p.Cancel(task_id=m.task_id).model_dump())
-            elif kind == "events":
-                m = p.Events.model_validate(msg)
-                last = await self.runtimes.events(runtime_id, m)
-                await ws.send_json(p.Ack(task_id=m.task_id, rseq=last or 0, drop=last is None).model_dump())
-            elif kind == "finished":
-                m = p.Finished.model_validate(msg)
-                ok = await self.runtimes.finished(runtime_id, m)
-                await ws.send_json(p.Ack(task_id=m.task_id, rseq=m.rseq, drop=not ok).model_dump())
-            else:
-                await ws.send_json(p.ErrorMsg(message=f"unknown message type {kind!r}; upgrade the runner").model_dump())
-        except ValidationError as e:
-            await ws.send_json(p.ErrorMsg(message=f"malformed {kind} message: {e.errors()[0]['msg']}").model_dump())
+        """Apply one frame (a message or a `batch` of them) in one transaction; answer with one frame."""
+        frames = msg.get("messages") if msg.get("type") == "batch" else [msg]
+        parsed = []
+        errors = []
+        for frame in frames if isinstance(frames, list) else []:
+            model = p.RUNNER_MESSAGES.get(frame.get("type") if isinstance(frame, dict) else None)
+            if model is None or model is p.Register:
+                errors.append(p.ErrorMsg(message=f"unknown message type {frame.get('type') if isinstance(frame, dict) else frame!r}; upgrade the runner").model_dump())
+                continue
+            try:
+                parsed.append(model.model_validate(frame))
+            except ValidationError as e:
+                errors.append(p.ErrorMsg(message=f"malformed {frame.get('type')} message: {e.errors()[0]['msg']}; upgrade the runner").model_dump())
+        replies = (await self.runtimes.apply(runtime_id, conn_id, parsed) if parsed else []) + errors
+        if replies:
+            await ws.send_json(replies[0] if len(replies) == 1 else {"type": "batch", "messages": replies})

@@ -49,11 +49,11 @@ def upgrade() -> None:
     op.create_table(
         "task_runs",
         sa.Column("id", sa.String(40), primary_key=True),
-        sa.Column("owner_id", sa.String(40), sa.ForeignKey("principals.id"), nullable=False, index=True),
+        sa.Column("owner_id", sa.String(40), sa.ForeignKey("principals.id"), nullable=False),
         sa.Column("name", sa.String(200)),
         sa.Column("prompt", sa.Text, nullable=False),
         sa.Column("snapshot", sa.JSON, nullable=False),
-        sa.Column("status", sa.String(16), nullable=False, index=True),
+        sa.Column("status", sa.String(16), nullable=False),
         sa.Column("outcome", sa.String(16)),
         sa.Column("error", sa.Text),
         sa.Column("result_text", sa.Text),
@@ -74,6 +74,8 @@ def upgrade() -> None:
         sa.Column("parent_turn_id", sa.String(40)),
         sa.Column("instance_id", sa.String(40)),
     )
+    op.create_index("ix_task_runs_owner_created", "task_runs", ["owner_id", "created_at"])
+    op.create_index("ix_task_runs_status_created", "task_runs", ["status", "created_at"])
     op.create_table(
         "reservations",
         sa.Column("id", sa.String(40), primary_key=True),
@@ -86,7 +88,7 @@ def upgrade() -> None:
         sa.Column("sent_at", TS),
         sa.Column("released_at", TS),
     )
-    op.create_index("ix_reservations_runtime_state", "reservations", ["runtime_id", "state"])
+    op.create_index("ix_reservations_state_runtime", "reservations", ["state", "runtime_id"])
     op.create_index("ix_reservations_task", "reservations", ["task_id"])
     op.create_table(
         "task_events",

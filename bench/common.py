@@ -1,0 +1,88 @@
+"""Benchmark plumbing: hub subprocesses, fresh databases, percentiles."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import AsyncIterator
+
+import httpx2
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
+
+REPO = Path(__file__).resolve().parent.parent
+PG_URL = os.environ.get("AMUX_TEST_DATABASE_URL") or "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
+
+
+def free_port() -> int:
+    """Return a free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pct(values: list[float], q: float) -> float:
+    """Return the q-th percentile (nearest rank)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+@contextlib.asynccontextmanager
+async def pg_database() -> AsyncIterator[str]:
+    """Create a throwaway PostgreSQL database and drop it afterwards."""
+    name = f"amux_bench_{uuid.uuid4().hex[:8]}"
+    admin = create_async_engine(PG_URL.replace("postgresql://", "postgresql+asyncpg://"), isolation_level="AUTOCOMMIT")
+    async with admin.connect() as conn:
+        await conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = str(sa.engine.make_url(PG_URL).set(drivername="postgresql+asyncpg", database=name).render_as_string(hide_password=False))
+    try:
+        yield url
+    finally:
+        async with admin.connect() as conn:
+            await conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        await admin.dispose()
+
+
+@contextlib.asynccontextmanager
+async def hub_process(db_url: str | None, *, slots: int = 8, with_runner: bool = True) -> AsyncIterator[tuple[str, str]]:
+    """Run `amux up` (hub + in-process runner) in a subprocess; yield (url, admin token)."""
+    home = Path(tempfile.mkdtemp(prefix="amux-bench-"))
+    port = free_port()
+    args = ["up", "--slots", str(slots)] if with_runner else ["hub", "serve"]
+    args += ["--listen", f"127.0.0.1:{port}"] + (["--db", db_url] if db_url else [])
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "hub.cli", *args, cwd=REPO, env={**os.environ, "AMUX_HOME": str(home)},
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        async with httpx2.AsyncClient() as http:
+            while True:
+                try:
+                    if (await http.get(f"{url}/readyz")).status_code == 200 and (home / "admin.token").exists():
+                        break
+                except httpx2.TransportError:
+                    pass
+                if time.monotonic() > deadline or proc.returncode is not None:
+                    raise RuntimeError(f"hub did not start: {(await proc.stderr.read()).decode()[-2000:]}")
+                await asyncio.sleep(0.1)
+            token = (home / "admin.token").read_text().strip()
+            if with_runner:  # wait for the in-process runner to register
+                while not (await http.get(f"{url}/api/v1/runtimes", headers={"Authorization": f"Bearer {token}"})).json()["runtimes"]:
+                    await asyncio.sleep(0.1)
+        yield url, token
+    finally:
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
