@@ -274,6 +274,8 @@ class LeaseService:
     async def vm_exec(self, caller: Caller, handle: str | None, vm_id: str | None, command: str | None,
                       timeout_s: float | None = None) -> dict[str, Any]:
         """Run a shell command in one of the task's boxes; output is capped and the exit code returned."""
+        row = await self._held(caller, handle)
+        box = await self._box(row, vm_id)
         if not isinstance(command, str) or not command.strip():
             raise Invalid("command is empty; pass a shell command, e.g. command=\"ls -la\"")
         if len(command.encode()) > MAX_COMMAND_BYTES or "\0" in command:
@@ -283,8 +285,6 @@ class LeaseService:
         if not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_EXEC_TIMEOUT_S:
             raise Invalid(f"timeout_s must be between 0 and {MAX_EXEC_TIMEOUT_S:g} seconds; run longer work in the "
                           f"background (`nohup … > log 2>&1 &`) and poll it")
-        row = await self._held(caller, handle)
-        box = await self._box(row, vm_id)
         try:
             res = await self.driver.exec(box.handle or {}, command, float(timeout))
         except BoxError as e:
