@@ -1,6 +1,7 @@
 """The engine interface every adapter implements."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol
@@ -18,6 +19,17 @@ class Job:
     snapshot: dict[str, Any]
     workspace: Path
     env: dict[str, str] = field(default_factory=dict)
+    # Decisions for `permission` events (escalate-to-main): PermissionReply items, in any order.
+    permission_replies: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+
+@dataclass(frozen=True)
+class PermissionReply:
+    """The caller's answer to one permission request of a running task."""
+
+    request_id: str
+    allow: bool
+    message: str = ""
 
 
 @dataclass
