@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
+from pathlib import Path
 from typing import AsyncIterator
 
 from aiohttp import web
@@ -13,18 +15,31 @@ from .config import Settings
 from .mcp.lease_tools import lease_tools
 from .mcp.server import build_mcp
 from .mcp.task_tools import task_tools
+from .services.admission import Admission
 from .services.auth import AuthService
+from .services.credentials import CredentialService, SecretBox
+from .services.profiles import ProfileService
 from .services.dispatch import Dispatcher
 from .services.leases import LeaseService
 from .services.notify import Notifier
 from .services.runtimes import RuntimeService
-from .services.tasks import TaskService
+from .services.tasks import PermissionService, TaskService
 from .store.db import Database
 from .web import boxes, health, rest
 from .web.mcp_mount import McpMount
 from .web.runner_ws import RunnerEndpoint
 
 HUB = web.AppKey("hub", object)
+
+
+def embedded_secret_key(home: Path) -> str:
+    """Return the embedded hub's credential key from `$AMUX_HOME/secret.key`, creating it (mode 0600)."""
+    path = home / "secret.key"
+    if not path.exists():
+        home.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(32) + "\n")
+        path.chmod(0o600)
+    return path.read_text().strip()
 
 
 class Hub:
@@ -39,20 +54,25 @@ class Hub:
         hs = settings.hub
         self.auth = AuthService(self.db, self.clock)
         self.dispatcher = Dispatcher(self.db, self.clock, self.notifier, hs)
-        self.tasks = TaskService(self.db, self.clock, self.notifier, hs, on_admitted=self.dispatcher.kick)
-        self.runtimes = RuntimeService(self.db, self.clock, self.notifier, self.dispatcher,
+        self.profiles = ProfileService(self.db, self.clock)
+        key = settings.secret_key or (embedded_secret_key(settings.home) if self.db.is_sqlite else None)
+        self.credentials = CredentialService(self.db, self.clock, SecretBox(key) if key else None)
+        self.admission = Admission(self.profiles, self.credentials, hs, settings.profiles)
+        self.tasks = TaskService(self.db, self.clock, self.notifier, hs, self.admission, on_admitted=self.dispatcher.kick)
+        self.permissions = PermissionService(self.db, self.clock, self.notifier)
+        self.runtimes = RuntimeService(self.db, self.clock, self.notifier, self.dispatcher, self.credentials,
                                        on_started=lambda _t, s: self.metrics.dispatch_latency.observe(max(s, 0.0)))
         self.runner_endpoint = RunnerEndpoint(self.auth, self.runtimes, self.notifier, hs.heartbeat_s, hs.poll_s)
         self.leases = LeaseService(self.db, self.clock, settings.leases,
                                    LocalBoxDriver(settings.home / "boxes", hide=[settings.home]))
-        self.mcp = McpMount(build_mcp(self.auth, [task_tools(self.tasks), lease_tools(self.leases)]), self.auth)
+        self.mcp = McpMount(build_mcp(self.auth, [task_tools(self.tasks, self.profiles, self.permissions), lease_tools(self.leases)]), self.auth)
 
     def web_app(self, *, background: bool = True) -> web.Application:
         """Build the aiohttp application; `background` starts the placement and reaper loops."""
         app = web.Application(middlewares=[rest.auth_middleware(self.auth)], client_max_size=2 * 1024 * 1024)
         app[HUB] = self
         health.add_routes(app, self.db, self.metrics)
-        rest.add_routes(app, self.tasks, self.db)
+        rest.add_routes(app, self)
         app.router.add_get("/runner/ws", self.runner_endpoint.handle)
         app.on_shutdown.append(self.runner_endpoint.close_all)
         app.router.add_route("*", "/mcp", self.mcp.handle)

@@ -147,13 +147,14 @@ class ApiClient:
         self.hub = hub.rstrip("/")
         self.token = token
 
-    async def call(self, method: str, path: str, body: dict | None = None, params: dict | None = None) -> dict:
+    async def call(self, method: str, path: str, body: dict | None = None, params: dict | None = None,
+                   data: str | None = None) -> dict:
         """Call `/api/v1/<path>` and return JSON, raising AmuxError on refusals."""
         import aiohttp
 
         async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"}) as http:
             try:
-                async with http.request(method, f"{self.hub}/api/v1/{path}", json=body, params=params) as resp:
+                async with http.request(method, f"{self.hub}/api/v1/{path}", json=body, params=params, data=data) as resp:
                     data = await resp.json(content_type=None)
             except aiohttp.ClientConnectionError as e:
                 raise AmuxError(f"cannot reach the hub at {self.hub} ({e}); start it with `amux up` or pass --hub") from e
@@ -182,7 +183,9 @@ async def _task(args: argparse.Namespace) -> None:
             prompt = sys.stdin.read()
         body = {k: v for k, v in {"prompt": prompt, "profile": args.profile, "runtime": args.runtime,
                                   "model": args.model, "extra_args": args.arg or None,
-                                  "timeout_s": args.timeout, "name": args.name}.items() if v is not None}
+                                  "timeout_s": args.timeout, "name": args.name, "reasoning_effort": args.effort,
+                                  "permission_policy": args.policy, "credential_profile": args.credential}.items()
+                if v is not None}
         sub = await api.call("POST", "tasks", body)
         if not args.wait:
             _print(args, sub, sub["task_id"])
@@ -217,6 +220,31 @@ async def _wait(args: argparse.Namespace, api: ApiClient) -> None:
             break
     t = await api.call("GET", f"tasks/{args.id}")
     _print(args, t, _human(t))
+
+
+async def _profile(args: argparse.Namespace) -> None:
+    api = _client(args)
+    if args.profile_cmd == "add":
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        res = await api.call("POST", "profiles", data=text)
+        _print(args, res, f"stored profile {res['name']} ({res['engine']}, {res['digest']})")
+    else:
+        data = await api.call("GET", "profiles")
+        _print(args, data, "\n".join(f"{p['name']:<16} {p['engine']:<9} {p['kind']:<9} {p['description']}" for p in data["profiles"]))
+
+
+async def _credential(args: argparse.Namespace) -> None:
+    api = _client(args)
+    if args.cred_cmd == "declare":
+        res = await api.call("PUT", f"credentials/{args.name}", {"env": args.env})
+        _print(args, res, f"credential profile {res['name']} declares {', '.join(res['env'])}")
+    elif args.cred_cmd == "set":
+        value = sys.stdin.readline().rstrip("\n")
+        res = await api.call("PUT", f"credentials/{args.name}/{args.env_name}", {"value": value})
+        _print(args, res, f"stored {args.env_name} for credential profile {args.name} (encrypted)")
+    else:
+        data = await api.call("GET", "credentials")
+        _print(args, data, "\n".join(f"{c['name']:<16} {', '.join(c['env'])}" for c in data["credential_profiles"]))
 
 
 def _human(t: dict) -> str:
@@ -289,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     ts.add_argument("--timeout", type=float)
     ts.add_argument("--name")
     ts.add_argument("--wait", action="store_true", help="follow events until the task ends")
+    ts.add_argument("--effort", help="reasoning effort (minimal|low|medium|high|xhigh)")
+    ts.add_argument("--policy", help="permission policy (policy-allow|escalate-to-main|deny-all)")
+    ts.add_argument("--credential", help="credential profile to materialize at launch")
     for name in ("get", "wait", "cancel"):
         p = task_sub.add_parser(name, help=f"{name} a task")
         client_opts(p)
@@ -297,6 +328,25 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--timeout", type=float)
     tl = task_sub.add_parser("list", help="your recent tasks")
     client_opts(tl)
+
+    prof = sub.add_parser("profile", help="profiles (manifest v2)")
+    prof_sub = prof.add_subparsers(dest="profile_cmd", required=True)
+    pa = prof_sub.add_parser("add", help="store a v2 manifest (JSON or TOML; admin)")
+    client_opts(pa)
+    pa.add_argument("file", help="manifest file, or - for stdin")
+    client_opts(prof_sub.add_parser("list", help="builtin and stored profiles"))
+
+    cred = sub.add_parser("credential", help="credential profiles")
+    cred_sub = cred.add_subparsers(dest="cred_cmd", required=True)
+    cd = cred_sub.add_parser("declare", help="declare the variables a launch needs (admin)")
+    client_opts(cd)
+    cd.add_argument("name")
+    cd.add_argument("--env", action="append", required=True, help="variable name (repeatable)")
+    cs = cred_sub.add_parser("set", help="store your value for one variable (read from stdin)")
+    client_opts(cs)
+    cs.add_argument("name")
+    cs.add_argument("env_name")
+    client_opts(cred_sub.add_parser("list", help="declared credential profiles"))
     return ap
 
 
@@ -318,6 +368,10 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(_token_create(args))
         elif args.cmd == "task":
             asyncio.run(_task(args))
+        elif args.cmd == "profile":
+            asyncio.run(_profile(args))
+        elif args.cmd == "credential":
+            asyncio.run(_credential(args))
     except AmuxError as e:
         print(f"amux: {e.message}", file=sys.stderr)
         return 2

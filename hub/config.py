@@ -24,6 +24,23 @@ class HubSettings(BaseModel):
     default_timeout_s: float = 3600.0
 
 
+class PresetSettings(BaseModel):
+    """A builtin launch preset (runtime, model, reasoning effort); omitted fields stay engine defaults."""
+
+    runtime: str | None = None
+    model: str | None = None
+    reasoning_effort: str | None = None
+
+
+class ProfileSettings(BaseModel):
+    """Profile defaults of this distribution."""
+
+    default_profile: str = "scripted"   # used when a task names no profile
+    default_preset: str = "claude"      # the distribution's default builtin launch preset
+    presets: dict[str, PresetSettings] = Field(default_factory=dict)
+    authoring_runtime: str | None = None  # explicitly configured runtime for local expert authoring
+
+
 class LeaseSettings(BaseModel):
     """Task-lease clocks (seed: rift tasks)."""
 
@@ -42,6 +59,7 @@ class Settings(BaseModel):
     public_url: str | None = None
     hub: HubSettings = Field(default_factory=HubSettings)
     leases: LeaseSettings = Field(default_factory=LeaseSettings)
+    profiles: ProfileSettings = Field(default_factory=ProfileSettings)
 
     def db_url(self) -> str:
         """Return the database URL, defaulting to SQLite in `home`."""

@@ -65,13 +65,13 @@ class TaskView(BaseModel):
 
 
 class TaskEvent(BaseModel):
-    """One event of a task's log."""
+    """One event of a task's log: `text` {text}, `tool` {tool: id/name/title/status}, `usage` {usage},
+    `question` {text, options}, `permission` {request_id, tool, title}, `permission_answer` {request_id, allow}."""
+
+    model_config = {"extra": "allow"}
 
     seq: int
     type: str
-    text: str | None = None
-    tool: dict[str, str] | None = None
-    usage: dict[str, int] | None = None
     at: str | None = None
 
 
@@ -85,6 +85,15 @@ class EventPage(BaseModel):
     cursor: int
     done: bool
     timed_out: bool = False
+
+
+class PermissionAnswered(BaseModel):
+    """A recorded answer to a permission request."""
+
+    task_id: str
+    request_id: str
+    allow: bool
+    status: str
 
 
 class Cancelled(BaseModel):

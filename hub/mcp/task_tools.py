@@ -3,36 +3,41 @@ from __future__ import annotations
 
 from mcp.server.mcpserver import Context, MCPServer
 
-from ..profiles import BUILTINS
-from ..services.tasks import SubmitRequest, TaskService
+from ..services.profiles import ProfileService
+from ..services.tasks import PermissionService, SubmitRequest, TaskService
 from . import models as m
 from .server import caller_of, guarded
 
 
-def task_tools(tasks: TaskService):  # noqa: ANN201
-    """Return a registrar adding profile_list and the task_* tools."""
+def task_tools(tasks: TaskService, profiles: ProfileService, permissions: PermissionService):  # noqa: ANN201
+    """Return a registrar adding profile_list, the task_* tools and permission_respond."""
 
     def register(server: MCPServer) -> None:
         @server.tool()
         async def profile_list() -> m.ProfileList:
             """List the profiles a task can run with (builtin shortcuts: claude, codex, pi, scripted)."""
-            return m.ProfileList(profiles=[m.ProfileInfo(**{k: v for k, v in p.public().items() if k != "preset"})
-                                           for p in BUILTINS.values()])
+            return m.ProfileList(profiles=[m.ProfileInfo(**p) for p in await profiles.list()])
 
         @server.tool()
         async def task_submit(prompt: str, ctx: Context, profile: str | None = None, runtime: str | None = None,
                               model: str | None = None, extra_args: list[str] | None = None,
-                              timeout_s: float | None = None, name: str | None = None) -> m.Submitted:
+                              timeout_s: float | None = None, name: str | None = None,
+                              reasoning_effort: str | None = None, permission_policy: str | None = None,
+                              credential_profile: str | None = None) -> m.Submitted:
             """Admit a task (returns at once with its task_id); follow it with task_wait or task_get."""
-            req = SubmitRequest(prompt, profile, runtime, model, extra_args, timeout_s, name)
+            req = SubmitRequest(prompt, profile, runtime, model, extra_args, timeout_s, name,
+                                reasoning_effort, permission_policy, credential_profile)
             return m.Submitted(**await guarded(lambda: tasks.submit(caller_of(ctx), req)))
 
         @server.tool()
         async def task_run(prompt: str, ctx: Context, profile: str | None = None, runtime: str | None = None,
                            model: str | None = None, extra_args: list[str] | None = None,
-                           timeout_s: float | None = None, name: str | None = None) -> m.TaskView:
+                           timeout_s: float | None = None, name: str | None = None,
+                           reasoning_effort: str | None = None, permission_policy: str | None = None,
+                           credential_profile: str | None = None) -> m.TaskView:
             """Submit a task and block until it is terminal; returns its result."""
-            req = SubmitRequest(prompt, profile, runtime, model, extra_args, timeout_s, name)
+            req = SubmitRequest(prompt, profile, runtime, model, extra_args, timeout_s, name,
+                                reasoning_effort, permission_policy, credential_profile)
             return m.TaskView(**await guarded(lambda: tasks.run(caller_of(ctx), req)))
 
         @server.tool()
@@ -54,5 +59,12 @@ def task_tools(tasks: TaskService):  # noqa: ANN201
         async def task_cancel(task_id: str, ctx: Context) -> m.Cancelled:
             """Cancel a task; a queued task ends at once, a running one through its runner."""
             return m.Cancelled(**await guarded(lambda: tasks.cancel(caller_of(ctx), task_id)))
+
+        @server.tool()
+        async def permission_respond(task_id: str, request_id: str, allow: bool, ctx: Context,
+                                     message: str = "") -> m.PermissionAnswered:
+            """Answer a permission request (a `permission` event) of an escalate-to-main task: allow or deny."""
+            return m.PermissionAnswered(**await guarded(
+                lambda: permissions.respond(caller_of(ctx), task_id, request_id, allow, message)))
 
     return register

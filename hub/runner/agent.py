@@ -12,7 +12,8 @@ from typing import Any
 
 import aiohttp
 
-from ..engines.base import Engine, EngineResult, Job
+from ..domain.policy import normalize_native_args
+from ..engines.base import Engine, EngineResult, Job, PermissionReply
 from . import protocol as p
 
 log = logging.getLogger("amux.runner")
@@ -34,8 +35,47 @@ class _Held:
     unacked: list[dict] = field(default_factory=list)
     pending_events: list[p.Event] = field(default_factory=list)
     task: asyncio.Task | None = None
+    replies: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel_intent: bool = False
     finished: bool = False
+
+
+class Redactor:
+    """Replace credential values wherever they would leave the runner (events, results, errors)."""
+
+    def __init__(self, secrets: Any) -> None:
+        self.secrets = sorted((s for s in secrets if isinstance(s, str) and len(s) >= 4), key=len, reverse=True)
+
+    def scrub(self, value: Any) -> Any:
+        """Return `value` with every secret replaced by [redacted], recursively."""
+        if not self.secrets or value is None:
+            return value
+        if isinstance(value, str):
+            for secret in self.secrets:
+                value = value.replace(secret, "[redacted]")
+            return value
+        if isinstance(value, dict):
+            return {k: self.scrub(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.scrub(v) for v in value]
+        return value
+
+
+def launch_env(d: p.Dispatch) -> dict[str, str]:
+    """Credentials of this launch plus the policy's native environment (IS_SANDBOX=1 for Claude bypass as root)."""
+    snap = d.snapshot
+    env = {**snap.get("native_env", {}), **d.env}
+    if os.geteuid() == 0 and snap.get("engine") and snap.get("permission_policy"):
+        env.update(normalize_native_args(snap["engine"], snap["permission_policy"], [], as_root=True).env)
+    return env
+
+
+def launch_prompt(d: p.Dispatch) -> str:
+    """The prompt the engine sees: the profile's expert instructions first (scripts stay scripts)."""
+    instructions = (d.snapshot.get("profile") or {}).get("instructions") or ""
+    if not instructions or d.snapshot.get("engine") == "scripted":
+        return d.prompt
+    return f"{instructions}\n\n{d.prompt}"
 
 
 def snapshot_tree(root: Path) -> dict[str, tuple[int, int]]:
@@ -162,6 +202,11 @@ class Runner:
                 await self._on_message(inner)
         elif kind == "dispatch":
             self._start(p.Dispatch.model_validate(msg))
+        elif kind == "permission":
+            answer = p.PermissionAnswer.model_validate(msg)
+            h = self.held.get(answer.task_id)
+            if h is not None:
+                h.replies.put_nowait(PermissionReply(answer.request_id, answer.allow, answer.message))
         elif kind == "cancel":
             h = self.held.get(msg["task_id"])
             if h and h.task and not h.task.done():
@@ -228,8 +273,11 @@ class Runner:
         last_usage: dict | None = None
         asked = False
 
+        redact = Redactor(d.env.values())
+
         async def emit(kind: str, payload: dict) -> None:
             nonlocal last_usage, asked
+            payload = redact.scrub(payload)
             if kind == "usage":
                 if payload.get("usage") == last_usage:
                     return
@@ -246,7 +294,8 @@ class Runner:
             if engine is None:
                 result = EngineResult("failed", error=f"engine {d.snapshot.get('engine')!r} is not installed on runner {self.name}")
             else:
-                job = Job(d.task_id, d.attempt, d.prompt, d.snapshot, workspace)
+                job = Job(d.task_id, d.attempt, launch_prompt(d), d.snapshot, workspace, env=launch_env(d),
+                          permission_replies=h.replies)
                 result = await asyncio.wait_for(engine.run(job, emit), timeout=float(d.snapshot.get("timeout_s") or 3600))
             outcome = result.outcome
             if asked:
@@ -263,8 +312,8 @@ class Runner:
         await self._flush(h)
         h.rseq += 1
         fin = p.Finished(
-            task_id=d.task_id, attempt=d.attempt, rseq=h.rseq, outcome=outcome, result_text=result.text or "",
-            result_json=result.json, error=result.error, usage=last_usage,
+            task_id=d.task_id, attempt=d.attempt, rseq=h.rseq, outcome=outcome, result_text=redact.scrub(result.text or ""),
+            result_json=redact.scrub(result.json), error=redact.scrub(result.error), usage=last_usage,
             changed_files=diff_trees(before, snapshot_tree(workspace)),
         )
         h.finished = True

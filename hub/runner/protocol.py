@@ -43,6 +43,7 @@ class Dispatch(BaseModel):
     attempt: int
     prompt: str
     snapshot: dict[str, Any]
+    env: dict[str, str] = {}  # credential values for this launch only: never stored, never echoed
 
 
 class Cancel(BaseModel):
@@ -50,6 +51,16 @@ class Cancel(BaseModel):
 
     type: Literal["cancel"] = "cancel"
     task_id: str
+
+
+class PermissionAnswer(BaseModel):
+    """Hub → runner: the caller's answer to a permission request of a running task (idempotent)."""
+
+    type: Literal["permission"] = "permission"
+    task_id: str
+    request_id: str
+    allow: bool
+    message: str = ""
 
 
 class Accepted(BaseModel):
@@ -115,4 +126,4 @@ class ErrorMsg(BaseModel):
 
 
 RUNNER_MESSAGES = {m.model_fields["type"].default: m for m in (Register, Accepted, Events, Finished, Heartbeat)}
-HUB_MESSAGES = {m.model_fields["type"].default: m for m in (Registered, Dispatch, Cancel, Ack, ErrorMsg)}
+HUB_MESSAGES = {m.model_fields["type"].default: m for m in (Registered, Dispatch, Cancel, PermissionAnswer, Ack, ErrorMsg)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -49,11 +50,17 @@ def parse_token(token: str) -> tuple[str, str] | None:
 
 
 class AuthService:
-    """Create principals and tokens; authenticate bearer tokens."""
+    """Create principals and tokens; authenticate bearer tokens.
 
-    def __init__(self, db: Database, clock: Clock) -> None:
+    Verified tokens are remembered for `cache_s` seconds (keyed by the secret's hash, never the token),
+    so a revocation reaches every replica within that time; the database stays the only truth.
+    """
+
+    def __init__(self, db: Database, clock: Clock, cache_s: float = 5.0) -> None:
         self.db = db
         self.clock = clock
+        self.cache_s = cache_s
+        self._verified: dict[str, tuple[float, Caller]] = {}
 
     async def ensure_principal(self, conn, name: str, kind: str = "user") -> str:  # noqa: ANN001
         """Return the id of principal `name`, creating it."""
@@ -90,20 +97,28 @@ class AuthService:
         if parsed is None:
             raise Unauthorized(WRONG)
         token_id, secret = "tok_" + parsed[0], parsed[1]
+        digest = hash_secret(secret)
+        hit = self._verified.get(digest)
+        if hit is not None and hit[0] > time.monotonic() and hit[1].token_id == token_id:
+            return hit[1]
         async with self.db.read() as conn:
             row = (await conn.execute(
                 sa.select(api_tokens, principals.c.name)
                 .join(principals, principals.c.id == api_tokens.c.principal_id)
                 .where(api_tokens.c.id == token_id)
             )).first()
-        if row is None or not hmac.compare_digest(row.token_hash, hash_secret(secret)) or row.revoked_at is not None:
+        if row is None or not hmac.compare_digest(row.token_hash, digest) or row.revoked_at is not None:
             raise Unauthorized(WRONG)
         now = self.clock.now()
         last = utc(row.last_used_at)
         if last is None or now - last >= LAST_USED_GRANULARITY:
             async with self.db.write() as conn:
                 await conn.execute(api_tokens.update().where(api_tokens.c.id == token_id).values(last_used_at=now))
-        return Caller(row.principal_id, row.name, token_id, row.label, bool(row.admin))
+        caller = Caller(row.principal_id, row.name, token_id, row.label, bool(row.admin))
+        if len(self._verified) > 10_000:
+            self._verified.clear()
+        self._verified[digest] = (time.monotonic() + self.cache_s, caller)
+        return caller
 
     async def claim_label(self, caller: Caller, client_name: str) -> str | None:
         """Label an unlabeled token `mcp:<client name>`; the first client wins, an explicit label is kept."""
@@ -117,7 +132,13 @@ class AuthService:
                 .values(label=f"mcp:{name}")
             )
             row = (await conn.execute(sa.select(api_tokens.c.label).where(api_tokens.c.id == caller.token_id))).first()
+        self._forget(caller.token_id)
         return row.label if row else None
+
+    def _forget(self, token_id: str) -> None:
+        for digest, (_, cached) in list(self._verified.items()):
+            if cached.token_id == token_id:
+                self._verified.pop(digest, None)
 
     async def token_label(self, token_id: str) -> str | None:
         """Return a token's current label."""

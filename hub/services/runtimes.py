@@ -12,12 +12,13 @@ from pydantic import BaseModel
 from ..clock import Clock, utc
 from ..domain.events import project
 from ..domain.tasks import Status, is_terminal
-from ..errors import Conflict, Invalid
+from ..errors import AmuxError, Conflict, Invalid
 from ..ids import new_id
 from ..runner import protocol as p
 from ..store.db import Database
-from ..store.tables import reservations, runtimes, task_events, task_runs
+from ..store.tables import permission_replies, reservations, runtimes, task_events, task_runs
 from .auth import Caller
+from .credentials import CredentialService
 from .dispatch import Dispatcher
 from .notify import Notifier
 from .tasks import finish_task, task_key
@@ -40,11 +41,12 @@ class RuntimeService:
     """Apply runner messages to the store; every method is idempotent under resends."""
 
     def __init__(self, db: Database, clock: Clock, notifier: Notifier, dispatcher: Dispatcher,
-                 on_started=None) -> None:  # noqa: ANN001
+                 credentials: CredentialService, on_started=None) -> None:  # noqa: ANN001
         self.db = db
         self.clock = clock
         self.notifier = notifier
         self.dispatcher = dispatcher
+        self.credentials = credentials
         self.on_started = on_started or (lambda task_id, latency: None)
 
     async def register(self, caller: Caller, msg: p.Register) -> tuple[str, str, list[str]]:
@@ -227,7 +229,7 @@ class RuntimeService:
                 return out
             pending = (await conn.execute(
                 sa.select(reservations.c.id, task_runs.c.id.label("task_id"), task_runs.c.attempt,
-                          task_runs.c.prompt, task_runs.c.snapshot)
+                          task_runs.c.prompt, task_runs.c.snapshot, task_runs.c.owner_id)
                 .join(task_runs, task_runs.c.id == reservations.c.task_id)
                 .where(reservations.c.runtime_id == runtime_id, reservations.c.state == "pending",
                        reservations.c.sent_at.is_(None), task_runs.c.status == Status.DISPATCHED.value))).all()
@@ -237,8 +239,26 @@ class RuntimeService:
             cancels = (await conn.execute(sa.select(task_runs.c.id).where(
                 task_runs.c.runtime_id == runtime_id, task_runs.c.status == Status.RUNNING.value,
                 task_runs.c.cancel_requested_at.is_not(None)))).all()
-        for r in pending:
-            out.append(p.Dispatch(task_id=r.task_id, attempt=r.attempt, prompt=r.prompt, snapshot=r.snapshot).model_dump())
+            answers = (await conn.execute(
+                sa.select(permission_replies).join(task_runs, task_runs.c.id == permission_replies.c.task_id).where(
+                    task_runs.c.runtime_id == runtime_id, task_runs.c.status == Status.RUNNING.value,
+                    permission_replies.c.sent_at.is_(None)))).all()
+            for a in answers:
+                await conn.execute(permission_replies.update().where(
+                    permission_replies.c.task_id == a.task_id, permission_replies.c.request_id == a.request_id)
+                    .values(sent_at=now))
+            for r in pending:
+                cred = r.snapshot.get("credential_profile")
+                try:
+                    env = await self.credentials.materialize(conn, cred["name"], r.owner_id) if cred else {}
+                except AmuxError as e:  # e.g. the value was deleted or the key changed since admission
+                    await finish_task(conn, r.task_id, Status.FAILED, now, error=e.message)
+                    continue
+                out.append(p.Dispatch(task_id=r.task_id, attempt=r.attempt, prompt=r.prompt, snapshot=r.snapshot,
+                                      env=env).model_dump())
+        for a in answers:
+            out.append(p.PermissionAnswer(task_id=a.task_id, request_id=a.request_id, allow=a.allow,
+                                          message=a.message or "").model_dump())
         for c in cancels:
             if c.id not in cancels_sent:
                 cancels_sent.add(c.id)

@@ -2,37 +2,22 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
 from ..clock import Clock, utc
 from ..config import HubSettings
-from ..domain import scripted
 from ..domain.tasks import ACTIVE, Status, is_terminal
-from ..errors import Invalid, NotFound
+from ..errors import Conflict, Invalid, NotFound
 from ..ids import new_id
-from ..profiles import resolve_profile
 from ..store.db import Database
-from ..store.tables import reservations, runtimes, task_events, task_runs
+from ..store.tables import permission_replies, reservations, runtimes, task_events, task_runs
+from .admission import Admission, SubmitRequest
 from .auth import Caller
 from .notify import Notifier
 
-MAX_TIMEOUT_S = 7 * 86400
-
-
-@dataclass
-class SubmitRequest:
-    """What a caller asks for; omitted choices are resolved at admission."""
-
-    prompt: str
-    profile: str | None = None
-    runtime: str | None = None
-    model: str | None = None
-    extra_args: list[str] | None = None
-    timeout_s: float | None = None
-    name: str | None = None
+__all__ = ["PermissionService", "SubmitRequest", "TaskService", "finish_task", "task_key"]
 
 
 def task_key(task_id: str) -> str:
@@ -44,72 +29,24 @@ class TaskService:
     """Admit Tasks (freezing their snapshot) and answer questions about them."""
 
     def __init__(self, db: Database, clock: Clock, notifier: Notifier, settings: HubSettings,
-                 default_profile: str = "scripted", on_admitted=None) -> None:  # noqa: ANN001
+                 admission: Admission, on_admitted=None) -> None:  # noqa: ANN001
         self.db = db
         self.clock = clock
         self.notifier = notifier
         self.settings = settings
-        self.default_profile = default_profile
+        self.admission = admission
         self.on_admitted = on_admitted or (lambda: None)
 
-    def _validate(self, req: SubmitRequest) -> tuple[Any, list[str], float]:
-        if not isinstance(req.prompt, str) or not req.prompt.strip():
-            raise Invalid("prompt is empty; pass the work to do as `prompt`")
-        if len(req.prompt.encode()) > self.settings.max_prompt_bytes:
-            raise Invalid(f"prompt is {len(req.prompt.encode())} bytes; the limit is {self.settings.max_prompt_bytes} — put large inputs in files and reference them")
-        profile = resolve_profile(req.profile, self.default_profile)
-        args = list(req.extra_args or [])
-        if len(args) > self.settings.max_extra_args or any(not isinstance(a, str) or len(a) > 4096 for a in args):
-            raise Invalid(f"extra_args must be at most {self.settings.max_extra_args} strings of at most 4096 characters each")
-        if req.model is not None and (not isinstance(req.model, str) or not req.model.strip() or len(req.model) > 200):
-            raise Invalid("model must be a non-empty name of at most 200 characters, or omitted for the engine's default")
-        if req.name is not None and len(req.name) > 200:
-            raise Invalid("name must be at most 200 characters")
-        timeout = self.settings.default_timeout_s if req.timeout_s is None else req.timeout_s
-        if not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT_S:
-            raise Invalid(f"timeout_s must be between 0 and {MAX_TIMEOUT_S} seconds")
-        if profile.engine == "scripted":
-            scripted.parse(req.prompt)  # refuse a bad script now, not on the runner
-        return profile, args, float(timeout)
-
-    async def _find_runtime(self, conn, ref: str) -> Any:  # noqa: ANN001
-        row = (await conn.execute(sa.select(runtimes).where(sa.or_(runtimes.c.id == ref, runtimes.c.name == ref)))).first()
-        if row is None:
-            names = [r.name for r in await conn.execute(sa.select(runtimes.c.name).order_by(runtimes.c.name).limit(20))]
-            raise Invalid(f"unknown runtime {ref!r}; registered runtimes: {', '.join(names) or 'none — start one with `amux runner`'}")
-        return row
-
-    async def submit(self, caller: Caller, req: SubmitRequest) -> dict:
+    async def submit(self, caller: Caller, req: SubmitRequest, *, origin: str = "submit") -> dict:
         """Admit a Task: validate, resolve, freeze its snapshot and queue it for dispatch."""
-        profile, args, timeout = self._validate(req)
         async with self.db.read() as conn:
-            runtime = await self._find_runtime(conn, req.runtime) if req.runtime else None
-            if runtime is not None and profile.engine not in runtime.capabilities.get("engines", []):
-                raise Invalid(f"runtime {runtime.name!r} cannot launch engine {profile.engine!r}; it offers {', '.join(runtime.capabilities.get('engines', []))} — pick another runtime or omit it")
-            if runtime is None:
-                rows = (await conn.execute(sa.select(runtimes.c.capabilities))).all()
-                if not any(profile.engine in r.capabilities.get("engines", []) for r in rows):
-                    raise Invalid(f"no registered runtime offers engine {profile.engine!r}; start `amux runner` on a machine that has it")
-        subprocess_mode = profile.engine == "scripted" and "--subprocess" in args
-        snapshot = {
-            "profile": {"ref": profile.name, "kind": profile.kind, "digest": profile.digest()},
-            "engine": profile.engine,
-            "runtime": runtime.name if runtime is not None else None,
-            "model": req.model if req.model is not None else profile.preset.model,
-            "reasoning_effort": profile.preset.reasoning_effort,
-            "extra_args": args,
-            "permission_policy": "policy-allow",
-            "credential_profile": None,
-            "timeout_s": timeout,
-            "subprocess": subprocess_mode,
-        }
+            snapshot = await self.admission.freeze(conn, caller, req, origin=origin)
         now = self.clock.now()
         task_id = new_id("tr")
         async with self.db.write() as conn:
             await conn.execute(task_runs.insert().values(
                 id=task_id, owner_id=caller.principal_id, name=req.name, prompt=req.prompt, snapshot=snapshot,
                 status=Status.QUEUED, attempt=0, event_seq=0, last_rseq=0, created_at=now,
-                deadline_at=None,
             ))
         self.on_admitted()
         return {"task_id": task_id, "status": Status.QUEUED.value}
@@ -176,7 +113,7 @@ class TaskService:
 
     async def run(self, caller: Caller, req: SubmitRequest) -> dict:
         """Submit and block until the task is terminal."""
-        sub = await self.submit(caller, req)
+        sub = await self.submit(caller, req, origin="run")
         return await self.wait_terminal(caller, sub["task_id"])
 
     async def wait_terminal(self, caller: Caller, task_id: str, timeout_s: float | None = None) -> dict:
@@ -249,3 +186,43 @@ def _iso(dt) -> str | None:  # noqa: ANN001
 def _monotonic() -> float:
     return time.monotonic()
 
+
+
+class PermissionService:
+    """Answer permission requests of escalate-to-main tasks (seed: decisions are explicit and tied to the task)."""
+
+    def __init__(self, db: Database, clock: Clock, notifier: Notifier) -> None:
+        self.db = db
+        self.clock = clock
+        self.notifier = notifier
+
+    async def respond(self, caller: Caller, task_id: str, request_id: str, allow: bool, message: str = "") -> dict:
+        """Record the answer to one request; the runner holding the task delivers it to the engine."""
+        now = self.clock.now()
+        async with self.db.write() as conn:
+            row = (await conn.execute(self.db.for_update(sa.select(task_runs).where(task_runs.c.id == task_id)))).first()
+            if row is None or (row.owner_id != caller.principal_id and not caller.admin):
+                raise NotFound(f"task {task_id!r} does not exist or is not yours; list your tasks with `amux task list`")
+            if row.snapshot.get("permission_policy") != "escalate-to-main":
+                raise Conflict(f"task {task_id} runs under {row.snapshot.get('permission_policy')}; only escalate-to-main tasks ask for permission")
+            if row.status != Status.RUNNING.value:
+                raise Conflict(f"task {task_id} is {row.status}; there is nothing left to answer")
+            asked = [e.payload for e in await conn.execute(sa.select(task_events.c.payload).where(
+                task_events.c.task_id == task_id, task_events.c.type == "permission"))]
+            if not any(p.get("request_id") == request_id for p in asked):
+                known = ", ".join(sorted({str(p.get("request_id")) for p in asked})) or "none yet"
+                raise NotFound(f"task {task_id} has no permission request {request_id!r} (requests: {known}); see task_events")
+            done = (await conn.execute(sa.select(permission_replies.c.allow).where(
+                permission_replies.c.task_id == task_id, permission_replies.c.request_id == request_id))).first()
+            if done is not None:
+                raise Conflict(f"permission request {request_id} of task {task_id} was already answered ({'allow' if done.allow else 'deny'})")
+            await conn.execute(permission_replies.insert().values(
+                task_id=task_id, request_id=request_id, allow=bool(allow), message=message[:2000], created_at=now))
+            seq = row.event_seq + 1
+            await conn.execute(task_events.insert().values(
+                task_id=task_id, seq=seq, type="permission_answer", created_at=now,
+                payload={"request_id": request_id, "allow": bool(allow)}))
+            await conn.execute(task_runs.update().where(task_runs.c.id == task_id).values(event_seq=seq))
+        self.notifier.notify(f"runtime:{row.runtime_id}")
+        self.notifier.notify(task_key(task_id))
+        return {"task_id": task_id, "request_id": request_id, "allow": bool(allow), "status": "sent"}

@@ -130,3 +130,41 @@ boxes = sa.Table(
     sa.Index("ix_boxes_task_state", "task_id", "state"),
     sa.Index("ix_boxes_state", "state"),
 )
+
+profiles = sa.Table(
+    "profiles", metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("engine", sa.String(32), nullable=False),
+    sa.Column("manifest", sa.JSON, nullable=False),
+    sa.Column("digest", sa.String(80), nullable=False),
+    sa.Column("created_by", sa.String(40), sa.ForeignKey("principals.id"), nullable=False),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("updated_at", TS, nullable=False),
+)
+
+credential_profiles = sa.Table(
+    "credential_profiles", metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("env_names", sa.JSON, nullable=False),
+    sa.Column("created_by", sa.String(40), sa.ForeignKey("principals.id"), nullable=False),
+    sa.Column("created_at", TS, nullable=False),
+)
+
+credential_values = sa.Table(
+    "credential_values", metadata,
+    sa.Column("profile_name", sa.String(64), sa.ForeignKey("credential_profiles.name"), primary_key=True),
+    sa.Column("principal_id", sa.String(40), sa.ForeignKey("principals.id"), primary_key=True),
+    sa.Column("env_name", sa.String(128), primary_key=True),
+    sa.Column("ciphertext", sa.Text, nullable=False),
+    sa.Column("updated_at", TS, nullable=False),
+)
+
+permission_replies = sa.Table(
+    "permission_replies", metadata,
+    sa.Column("task_id", sa.String(40), sa.ForeignKey("task_runs.id"), primary_key=True),
+    sa.Column("request_id", sa.String(200), primary_key=True),
+    sa.Column("allow", sa.Boolean, nullable=False),
+    sa.Column("message", sa.Text),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("sent_at", TS),
+)

@@ -8,7 +8,6 @@ import sqlalchemy as sa
 from aiohttp import web
 
 from ..errors import AmuxError, Invalid
-from ..profiles import BUILTINS
 from ..services.auth import AuthService, Caller
 from ..services.tasks import SubmitRequest, TaskService
 from ..store.db import Database
@@ -16,7 +15,8 @@ from ..store.tables import runtimes
 
 CALLER = web.RequestKey("caller", Caller)
 MAX_BODY = 1024 * 1024
-SUBMIT_FIELDS = {"prompt", "profile", "runtime", "model", "extra_args", "timeout_s", "name"}
+SUBMIT_FIELDS = {"prompt", "profile", "runtime", "model", "extra_args", "timeout_s", "name",
+                 "reasoning_effort", "permission_policy", "credential_profile"}
 
 
 def error_response(e: AmuxError) -> web.Response:
@@ -59,16 +59,47 @@ def _int(request: web.Request, key: str, default: int) -> int:
         raise Invalid(f"query parameter {key} must be an integer") from e
 
 
-def add_routes(app: web.Application, tasks: TaskService, db: Database) -> None:
-    """Register the REST endpoints."""
+def add_routes(app: web.Application, hub: Any) -> None:
+    """Register the REST endpoints over the hub's services."""
     r = app.router
+    tasks: TaskService = hub.tasks
+    db: Database = hub.db
 
     async def whoami(request: web.Request) -> web.Response:
         c: Caller = request[CALLER]
         return web.json_response({"principal": c.principal, "label": c.label, "admin": c.admin})
 
     async def profiles(_: web.Request) -> web.Response:
-        return web.json_response({"profiles": [p.public() for p in BUILTINS.values()]})
+        return web.json_response({"profiles": await hub.profiles.list()})
+
+    async def profile_add(request: web.Request) -> web.Response:
+        text = (await request.read()).decode(errors="replace")
+        return web.json_response(await hub.profiles.add(request[CALLER], text), status=201)
+
+    async def credential_list(_: web.Request) -> web.Response:
+        return web.json_response({"credential_profiles": await hub.credentials.list()})
+
+    async def credential_declare(request: web.Request) -> web.Response:
+        data = await _body(request)
+        env = data.get("env")
+        if not isinstance(env, list):
+            raise Invalid('send {"env": ["VAR", ...]}')
+        return web.json_response(await hub.credentials.declare(request[CALLER], request.match_info["name"], env), status=201)
+
+    async def credential_set(request: web.Request) -> web.Response:
+        data = await _body(request)
+        value = data.get("value")
+        if not isinstance(value, str):
+            raise Invalid('send {"value": "..."}')
+        return web.json_response(await hub.credentials.set_value(
+            request[CALLER], request.match_info["name"], request.match_info["env"], value))
+
+    async def permission(request: web.Request) -> web.Response:
+        data = await _body(request)
+        if not isinstance(data.get("allow"), bool) or not isinstance(data.get("request_id"), str):
+            raise Invalid('send {"request_id": "...", "allow": true|false, "message": "optional"}')
+        return web.json_response(await hub.permissions.respond(
+            request[CALLER], request.match_info["id"], data["request_id"], data["allow"], str(data.get("message") or "")))
 
     async def submit(request: web.Request) -> web.Response:
         data = await _body(request)
@@ -115,6 +146,11 @@ def add_routes(app: web.Application, tasks: TaskService, db: Database) -> None:
 
     r.add_get("/api/v1/whoami", wrap(whoami))
     r.add_get("/api/v1/profiles", wrap(profiles))
+    r.add_post("/api/v1/profiles", wrap(profile_add))
+    r.add_get("/api/v1/credentials", wrap(credential_list))
+    r.add_put("/api/v1/credentials/{name}", wrap(credential_declare))
+    r.add_put("/api/v1/credentials/{name}/{env}", wrap(credential_set))
+    r.add_post("/api/v1/tasks/{id}/permission", wrap(permission))
     r.add_post("/api/v1/tasks", wrap(submit))
     r.add_get("/api/v1/tasks", wrap(task_list))
     r.add_get("/api/v1/tasks/{id}", wrap(get))

@@ -1,0 +1,151 @@
+"""Admission: turn a submission into a frozen execution snapshot, or refuse it naming the fix."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from ..config import HubSettings, ProfileSettings
+from ..domain import scripted
+from ..domain.policy import DEFAULT_POLICY, POLICIES, normalize_native_args
+from ..domain.resolution import Choices, Preset, SessionContext, resolve
+from ..errors import Invalid
+from ..store.tables import runtimes
+from .auth import Caller
+from .credentials import CredentialService
+from .profiles import ProfileService
+
+MAX_TIMEOUT_S = 7 * 86400
+
+
+@dataclass
+class SubmitRequest:
+    """What a caller asks for; omitted (None) choices are resolved at admission."""
+
+    prompt: str
+    profile: str | None = None
+    runtime: str | None = None
+    model: str | None = None
+    extra_args: list[str] | None = None
+    timeout_s: float | None = None
+    name: str | None = None
+    reasoning_effort: str | None = None
+    permission_policy: str | None = None
+    credential_profile: str | None = None
+
+
+class Admission:
+    """Validate and resolve execution choices with one set of rules (tasks, and schedules at each trigger)."""
+
+    def __init__(self, profiles: ProfileService, credentials: CredentialService, hub: HubSettings,
+                 profile_settings: ProfileSettings) -> None:
+        self.profiles = profiles
+        self.credentials = credentials
+        self.hub = hub
+        self.ps = profile_settings
+
+    def presets(self) -> dict[str, Preset]:
+        """Return configured builtin launch presets."""
+        return {k: Preset(v.runtime, v.model, v.reasoning_effort) for k, v in self.ps.presets.items()}
+
+    def _shape(self, req: SubmitRequest) -> tuple[list[str], float]:
+        if not isinstance(req.prompt, str) or not req.prompt.strip():
+            raise Invalid("prompt is empty; pass the work to do as `prompt`")
+        size = len(req.prompt.encode())
+        if size > self.hub.max_prompt_bytes:
+            raise Invalid(f"prompt is {size} bytes; the limit is {self.hub.max_prompt_bytes} — put large inputs in files and reference them")
+        args = req.extra_args if req.extra_args is not None else []
+        if not isinstance(args, list) or len(args) > self.hub.max_extra_args or any(not isinstance(a, str) or len(a) > 4096 for a in args):
+            raise Invalid(f"extra_args must be a list of at most {self.hub.max_extra_args} strings of at most 4096 characters each")
+        for key in ("model", "runtime", "name", "profile", "reasoning_effort", "permission_policy", "credential_profile"):
+            value = getattr(req, key)
+            if value is not None and (not isinstance(value, str) or not value.strip() or len(value) > 200):
+                raise Invalid(f"{key} must be a non-empty string of at most 200 characters, or omitted")
+        timeout = self.hub.default_timeout_s if req.timeout_s is None else req.timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT_S:
+            raise Invalid(f"timeout_s must be a number of seconds between 0 and {MAX_TIMEOUT_S}")
+        return list(args), float(timeout)
+
+    async def _runtime(self, conn, ref: str) -> Any:  # noqa: ANN001
+        row = (await conn.execute(sa.select(runtimes).where(sa.or_(runtimes.c.id == ref, runtimes.c.name == ref)))).first()
+        if row is None:
+            names = [r.name for r in await conn.execute(sa.select(runtimes.c.name).order_by(runtimes.c.name).limit(20))]
+            raise Invalid(f"unknown runtime {ref!r}; registered runtimes: {', '.join(names) or 'none — start one with `amux runner`'}")
+        return row
+
+    async def freeze(self, conn, caller: Caller, req: SubmitRequest, *, origin: str = "submit",  # noqa: ANN001
+                     session: SessionContext | None = None) -> dict[str, Any]:
+        """Return the resolved execution snapshot for `req` (origin: submit | run | schedule)."""
+        args, timeout = self._shape(req)
+        profile = await self.profiles.get(conn, req.profile or self.ps.default_profile)
+        policy = req.permission_policy or DEFAULT_POLICY
+        if policy not in POLICIES:
+            raise Invalid(f"permission_policy {policy!r} is unknown; use one of {', '.join(POLICIES)}")
+        if policy == "escalate-to-main" and origin in ("run", "schedule"):
+            what = "blocking task_run" if origin == "run" else "scheduled subtasks"
+            raise Invalid(f"escalate-to-main is unavailable for {what}: nobody could answer its permission requests; "
+                          "use task_submit and answer with permission_respond, or choose policy-allow / deny-all")
+        if profile.manifest and policy not in profile.manifest.policy.permission_policies:
+            raise Invalid(f"profile {profile.name!r} allows permission_policy {', '.join(profile.manifest.policy.permission_policies)} only")
+        native = normalize_native_args(profile.engine, policy, args, as_root=False)
+        resolved = resolve(profile.view(), Choices(req.runtime, req.model, req.reasoning_effort),
+                           self.presets(), self.ps.default_preset, session)
+        runtime = await self._runtime(conn, resolved.runtime) if resolved.runtime else None
+        if runtime is not None:
+            self._admit_runtime(runtime, profile.engine, resolved.model if resolved.sources["model"] == "explicit" else None)
+        else:
+            caps = [r.capabilities for r in await conn.execute(sa.select(runtimes.c.capabilities))]
+            if not any(profile.engine in c.get("engines", []) for c in caps):
+                raise Invalid(f"no registered runtime offers engine {profile.engine!r}; start `amux runner` on a machine that has it")
+        if profile.manifest and profile.manifest.expert.authoring == "local":
+            await self._require_authoring(conn, profile.name)
+        if profile.engine == "scripted":
+            scripted.parse(req.prompt)  # refuse a bad script now, not on the runner
+        cred_name = req.credential_profile or (profile.manifest.credential_profile if profile.manifest else None)
+        cred = None
+        if cred_name:
+            env_names = await self.credentials.check_complete(conn, cred_name, caller.principal_id, caller.principal)
+            cred = {"name": cred_name, "env": env_names}  # names only: values never enter a snapshot
+        return {
+            "profile": {"ref": profile.name, "kind": profile.kind, "digest": profile.digest,
+                        "instructions": profile.manifest.expert.instructions if profile.manifest else ""},
+            "engine": profile.engine,
+            "runtime": runtime.name if runtime is not None else None,
+            "model": resolved.model,
+            "reasoning_effort": resolved.reasoning_effort,
+            "resolution": resolved.sources,
+            "extra_args": args,
+            "native_args": native.args,
+            "native_env": native.env,
+            "permission_policy": policy,
+            "credential_profile": cred,
+            "timeout_s": timeout,
+            "subprocess": profile.engine == "scripted" and "--subprocess" in args,
+            "resume_handle": None,
+        }
+
+    def _admit_runtime(self, runtime: Any, engine: str, explicit_model: str | None) -> None:
+        """Runtime admission: engine, platform support and workspace access, before launch."""
+        caps = runtime.capabilities
+        if engine not in caps.get("engines", []):
+            raise Invalid(f"runtime {runtime.name!r} cannot launch engine {engine!r}; it offers "
+                          f"{', '.join(caps.get('engines', [])) or 'none'} — pick another runtime or omit it")
+        if caps.get("platform") not in ("linux", "darwin"):
+            raise Invalid(f"runtime {runtime.name!r} runs on {caps.get('platform')!r}, which amux cannot launch agents on; pick a linux or macOS runtime")
+        if not caps.get("workspace_writable", False):
+            raise Invalid(f"runtime {runtime.name!r} cannot write its workspace root {caps.get('workspace_root')!r}; fix its permissions or pass --workspace-root")
+        fixed = (caps.get("fixed_models") or {}).get(engine)
+        if explicit_model is not None and fixed is not None and explicit_model != fixed:
+            raise Invalid(f"runtime {runtime.name!r} serves only model {fixed!r} for {engine}; omit model or pick another runtime")
+
+    async def _require_authoring(self, conn, profile_name: str) -> None:  # noqa: ANN001
+        """Local expert authoring fails closed without an explicitly configured compatible runtime."""
+        name = self.ps.authoring_runtime
+        if not name:
+            raise Invalid(f"profile {profile_name!r} uses local expert authoring, but no authoring runtime is configured; "
+                          "set profiles.authoring_runtime to a runner that offers authoring (builtin profiles still run)")
+        row = (await conn.execute(sa.select(runtimes).where(runtimes.c.name == name))).first()
+        if row is None or row.status != "online" or not row.capabilities.get("authoring"):
+            raise Invalid(f"profile {profile_name!r} needs the authoring runtime {name!r}, which is not online with the authoring "
+                          "capability; start it, or use a builtin profile")
