@@ -1,0 +1,183 @@
+"""Claude Code adapter: `claude -p` speaking stream-json on stdout and stdin.
+
+Launch (prompt on stdin, never in argv):
+    claude -p --output-format stream-json --verbose --input-format stream-json
+           [--model M] [--effort E] [--resume SESSION_ID] <native_args>
+
+Stdin carries the Agent SDK's stream-json input: an `initialize` control request, the prompt as one
+`user` message, then one `control_response` per `can_use_tool` control request. Stdin is closed after
+the `result` message, which lets Claude exit.
+
+Stdout → canonical events:
+    system/init            → resume handle (`session_id`)
+    assistant text blocks  → `text` (top-level turn only; sub-agent text stays on the agent timeline)
+    assistant tool_use     → `tool` running; user tool_result → `tool` completed / failed
+    tool_use AskUserQuestion (or a can_use_tool request for it) → `question`, then the run fails
+    control_request can_use_tool → decided per permission_policy (see approvals.Approvals)
+    result                 → final `usage`, final text, succeeded / failed
+
+Escalation reply (Claude's control protocol, as the Agent SDK writes it):
+    {"type":"control_response","response":{"subtype":"success","request_id":R,
+     "response":{"behavior":"allow","updatedInput":{…original input…}}}}
+    {"type":"control_response","response":{"subtype":"success","request_id":R,
+     "response":{"behavior":"deny","message":"…"}}}
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+from .approvals import Approvals, Decision
+from .base import Emit, EngineResult, Job
+from .process import ChildProcess, run_child
+from .streams import launch_value, mapped_usage, tool_title
+
+QUESTION_TOOL = "AskUserQuestion"
+INIT_REQUEST = {"type": "control_request", "request_id": "amux_init", "request": {"subtype": "initialize", "hooks": None}}
+
+
+class ClaudeEngine:
+    """Run Claude Code headless and translate its stream-json."""
+
+    name = "claude"
+
+    def binary(self) -> str:
+        """Return the executable to launch (AMUX_CLAUDE_BIN overrides `claude`)."""
+        return os.environ.get("AMUX_CLAUDE_BIN") or "claude"
+
+    def available(self) -> bool:
+        """Return whether the binary is on PATH."""
+        return shutil.which(self.binary()) is not None
+
+    def argv(self, job: Job) -> list[str]:
+        """Build the command line from the frozen snapshot."""
+        snap = job.snapshot
+        argv = [self.binary(), "-p", "--output-format", "stream-json", "--verbose", "--input-format", "stream-json"]
+        for flag, key in (("--model", "model"), ("--effort", "reasoning_effort"), ("--resume", "resume_handle")):
+            value = launch_value(snap, key)
+            if value is not None:
+                argv += [flag, value]
+        return argv + [str(a) for a in snap.get("native_args") or []]
+
+    async def run(self, job: Job, emit: Emit) -> EngineResult:
+        """Launch Claude, feed it the prompt and answer its control requests until its result."""
+        try:
+            argv = self.argv(job)
+        except ValueError as e:
+            return EngineResult("failed", error=str(e))
+        return await run_child(argv, cwd=job.workspace, env=job.env, stdin=True, name=self.name,
+                               consume=lambda child: _ClaudeStream(job, emit, child).consume())
+
+
+class _ClaudeStream:
+    """One run's view of the stream: session id, open tools, text so far."""
+
+    def __init__(self, job: Job, emit: Emit, child: ChildProcess) -> None:
+        self.job, self.emit, self.child = job, emit, child
+        self.approvals = Approvals(job, emit)
+        self.session_id: str | None = job.snapshot.get("resume_handle")
+        self.tools: dict[str, tuple[str, str]] = {}
+        self.texts: list[str] = []
+
+    async def consume(self) -> EngineResult | None:
+        prompt = {"type": "user", "session_id": "", "parent_tool_use_id": None,
+                  "message": {"role": "user", "content": self.job.prompt}}
+        if await self.child.send(INIT_REQUEST) or await self.child.send(prompt):
+            return None  # it died on launch: reported with its exit code and stderr
+        async for msg in self.child.messages():
+            kind = msg.get("type")
+            if kind == "system" and msg.get("subtype") == "init" and isinstance(msg.get("session_id"), str):
+                self.session_id = msg["session_id"]
+            elif kind == "assistant":
+                ended = await self._assistant(msg)
+                if ended:
+                    return ended
+            elif kind == "user":
+                await self._tool_results(msg)
+            elif kind == "control_request":
+                ended = await self._control(msg)
+                if ended:
+                    return ended
+            elif kind == "result":
+                return await self._result(msg)
+        return None
+
+    async def _assistant(self, msg: dict[str, Any]) -> EngineResult | None:
+        top_level = msg.get("parent_tool_use_id") is None
+        for block in _blocks(msg):
+            if block.get("type") == "text" and top_level and block.get("text"):
+                self.texts.append(block["text"])
+                await self.emit("text", {"text": block["text"]})
+            elif block.get("type") == "tool_use":
+                name, args = str(block.get("name") or ""), block.get("input")
+                if name == QUESTION_TOOL:
+                    return await self._question(args)
+                tool_id = str(block.get("id") or "")
+                self.tools[tool_id] = (name, tool_title(name, args))
+                await self._tool(tool_id, "running")
+        return None
+
+    async def _tool_results(self, msg: dict[str, Any]) -> None:
+        for block in _blocks(msg):
+            if block.get("type") == "tool_result":
+                tool_id = str(block.get("tool_use_id") or "")
+                if tool_id in self.tools:
+                    await self._tool(tool_id, "failed" if block.get("is_error") else "completed")
+
+    async def _tool(self, tool_id: str, status: str) -> None:
+        name, title = self.tools[tool_id]
+        await self.emit("tool", {"tool": {"id": tool_id, "name": name, "title": title, "status": status}})
+
+    async def _control(self, msg: dict[str, Any]) -> EngineResult | None:
+        request_id, request = str(msg.get("request_id") or ""), msg.get("request") or {}
+        if request.get("subtype") != "can_use_tool":
+            await self.child.send({"type": "control_response", "response": {
+                "subtype": "error", "request_id": request_id, "error": f"amux does not serve {request.get('subtype')}"}})
+            return None
+        tool, args = str(request.get("tool_name") or ""), request.get("input") or {}
+        if tool == QUESTION_TOOL:  # a question is never an approval
+            return await self._question(args)
+        decision = await self.approvals.decide(request_id, tool, tool_title(tool, args), self.child)
+        if isinstance(decision, str):
+            return self._failed(decision)
+        failure = await self.child.send(_control_response(request_id, decision, args))
+        if failure:
+            return self._failed(f"approval reply could not be delivered: {failure}")
+        return None
+
+    async def _question(self, args: Any) -> EngineResult:
+        questions = [q for q in (args or {}).get("questions") or [] if isinstance(q, dict)]
+        text = "\n".join(str(q.get("question") or q.get("header") or "") for q in questions)
+        options = [str(o.get("label")) for q in questions for o in q.get("options") or [] if isinstance(o, dict)]
+        await self.emit("question", {"text": text, "options": options})
+        return self._failed("claude asked the user a question")
+
+    async def _result(self, msg: dict[str, Any]) -> EngineResult:
+        if isinstance(msg.get("session_id"), str):
+            self.session_id = msg["session_id"]
+        usage = mapped_usage(msg.get("usage"), {})
+        if usage:
+            await self.emit("usage", {"usage": usage})
+        text = msg["result"] if isinstance(msg.get("result"), str) else "\n".join(self.texts)
+        if msg.get("subtype") == "success" and not msg.get("is_error"):
+            return EngineResult("succeeded", text=text, json=msg.get("structured_output"), resume_handle=self.session_id)
+        errors = "; ".join(str(e) for e in msg.get("errors") or [])
+        return EngineResult("failed", text=text, resume_handle=self.session_id,
+                            error=f"claude ended with {msg.get('subtype') or 'an error'}" + (f": {errors or text}" if errors or text else ""))
+
+    def _failed(self, error: str) -> EngineResult:
+        return EngineResult("failed", text="\n".join(self.texts), error=error, resume_handle=self.session_id)
+
+
+def _blocks(msg: dict[str, Any]) -> list[dict[str, Any]]:
+    content = (msg.get("message") or {}).get("content")
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+
+
+def _control_response(request_id: str, decision: Decision, args: Any) -> dict[str, Any]:
+    if decision.allow:
+        answer: dict[str, Any] = {"behavior": "allow", "updatedInput": args}
+    else:
+        answer = {"behavior": "deny", "message": decision.message or "denied"}
+    return {"type": "control_response", "response": {"subtype": "success", "request_id": request_id, "response": answer}}
