@@ -49,6 +49,17 @@ class LeaseSettings(BaseModel):
     auto_close_quiet_s: float = 14400
 
 
+class SchedulesSettings(BaseModel):
+    """The durable scheduler (DESIGN §5, §6)."""
+
+    misfire_grace_s: float = 60.0       # a fire later than this is recorded `missed`, not dispatched
+    default_timezone: str = "UTC"       # used when a schedule names no timezone
+    poll_s: float = 0.5                 # longest sleep of the firing loop between claims
+    claim_batch: int = 500              # schedules claimed in one transaction
+    reconcile_s: float = 1.0            # reconciler period
+    unknown_after_s: float = 120.0      # a firing with no recorded dispatch result becomes `unknown` after this
+
+
 class Settings(BaseModel):
     """Everything the hub reads at start."""
 
@@ -60,6 +71,7 @@ class Settings(BaseModel):
     hub: HubSettings = Field(default_factory=HubSettings)
     leases: LeaseSettings = Field(default_factory=LeaseSettings)
     profiles: ProfileSettings = Field(default_factory=ProfileSettings)
+    schedules: SchedulesSettings = Field(default_factory=SchedulesSettings)
 
     def db_url(self) -> str:
         """Return the database URL, defaulting to SQLite in `home`."""
