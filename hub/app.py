@@ -12,6 +12,7 @@ from aiohttp import web
 from .boxes.local import LocalBoxDriver
 from .clock import Clock, SystemClock
 from .config import Settings
+from .mcp.instance_tools import instance_tools
 from .mcp.lease_tools import lease_tools
 from .mcp.server import build_mcp
 from .mcp.task_tools import task_tools
@@ -23,6 +24,8 @@ from .services.dispatch import Dispatcher
 from .services.leases import LeaseService
 from .services.notify import Notifier
 from .services.runtimes import RuntimeService
+from .services.instances import InstanceService
+from .services.sessions import SessionService
 from .services.tasks import PermissionService, TaskService
 from .store.db import Database
 from .web import boxes, health, rest
@@ -60,12 +63,19 @@ class Hub:
         self.admission = Admission(self.profiles, self.credentials, hs, settings.profiles)
         self.tasks = TaskService(self.db, self.clock, self.notifier, hs, self.admission, on_admitted=self.dispatcher.kick)
         self.permissions = PermissionService(self.db, self.clock, self.notifier)
+        self.sessions = SessionService(self.db, self.clock, self.notifier, self.admission, self.tasks,
+                                       on_admitted=self.dispatcher.kick)
+        self.instances = InstanceService(self.db, self.clock, self.notifier, self.sessions, self.tasks,
+                                         on_admitted=self.dispatcher.kick)
         self.runtimes = RuntimeService(self.db, self.clock, self.notifier, self.dispatcher, self.credentials,
+                                       self.auth, settings.public_url or f"http://{settings.listen}",
                                        on_started=lambda _t, s: self.metrics.dispatch_latency.observe(max(s, 0.0)))
         self.runner_endpoint = RunnerEndpoint(self.auth, self.runtimes, self.notifier, hs.heartbeat_s, hs.poll_s)
         self.leases = LeaseService(self.db, self.clock, settings.leases,
                                    LocalBoxDriver(settings.home / "boxes", hide=[settings.home]))
-        self.mcp = McpMount(build_mcp(self.auth, [task_tools(self.tasks, self.profiles, self.permissions), lease_tools(self.leases)]), self.auth)
+        registrars = [task_tools(self.tasks, self.profiles, self.permissions), instance_tools(self.instances),
+                      lease_tools(self.leases)]
+        self.mcp = McpMount(build_mcp(self.auth, registrars), self.auth)
 
     def web_app(self, *, background: bool = True) -> web.Application:
         """Build the aiohttp application; `background` starts the placement and reaper loops."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..errors import Invalid
 
-COMMANDS = ("say", "tool", "usage", "write", "sleep", "ask", "fail")
+COMMANDS = ("say", "tool", "usage", "write", "sleep", "ask", "fail", "env", "permission", "wait-steer")
 EXAMPLE = "say hello | tool Read 'read a file' | usage input=10 output=5 | write out.txt hi | sleep 0.5 | ask 'which branch?' | fail REASON"
 
 
@@ -32,6 +32,23 @@ def parse_line(line: str, lineno: int) -> Step | None:
         raise Invalid(f"scripted line {lineno}: unknown command {op!r}; use one of {', '.join(COMMANDS)} (e.g. {EXAMPLE})")
     if op in ("say", "ask", "fail"):
         return Step(op, (), text=rest)
+    if op == "env":
+        if not rest or " " in rest:
+            raise Invalid(f"scripted line {lineno}: `env NAME` takes one variable name, e.g. env HOME")
+        return Step(op, (rest,))
+    if op == "permission":
+        parts = _split(rest, lineno)
+        if not parts:
+            raise Invalid(f"scripted line {lineno}: `permission TOOL TITLE` needs a tool, e.g. permission Bash 'rm -rf build'")
+        return Step(op, (parts[0], " ".join(parts[1:])))
+    if op == "wait-steer":
+        try:
+            seconds = float(rest or "30")
+        except ValueError:
+            seconds = -1.0
+        if not 0 < seconds <= 3600:
+            raise Invalid(f"scripted line {lineno}: `wait-steer [SECONDS]` waits up to SECONDS (default 30) for a correction")
+        return Step(op, (), seconds=seconds)
     if op == "tool":
         parts = _split(rest, lineno)
         if not parts:

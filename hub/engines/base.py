@@ -21,6 +21,8 @@ class Job:
     env: dict[str, str] = field(default_factory=dict)
     # Decisions for `permission` events (escalate-to-main): PermissionReply items, in any order.
     permission_replies: asyncio.Queue = field(default_factory=asyncio.Queue)
+    # Corrections for the running turn (instance_steer); None when the engine cannot take steering.
+    steering: asyncio.Queue | None = None
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,14 @@ from ..errors import AmuxError
 from .base import EngineResult, Emit, Job
 
 
-async def interpret(prompt: str, workspace: Path, emit: Emit) -> EngineResult:
-    """Execute a script, emitting canonical events; the shared core of both modes."""
+async def interpret(prompt: str, workspace: Path, emit: Emit, job: Job | None = None) -> EngineResult:
+    """Execute a script, emitting canonical events; the shared core of both modes.
+
+    `job` (in-process mode) supplies the launch environment, the permission policy, permission replies
+    and steering; the subprocess reads its environment and has no reply channels.
+    """
+    env = job.env if job is not None else dict(os.environ)
+    policy = (job.snapshot.get("permission_policy") if job is not None else None) or "policy-allow"
     try:
         steps = scripted.parse(prompt)
     except AmuxError as e:
@@ -45,13 +51,48 @@ async def interpret(prompt: str, workspace: Path, emit: Emit) -> EngineResult:
             return EngineResult("failed", text="\n".join(said), error="question")
         elif step.op == "fail":
             return EngineResult("failed", text="\n".join(said), json={"lines": said}, error=step.text or "script failed")
+        elif step.op == "env":
+            value = env.get(step.args[0], "")
+            said.append(value)
+            await emit("text", {"text": value})
+        elif step.op == "permission":
+            denied = await _permission(step, policy, job, emit, len(said))
+            if denied:
+                return EngineResult("failed", text="\n".join(said), error=denied)
+        elif step.op == "wait-steer":
+            if job is None or job.steering is None:
+                return EngineResult("failed", text="\n".join(said), error="wait-steer needs the in-process engine")
+            try:
+                text = await asyncio.wait_for(job.steering.get(), step.seconds)
+            except asyncio.TimeoutError:
+                text = None
+            if text is not None:
+                said.append(text)
+                await emit("text", {"text": text})
     return EngineResult("succeeded", text="\n".join(said), json={"lines": said})
+
+
+async def _permission(step: scripted.Step, policy: str, job: Job | None, emit: Emit, n: int) -> str | None:
+    """Ask for a permission the way real engines do; return the failure text when it is denied."""
+    if policy == "policy-allow":
+        return None
+    if policy == "deny-all":
+        return f"permission for {step.args[0]} denied by policy deny-all"
+    if job is None:
+        return "escalate-to-main needs the in-process scripted engine"
+    request_id = f"perm_{n}_{step.args[0]}"
+    await emit("permission", {"request_id": request_id, "tool": step.args[0], "title": step.args[1]})
+    while True:
+        reply = await job.permission_replies.get()
+        if reply.request_id == request_id:
+            return None if reply.allow else f"permission for {step.args[0]} denied: {reply.message or 'no reason given'}"
 
 
 class ScriptedEngine:
     """Run scripts in-process, or in `python -m hub.engines.scripted` when the snapshot asks for a subprocess."""
 
     name = "scripted"
+    accepts_steering = True
 
     def available(self) -> bool:
         """Always available: it needs nothing but Python."""
@@ -60,7 +101,7 @@ class ScriptedEngine:
     async def run(self, job: Job, emit: Emit) -> EngineResult:
         """Run in-process or as a subprocess, per the snapshot."""
         if not job.snapshot.get("subprocess"):
-            return await interpret(job.prompt, job.workspace, emit)
+            return await interpret(job.prompt, job.workspace, emit, job)
         return await run_subprocess(job, emit)
 
 

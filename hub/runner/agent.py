@@ -36,6 +36,7 @@ class _Held:
     pending_events: list[p.Event] = field(default_factory=list)
     task: asyncio.Task | None = None
     replies: asyncio.Queue = field(default_factory=asyncio.Queue)
+    steering: asyncio.Queue | None = None
     cancel_intent: bool = False
     finished: bool = False
 
@@ -207,6 +208,14 @@ class Runner:
             h = self.held.get(answer.task_id)
             if h is not None:
                 h.replies.put_nowait(PermissionReply(answer.request_id, answer.allow, answer.message))
+        elif kind == "steer":
+            steer = p.Steer.model_validate(msg)
+            h = self.held.get(steer.task_id)
+            delivered = h is not None and h.steering is not None and h.task is not None and not h.task.done()
+            if delivered:
+                h.steering.put_nowait(steer.text)
+            if self.ws is not None and not self.ws.closed:
+                await self.ws.send_json(p.Steered(task_id=steer.task_id, steer_id=steer.steer_id, delivered=delivered).model_dump())
         elif kind == "cancel":
             h = self.held.get(msg["task_id"])
             if h and h.task and not h.task.done():
@@ -266,14 +275,15 @@ class Runner:
 
     async def _execute(self, h: _Held, d: p.Dispatch) -> None:
         await self._send(h, {**p.Accepted(task_id=d.task_id, attempt=d.attempt).model_dump(), "rseq": 0})
-        workspace = self.workspace_root / d.task_id
+        # A session's turns and an instance's runs share the session's workspace; a plain task gets its own.
+        workspace = self.workspace_root / (d.snapshot.get("workspace_key") or d.task_id)
         workspace.mkdir(parents=True, exist_ok=True)
         before = snapshot_tree(workspace)
         engine = self.engines.get(d.snapshot.get("engine", ""))
         last_usage: dict | None = None
         asked = False
 
-        redact = Redactor(d.env.values())
+        redact = Redactor(v for k, v in d.env.items() if k not in ("AMUX_SESSION_ID", "AMUX_HUB_URL"))
 
         async def emit(kind: str, payload: dict) -> None:
             nonlocal last_usage, asked
@@ -294,8 +304,10 @@ class Runner:
             if engine is None:
                 result = EngineResult("failed", error=f"engine {d.snapshot.get('engine')!r} is not installed on runner {self.name}")
             else:
+                if getattr(engine, "accepts_steering", False):
+                    h.steering = asyncio.Queue()
                 job = Job(d.task_id, d.attempt, launch_prompt(d), d.snapshot, workspace, env=launch_env(d),
-                          permission_replies=h.replies)
+                          permission_replies=h.replies, steering=h.steering)
                 result = await asyncio.wait_for(engine.run(job, emit), timeout=float(d.snapshot.get("timeout_s") or 3600))
             outcome = result.outcome
             if asked:
@@ -314,8 +326,9 @@ class Runner:
         fin = p.Finished(
             task_id=d.task_id, attempt=d.attempt, rseq=h.rseq, outcome=outcome, result_text=redact.scrub(result.text or ""),
             result_json=redact.scrub(result.json), error=redact.scrub(result.error), usage=last_usage,
-            changed_files=diff_trees(before, snapshot_tree(workspace)),
+            changed_files=diff_trees(before, snapshot_tree(workspace)), resume_handle=result.resume_handle,
         )
+        h.steering = None
         h.finished = True
         await self._send(h, fin.model_dump())
 

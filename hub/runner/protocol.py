@@ -101,6 +101,25 @@ class Finished(BaseModel):
     error: str | None = None
     usage: dict[str, int] | None = None
     changed_files: dict[str, list[str]] = Field(default_factory=lambda: {"created": [], "modified": [], "deleted": []})
+    resume_handle: str | None = None
+
+
+class Steer(BaseModel):
+    """Hub → runner: a correction for the running turn of this task (idempotent by steer id)."""
+
+    type: Literal["steer"] = "steer"
+    task_id: str
+    steer_id: str
+    text: str
+
+
+class Steered(BaseModel):
+    """Runner → hub: whether the running turn took the correction."""
+
+    type: Literal["steered"] = "steered"
+    task_id: str
+    steer_id: str
+    delivered: bool
 
 
 class Ack(BaseModel):
@@ -125,5 +144,5 @@ class ErrorMsg(BaseModel):
     message: str
 
 
-RUNNER_MESSAGES = {m.model_fields["type"].default: m for m in (Register, Accepted, Events, Finished, Heartbeat)}
-HUB_MESSAGES = {m.model_fields["type"].default: m for m in (Registered, Dispatch, Cancel, PermissionAnswer, Ack, ErrorMsg)}
+RUNNER_MESSAGES = {m.model_fields["type"].default: m for m in (Register, Accepted, Events, Finished, Steered, Heartbeat)}
+HUB_MESSAGES = {m.model_fields["type"].default: m for m in (Registered, Dispatch, Cancel, PermissionAnswer, Steer, Ack, ErrorMsg)}

@@ -49,8 +49,10 @@ class Admission:
         """Return configured builtin launch presets."""
         return {k: Preset(v.runtime, v.model, v.reasoning_effort) for k, v in self.ps.presets.items()}
 
-    def _shape(self, req: SubmitRequest) -> tuple[list[str], float]:
-        if not isinstance(req.prompt, str) or not req.prompt.strip():
+    def _shape(self, req: SubmitRequest, origin: str) -> tuple[list[str], float]:
+        if origin in ("session", "instance") and req.prompt == "":
+            pass  # a session or instance is admitted before its first prompt; each prompt is checked when sent
+        elif not isinstance(req.prompt, str) or not req.prompt.strip():
             raise Invalid("prompt is empty; pass the work to do as `prompt`")
         size = len(req.prompt.encode())
         if size > self.hub.max_prompt_bytes:
@@ -77,7 +79,7 @@ class Admission:
     async def freeze(self, conn, caller: Caller, req: SubmitRequest, *, origin: str = "submit",  # noqa: ANN001
                      session: SessionContext | None = None) -> dict[str, Any]:
         """Return the resolved execution snapshot for `req` (origin: submit | run | schedule)."""
-        args, timeout = self._shape(req)
+        args, timeout = self._shape(req, origin)
         profile = await self.profiles.get(conn, req.profile or self.ps.default_profile)
         policy = req.permission_policy or DEFAULT_POLICY
         if policy not in POLICIES:
@@ -100,8 +102,7 @@ class Admission:
                 raise Invalid(f"no registered runtime offers engine {profile.engine!r}; start `amux runner` on a machine that has it")
         if profile.manifest and profile.manifest.expert.authoring == "local":
             await self._require_authoring(conn, profile.name)
-        if profile.engine == "scripted":
-            scripted.parse(req.prompt)  # refuse a bad script now, not on the runner
+        self.check_prompt(profile.engine, req.prompt)
         cred_name = req.credential_profile or (profile.manifest.credential_profile if profile.manifest else None)
         cred = None
         if cred_name:
@@ -124,6 +125,11 @@ class Admission:
             "subprocess": profile.engine == "scripted" and "--subprocess" in args,
             "resume_handle": None,
         }
+
+    def check_prompt(self, engine: str, prompt: str) -> None:
+        """Refuse a prompt the engine can't take (a bad script for `scripted`) now, not on the runner."""
+        if engine == "scripted":
+            scripted.parse(prompt)
 
     def _admit_runtime(self, runtime: Any, engine: str, explicit_model: str | None) -> None:
         """Runtime admission: engine, platform support and workspace access, before launch."""

@@ -71,6 +71,18 @@ class AuthService:
         await conn.execute(principals.insert().values(id=pid, kind=kind, name=name, created_at=self.clock.now()))
         return pid
 
+    async def mint_in(self, conn, principal_id: str, label: str, *, replace: bool = False) -> str:  # noqa: ANN001
+        """Mint a token for an existing principal inside the caller's transaction (replace: revoke others with the label)."""
+        now = self.clock.now()
+        if replace:
+            await conn.execute(api_tokens.update().where(api_tokens.c.label == label, api_tokens.c.revoked_at.is_(None))
+                               .values(revoked_at=now))
+        token_id = new_id("tok")
+        secret = secrets.token_urlsafe(32)
+        await conn.execute(api_tokens.insert().values(
+            id=token_id, principal_id=principal_id, label=label, token_hash=hash_secret(secret), admin=False, created_at=now))
+        return f"{TOKEN_PREFIX}.{token_id.split('_', 1)[1]}.{secret}"
+
     async def create_token(self, principal: str, label: str | None = None, admin: bool = False, kind: str = "user") -> str:
         """Create a token for `principal` (created if new) and return its plaintext, shown once."""
         principal = principal.strip()

@@ -70,15 +70,24 @@ class Dispatcher:
                 return 0  # nothing fits: don't read the queue at all
             # Read a few times the free capacity, so tasks no free runtime is eligible for can't starve the rest.
             queued = (await conn.execute(self.db.for_update(
-                sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.snapshot, task_runs.c.attempt)
+                sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.snapshot, task_runs.c.attempt,
+                          task_runs.c.session_id)
                 .where(task_runs.c.status == Status.QUEUED.value)
                 .order_by(task_runs.c.created_at).limit(min(batch, capacity * 4)), skip_locked=True))).all()
+            # One run at a time per session: a session's turns (and an instance's runs) go in order.
+            busy = {r.session_id for r in await conn.execute(sa.select(task_runs.c.session_id).where(
+                task_runs.c.status.in_([Status.DISPATCHED.value, Status.RUNNING.value]),
+                task_runs.c.session_id.is_not(None)))} if any(t.session_id for t in queued) else set()
             res_rows, task_rows = [], []
             expires = now + timedelta(seconds=self.settings.reservation_ttl_s)
             for task in queued:
+                if task.session_id and task.session_id in busy:
+                    continue
                 candidates = [r for r in online if free[r.id] > 0 and eligible(task, r)]
                 if not candidates:
                     continue
+                if task.session_id:
+                    busy.add(task.session_id)
                 rt = max(candidates, key=lambda r: free[r.id])  # spread load
                 free[rt.id] -= 1
                 attempt = task.attempt + 1

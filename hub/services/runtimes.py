@@ -16,8 +16,8 @@ from ..errors import AmuxError, Conflict, Invalid
 from ..ids import new_id
 from ..runner import protocol as p
 from ..store.db import Database
-from ..store.tables import permission_replies, reservations, runtimes, task_events, task_runs
-from .auth import Caller
+from ..store.tables import mailbox, permission_replies, reservations, runtimes, sessions, task_events, task_runs
+from .auth import AuthService, Caller
 from .credentials import CredentialService
 from .dispatch import Dispatcher
 from .notify import Notifier
@@ -41,12 +41,15 @@ class RuntimeService:
     """Apply runner messages to the store; every method is idempotent under resends."""
 
     def __init__(self, db: Database, clock: Clock, notifier: Notifier, dispatcher: Dispatcher,
-                 credentials: CredentialService, on_started=None) -> None:  # noqa: ANN001
+                 credentials: CredentialService, auth: AuthService | None = None, hub_url: str = "",
+                 on_started=None) -> None:  # noqa: ANN001
         self.db = db
         self.clock = clock
         self.notifier = notifier
         self.dispatcher = dispatcher
         self.credentials = credentials
+        self.auth = auth
+        self.hub_url = hub_url
         self.on_started = on_started or (lambda task_id, latency: None)
 
     async def register(self, caller: Caller, msg: p.Register) -> tuple[str, str, list[str]]:
@@ -128,6 +131,11 @@ class RuntimeService:
                 elif isinstance(msg, p.Finished):
                     ok = await self._finished(conn, runtime_id, msg, now, fx)
                     replies.append(p.Ack(task_id=msg.task_id, rseq=msg.rseq, drop=not ok).model_dump())
+                elif isinstance(msg, p.Steered):
+                    # Taken by the running turn, or back to the mailbox for a later wake.
+                    await conn.execute(mailbox.update().where(mailbox.c.id == msg.steer_id, mailbox.c.state == "pending")
+                                       .values(state="delivered" if msg.delivered else "queued", settled_at=now,
+                                               task_id=msg.task_id if msg.delivered else None))
         for task_id, latency in fx.started:
             self.on_started(task_id, latency)
         for task_id in fx.changed:
@@ -173,6 +181,9 @@ class RuntimeService:
                 reservations.c.task_id == row.id, reservations.c.attempt == msg.attempt,
                 reservations.c.state == "pending").values(state="committed"))
             fx.started.append((row.id, (now - utc(row.created_at)).total_seconds()))
+            if row.session_id:  # the session's runtime is sticky from its first run
+                await conn.execute(sessions.update().where(sessions.c.id == row.session_id, sessions.c.runtime_id.is_(None))
+                                   .values(runtime_id=runtime_id))
         fx.changed.add(row.id)
         return "cancel" if row.cancel_requested_at is not None else "ok"
 
@@ -214,10 +225,18 @@ class RuntimeService:
             await finish_task(conn, row.id, Status(msg.outcome), now, error=msg.error,
                               result_text=msg.result_text, result_json=msg.result_json,
                               usage=msg.usage or row.usage_json, changed_files=msg.changed_files,
-                              last_rseq=msg.rseq)
+                              last_rseq=msg.rseq, resume_handle=msg.resume_handle)
+            if row.session_id and msg.resume_handle:
+                await conn.execute(sessions.update().where(sessions.c.id == row.session_id)
+                                   .values(resume_handle=msg.resume_handle, updated_at=now))
             fx.freed = True
         fx.changed.add(row.id)
         return True
+
+    async def coordination_env(self, conn, owner_id: str, session_id: str) -> dict[str, str]:  # noqa: ANN001
+        """What a child session needs to delegate back: its id, the hub address, a token labeled amux-session:<id>."""
+        token = await self.auth.mint_in(conn, owner_id, f"amux-session:{session_id}", replace=True)
+        return {"AMUX_SESSION_ID": session_id, "AMUX_HUB_URL": self.hub_url, "AMUX_TOKEN": token}
 
     async def outgoing(self, runtime_id: str, conn_id: str, cancels_sent: set[str]) -> list[dict]:
         """Return dispatches and cancels this connection should send now (and mark dispatches sent)."""
@@ -229,7 +248,7 @@ class RuntimeService:
                 return out
             pending = (await conn.execute(
                 sa.select(reservations.c.id, task_runs.c.id.label("task_id"), task_runs.c.attempt,
-                          task_runs.c.prompt, task_runs.c.snapshot, task_runs.c.owner_id)
+                          task_runs.c.prompt, task_runs.c.snapshot, task_runs.c.owner_id, task_runs.c.session_id)
                 .join(task_runs, task_runs.c.id == reservations.c.task_id)
                 .where(reservations.c.runtime_id == runtime_id, reservations.c.state == "pending",
                        reservations.c.sent_at.is_(None), task_runs.c.status == Status.DISPATCHED.value))).all()
@@ -254,8 +273,17 @@ class RuntimeService:
                 except AmuxError as e:  # e.g. the value was deleted or the key changed since admission
                     await finish_task(conn, r.task_id, Status.FAILED, now, error=e.message)
                     continue
+                if r.session_id and self.auth is not None:
+                    env.update(await self.coordination_env(conn, r.owner_id, r.session_id))
                 out.append(p.Dispatch(task_id=r.task_id, attempt=r.attempt, prompt=r.prompt, snapshot=r.snapshot,
                                       env=env).model_dump())
+            steers = (await conn.execute(
+                sa.select(mailbox.c.id, mailbox.c.task_id, mailbox.c.text).join(task_runs, task_runs.c.id == mailbox.c.task_id)
+                .where(mailbox.c.kind == "steer", mailbox.c.state == "pending", mailbox.c.sent_at.is_(None),
+                       task_runs.c.runtime_id == runtime_id))).all()
+            for st in steers:
+                await conn.execute(mailbox.update().where(mailbox.c.id == st.id).values(sent_at=now))
+                out.append(p.Steer(task_id=st.task_id, steer_id=st.id, text=st.text).model_dump())
         for a in answers:
             out.append(p.PermissionAnswer(task_id=a.task_id, request_id=a.request_id, allow=a.allow,
                                           message=a.message or "").model_dump())

@@ -15,7 +15,11 @@ from ..store.db import Database
 from ..store.tables import permission_replies, reservations, runtimes, task_events, task_runs
 from .admission import Admission, SubmitRequest
 from .auth import Caller
+from .delegation import SESSION_LABEL, delegation_parent
 from .notify import Notifier
+
+# A coordinating parent agent is not woken for pure tool or usage updates (seed: coordination wait).
+QUIET_FOR_COORDINATION = ("tool", "usage")
 
 __all__ = ["PermissionService", "SubmitRequest", "TaskService", "finish_task", "task_key"]
 
@@ -40,20 +44,22 @@ class TaskService:
     async def submit(self, caller: Caller, req: SubmitRequest, *, origin: str = "submit") -> dict:
         """Admit a Task: validate, resolve, freeze its snapshot and queue it for dispatch."""
         async with self.db.read() as conn:
-            snapshot = await self.admission.freeze(conn, caller, req, origin=origin)
+            parent, parent_turn, context = await delegation_parent(conn, caller)
+            snapshot = await self.admission.freeze(conn, caller, req, origin=origin, session=context)
         now = self.clock.now()
         task_id = new_id("tr")
         async with self.db.write() as conn:
             await conn.execute(task_runs.insert().values(
                 id=task_id, owner_id=caller.principal_id, name=req.name, prompt=req.prompt, snapshot=snapshot,
                 status=Status.QUEUED, attempt=0, event_seq=0, last_rseq=0, created_at=now,
+                parent_session_id=parent, parent_turn_id=parent_turn,
             ))
         self.on_admitted()
         return {"task_id": task_id, "status": Status.QUEUED.value}
 
     async def _row(self, conn, caller: Caller, task_id: str) -> Any:  # noqa: ANN001
         row = (await conn.execute(sa.select(task_runs).where(task_runs.c.id == task_id))).first()
-        if row is None or (row.owner_id != caller.principal_id and not caller.admin):
+        if row is None or (row.owner_id != caller.principal_id and not caller.admin) or row.kind != "task":
             raise NotFound(f"task {task_id!r} does not exist or is not yours; list your tasks with `amux task list`")
         return row
 
@@ -103,11 +109,17 @@ class TaskService:
         """Return new events (or terminal status) as soon as there are any, else after `timeout_s`; never cancels."""
         timeout_s = max(0.0, min(float(timeout_s), 600.0))
         loop_deadline = _monotonic() + timeout_s
+        quiet = QUIET_FOR_COORDINATION if caller.label and caller.label.startswith(SESSION_LABEL) else ()
+        seen: list[dict] = []
         while True:
             ans = await self.events(caller, task_id, cursor)
+            seen += ans["events"]
+            cursor = ans["cursor"]  # the cursor advances over every event, quiet ones included
             remaining = loop_deadline - _monotonic()
-            if ans["events"] or ans["done"] or remaining <= 0:
-                ans["timed_out"] = not (ans["events"] or ans["done"])
+            wake = any(e["type"] not in quiet for e in ans["events"])
+            if wake or ans["done"] or remaining <= 0:
+                ans["events"] = seen
+                ans["timed_out"] = not (wake or ans["done"])
                 return ans
             await self.notifier.wait(task_key(task_id), min(remaining, self.settings.poll_s * 4))
 
@@ -151,7 +163,7 @@ class TaskService:
         async with self.db.read() as conn:
             rows = (await conn.execute(
                 sa.select(task_runs.c.id, task_runs.c.name, task_runs.c.status, task_runs.c.created_at)
-                .where(task_runs.c.owner_id == caller.principal_id)
+                .where(task_runs.c.owner_id == caller.principal_id, task_runs.c.kind == "task")
                 .order_by(task_runs.c.created_at.desc()).limit(max(1, min(limit, 500)))
             )).all()
         return [{"task_id": r.id, "name": r.name, "status": r.status, "created_at": _iso(r.created_at)} for r in rows]
@@ -159,11 +171,12 @@ class TaskService:
 
 async def finish_task(conn, task_id: str, status: Status, now, *, error: str | None = None,  # noqa: ANN001
                       result_text: str | None = None, result_json: Any = None, usage: Any = None,
-                      changed_files: Any = None, last_rseq: int | None = None) -> bool:
+                      changed_files: Any = None, last_rseq: int | None = None, resume_handle: str | None = None) -> bool:
     """Move an active task to a terminal status and release its reservation; False if it was already terminal."""
     values: dict[str, Any] = {"status": status.value, "outcome": status.value, "finished_at": now}
     for key, val in (("error", error), ("result_text", result_text), ("result_json", result_json),
-                     ("usage_json", usage), ("changed_files", changed_files), ("last_rseq", last_rseq)):
+                     ("usage_json", usage), ("changed_files", changed_files), ("last_rseq", last_rseq),
+                     ("resume_handle", resume_handle)):
         if val is not None:
             values[key] = val
     res = await conn.execute(

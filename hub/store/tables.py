@@ -67,7 +67,13 @@ task_runs = sa.Table(
     sa.Column("parent_session_id", sa.String(40)),
     sa.Column("parent_turn_id", sa.String(40)),
     sa.Column("instance_id", sa.String(40)),
+    sa.Column("kind", sa.String(16), nullable=False, server_default="task"),  # task | turn
+    sa.Column("session_id", sa.String(40)),
+    sa.Column("turn_seq", sa.Integer),
+    sa.Column("resume_handle", sa.String(400)),
     sa.Index("ix_task_runs_owner_created", "owner_id", "created_at"),
+    sa.Index("ix_task_runs_session", "session_id", "turn_seq"),
+    sa.Index("ix_task_runs_instance", "instance_id", "created_at"),
     sa.Index("ix_task_runs_status_created", "status", "created_at"),
 )
 
@@ -167,6 +173,62 @@ permission_replies = sa.Table(
     sa.Column("message", sa.Text),
     sa.Column("created_at", TS, nullable=False),
     sa.Column("sent_at", TS),
+)
+
+sessions = sa.Table(
+    "sessions", metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("name", sa.String(200)),
+    sa.Column("owner_id", sa.String(40), sa.ForeignKey("principals.id"), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("source", sa.String(32), nullable=False),
+    sa.Column("engine", sa.String(32), nullable=False),
+    sa.Column("model", sa.String(200)),
+    sa.Column("reasoning_effort", sa.String(16)),
+    sa.Column("snapshot", sa.JSON, nullable=False),
+    sa.Column("runtime_id", sa.String(40)),
+    sa.Column("resume_handle", sa.String(400)),
+    sa.Column("parent_session_id", sa.String(40)),
+    sa.Column("turns", sa.Integer, nullable=False),
+    sa.Column("memory_scope", sa.String(200)),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("updated_at", TS, nullable=False),
+    sa.Index("ix_sessions_owner_name", "owner_id", "name"),
+)
+
+instances = sa.Table(
+    "instances", metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("owner_id", sa.String(40), sa.ForeignKey("principals.id"), nullable=False),
+    sa.Column("name", sa.String(200)),
+    sa.Column("session_id", sa.String(40), nullable=False),
+    sa.Column("snapshot", sa.JSON, nullable=False),
+    sa.Column("archived_at", TS),
+    sa.Column("current_task_id", sa.String(40)),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("updated_at", TS, nullable=False),
+)
+
+mailbox = sa.Table(
+    "mailbox", metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("instance_id", sa.String(40), sa.ForeignKey("instances.id"), nullable=False),
+    sa.Column("text", sa.Text, nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("task_id", sa.String(40)),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("sent_at", TS),
+    sa.Column("settled_at", TS),
+    sa.Index("ix_mailbox_instance_state", "instance_id", "state"),
+)
+
+memory = sa.Table(
+    "memory", metadata,
+    sa.Column("scope", sa.String(200), primary_key=True),
+    sa.Column("key", sa.String(200), primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+    sa.Column("updated_at", TS, nullable=False),
 )
 
 schedules = sa.Table(
