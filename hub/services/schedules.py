@@ -1,0 +1,267 @@
+"""Schedule definitions: create, read, update, pause, resume, delete, history (the firing loop is in schedule_firing)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from ..clock import Clock, utc
+from ..config import SchedulesSettings
+from ..domain import schedule_rules as rules
+from ..errors import Invalid, NotFound
+from ..ids import new_id
+from ..store.db import Database
+from ..store.tables import firings, principals, schedules
+from .admission import Admission, SubmitRequest
+from .auth import Caller
+from .schedule_ports import SessionPort
+
+TYPES = ("subtask", "session-prompt")
+CHOICES = ("profile", "runtime", "model", "reasoning_effort", "extra_args", "permission_policy",
+           "credential_profile", "timeout_s")
+NO_SESSIONS = ("session-prompt schedules need Sessions, which this hub does not offer yet; "
+               "use schedule_type \"subtask\" (the default) to submit a child Task instead")
+
+
+@dataclass
+class ScheduleSpec:
+    """What a caller asks for; every field may be omitted on update (None = keep)."""
+
+    name: str | None = None
+    prompt: str | None = None
+    rule: str | None = None
+    timezone: str | None = None
+    schedule_type: str | None = None
+    session_ref: str | None = None
+    profile: str | None = None
+    runtime: str | None = None
+    model: str | None = None
+    reasoning_effort: str | None = None
+    extra_args: list[str] | None = None
+    permission_policy: str | None = None
+    credential_profile: str | None = None
+    timeout_s: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ScheduleSpec":
+        """Build from a JSON object, refusing unknown fields."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise Invalid(f"unknown fields {sorted(unknown)}; a schedule takes {sorted(known)}")
+        return cls(**data)
+
+
+def provenance_of(caller: Caller, source: str) -> dict[str, Any]:
+    """Freeze how the creator was authenticated (a Feishu Turn receipt will add its own fields)."""
+    return {"source": source, "token_id": caller.token_id, "label": caller.label, "principal": caller.principal}
+
+
+def submit_request(row: Any) -> SubmitRequest:
+    """Return the Task request a subtask schedule makes: the caller's choices as given, defaults left open."""
+    return SubmitRequest(prompt=row.prompt, profile=row.profile, runtime=row.runtime, model=row.model,
+                         extra_args=row.extra_args, timeout_s=row.timeout_s, name=row.name,
+                         reasoning_effort=row.reasoning_effort, permission_policy=row.permission_policy,
+                         credential_profile=row.credential_profile)
+
+
+def _iso(dt: datetime | None) -> str | None:
+    dt = utc(dt)
+    return dt.isoformat() if dt else None
+
+
+class ScheduleService:
+    """Keep schedule definitions; each trigger resolves content and omitted defaults again (schedule_firing)."""
+
+    def __init__(self, db: Database, clock: Clock, settings: SchedulesSettings, admission: Admission,
+                 sessions: SessionPort | None = None, on_changed=None) -> None:  # noqa: ANN001
+        self.db = db
+        self.clock = clock
+        self.settings = settings
+        self.admission = admission
+        self.sessions = sessions
+        self.on_changed = on_changed or (lambda: None)
+
+    # ------------------------------------------------------------ validation
+
+    async def _validate(self, caller: Caller, s: ScheduleSpec, now: datetime, anchor: datetime) -> datetime | None:
+        if s.schedule_type not in TYPES:
+            raise Invalid(f"schedule_type {s.schedule_type!r} is unknown; use \"subtask\" (default) or \"session-prompt\"")
+        if not isinstance(s.name, str) or not s.name.strip() or len(s.name) > 200:
+            raise Invalid("name must be a non-empty string of at most 200 characters")
+        if not isinstance(s.prompt, str) or not s.prompt.strip():
+            raise Invalid("prompt is empty; pass what each firing should ask as `prompt`")
+        rule = rules.parse(s.rule, s.timezone)
+        first = rules.first_fire(rule, now, anchor)
+        if first is None:
+            raise Invalid(f"rule {s.rule!r} has no future fire time; pick a time after {now.isoformat()}")
+        if s.schedule_type == "session-prompt":
+            if self.sessions is None:
+                raise Invalid(NO_SESSIONS)
+            given = [k for k in CHOICES if getattr(s, k) not in (None, [])]
+            if given:
+                raise Invalid(f"a session-prompt uses its Session's execution settings; omit {', '.join(given)} "
+                              "(or use schedule_type \"subtask\")")
+            if not s.session_ref:
+                raise Invalid("session-prompt needs session_ref (or AMUX_SESSION_ID for the CLI); list sessions to find one")
+            s.session_ref = await self.sessions.resolve_ref(caller, s.session_ref)
+            if len(s.prompt.encode()) > self.admission.hub.max_prompt_bytes:
+                raise Invalid(f"prompt is larger than {self.admission.hub.max_prompt_bytes} bytes; put large inputs in files")
+        else:
+            if s.session_ref:
+                raise Invalid("session_ref applies to session-prompt schedules only; omit it or pass schedule_type \"session-prompt\"")
+            async with self.db.read() as conn:  # same rules and defaults as Task submission, at each trigger too
+                await self.admission.freeze(conn, caller, submit_request(s), origin="schedule")
+        return first
+
+    # ------------------------------------------------------------ commands
+
+    async def create(self, caller: Caller, spec: ScheduleSpec, *, source: str = "mcp") -> dict:
+        """Create a schedule; the creator and provenance are frozen from the authenticated caller."""
+        spec = ScheduleSpec(**asdict(spec))
+        spec.schedule_type = spec.schedule_type or "subtask"
+        spec.timezone = spec.timezone or self.settings.default_timezone
+        if spec.name is None and isinstance(spec.prompt, str):
+            spec.name = " ".join(spec.prompt.split())[:60] or None
+        now = self.clock.now()
+        first = await self._validate(caller, spec, now, now)
+        sid = new_id("sch")
+        values = {k: getattr(spec, k) for k in ("name", "prompt", "rule", "timezone", "session_ref") + CHOICES}
+        values["rule"] = rules.parse(spec.rule, spec.timezone).text
+        async with self.db.write() as conn:
+            await conn.execute(schedules.insert().values(
+                id=sid, creator_id=caller.principal_id, creator_binding_id=None, app_id=None,
+                provenance=provenance_of(caller, source), type=spec.schedule_type, paused=False,
+                next_fire_at=first, created_at=now, updated_at=now, **values))
+        self.on_changed()
+        return await self.get(caller, sid)
+
+    async def _row(self, conn, caller: Caller, schedule_id: str, *, lock: bool = False) -> Any:  # noqa: ANN001
+        stmt = sa.select(schedules).where(schedules.c.id == schedule_id, schedules.c.deleted_at.is_(None))
+        row = (await conn.execute(self.db.for_update(stmt) if lock else stmt)).first()
+        if row is None or (row.creator_id != caller.principal_id and not caller.admin):
+            raise NotFound(f"schedule {schedule_id!r} does not exist or is not yours; list yours with schedule_list")
+        return row
+
+    async def update(self, caller: Caller, schedule_id: str, spec: ScheduleSpec) -> dict:
+        """Change a definition; given fields replace the saved ones ("" clears a choice), the rule restarts from now."""
+        now = self.clock.now()
+        async with self.db.read() as conn:
+            row = await self._row(conn, caller, schedule_id)
+        merged = ScheduleSpec(schedule_type=row.type, **{k: getattr(row, k) for k in
+                              ("name", "prompt", "rule", "timezone", "session_ref") + CHOICES})
+        changed = {}
+        for f in fields(ScheduleSpec):
+            value = getattr(spec, f.name)
+            if value is None:
+                continue
+            if f.name == "schedule_type" and value != row.type:
+                raise Invalid("schedule_type cannot change; delete this schedule and create a new one")
+            value = None if value == "" and f.name in CHOICES + ("session_ref",) else value
+            setattr(merged, f.name, value)
+            changed[f.name] = value
+        if not changed:
+            raise Invalid("nothing to update; pass at least one field to change")
+        first = await self._validate(caller, merged, now, utc(row.created_at))
+        values = {k: getattr(merged, k) for k in ("name", "prompt", "timezone", "session_ref") + CHOICES}
+        values["rule"] = rules.parse(merged.rule, merged.timezone).text
+        if {"rule", "timezone"} & set(changed):
+            values["next_fire_at"] = None if row.paused else first
+        async with self.db.write() as conn:
+            await self._row(conn, caller, schedule_id, lock=True)
+            await conn.execute(schedules.update().where(schedules.c.id == schedule_id).values(updated_at=now, **values))
+        self.on_changed()
+        return await self.get(caller, schedule_id)
+
+    async def pause(self, caller: Caller, schedule_id: str) -> dict:
+        """Stop future dispatch; an already admitted Task keeps running."""
+        return await self._set_paused(caller, schedule_id, True)
+
+    async def resume(self, caller: Caller, schedule_id: str) -> dict:
+        """Dispatch again from the next future fire time (times passed while paused are not missed runs)."""
+        return await self._set_paused(caller, schedule_id, False)
+
+    async def _set_paused(self, caller: Caller, schedule_id: str, paused: bool) -> dict:
+        now = self.clock.now()
+        async with self.db.write() as conn:
+            row = await self._row(conn, caller, schedule_id, lock=True)
+            values: dict[str, Any] = {"paused": paused, "updated_at": now}
+            if not paused and row.paused:
+                rule = rules.parse(row.rule, row.timezone)
+                values["next_fire_at"] = rules.next_after(rule, now, utc(row.created_at))
+            await conn.execute(schedules.update().where(schedules.c.id == schedule_id).values(**values))
+        self.on_changed()
+        return await self.get(caller, schedule_id)
+
+    async def delete(self, caller: Caller, schedule_id: str) -> dict:
+        """Delete a schedule (its history stays); an already admitted Task keeps running."""
+        now = self.clock.now()
+        async with self.db.write() as conn:
+            await self._row(conn, caller, schedule_id, lock=True)
+            await conn.execute(schedules.update().where(schedules.c.id == schedule_id)
+                               .values(deleted_at=now, next_fire_at=None, updated_at=now))
+        return {"schedule_id": schedule_id, "deleted": True}
+
+    # ------------------------------------------------------------ reads
+
+    async def get(self, caller: Caller, schedule_id: str) -> dict:
+        """Return a schedule with its saved choices as given."""
+        async with self.db.read() as conn:
+            row = await self._row(conn, caller, schedule_id)
+            creator = (await conn.execute(sa.select(principals.c.name).where(principals.c.id == row.creator_id))).scalar()
+        return self._view(row, creator)
+
+    async def list(self, caller: Caller, limit: int = 100, all_principals: bool = False) -> list[dict]:
+        """Return the caller's schedules (an admin may ask for everyone's), newest first."""
+        stmt = (sa.select(schedules, principals.c.name.label("creator_name"))
+                .outerjoin(principals, principals.c.id == schedules.c.creator_id)
+                .where(schedules.c.deleted_at.is_(None)).order_by(schedules.c.created_at.desc())
+                .limit(max(1, min(int(limit), 1000))))
+        if not (all_principals and caller.admin):
+            stmt = stmt.where(schedules.c.creator_id == caller.principal_id)
+        async with self.db.read() as conn:
+            rows = (await conn.execute(stmt)).all()
+        return [self._view(r, r.creator_name) for r in rows]
+
+    @staticmethod
+    def _view(row: Any, creator: str | None) -> dict:
+        one_shot = row.rule.lower().startswith("at ")
+        return {
+            "schedule_id": row.id, "name": row.name, "schedule_type": row.type, "session_ref": row.session_ref,
+            "prompt": row.prompt, "rule": row.rule, "timezone": row.timezone, "one_shot": one_shot,
+            "paused": row.paused, "next_fire_at": _iso(row.next_fire_at),
+            "consumed": one_shot and row.next_fire_at is None and not row.paused,
+            **{k: getattr(row, k) for k in CHOICES},
+            "creator": creator, "creator_id": row.creator_id, "app_id": row.app_id,
+            "created_at": _iso(row.created_at), "updated_at": _iso(row.updated_at),
+        }
+
+    async def history(self, caller: Caller, schedule_id: str, cursor: int = 0, limit: int = 50) -> dict:
+        """Return firings newest first: nominal time, admission, Task or Turn, reconciled outcome."""
+        if not isinstance(cursor, int) or cursor < 0:
+            raise Invalid("cursor must be a non-negative integer (the next_cursor of the previous page, or 0)")
+        limit = max(1, min(int(limit), 500))
+        async with self.db.read() as conn:
+            stmt = sa.select(schedules).where(schedules.c.id == schedule_id)
+            row = (await conn.execute(stmt)).first()
+            if row is None or (row.creator_id != caller.principal_id and not caller.admin):
+                raise NotFound(f"schedule {schedule_id!r} does not exist or is not yours; list yours with schedule_list")
+            rows = (await conn.execute(
+                sa.select(firings).where(firings.c.schedule_id == schedule_id)
+                .order_by(firings.c.nominal_time.desc()).offset(cursor).limit(limit + 1))).all()
+        more = len(rows) > limit
+        return {"schedule_id": schedule_id, "firings": [firing_view(f) for f in rows[:limit]],
+                "next_cursor": cursor + limit if more else None}
+
+
+def firing_view(f: Any) -> dict:
+    """Render one ledger row; `receipt` spells `ok:task:<id>` / `ok:turn:<id>` for admitted firings."""
+    receipt = f.admission
+    if f.admission == "ok":
+        receipt = f"ok:task:{f.task_id}" if f.task_id else f"ok:turn:{f.turn_id}"
+    return {"firing_id": f.id, "nominal_time": _iso(f.nominal_time), "fired_at": _iso(f.fired_at),
+            "admission": f.admission, "receipt": receipt, "task_id": f.task_id, "turn_id": f.turn_id,
+            "outcome": f.outcome, "missed_count": f.missed_count, "reconciled_at": _iso(f.reconciled_at),
+            "legacy": f.legacy}
