@@ -167,6 +167,7 @@ class _ClaudeStream:
                             error=f"claude ended with {msg.get('subtype') or 'an error'}" + (f": {errors or text}" if errors or text else ""))
 
     def _failed(self, error: str) -> EngineResult:
+        self.child.kill()  # a question or a lost approval ends the run now; the CLI would only wait
         return EngineResult("failed", text="\n".join(self.texts), error=error, resume_handle=self.session_id)
 
 

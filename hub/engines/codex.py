@@ -120,6 +120,7 @@ class _CodexStream:
         text = "\n".join(str(q.get("question") or q.get("header") or "") for q in qs)
         options = [str(o.get("label")) for q in qs for o in q.get("options") or [] if isinstance(o, dict)]
         await self.emit("question", {"text": text, "options": options})
+        self.child.kill()  # it would wait for an answer that never comes
         return self._failed("codex asked the user a question")
 
     def _failed(self, error: str) -> EngineResult:

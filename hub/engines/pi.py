@@ -122,6 +122,7 @@ class _PiStream:
         text = "\n".join(str(msg[k]) for k in ("title", "message") if msg.get(k))
         options = [str(o) for o in msg.get("options") or []]
         await self.emit("question", {"text": text, "options": options})
+        self.child.kill()  # it would wait for an answer that never comes
         return EngineResult("failed", text=self.text, error="pi asked the user a question", resume_handle=self.session_id)
 
     def _end(self) -> EngineResult:
