@@ -14,6 +14,7 @@ from .clock import Clock, SystemClock
 from .config import Settings
 from .mcp.instance_tools import instance_tools
 from .mcp.lease_tools import lease_tools
+from .mcp.schedule_tools import schedule_tools
 from .mcp.server import build_mcp
 from .mcp.task_tools import task_tools
 from .services.admission import Admission
@@ -24,11 +25,13 @@ from .services.dispatch import Dispatcher
 from .services.leases import LeaseService
 from .services.notify import Notifier
 from .services.runtimes import RuntimeService
+from .services.schedule_firing import ScheduleFiring
+from .services.schedules import ScheduleService
 from .services.instances import InstanceService
 from .services.sessions import SessionService
 from .services.tasks import PermissionService, TaskService
 from .store.db import Database
-from .web import boxes, health, rest
+from .web import boxes, health, rest, schedules_api
 from .web.mcp_mount import McpMount
 from .web.runner_ws import RunnerEndpoint
 
@@ -73,8 +76,14 @@ class Hub:
         self.runner_endpoint = RunnerEndpoint(self.auth, self.runtimes, self.notifier, hs.heartbeat_s, hs.poll_s)
         self.leases = LeaseService(self.db, self.clock, settings.leases,
                                    LocalBoxDriver(settings.home / "boxes", hide=[settings.home]))
+        # SessionService fills the schedules' SessionPort seam (hub/services/schedule_ports.py).
+        self.schedule_firing = ScheduleFiring(self.db, self.clock, settings.schedules, self.admission, self.sessions,
+                                              on_admitted=self.dispatcher.kick)
+        self.schedules = ScheduleService(self.db, self.clock, settings.schedules, self.admission, self.sessions,
+                                         on_changed=self.schedule_firing.kick)
         registrars = [task_tools(self.tasks, self.profiles, self.permissions), instance_tools(self.instances),
                       lease_tools(self.leases)]
+        registrars.append(schedule_tools(self.schedules))
         self.mcp = McpMount(build_mcp(self.auth, registrars), self.auth)
 
     def web_app(self, *, background: bool = True) -> web.Application:
@@ -83,6 +92,7 @@ class Hub:
         app[HUB] = self
         health.add_routes(app, self.db, self.metrics)
         rest.add_routes(app, self)
+        schedules_api.add_routes(app, self)
         app.router.add_get("/runner/ws", self.runner_endpoint.handle)
         app.on_shutdown.append(self.runner_endpoint.close_all)
         app.router.add_route("*", "/mcp", self.mcp.handle)
@@ -99,6 +109,7 @@ class Hub:
     async def _loops_ctx(self, _app: web.Application) -> AsyncIterator[None]:
         loops = [asyncio.create_task(self.dispatcher.run_placement()), asyncio.create_task(self.dispatcher.run_reaper())]
         loops.append(asyncio.create_task(self.leases.run_reaper()))
+        loops += [asyncio.create_task(self.schedule_firing.run_firing()), asyncio.create_task(self.schedule_firing.run_reconciler())]
         yield
         for t in loops:
             t.cancel()

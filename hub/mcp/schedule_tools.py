@@ -1,0 +1,146 @@
+"""MCP tools for durable schedules."""
+from __future__ import annotations
+
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from pydantic import BaseModel
+
+from ..services.schedules import ScheduleService, ScheduleSpec
+from .server import caller_of, guarded
+
+
+class ScheduleView(BaseModel):
+    """A schedule with the runtime, model, policy and arguments saved as given (None: resolved at each fire)."""
+
+    schedule_id: str
+    name: str
+    schedule_type: str
+    session_ref: str | None = None
+    prompt: str
+    rule: str
+    timezone: str
+    one_shot: bool
+    paused: bool
+    consumed: bool
+    next_fire_at: str | None = None
+    profile: str | None = None
+    runtime: str | None = None
+    model: str | None = None
+    reasoning_effort: str | None = None
+    extra_args: list[str] | None = None
+    permission_policy: str | None = None
+    credential_profile: str | None = None
+    timeout_s: float | None = None
+    creator: str | None = None
+    creator_id: str | None = None
+    app_id: str | None = None
+    created_at: str | None = None
+    updated_at: str | None = None
+
+
+class ScheduleList(BaseModel):
+    """Schedules, newest first."""
+
+    schedules: list[ScheduleView]
+
+
+class ScheduleDeleted(BaseModel):
+    """A deleted schedule (admitted Tasks keep running)."""
+
+    schedule_id: str
+    deleted: bool
+
+
+class FiringView(BaseModel):
+    """One ledger row: admission is distinct from the reconciled outcome."""
+
+    firing_id: str
+    nominal_time: str
+    fired_at: str | None = None
+    admission: str | None = None
+    receipt: str | None = None
+    task_id: str | None = None
+    turn_id: str | None = None
+    outcome: str | None = None
+    missed_count: int = 0
+    reconciled_at: str | None = None
+    legacy: bool = False
+
+
+class ScheduleHistory(BaseModel):
+    """A page of firings, newest first; pass next_cursor for the next page."""
+
+    schedule_id: str
+    firings: list[FiringView]
+    next_cursor: int | None = None
+
+
+def schedule_tools(service: ScheduleService):  # noqa: ANN201
+    """Return a registrar adding the schedule_* tools."""
+
+    def register(server: MCPServer) -> None:
+        @server.tool()
+        async def schedule_create(prompt: str, rule: str, ctx: Context, name: str | None = None,
+                                  timezone: str | None = None, schedule_type: str = "subtask",
+                                  session_ref: str | None = None, profile: str | None = None,
+                                  runtime: str | None = None, model: str | None = None,
+                                  extra_args: list[str] | None = None, permission_policy: str | None = None,
+                                  reasoning_effort: str | None = None, credential_profile: str | None = None,
+                                  timeout_s: float | None = None) -> ScheduleView:
+            """Create a schedule. rule: cron "*/5 * * * *", interval "every 30s|5m|2h", one-shot "at 2026-12-01T09:00:00+08:00".
+
+            schedule_type "subtask" (default) submits a child Task at each fire; "session-prompt" submits the prompt
+            into session_ref. Omitted execution choices are resolved at each fire; escalate-to-main is refused.
+            """
+            spec = ScheduleSpec(name, prompt, rule, timezone, schedule_type, session_ref, profile, runtime, model,
+                                reasoning_effort, extra_args, permission_policy, credential_profile, timeout_s)
+            return ScheduleView(**await guarded(lambda: service.create(caller_of(ctx), spec, source="mcp")))
+
+        @server.tool()
+        async def schedule_get(schedule_id: str, ctx: Context) -> ScheduleView:
+            """Return a schedule with its saved runtime, model, policy and arguments."""
+            return ScheduleView(**await guarded(lambda: service.get(caller_of(ctx), schedule_id)))
+
+        @server.tool()
+        async def schedule_list(ctx: Context, limit: int = 100) -> ScheduleList:
+            """List your schedules, newest first."""
+            rows = await guarded(lambda: service.list(caller_of(ctx), limit))
+            return ScheduleList(schedules=[ScheduleView(**r) for r in rows])
+
+        @server.tool()
+        async def schedule_update(schedule_id: str, ctx: Context, name: str | None = None, prompt: str | None = None,
+                                  rule: str | None = None, timezone: str | None = None,
+                                  session_ref: str | None = None, profile: str | None = None,
+                                  runtime: str | None = None, model: str | None = None,
+                                  extra_args: list[str] | None = None, permission_policy: str | None = None,
+                                  reasoning_effort: str | None = None, credential_profile: str | None = None,
+                                  timeout_s: float | None = None) -> ScheduleView:
+            """Change given fields ("" clears an execution choice back to the default); a new rule restarts from now."""
+            spec = ScheduleSpec(name, prompt, rule, timezone, None, session_ref, profile, runtime, model,
+                                reasoning_effort, extra_args, permission_policy, credential_profile, timeout_s)
+            return ScheduleView(**await guarded(lambda: service.update(caller_of(ctx), schedule_id, spec)))
+
+        @server.tool()
+        async def schedule_pause(schedule_id: str, ctx: Context) -> ScheduleView:
+            """Pause future dispatch; an already admitted Task keeps running."""
+            return ScheduleView(**await guarded(lambda: service.pause(caller_of(ctx), schedule_id)))
+
+        @server.tool()
+        async def schedule_resume(schedule_id: str, ctx: Context) -> ScheduleView:
+            """Resume dispatch from the next future fire time."""
+            return ScheduleView(**await guarded(lambda: service.resume(caller_of(ctx), schedule_id)))
+
+        @server.tool()
+        async def schedule_delete(schedule_id: str, ctx: Context) -> ScheduleDeleted:
+            """Delete a schedule; its history stays and admitted Tasks keep running."""
+            return ScheduleDeleted(**await guarded(lambda: service.delete(caller_of(ctx), schedule_id)))
+
+        @server.tool()
+        async def schedule_history(schedule_id: str, ctx: Context, cursor: int = 0, limit: int = 50) -> ScheduleHistory:
+            """Return firings newest first: nominal_time, admission, task_id or turn_id, reconciled outcome."""
+            page: dict[str, Any] = await guarded(lambda: service.history(caller_of(ctx), schedule_id, cursor, limit))
+            return ScheduleHistory(schedule_id=page["schedule_id"], next_cursor=page["next_cursor"],
+                                   firings=[FiringView(**f) for f in page["firings"]])
+
+    return register
