@@ -347,6 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("name")
     cs.add_argument("env_name")
     client_opts(cred_sub.add_parser("list", help="declared credential profiles"))
+    from . import cli_schedules
+    cli_schedules.add_parser(sub, client_opts)
     return ap
 
 
@@ -372,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(_profile(args))
         elif args.cmd == "credential":
             asyncio.run(_credential(args))
+        elif args.cmd == "schedule":
+            from . import cli_schedules
+            asyncio.run(cli_schedules.run(args, _client(args), _print))
     except AmuxError as e:
         print(f"amux: {e.message}", file=sys.stderr)
         return 2

@@ -1,0 +1,79 @@
+"""`amux schedule create <session-ref> …|list|get|pause|resume|delete|history` over the REST API."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # noqa: ANN001
+    """Add `amux schedule …`; `client_opts` adds --hub/--token/--json."""
+    sch = subparsers.add_parser("schedule", help="durable schedules")
+    sub = sch.add_subparsers(dest="schedule_cmd", required=True)
+    c = sub.add_parser("create", help="create a schedule (session-prompt into <session-ref> by default)")
+    client_opts(c)
+    c.add_argument("session_ref", nargs="?", help="session id or name (default $AMUX_SESSION_ID); omit with --type subtask")
+    c.add_argument("--rule", required=True, help='"*/5 * * * *" | "every 30s|5m|2h" | "at 2026-12-01T09:00:00+08:00"')
+    c.add_argument("--prompt", help="what each firing asks ('-' or omitted: read stdin)")
+    c.add_argument("--name")
+    c.add_argument("--tz", dest="timezone", help="IANA timezone (default: the hub's)")
+    c.add_argument("--type", dest="schedule_type", choices=["session-prompt", "subtask"], default="session-prompt")
+    c.add_argument("--profile")
+    c.add_argument("--runtime")
+    c.add_argument("--model")
+    c.add_argument("--effort", dest="reasoning_effort")
+    c.add_argument("--policy", dest="permission_policy")
+    c.add_argument("--credential", dest="credential_profile")
+    c.add_argument("--timeout", dest="timeout_s", type=float)
+    c.add_argument("--arg", dest="extra_args", action="append", help="native engine argument (repeatable)")
+    ls = sub.add_parser("list", help="your schedules")
+    client_opts(ls)
+    for name in ("get", "pause", "resume", "delete", "history"):
+        p = sub.add_parser(name, help=f"{name} a schedule")
+        client_opts(p)
+        p.add_argument("id")
+        if name == "history":
+            p.add_argument("--cursor", type=int, default=0)
+            p.add_argument("--limit", type=int, default=50)
+
+
+def _line(s: dict) -> str:
+    state = "paused" if s["paused"] else ("consumed" if s["consumed"] else f"next {s['next_fire_at']}")
+    return f"{s['schedule_id']}  {s['schedule_type']:<14} {s['rule']!r:<22} {s['timezone']:<16} {state}  {s['name']}"
+
+
+async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
+    """Run one `amux schedule` command with the REST client `api`; `emit(args, data, human)` prints."""
+    if args.schedule_cmd == "create":
+        prompt = args.prompt
+        if prompt in (None, "-"):
+            prompt = sys.stdin.read()
+        body = {k: getattr(args, k) for k in ("rule", "name", "timezone", "schedule_type", "profile", "runtime", "model",
+                                               "reasoning_effort", "permission_policy", "credential_profile",
+                                               "timeout_s", "extra_args") if getattr(args, k) is not None}
+        body["prompt"] = prompt
+        if args.schedule_type == "session-prompt":
+            body["session_ref"] = args.session_ref or os.environ.get("AMUX_SESSION_ID")
+        elif args.session_ref:
+            body["session_ref"] = args.session_ref
+        s = await api.call("POST", "schedules", {**body, "source": "cli"})
+        emit(args, s, _line(s))
+    elif args.schedule_cmd == "list":
+        data = await api.call("GET", "schedules")
+        emit(args, data, "\n".join(_line(s) for s in data["schedules"]) or "no schedules")
+    elif args.schedule_cmd == "get":
+        s = await api.call("GET", f"schedules/{args.id}")
+        emit(args, s, _line(s))
+    elif args.schedule_cmd in ("pause", "resume"):
+        s = await api.call("POST", f"schedules/{args.id}/{args.schedule_cmd}")
+        emit(args, s, _line(s))
+    elif args.schedule_cmd == "delete":
+        s = await api.call("DELETE", f"schedules/{args.id}")
+        emit(args, s, f"{s['schedule_id']} deleted (admitted tasks keep running)")
+    elif args.schedule_cmd == "history":
+        h = await api.call("GET", f"schedules/{args.id}/history", params={"cursor": args.cursor, "limit": args.limit})
+        lines = [f"{f['nominal_time']}  {f['receipt'] or 'no dispatch recorded'}  outcome={f['outcome'] or '-'}"
+                 + (f" ×{f['missed_count']}" if f["missed_count"] > 1 else "") for f in h["firings"]]
+        if h["next_cursor"] is not None:
+            lines.append(f"(more: --cursor {h['next_cursor']})")
+        emit(args, h, "\n".join(lines) or "no firings yet")
