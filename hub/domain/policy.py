@@ -209,7 +209,7 @@ def _refuse_reserved(engine: str, caps: EngineCaps, args: list[str]) -> None:
         if arg == "--":
             raise Invalid(f"extra_args for engine {engine} may not contain a bare '--'; "
                           "amux passes the prompt itself")
-        name = arg.split("=", 1)[0] if arg.startswith("--") else arg
+        name = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2] if arg.startswith("-") else arg
         if name in caps.reserved:
             raise Invalid(f"extra_args for engine {engine} may not set {name}: amux sets it from "
                           f"{caps.reserved[name]}; remove it from extra_args")

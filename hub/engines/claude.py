@@ -162,9 +162,9 @@ class _ClaudeStream:
         text = msg["result"] if isinstance(msg.get("result"), str) else "\n".join(self.texts)
         if msg.get("subtype") == "success" and not msg.get("is_error"):
             return EngineResult("succeeded", text=text, json=msg.get("structured_output"), resume_handle=self.session_id)
-        errors = "; ".join(str(e) for e in msg.get("errors") or [])
-        return EngineResult("failed", text=text, resume_handle=self.session_id,
-                            error=f"claude ended with {msg.get('subtype') or 'an error'}" + (f": {errors or text}" if errors or text else ""))
+        detail = "; ".join(str(e) for e in msg.get("errors") or []) or text
+        error = f"claude ended with {msg.get('subtype') or 'an error'}" + (f": {detail}" if detail else "")
+        return EngineResult("failed", text=text, error=error, resume_handle=self.session_id)
 
     def _failed(self, error: str) -> EngineResult:
         self.child.kill()  # a question or a lost approval ends the run now; the CLI would only wait

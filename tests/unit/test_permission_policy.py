@@ -122,13 +122,14 @@ def test_a_permission_flag_missing_its_value_is_still_dropped():
     ("claude", "--resume", "the resume handle"),
     ("codex", "--json", "the event stream"),
     ("codex", "-m", "the model field"),
+    ("codex", "-mgpt-5", "the model field"),
     ("pi", "--mode", "the event stream"),
     ("pi", "--session", "the resume handle"),
 ])
 def test_options_the_adapter_sets_are_refused_in_extra_args_naming_the_field(engine, arg, owner):
     with pytest.raises(Invalid) as err:
         normalize_native_args(engine, "policy-allow", [arg, "x"], as_root=False)
-    name = arg.split("=")[0]
+    name = arg.split("=")[0] if arg.startswith("--") else arg[:2]
     assert err.value.message == (f"extra_args for engine {engine} may not set {name}: amux sets it from {owner}; "
                                  "remove it from extra_args")
 
