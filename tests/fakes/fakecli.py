@@ -45,7 +45,7 @@ def start(engine: str) -> str:
     """Record argv, pid and the policy env; return the scenario name."""
     record("argv.json", sys.argv[1:])
     record("pid.json", os.getpid())
-    record("env.json", {k: os.environ[k] for k in ("IS_SANDBOX", "AMUX_TEST_CREDENTIAL") if k in os.environ})
+    record("env.json", {k: os.environ[k] for k in ("IS_SANDBOX",) if k in os.environ})
     scenario = os.environ.get("FAKE_SCENARIO", "success")
     if not (STREAMS / engine / f"{scenario}.jsonl").exists():
         usage_error(f"no recorded {engine} stream named {scenario!r}")
