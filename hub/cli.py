@@ -54,7 +54,8 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
 
     from .app import Hub
     from .engines.base import Engine
-    from .runner.agent import Runner, default_engines
+    from .engines.registry import default_engines
+    from .runner.agent import Runner
     from .store.db import upgrade
 
     settings = _settings(args)
@@ -94,7 +95,8 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
 
 
 async def _runner(args: argparse.Namespace) -> None:
-    from .runner.agent import Runner, default_engines
+    from .engines.registry import default_engines
+    from .runner.agent import Runner
 
     token = args.token or os.environ.get("AMUX_TOKEN")
     if not token:
@@ -222,6 +224,33 @@ async def _wait(args: argparse.Namespace, api: ApiClient) -> None:
     _print(args, t, _human(t))
 
 
+def _session_ref(args: argparse.Namespace) -> str:
+    ref = getattr(args, "ref", None) or os.environ.get("AMUX_SESSION_ID")
+    if not ref:
+        raise AmuxError("no session-ref: pass a session id or name, or set AMUX_SESSION_ID")
+    return ref
+
+
+async def _session(args: argparse.Namespace) -> None:
+    api = _client(args)
+    if args.session_cmd == "create":
+        body = {k: v for k, v in {"name": args.name, "profile": args.profile, "model": args.model,
+                                  "reasoning_effort": args.effort, "runtime": args.runtime}.items() if v is not None}
+        res = await api.call("POST", "sessions", body)
+        _print(args, res, f"{res['session_id']}  {res['engine']}  {res['model'] or '(engine default model)'}")
+    elif args.session_cmd == "send":
+        if args.text is None and os.environ.get("AMUX_SESSION_ID"):
+            args.ref, args.text = None, args.ref  # `amux session send TEXT` inside a session
+        text = args.text if args.text not in (None, "-") else sys.stdin.read()
+        res = await api.call("POST", f"sessions/{_session_ref(args)}/turns", {"text": text, "wait": not args.no_wait})
+        _print(args, res, (res.get("result") or {}).get("text") or f"{res.get('turn_id')}  {res.get('status')}")
+    else:
+        res = await api.call("GET", f"sessions/{_session_ref(args)}")
+        lines = [f"{res['session_id']}  {res['name'] or ''}  {res['engine']}  model={res['model']}  runtime={res['runtime']}"]
+        lines += [f"  #{t['seq']} {t['id']} {t['status']}  {(t['result'] or '')[:80]}" for t in res["turns"]]
+        _print(args, res, "\n".join(lines))
+
+
 async def _profile(args: argparse.Namespace) -> None:
     api = _client(args)
     if args.profile_cmd == "add":
@@ -329,6 +358,21 @@ def build_parser() -> argparse.ArgumentParser:
     tl = task_sub.add_parser("list", help="your recent tasks")
     client_opts(tl)
 
+    ses = sub.add_parser("session", help="interactive sessions")
+    ses_sub = ses.add_subparsers(dest="session_cmd", required=True)
+    sc = ses_sub.add_parser("create", help="create a session")
+    client_opts(sc)
+    for opt in ("--name", "--profile", "--model", "--effort", "--runtime"):
+        sc.add_argument(opt)
+    ss = ses_sub.add_parser("send", help="send a message (a Turn) into a session")
+    client_opts(ss)
+    ss.add_argument("ref", nargs="?", help="session id or name (default $AMUX_SESSION_ID)")
+    ss.add_argument("text", nargs="?", help="the message ('-' or omitted: stdin)")
+    ss.add_argument("--no-wait", action="store_true", help="return once the turn is queued")
+    sh = ses_sub.add_parser("show", help="a session and its recent turns")
+    client_opts(sh)
+    sh.add_argument("ref", nargs="?", help="session id or name (default $AMUX_SESSION_ID)")
+
     prof = sub.add_parser("profile", help="profiles (manifest v2)")
     prof_sub = prof.add_subparsers(dest="profile_cmd", required=True)
     pa = prof_sub.add_parser("add", help="store a v2 manifest (JSON or TOML; admin)")
@@ -370,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(_token_create(args))
         elif args.cmd == "task":
             asyncio.run(_task(args))
+        elif args.cmd == "session":
+            asyncio.run(_session(args))
         elif args.cmd == "profile":
             asyncio.run(_profile(args))
         elif args.cmd == "credential":

@@ -331,12 +331,3 @@ class Runner:
         h.steering = None
         h.finished = True
         await self._send(h, fin.model_dump())
-
-
-def default_engines() -> dict[str, Engine]:
-    """Return the engines this build knows; the runner keeps those available here."""
-    from ..engines.scripted import ScriptedEngine
-
-    engines: dict[str, Engine] = {"scripted": ScriptedEngine()}
-    return engines
-

@@ -94,6 +94,31 @@ def add_routes(app: web.Application, hub: Any) -> None:
         return web.json_response(await hub.credentials.set_value(
             request[CALLER], request.match_info["name"], request.match_info["env"], value))
 
+    async def session_create(request: web.Request) -> web.Response:
+        data = await _body(request)
+        allowed = {"name", "profile", "model", "reasoning_effort", "runtime", "permission_policy", "extra_args"}
+        if set(data) - allowed:
+            raise Invalid(f"unknown fields {sorted(set(data) - allowed)}; a session takes {sorted(allowed)}")
+        return web.json_response(await hub.sessions.create(request[CALLER], **data), status=201)
+
+    async def session_show(request: web.Request) -> web.Response:
+        sid = await hub.sessions.resolve_ref(request[CALLER], request.match_info["ref"])
+        return web.json_response(await hub.sessions.show(request[CALLER], sid))
+
+    async def session_send(request: web.Request) -> web.Response:
+        data = await _body(request)
+        if not isinstance(data.get("text"), str):
+            raise Invalid('send {"text": "..."}')
+        caller = request[CALLER]
+        sid = await hub.sessions.resolve_ref(caller, request.match_info["ref"])
+        turn_id = await hub.sessions.submit_turn(caller, sid, data["text"], source="rest")
+        if data.get("wait"):
+            return web.json_response(await hub.sessions.wait_turn(caller, turn_id, float(data.get("timeout_s") or 600)))
+        return web.json_response({"session_id": sid, "turn_id": turn_id, "status": "queued"}, status=201)
+
+    async def turn_get(request: web.Request) -> web.Response:
+        return web.json_response(await hub.sessions.get_turn(request[CALLER], request.match_info["id"]))
+
     async def permission(request: web.Request) -> web.Response:
         data = await _body(request)
         if not isinstance(data.get("allow"), bool) or not isinstance(data.get("request_id"), str):
@@ -151,6 +176,10 @@ def add_routes(app: web.Application, hub: Any) -> None:
     r.add_put("/api/v1/credentials/{name}", wrap(credential_declare))
     r.add_put("/api/v1/credentials/{name}/{env}", wrap(credential_set))
     r.add_post("/api/v1/tasks/{id}/permission", wrap(permission))
+    r.add_post("/api/v1/sessions", wrap(session_create))
+    r.add_get("/api/v1/sessions/{ref}", wrap(session_show))
+    r.add_post("/api/v1/sessions/{ref}/turns", wrap(session_send))
+    r.add_get("/api/v1/turns/{id}", wrap(turn_get))
     r.add_post("/api/v1/tasks", wrap(submit))
     r.add_get("/api/v1/tasks", wrap(task_list))
     r.add_get("/api/v1/tasks/{id}", wrap(get))

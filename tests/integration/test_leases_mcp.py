@@ -32,13 +32,23 @@ async def refused(client, tool: str, args: dict[str, Any] | None = None) -> str:
     return text[len(prefix):]
 
 
-def alive(pid: int) -> bool:
+def running(pid: int) -> bool:
     """Return whether a process runs (a zombie waiting for its reaper does not)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return False
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def alive(pid: int, settle_s: float = 2.0) -> bool:
+    """Return whether a process still runs once a kill has had `settle_s` to land (SIGKILL is asynchronous)."""
+    import time
+
+    deadline = time.monotonic() + settle_s
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return running(pid)
 
 
 @contextlib.asynccontextmanager
@@ -294,7 +304,7 @@ async def test_the_local_driver_keeps_a_box_usable_after_a_timeout_and_destroy_k
     r = await driver.exec(handle, "setsid sh -c 'sleep 602 >/dev/null 2>&1 & echo $!' </dev/null; "
                                   f"cat {tmp_path}/secret.token", 5)
     pid = int(r.stdout.split()[0])
-    assert alive(pid) and ("hub secret" in r.stdout) is (handle["sandbox"] == "none")
+    assert running(pid) and ("hub secret" in r.stdout) is (handle["sandbox"] == "none")
     assert (await driver.describe(handle)).details["processes"] >= 1
     await driver.destroy(handle)
     assert not alive(pid) and not Path(handle["dir"]).exists()
