@@ -124,7 +124,7 @@ async def main(n: int, window: float) -> None:
 if __name__ == "__main__":
     import logging
 
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    logging.getLogger("apscheduler").setLevel(logging.CRITICAL)  # shutdown cancels in-flight peer jobs
     ap = argparse.ArgumentParser()
     ap.add_argument("--schedules", type=int, default=20_000)
     ap.add_argument("--window", type=float, default=60.0)
