@@ -60,6 +60,50 @@ class SchedulesSettings(BaseModel):
     unknown_after_s: float = 120.0      # a firing with no recorded dispatch result becomes `unknown` after this
 
 
+class AlertSettings(BaseModel):
+    """The alert pipeline's numbers (DESIGN §5); every one overridable as `alerts.*` / `AMUX_ALERTS__*`."""
+
+    aggregation_s: float = 60.0           # failures and missed runs are aggregated this long
+    unknown_wait_s: float = 300.0         # an unknown outcome waits this long before alerting
+    reminder_interval_s: float = 86400.0  # at most one unacknowledged reminder per this period
+    recovery_stable_s: float = 600.0      # recovery closes the card after this many stable seconds
+    snooze_s: float = 86400.0             # a snooze lasts this long
+    quiet_hours: str = "22:00-08:00"      # local to the schedule's timezone; "" turns them off
+    max_new_messages: int = 3             # new status messages per administrator/application ...
+    rate_window_s: float = 1800.0         # ... per this window; the excess goes into one digest
+    card_update_max_age_s: float = 14 * 86400.0  # Feishu updates a card only this long after sending
+    retry_base_s: float = 2.0             # first retry backoff (doubles, capped at retry_max_s)
+    retry_max_s: float = 300.0
+    lease_s: float = 30.0                 # an outbox claim expires after this (a crashed worker's rows return)
+    claim_batch: int = 50                 # notices claimed per worker round
+    send_concurrency: int = 16            # concurrent sends of one worker
+    poll_s: float = 0.5                   # longest sleep of the alert loop
+    catch_up_s: float = 86400.0           # firings reconciled this recently are caught up if never published
+    unconfigured_retry_s: float = 60.0    # how often a notice waiting for an administrator is looked at again
+
+
+class FeishuAppSettings(BaseModel):
+    """One Feishu bot application (`[[feishu.apps]]`, DESIGN §4)."""
+
+    app_id: str
+    app_secret: str = ""
+    encrypt_key: str | None = None
+    verification_token: str | None = None
+    admin_open_id: str | None = None      # the administrator who receives status notifications
+    mode: str = "webhook"                 # or "long-connection"
+    base_url: str = "https://open.feishu.cn"
+    timezone: str = "Asia/Shanghai"
+
+
+class FeishuSettings(BaseModel):
+    """Feishu applications and delivery numbers."""
+
+    apps: list[FeishuAppSettings] = Field(default_factory=list)
+    dedup_window_s: float = 3600.0        # Feishu deduplicates a request uuid for this long
+    timeout_s: float = 10.0               # one Open Platform call
+    channel: str = "bot.feishu.channel:FeishuChannel"  # the outbox channel the composition root loads
+
+
 class Settings(BaseModel):
     """Everything the hub reads at start."""
 
@@ -72,6 +116,8 @@ class Settings(BaseModel):
     leases: LeaseSettings = Field(default_factory=LeaseSettings)
     profiles: ProfileSettings = Field(default_factory=ProfileSettings)
     schedules: SchedulesSettings = Field(default_factory=SchedulesSettings)
+    alerts: AlertSettings = Field(default_factory=AlertSettings)
+    feishu: FeishuSettings = Field(default_factory=FeishuSettings)
 
     def db_url(self) -> str:
         """Return the database URL, defaulting to SQLite in `home`."""
