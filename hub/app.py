@@ -28,6 +28,7 @@ from .services.runtimes import RuntimeService
 from .services.schedule_firing import ScheduleFiring
 from .services.schedules import ScheduleService
 from .services.instances import InstanceService
+from .services.memory import MemoryService
 from .services.sessions import SessionService
 from .services.tasks import PermissionService, TaskService
 from .store.db import Database
@@ -67,7 +68,8 @@ class Hub:
         self.tasks = TaskService(self.db, self.clock, self.notifier, hs, self.admission, on_admitted=self.dispatcher.kick)
         self.permissions = PermissionService(self.db, self.clock, self.notifier)
         self.sessions = SessionService(self.db, self.clock, self.notifier, self.admission, self.tasks,
-                                       on_admitted=self.dispatcher.kick)
+                                       on_admitted=self.dispatcher.kick, user_isolation=settings.memory.user_isolation)
+        self.memory = MemoryService(self.db, self.clock, settings.memory)
         self.instances = InstanceService(self.db, self.clock, self.notifier, self.sessions, self.tasks,
                                          on_admitted=self.dispatcher.kick)
         self.runtimes = RuntimeService(self.db, self.clock, self.notifier, self.dispatcher, self.credentials,

@@ -251,6 +251,23 @@ async def _session(args: argparse.Namespace) -> None:
         _print(args, res, "\n".join(lines))
 
 
+async def _memory(args: argparse.Namespace) -> None:
+    api = _client(args)
+    if args.memory_cmd == "get":
+        res = await api.call("GET", f"memory/{args.key}")
+        _print(args, res, res["value"])
+    elif args.memory_cmd == "set":
+        value = args.value if args.value not in (None, "-") else sys.stdin.read()
+        res = await api.call("PUT", f"memory/{args.key}", {"value": value})
+        _print(args, res, f"stored {args.key} in {res['scope']}")
+    elif args.memory_cmd == "delete":
+        res = await api.call("DELETE", f"memory/{args.key}")
+        _print(args, res, f"deleted {args.key} from {res['scope']}")
+    else:
+        res = await api.call("GET", "memory")
+        _print(args, res, "\n".join(res["keys"]))
+
+
 async def _profile(args: argparse.Namespace) -> None:
     api = _client(args)
     if args.profile_cmd == "add":
@@ -373,6 +390,16 @@ def build_parser() -> argparse.ArgumentParser:
     client_opts(sh)
     sh.add_argument("ref", nargs="?", help="session id or name (default $AMUX_SESSION_ID)")
 
+    mem = sub.add_parser("memory", help="hub memory of this conversation's scope (for task children)")
+    mem_sub = mem.add_subparsers(dest="memory_cmd", required=True)
+    for name in ("get", "set", "delete", "list"):
+        mp = mem_sub.add_parser(name)
+        client_opts(mp)
+        if name != "list":
+            mp.add_argument("key")
+        if name == "set":
+            mp.add_argument("value", nargs="?", help="the value ('-' or omitted: stdin)")
+
     prof = sub.add_parser("profile", help="profiles (manifest v2)")
     prof_sub = prof.add_subparsers(dest="profile_cmd", required=True)
     pa = prof_sub.add_parser("add", help="store a v2 manifest (JSON or TOML; admin)")
@@ -416,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(_task(args))
         elif args.cmd == "session":
             asyncio.run(_session(args))
+        elif args.cmd == "memory":
+            asyncio.run(_memory(args))
         elif args.cmd == "profile":
             asyncio.run(_profile(args))
         elif args.cmd == "credential":

@@ -41,6 +41,12 @@ class ProfileSettings(BaseModel):
     authoring_runtime: str | None = None  # explicitly configured runtime for local expert authoring
 
 
+class MemorySettings(BaseModel):
+    """Hub memory scopes."""
+
+    user_isolation: bool = False  # on: each principal's executions use that principal's memory; off: global
+
+
 class LeaseSettings(BaseModel):
     """Task-lease clocks (seed: rift tasks)."""
 
@@ -115,6 +121,7 @@ class Settings(BaseModel):
     hub: HubSettings = Field(default_factory=HubSettings)
     leases: LeaseSettings = Field(default_factory=LeaseSettings)
     profiles: ProfileSettings = Field(default_factory=ProfileSettings)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
     schedules: SchedulesSettings = Field(default_factory=SchedulesSettings)
     alerts: AlertSettings = Field(default_factory=AlertSettings)
     feishu: FeishuSettings = Field(default_factory=FeishuSettings)

@@ -139,6 +139,7 @@ async def start_hub(db_url: str, home: Path, clock: Clock | None = None, port: i
     await site.start()
     real_port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
     admin = await hub.auth.create_token("admin", label="cli", admin=True)
+    hub.runtimes.hub_url = f"http://127.0.0.1:{real_port}"  # what children are told (public_url in production)
     return HubHandle(hub, f"http://127.0.0.1:{real_port}", admin, site_runner)
 
 

@@ -6,6 +6,7 @@ import logging
 import os
 import platform
 import random
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,9 @@ class Redactor:
 def launch_env(d: p.Dispatch) -> dict[str, str]:
     """Credentials of this launch plus the policy's native environment (IS_SANDBOX=1 for Claude bypass as root)."""
     snap = d.snapshot
-    env = {**snap.get("native_env", {}), **d.env}
+    # Children find `amux` (e.g. `amux memory`) next to the runner's interpreter.
+    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           **snap.get("native_env", {}), **d.env}
     if os.geteuid() == 0 and snap.get("engine") and snap.get("permission_policy"):
         env.update(normalize_native_args(snap["engine"], snap["permission_policy"], [], as_root=True).env)
     return env
@@ -131,6 +134,7 @@ class Runner:
             "workspace_root": str(self.workspace_root),
             "workspace_writable": os.access(self.workspace_root, os.W_OK),
             "isolation": ["process"],
+            "memory_cli": (Path(sys.executable).parent / "amux").exists(),
         }
 
     async def run_forever(self) -> None:

@@ -67,6 +67,9 @@ class InstanceService:
             inst = await self._instance(conn, caller, iid)
             if inst.archived_at is not None:
                 raise Conflict(f"instance {iid} is archived; create a new instance with instance_create")
+            if inst.owner_id != caller.principal_id:
+                raise Conflict(f"instance {iid} runs as its owner; a persistent instance cannot change its effective "
+                               "principal — its owner follows it up, or create your own instance")
             snap = dict(inst.snapshot)
             if not snap.get("permission_policy"):
                 raise Conflict(f"instance {iid} has a legacy snapshot without a frozen permission policy and is never "

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 
 from ..clock import Clock, utc
+from ..domain import memory as memory_rules
 from ..domain.events import project
 from ..domain.tasks import Status, is_terminal
 from ..errors import AmuxError, Conflict, Invalid
@@ -238,12 +239,27 @@ class RuntimeService:
         token = await self.auth.mint_in(conn, owner_id, f"amux-session:{session_id}", replace=True)
         return {"AMUX_SESSION_ID": session_id, "AMUX_HUB_URL": self.hub_url, "AMUX_TOKEN": token}
 
+    async def _bind_memory(self, conn, r, caps: dict, now) -> None:  # noqa: ANN001
+        """Bind a fresh session's memory scope at its first launch; warn (never fall back) without the capability."""
+        stored = (await conn.execute(sa.select(sessions.c.memory_scope).where(sessions.c.id == r.session_id))).scalar()
+        scope, warn = memory_rules.bind(stored, bool(caps.get("memory_cli")))
+        if scope != stored:
+            await conn.execute(sessions.update().where(sessions.c.id == r.session_id).values(memory_scope=scope))
+        if warn:
+            seq = (await conn.execute(sa.select(task_runs.c.event_seq).where(task_runs.c.id == r.task_id))).scalar() + 1
+            await conn.execute(task_events.insert().values(
+                task_id=r.task_id, seq=seq, type="warning", created_at=now,
+                payload={"text": "memory capability discovery failed on this runtime (no `amux memory` CLI); "
+                                 "this conversation runs without amux memory"}))
+            await conn.execute(task_runs.update().where(task_runs.c.id == r.task_id).values(event_seq=seq))
+
     async def outgoing(self, runtime_id: str, conn_id: str, cancels_sent: set[str]) -> list[dict]:
         """Return dispatches and cancels this connection should send now (and mark dispatches sent)."""
         now = self.clock.now()
         out: list[dict] = []
         async with self.db.write() as conn:
-            current = (await conn.execute(sa.select(runtimes.c.connection_id).where(runtimes.c.id == runtime_id))).scalar()
+            current, caps = (await conn.execute(sa.select(runtimes.c.connection_id, runtimes.c.capabilities)
+                                                 .where(runtimes.c.id == runtime_id))).one()
             if current != conn_id:
                 return out
             pending = (await conn.execute(
@@ -275,6 +291,7 @@ class RuntimeService:
                     continue
                 if r.session_id and self.auth is not None:
                     env.update(await self.coordination_env(conn, r.owner_id, r.session_id))
+                    await self._bind_memory(conn, r, caps, now)
                 out.append(p.Dispatch(task_id=r.task_id, attempt=r.attempt, prompt=r.prompt, snapshot=r.snapshot,
                                       env=env).model_dump())
             steers = (await conn.execute(

@@ -1,12 +1,12 @@
 """Interactive Sessions and their Turns (conversation submissions: not TaskRuns, not in Task history)."""
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import sqlalchemy as sa
 
 from ..clock import Clock
+from ..domain import memory as memory_rules
 from ..domain.tasks import Status, is_terminal
 from ..errors import Invalid, NotFound
 from ..ids import new_id
@@ -23,13 +23,14 @@ class SessionService:
     """Create Sessions, submit Turns into them and read their outcomes."""
 
     def __init__(self, db: Database, clock: Clock, notifier: Notifier, admission: Admission, tasks: TaskService,
-                 on_admitted=None) -> None:  # noqa: ANN001
+                 on_admitted=None, user_isolation: bool = False) -> None:  # noqa: ANN001
         self.db = db
         self.clock = clock
         self.notifier = notifier
         self.admission = admission
         self.tasks = tasks
         self.on_admitted = on_admitted or (lambda: None)
+        self.user_isolation = user_isolation
 
     async def create(self, caller: Caller, *, name: str | None = None, profile: str | None = None,
                      model: str | None = None, reasoning_effort: str | None = None, runtime: str | None = None,
@@ -59,13 +60,14 @@ class SessionService:
         await conn.execute(sessions.insert().values(
             id=sid, name=name, owner_id=caller.principal_id, kind=kind, source=source, engine=snapshot["engine"],
             model=snapshot["model"], reasoning_effort=snapshot["reasoning_effort"], snapshot=snapshot,
-            runtime_id=runtime_id, turns=0, created_at=now, updated_at=now))
+            runtime_id=runtime_id, turns=0, created_at=now, updated_at=now,
+            memory_scope=memory_rules.precondition(caller.principal_id, self.user_isolation)))
         return {"session_id": sid, "name": name, "engine": snapshot["engine"], "model": snapshot["model"],
                 "reasoning_effort": snapshot["reasoning_effort"]}
 
     async def resolve_ref(self, caller: Caller, ref: str | None) -> str:
-        """Resolve a session-ref (id or name; omitted: AMUX_SESSION_ID) to one of the caller's sessions."""
-        ref = (ref or os.environ.get("AMUX_SESSION_ID") or "").strip()
+        """Resolve a session-ref (id or name) to one of the caller's sessions (the CLI supplies AMUX_SESSION_ID)."""
+        ref = (ref or "").strip()
         if not ref:
             raise Invalid("no session-ref: pass a session id or name, or set AMUX_SESSION_ID")
         async with self.db.read() as conn:

@@ -119,6 +119,19 @@ def add_routes(app: web.Application, hub: Any) -> None:
     async def turn_get(request: web.Request) -> web.Response:
         return web.json_response(await hub.sessions.get_turn(request[CALLER], request.match_info["id"]))
 
+    async def memory_list(request: web.Request) -> web.Response:
+        return web.json_response(await hub.memory.list(request[CALLER]))
+
+    async def memory_get(request: web.Request) -> web.Response:
+        return web.json_response(await hub.memory.get(request[CALLER], request.match_info["key"]))
+
+    async def memory_put(request: web.Request) -> web.Response:
+        data = await _body(request)
+        return web.json_response(await hub.memory.set(request[CALLER], request.match_info["key"], data.get("value")))
+
+    async def memory_delete(request: web.Request) -> web.Response:
+        return web.json_response(await hub.memory.delete(request[CALLER], request.match_info["key"]))
+
     async def permission(request: web.Request) -> web.Response:
         data = await _body(request)
         if not isinstance(data.get("allow"), bool) or not isinstance(data.get("request_id"), str):
@@ -176,6 +189,10 @@ def add_routes(app: web.Application, hub: Any) -> None:
     r.add_put("/api/v1/credentials/{name}", wrap(credential_declare))
     r.add_put("/api/v1/credentials/{name}/{env}", wrap(credential_set))
     r.add_post("/api/v1/tasks/{id}/permission", wrap(permission))
+    r.add_get("/api/v1/memory", wrap(memory_list))
+    r.add_get("/api/v1/memory/{key}", wrap(memory_get))
+    r.add_put("/api/v1/memory/{key}", wrap(memory_put))
+    r.add_delete("/api/v1/memory/{key}", wrap(memory_delete))
     r.add_post("/api/v1/sessions", wrap(session_create))
     r.add_get("/api/v1/sessions/{ref}", wrap(session_show))
     r.add_post("/api/v1/sessions/{ref}/turns", wrap(session_send))

@@ -318,3 +318,19 @@ async def test_coordination_wait_advances_over_tool_and_usage_events_without_wak
         first = await ok(other, "task_wait", task_id=t2["task_id"], timeout_s=10)
     assert [e["type"] for e in page["events"]] == ["tool", "usage", "text"] and page["cursor"] == 3
     assert [e["type"] for e in first["events"]] == ["tool", "usage"]
+
+
+async def test_a_child_uses_amux_memory_with_the_token_its_launch_carries(hub):
+    await hub.start_runner()
+    admin = await hub.hub.auth.authenticate(hub.admin_token)
+    sid = (await hub.hub.sessions.create(admin, profile="scripted"))["session_id"]
+    await hub.hub.sessions.wait_turn(admin, await hub.hub.sessions.submit_turn(admin, sid, "say bound"), 10)
+    async with hub.hub.db.write() as conn:
+        env = await hub.hub.runtimes.coordination_env(conn, admin.principal_id, sid)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "hub.cli", "memory", "set", "plan", "ship friday", "--json", cwd=REPO,
+        env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert json.loads(out)["scope"] == "global"
+    assert (await hub.hub.memory.get(admin, "plan"))["value"] == "ship friday"

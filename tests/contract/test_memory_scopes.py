@@ -1,0 +1,90 @@
+"""Memory scopes on both stores (seed: child Sessions use the Hub memory model)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from hub.app import Hub
+from hub.errors import Conflict
+from hub.runner import protocol as p
+from hub.store.tables import sessions, task_events
+from tests.helpers import hub_settings
+
+CAPS = {"platform": "linux", "engines": ["scripted", "claude"], "workspace_root": "/tmp", "workspace_writable": True}
+
+
+@pytest.fixture
+async def core(db, clock, tmp_path: Path):
+    hub = Hub(hub_settings(db.url, tmp_path), db, clock)
+    hub.admin = await hub.auth.authenticate(await hub.auth.create_token("admin", admin=True))
+    return hub
+
+
+async def launch_first_run(hub, caps, profile="scripted"):
+    """Create a session, queue a turn and hand it to a runtime with `caps`; return (session id, turn id, child caller)."""
+    rt, conn_id, _ = await hub.runtimes.register(hub.admin, p.Register(name="rt", slots=2, capabilities=caps))
+    sid = (await hub.sessions.create(hub.admin, profile=profile))["session_id"]
+    turn = await hub.sessions.submit_turn(hub.admin, sid, "say hi")
+    await hub.dispatcher.place_once()
+    out = await hub.runtimes.outgoing(rt, conn_id, set())
+    child = await hub.auth.authenticate(out[0]["env"]["AMUX_TOKEN"])
+    return sid, turn, child, (rt, conn_id)
+
+
+async def stored_scope(hub, sid):
+    async with hub.db.read() as conn:
+        return (await conn.execute(sa.select(sessions.c.memory_scope).where(sessions.c.id == sid))).scalar()
+
+
+async def test_a_fresh_child_stores_its_scope_precondition_independently_of_its_profile(core):
+    await core.runtimes.register(core.admin, p.Register(name="rt", slots=1, capabilities=CAPS))
+    a = (await core.sessions.create(core.admin, profile="scripted"))["session_id"]
+    b = (await core.sessions.create(core.admin, profile="claude"))["session_id"]
+    assert await stored_scope(core, a) == await stored_scope(core, b) == "pending:global"
+
+
+async def test_without_user_isolation_all_runtimes_share_global_memory(core):
+    sid, _, child, _ = await launch_first_run(core, {**CAPS, "memory_cli": True})
+    await core.memory.set(child, "plan", "ship it")
+    other = await core.auth.authenticate(await core.auth.create_token("svc", kind="service"))
+    assert (await core.memory.get(other, "plan"))["scope"] == "global"
+
+
+async def test_with_user_isolation_a_service_execution_uses_the_service_principals_memory(core):
+    core.memory.settings.user_isolation = True
+    core.sessions.user_isolation = True
+    svc = await core.auth.authenticate(await core.auth.create_token("svc", kind="service"))
+    await core.memory.set(svc, "k", "service value")
+    assert (await core.memory.get(svc, "k"))["scope"] == f"principal:{svc.principal_id}"
+    with pytest.raises(Exception, match="no memory"):
+        await core.memory.get(core.admin, "k")
+
+
+async def test_existing_child_threads_keep_their_binding_on_resume(core):
+    sid, _, child, (rt, conn_id) = await launch_first_run(core, {**CAPS, "memory_cli": True})
+    assert await stored_scope(core, sid) == "global"
+    core.memory.settings.user_isolation = True  # a later setting change does not rebind the existing thread
+    await core.sessions.submit_turn(core.admin, sid, "say again")
+    assert await stored_scope(core, sid) == "global"
+    assert (await core.memory.set(child, "k", "v"))["scope"] == "global"
+
+
+async def test_failed_capability_discovery_warns_and_leaves_the_conversation_without_memory(core):
+    sid, turn, child, _ = await launch_first_run(core, {**CAPS, "memory_cli": False})
+    assert await stored_scope(core, sid) == "none"
+    async with core.db.read() as conn:
+        kinds = [r.type for r in await conn.execute(sa.select(task_events.c.type).where(task_events.c.task_id == turn))]
+    assert kinds == ["warning"]
+    with pytest.raises(Conflict, match="no global fallback"):
+        await core.memory.set(child, "k", "v")
+    assert (await core.memory.list(core.admin))["keys"] == []  # nothing leaked into global memory
+
+
+async def test_a_persistent_instance_cannot_change_its_effective_principal(core):
+    await core.runtimes.register(core.admin, p.Register(name="rt", slots=1, capabilities=CAPS))
+    alice = await core.auth.authenticate(await core.auth.create_token("alice"))
+    iid = (await core.instances.create(alice, profile="scripted"))["instance_id"]
+    with pytest.raises(Conflict, match="cannot change its effective principal"):
+        await core.instances.followup(core.admin, iid, "say hijack")
