@@ -379,3 +379,38 @@ decisions = sa.Table(
     sa.Index("ix_decisions_firing", "firing_id"),
     sa.Index("ix_decisions_incident", "incident_id"),
 )
+
+# ---------------------------------------------------------------- creator recovery (0008_recovery)
+
+legacy_submissions = sa.Table(
+    "legacy_submissions", metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("schedule_id", sa.String(40), sa.ForeignKey("schedules.id"), nullable=False),
+    sa.Column("submitted_at", TS, nullable=False),
+    sa.Column("task_id", sa.String(40)),
+    sa.Column("detail", sa.JSON),
+    sa.Index("ix_legacy_submissions_schedule", "schedule_id", "submitted_at"),
+)
+
+recovery_runs = sa.Table(
+    "recovery_runs", metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("cutoff", TS, nullable=False),
+    sa.Column("started_at", TS, nullable=False),
+    sa.Column("finished_at", TS),
+    sa.Column("dry_run", sa.Boolean, nullable=False),
+    sa.Column("counts", sa.JSON, nullable=False),
+)
+
+recovery_results = sa.Table(
+    "recovery_results", metadata,
+    sa.Column("schedule_id", sa.String(40), sa.ForeignKey("schedules.id"), primary_key=True),
+    sa.Column("run_id", sa.String(40), sa.ForeignKey("recovery_runs.id"), nullable=False),
+    sa.Column("outcome", sa.String(16), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("binding_id", sa.String(40)),
+    sa.Column("app_id", sa.String(64)),
+    sa.Column("creator_id", sa.String(40)),
+    sa.Column("recorded_at", TS, nullable=False),
+    sa.Index("ix_recovery_results_outcome_app", "outcome", "app_id"),
+)
