@@ -18,6 +18,8 @@ from .mcp.schedule_tools import schedule_tools
 from .mcp.server import build_mcp
 from .mcp.task_tools import task_tools
 from .services.admission import Admission
+from .services.alerts import AlertService
+from .services.channel import NullChannel, load_channel
 from .services.auth import AuthService
 from .services.credentials import CredentialService, SecretBox
 from .services.profiles import ProfileService
@@ -33,6 +35,7 @@ from .services.sessions import SessionService
 from .services.tasks import PermissionService, TaskService
 from .store.db import Database
 from .web import boxes, health, rest, schedules_api
+from .web import alerts_api
 from .web.mcp_mount import McpMount
 from .web.runner_ws import RunnerEndpoint
 
@@ -83,6 +86,10 @@ class Hub:
                                               on_admitted=self.dispatcher.kick)
         self.schedules = ScheduleService(self.db, self.clock, settings.schedules, self.admission, self.sessions,
                                          on_changed=self.schedule_firing.kick)
+        # The outcome feed goes to the alert pipeline; the channel is loaded by name, so hub never imports bot.
+        channel = load_channel(settings.feishu.channel, settings) if settings.feishu.apps else NullChannel()
+        self.alerts = AlertService(self.db, self.clock, settings.alerts, settings.feishu, channel, self.schedules)
+        self.schedule_firing.sink = self.alerts
         registrars = [task_tools(self.tasks, self.profiles, self.permissions), instance_tools(self.instances),
                       lease_tools(self.leases)]
         registrars.append(schedule_tools(self.schedules))
@@ -95,6 +102,7 @@ class Hub:
         health.add_routes(app, self.db, self.metrics)
         rest.add_routes(app, self)
         schedules_api.add_routes(app, self)
+        alerts_api.add_routes(app, self)
         app.router.add_get("/runner/ws", self.runner_endpoint.handle)
         app.on_shutdown.append(self.runner_endpoint.close_all)
         app.router.add_route("*", "/mcp", self.mcp.handle)
@@ -111,6 +119,7 @@ class Hub:
     async def _loops_ctx(self, _app: web.Application) -> AsyncIterator[None]:
         loops = [asyncio.create_task(self.dispatcher.run_placement()), asyncio.create_task(self.dispatcher.run_reaper())]
         loops.append(asyncio.create_task(self.leases.run_reaper()))
+        loops.append(asyncio.create_task(self.alerts.run()))
         loops += [asyncio.create_task(self.schedule_firing.run_firing()), asyncio.create_task(self.schedule_firing.run_reconciler())]
         yield
         for t in loops:

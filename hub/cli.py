@@ -420,6 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     client_opts(cred_sub.add_parser("list", help="declared credential profiles"))
     from . import cli_schedules
     cli_schedules.add_parser(sub, client_opts)
+    from . import cli_alerts
+    cli_alerts.add_parser(sub, client_opts)
     return ap
 
 
@@ -452,6 +454,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "schedule":
             from . import cli_schedules
             asyncio.run(cli_schedules.run(args, _client(args), _print))
+        elif args.cmd in ("alerts", "feishu"):
+            from . import cli_alerts
+            asyncio.run(cli_alerts.run(args, _client(args), _print))
     except AmuxError as e:
         print(f"amux: {e.message}", file=sys.stderr)
         return 2

@@ -107,7 +107,7 @@ class FeishuSettings(BaseModel):
     apps: list[FeishuAppSettings] = Field(default_factory=list)
     dedup_window_s: float = 3600.0        # Feishu deduplicates a request uuid for this long
     timeout_s: float = 10.0               # one Open Platform call
-    channel: str = "bot.feishu.channel:FeishuChannel"  # the outbox channel the composition root loads
+    channel: str = "bot.feishu.channel:build_channel"  # the outbox channel the composition root loads
 
 
 class Settings(BaseModel):

@@ -1,0 +1,145 @@
+"""The Feishu delivery channel: lark-oapi's async message calls, classified for the outbox.
+
+The hub manages the tenant token itself (bot.feishu.token) and passes it per request; a 99991663 answer
+refreshes it once and repeats the call. Classification: 0 → ok; network errors, 5xx, non-JSON bodies,
+429 / 99991400 / 230020 / 230049 → retry (honouring `x-ogw-ratelimit-reset`); 230013 / 230053 → suspend;
+anything else → permanent (230031 / 230011 / 230110 on an update: the card is gone, send a fresh one).
+Calls are paced below Feishu's limits (per application and per recipient) so the outbox rarely sees 429.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Awaitable, Callable
+
+import lark_oapi as lark
+from lark_oapi.api.im.v1 import (CreateMessageRequest, CreateMessageRequestBody, PatchMessageRequest,
+                                 PatchMessageRequestBody, ReplyMessageRequest, ReplyMessageRequestBody)
+
+from bot.cards.alerts import render, to_content
+from hub.services.channel import OK, PERMANENT, RETRY, SUSPEND, Delivery
+
+from .token import TenantToken, TokenError
+
+TOKEN_INVALID = {99991663, 99991661, 99991668}
+RETRY_CODES = {99991400, 230020, 230049}
+SUSPEND_CODES = {230013, 230053}
+CARD_GONE = {230031, 230011, 230110}
+RESET_HEADER = "x-ogw-ratelimit-reset"
+
+
+class Pacer:
+    """Space calls per key at `rate` per second (a leaky bucket in real time: it paces I/O, not a rule)."""
+
+    def __init__(self, rate: float) -> None:
+        self.interval = 1.0 / rate if rate > 0 else 0.0
+        self._next: dict[str, float] = {}
+
+    async def wait(self, key: str) -> None:
+        """Sleep until `key` may make its next call."""
+        if not self.interval:
+            return
+        now = time.monotonic()
+        at = max(now, self._next.get(key, 0.0))
+        self._next[key] = at + self.interval
+        if at > now:
+            await asyncio.sleep(at - now)
+
+
+class _App:
+    def __init__(self, cfg: Any, timeout_s: float) -> None:
+        self.cfg = cfg
+        self.token = TenantToken(cfg.base_url, cfg.app_id, cfg.app_secret, timeout_s)
+        self.client = (lark.Client.builder().app_id(cfg.app_id).app_secret(cfg.app_secret)
+                       .domain(cfg.base_url.rstrip("/")).enable_set_token(True).timeout(timeout_s)
+                       .log_level(lark.LogLevel.ERROR).build())
+
+
+class FeishuChannel:
+    """Deliver notices to Feishu applications' administrators (implements hub.services.channel.Channel)."""
+
+    def __init__(self, apps: list[Any], timeout_s: float = 10.0, app_rate: float = 48.0, user_rate: float = 4.8) -> None:
+        self.apps = {a.app_id: _App(a, timeout_s) for a in apps}
+        self.app_pacer = Pacer(app_rate)
+        self.user_pacer = Pacer(user_rate)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "FeishuChannel":
+        """Build from hub Settings (`feishu.apps`, `feishu.timeout_s`)."""
+        return cls(settings.feishu.apps, settings.feishu.timeout_s)
+
+    async def send(self, app_id: str, recipient: str, view: dict[str, Any], request_uuid: str) -> Delivery:
+        """Send an interactive card to `recipient` (open_id) with the notice's uuid."""
+        body = (CreateMessageRequestBody.builder().receive_id(recipient).msg_type("interactive")
+                .content(to_content(render(view))).uuid(request_uuid).build())
+        req = CreateMessageRequest.builder().receive_id_type("open_id").request_body(body).build()
+        return await self._call(app_id, recipient, lambda app, opt: app.client.im.v1.message.acreate(req, opt))
+
+    async def reply(self, app_id: str, message_id: str, view: dict[str, Any], request_uuid: str) -> Delivery:
+        """Reply under `message_id` with a card."""
+        body = (ReplyMessageRequestBody.builder().msg_type("interactive").content(to_content(render(view)))
+                .uuid(request_uuid).build())
+        req = ReplyMessageRequest.builder().message_id(message_id).request_body(body).build()
+        return await self._call(app_id, None, lambda app, opt: app.client.im.v1.message.areply(req, opt))
+
+    async def update(self, app_id: str, message_id: str, view: dict[str, Any]) -> Delivery:
+        """PATCH the card `message_id`."""
+        body = PatchMessageRequestBody.builder().content(to_content(render(view))).build()
+        req = PatchMessageRequest.builder().message_id(message_id).request_body(body).build()
+        return await self._call(app_id, None, lambda app, opt: app.client.im.v1.message.apatch(req, opt), update=True)
+
+    async def _call(self, app_id: str, recipient: str | None,
+                    fn: Callable[[_App, lark.RequestOption], Awaitable[Any]], update: bool = False) -> Delivery:
+        app = self.apps.get(app_id)
+        if app is None:
+            return Delivery(RETRY, error=f"Feishu application {app_id} is not configured in this hub")
+        await self.app_pacer.wait(app_id)
+        if recipient:
+            await self.user_pacer.wait(f"{app_id}/{recipient}")
+        for attempt in range(2):
+            try:
+                token = await app.token.get()
+            except TokenError as e:
+                return Delivery(RETRY, error=str(e))
+            opt = lark.RequestOption.builder().tenant_access_token(token).build()
+            try:
+                resp = await fn(app, opt)
+            except Exception as e:  # noqa: BLE001 — network errors, timeouts and non-JSON bodies are transient
+                return Delivery(RETRY, error=f"{type(e).__name__}: {e}"[:500])
+            if resp.code in TOKEN_INVALID and attempt == 0:
+                app.token.invalidate(token)
+                continue
+            return classify(resp, update)
+        return Delivery(RETRY, error="tenant token rejected twice")
+
+    async def aclose(self) -> None:
+        """Nothing pooled: lark-oapi opens a client per call."""
+
+
+def build_channel(settings: Any) -> FeishuChannel:
+    """Build the channel from hub Settings (the composition root loads it by the name in `feishu.channel`)."""
+    return FeishuChannel.from_settings(settings)
+
+
+def classify(resp: Any, update: bool = False) -> Delivery:
+    """Map a lark-oapi response onto ok / retry / permanent / suspend."""
+    raw = getattr(resp, "raw", None)
+    status = getattr(raw, "status_code", None) or 0
+    headers = {k.lower(): v for k, v in (getattr(raw, "headers", None) or {}).items()}
+    code, msg = resp.code, resp.msg
+    reset = None
+    if headers.get(RESET_HEADER):
+        try:
+            reset = float(headers[RESET_HEADER])
+        except ValueError:
+            reset = None
+    if code == 0 and status < 400:
+        mid = getattr(getattr(resp, "data", None), "message_id", None)
+        return Delivery(OK, message_id=mid)
+    if code in SUSPEND_CODES:
+        return Delivery(SUSPEND, error=msg, code=code)
+    if status == 429 or code in RETRY_CODES:
+        return Delivery(RETRY, error=msg or "rate limited", code=code, retry_after_s=reset)
+    if status >= 500 or code is None:
+        return Delivery(RETRY, error=msg or f"HTTP {status}", code=code)
+    return Delivery(PERMANENT, error=msg, code=code, card_gone=update and code in CARD_GONE)
