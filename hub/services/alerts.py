@@ -279,10 +279,10 @@ class AlertService:
                         app_id=app.app_id, admin_open_id=admin, admin_changed_at=now, admin_epoch=0,
                         delivery_state=state, diagnostic=diag, timezone=app.timezone, updated_at=now))
                 elif row.admin_open_id != admin:
-                    await self._change_admin(conn, row, admin, now)
                     await conn.execute(feishu_apps.update().where(feishu_apps.c.app_id == app.app_id).values(
                         admin_open_id=admin, admin_changed_at=now, admin_epoch=row.admin_epoch + 1,
                         delivery_state=state, diagnostic=diag, timezone=app.timezone, updated_at=now))
+                    await self._change_admin(conn, row, admin, now)
                 else:
                     values = {"timezone": app.timezone, "updated_at": now}
                     if row.delivery_state == "unconfigured" and admin:
