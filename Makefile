@@ -31,6 +31,10 @@ run: venv
 
 ## test: run the test suite against PostgreSQL (make test PYTEST_ARGS='-k foo')
 test: venv
+	@if ! command -v bwrap >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null 2>&1 \
+	    || echo "make test: WARNING: could not install bubblewrap; the sandboxed box tests are skipped" >&2; \
+	fi
 	@if [ ! -x /usr/bin/chromium ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "make test: installing chromium (apt-get) ..." >&2; \

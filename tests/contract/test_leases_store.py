@@ -209,17 +209,18 @@ async def test_the_reaper_destroys_live_boxes_left_in_a_closed_task(db, leases, 
 
 
 async def test_reapers_on_several_replicas_close_each_quiet_task_once(db_url, leases, alice, clock, tmp_path):
-    if leases.db.is_sqlite:
-        pytest.skip("several replicas share PostgreSQL; SQLite is the single-process embedded store")
     made = [(await leases.new(alice, f"t{i}"))["task_id"] for i in range(30)]
     clock.advance(hours=5)
-    replicas = [LeaseService(Database(db_url), clock, LeaseSettings(), LocalBoxDriver(tmp_path / "boxes", sandbox="none"))
-                for _ in range(3)]
+    # PostgreSQL: independent replicas, each with its own pool. SQLite is the single-process embedded
+    # store, so its "replicas" are concurrent reaper loops sharing the process's database.
+    dbs = [leases.db if leases.db.is_sqlite else Database(db_url) for _ in range(3)]
+    replicas = [LeaseService(d, clock, LeaseSettings(), LocalBoxDriver(tmp_path / "boxes", sandbox="none")) for d in dbs]
     try:
         results = await asyncio.gather(*(r.reap_once() for r in replicas), leases.reap_once())
     finally:
-        for r in replicas:
-            await r.db.close()
+        for d in dbs:
+            if d is not leases.db:
+                await d.close()
     assert sum(r["closed"] for r in results) == len(made)
     assert [(await row_of(leases.db, tid)).status for tid in made] == ["closed"] * len(made)
 

@@ -145,9 +145,8 @@ async def test_each_engine_and_policy_cell_launches_the_cli_with_exactly_its_arg
     assert result.outcome == "succeeded", result.error
 
 
+@pytest.mark.skipif(not AS_ROOT, reason="the IS_SANDBOX rule applies to root only")
 async def test_claude_bypass_as_root_runs_only_with_the_policy_env(tmp_path):
-    if not AS_ROOT:
-        pytest.skip("the IS_SANDBOX rule applies to root only")
     ln = launch("claude", "success", tmp_path)
     assert ln.job.env["IS_SANDBOX"] == "1" and ln.recorded("env.json") is None
     assert (await run("claude", ln)).outcome == "succeeded"
