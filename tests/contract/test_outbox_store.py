@@ -1,0 +1,104 @@
+"""Outbox store contract on SQLite and PostgreSQL: claims, leases, and no double send across two workers."""
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from hub.clock import ManualClock
+from hub.config import AlertSettings
+from hub.domain.alerts import Numbers
+from hub.services.channel import OK, Delivery
+from hub.services.outbox import OutboxWorker, queue_notice
+from hub.store.tables import feishu_apps, outbox
+
+APP = "cli_contract"
+
+
+class CountingChannel:
+    """Record every send; answer ok after a short real delay (so two workers overlap)."""
+
+    def __init__(self) -> None:
+        self.sends: list[str] = []
+
+    async def send(self, app_id: str, recipient: str, view: dict[str, Any], request_uuid: str) -> Delivery:
+        self.sends.append(request_uuid)
+        await asyncio.sleep(0.01)
+        return Delivery(OK, message_id=f"om_{request_uuid}")
+
+    async def reply(self, app_id, message_id, view, request_uuid):  # noqa: ANN001, ANN201
+        return await self.send(app_id, "", view, request_uuid)
+
+    async def update(self, app_id, message_id, view):  # noqa: ANN001, ANN201
+        return Delivery(OK)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def _seed(db, clock: ManualClock, count: int, kind: str = "update") -> None:  # noqa: ANN001
+    async with db.write() as conn:
+        await conn.execute(feishu_apps.insert().values(app_id=APP, admin_open_id="ou_admin", admin_epoch=0,
+                                                       delivery_state="ok", timezone="UTC", updated_at=clock.now()))
+        for i in range(count):
+            await queue_notice(conn, clock.now(), app_id=APP, recipient="ou_admin", kind=kind,
+                               payload={"v": 1, "kind": "receipt", "i": i}, timezone="UTC")
+
+
+def _worker(db, clock, channel, name: str, **kw) -> OutboxWorker:  # noqa: ANN001
+    s = AlertSettings(claim_batch=7, quiet_hours="", max_new_messages=10_000, **kw)
+    return OutboxWorker(db, clock, s, Numbers.of(s, 3600), channel, worker_id=name)
+
+
+async def test_two_workers_never_send_the_same_notice_twice(db, clock):
+    await _seed(db, clock, 60, kind="receipt")
+    ch = CountingChannel()
+    a, b = _worker(db, clock, ch, "a"), _worker(db, clock, ch, "b")
+    for _ in range(20):
+        await asyncio.gather(a.deliver_once(), b.deliver_once())
+    assert len(ch.sends) == 60 and len(set(ch.sends)) == 60
+    async with db.read() as conn:
+        states = (await conn.execute(sa.select(outbox.c.state, sa.func.count()).group_by(outbox.c.state))).all()
+    assert dict(states) == {"sent": 60}
+
+
+async def test_a_claim_is_leased_and_expires_for_another_worker(db, clock):
+    await _seed(db, clock, 1, kind="receipt")
+    ch = CountingChannel()
+    a, b = _worker(db, clock, ch, "a", lease_s=30), _worker(db, clock, ch, "b", lease_s=30)
+    claims = await a.claim()                       # worker a dies right after claiming
+    assert len(claims) == 1
+    assert await b.claim() == []                   # leased: b cannot take it
+    clock.advance(31)
+    again = await b.claim()                        # the lease expired: b takes it, same request uuid
+    assert [c.row.request_uuid for c in again] == [claims[0].row.request_uuid]
+
+
+async def test_a_late_result_from_an_expired_claim_is_not_recorded_over_the_new_owner(db, clock):
+    await _seed(db, clock, 1, kind="receipt")
+    ch = CountingChannel()
+    a, b = _worker(db, clock, ch, "a", lease_s=30), _worker(db, clock, ch, "b", lease_s=30)
+    (ca,) = await a.claim()
+    clock.advance(31)
+    (cb,) = await b.claim()
+    await a._record(ca, Delivery("retry", error="late"))   # noqa: SLF001 — a's answer arrives after its lease
+    async with db.read() as conn:
+        row = (await conn.execute(sa.select(outbox))).first()
+    assert row.claimed_by == "b" and row.attempts == 0
+    await b._record(cb, Delivery(OK, message_id="om_1"))   # noqa: SLF001
+    async with db.read() as conn:
+        row = (await conn.execute(sa.select(outbox))).first()
+    assert row.state == "sent" and row.message_id == "om_1"
+
+
+async def test_due_time_orders_claims_and_future_notices_wait(db, clock):
+    await _seed(db, clock, 0)
+    async with db.write() as conn:
+        await queue_notice(conn, clock.now(), app_id=APP, recipient="ou_admin", kind="receipt", payload={},
+                           timezone="UTC", due=clock.now() + timedelta(seconds=60))
+    w = _worker(db, clock, CountingChannel(), "a")
+    assert await w.claim() == []
+    clock.advance(60)
+    assert len(await w.claim()) == 1
