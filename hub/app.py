@@ -29,6 +29,7 @@ from .services.notify import Notifier
 from .services.runtimes import RuntimeService
 from .services.schedule_firing import ScheduleFiring
 from .services.schedules import ScheduleService
+from .services.recovery import RecoveryService
 from .services.instances import InstanceService
 from .services.memory import MemoryService
 from .services.sessions import SessionService
@@ -86,6 +87,7 @@ class Hub:
                                               on_admitted=self.dispatcher.kick)
         self.schedules = ScheduleService(self.db, self.clock, settings.schedules, self.admission, self.sessions,
                                          on_changed=self.schedule_firing.kick)
+        self.recovery = RecoveryService(self.db, self.clock)  # upgrade creator recovery (issue 9)
         # The outcome feed goes to the alert pipeline; the channel is loaded by name, so hub never imports bot.
         channel = load_channel(settings.feishu.channel, settings) if settings.feishu.apps else NullChannel()
         self.alerts = AlertService(self.db, self.clock, settings.alerts, settings.feishu, channel, self.schedules)

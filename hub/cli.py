@@ -340,6 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
     db_sub = db.add_subparsers(dest="db_cmd", required=True)
     dbu = db_sub.add_parser("upgrade", help="apply migrations")
     server_opts(dbu)
+    from . import cli_recovery
+    cli_recovery.add_parser(db_sub, server_opts)
 
     tok = sub.add_parser("token", help="API tokens")
     tok_sub = tok.add_subparsers(dest="token_cmd", required=True)
@@ -437,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(_serve(args, with_runner=False))
         elif args.cmd == "runner":
             asyncio.run(_runner(args))
+        elif args.cmd == "db" and args.db_cmd == "recover-creators":
+            from . import cli_recovery
+            asyncio.run(cli_recovery.run(args, _settings(args), _print))
         elif args.cmd == "db":
             asyncio.run(_db_upgrade(args))
         elif args.cmd == "token":

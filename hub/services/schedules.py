@@ -17,6 +17,7 @@ from ..store.tables import firings, principals, schedules
 from .admission import Admission, SubmitRequest
 from .auth import Caller
 from .schedule_ports import SessionPort
+from . import legacy_history
 
 TYPES = ("subtask", "session-prompt")
 CHOICES = ("profile", "runtime", "model", "reasoning_effort", "extra_args", "permission_policy",
@@ -248,9 +249,8 @@ class ScheduleService:
             row = (await conn.execute(stmt)).first()
             if row is None or (row.creator_id != caller.principal_id and not caller.admin):
                 raise NotFound(f"schedule {schedule_id!r} does not exist or is not yours; list yours with schedule_list")
-            rows = (await conn.execute(
-                sa.select(firings).where(firings.c.schedule_id == schedule_id)
-                .order_by(firings.c.nominal_time.desc()).offset(cursor).limit(limit + 1))).all()
+            rows = (await conn.execute(  # ledger firings + uncorrelated legacy submissions (issue 9)
+                legacy_history.entries(schedule_id).offset(cursor).limit(limit + 1))).all()
         more = len(rows) > limit
         return {"schedule_id": schedule_id, "firings": [firing_view(f) for f in rows[:limit]],
                 "next_cursor": cursor + limit if more else None}

@@ -1,0 +1,44 @@
+"""`amux db recover-creators [--dry-run] [--db URL] [--json]`: bind existing schedules to their creators once."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(db_sub: argparse._SubParsersAction, server_opts) -> None:  # noqa: ANN001
+    """Add `amux db recover-creators`; `server_opts` adds --db/--config/--listen."""
+    rc = db_sub.add_parser("recover-creators", help="bind existing subtask schedules to their creators' Feishu "
+                                                    "alias where provenance is unambiguous (idempotent)")
+    server_opts(rc)
+    rc.add_argument("--dry-run", action="store_true", help="print what would happen; write nothing")
+    rc.add_argument("--json", action="store_true", help="print JSON")
+
+
+def render(res: dict) -> str:
+    """Render a recovery report: one line per schedule, bound / left unbound / ignored, and why."""
+    verb = {"bound": "bound", "unbound": "left unbound", "ignored": "ignored"}
+    head = ("dry run: nothing written; " if res["dry_run"] else "") + f"cutoff {res['cutoff']}" + (
+        " (recorded by the first run)" if res["cutoff_recorded"] else " (this run)" if not res["dry_run"] else " (now)")
+    lines = [head]
+    for e in res["schedules"]:
+        where = f" → {e['app_id']} ({e['binding_id']})" if e["outcome"] == "bound" else ""
+        again = "  [recorded earlier]" if e["recorded"] else ""
+        lines.append(f"{e['schedule_id']}  {e['name']!r} by {e['creator'] or '-'}: {verb[e['outcome']]}{where}: "
+                     f"{e['reason']}{again}")
+    c = res["counts"]
+    lines.append(f"{c['bound']} bound, {c['unbound']} left unbound, {c['ignored']} ignored (new this run)")
+    return "\n".join(lines)
+
+
+async def run(args: argparse.Namespace, settings, emit) -> None:  # noqa: ANN001
+    """Upgrade the database, run recovery (or a dry run) and print the report with `emit(args, data, human)`."""
+    from .clock import SystemClock
+    from .services.recovery import RecoveryService
+    from .store.db import Database, upgrade
+
+    await upgrade(settings.db_url())
+    db = Database(settings.db_url())
+    try:
+        res = await RecoveryService(db, SystemClock()).recover_creators(dry_run=args.dry_run)
+    finally:
+        await db.close()
+    emit(args, res, render(res))
