@@ -69,3 +69,13 @@ bench: venv
 clean:
 	rm -rf $(VENV) .amux .pytest_cache build *.egg-info
 	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
+
+## i18n-extract / i18n-update / i18n-compile: the bot's Babel catalogs in locales/ (English, Simplified Chinese)
+.PHONY: i18n-extract i18n-update i18n-compile
+i18n-extract: venv
+	$(VENV)/bin/pybabel extract -F locales/babel.cfg --no-default-keywords -k _ --no-location --sort-output --no-wrap --project amux-hub -o locales/messages.pot .
+i18n-update: i18n-extract
+	$(VENV)/bin/pybabel update -D messages -i locales/messages.pot -d locales --no-wrap --ignore-obsolete
+	$(VENV_PY) locales/translate_zh.py locales/zh_Hans/LC_MESSAGES/messages.po
+i18n-compile: venv
+	$(VENV)/bin/pybabel compile -D messages -d locales --statistics

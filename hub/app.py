@@ -96,6 +96,9 @@ class Hub:
                       lease_tools(self.leases)]
         registrars.append(schedule_tools(self.schedules))
         self.mcp = McpMount(build_mcp(self.auth, registrars), self.auth)
+        # The Feishu bot (issue 7): the composition root may import bot; hub modules never do.
+        from bot.app import build_bot
+        self.bot = build_bot(self)
 
     def web_app(self, *, background: bool = True) -> web.Application:
         """Build the aiohttp application; `background` starts the placement and reaper loops."""
@@ -109,6 +112,8 @@ class Hub:
         app.on_shutdown.append(self.runner_endpoint.close_all)
         app.router.add_route("*", "/mcp", self.mcp.handle)
         boxes.add_routes(app, self.auth, self.leases, self.clock)
+        self.bot.add_routes(app)
+        app.cleanup_ctx.append(self.bot.lifespan)
         app.cleanup_ctx.append(self._mcp_ctx)
         if background:
             app.cleanup_ctx.append(self._loops_ctx)

@@ -380,6 +380,32 @@ decisions = sa.Table(
     sa.Index("ix_decisions_incident", "incident_id"),
 )
 
+# ---------------------------------------------------------------- Feishu bot (0007_bot)
+
+bot_inbound = sa.Table(
+    "bot_inbound", metadata,
+    sa.Column("key", sa.String(250), primary_key=True),
+    sa.Column("app_id", sa.String(64), nullable=False),
+    sa.Column("received_at", TS, nullable=False),
+    sa.Index("ix_bot_inbound_received", "received_at"),
+)
+
+bot_chats = sa.Table(
+    "bot_chats", metadata,
+    sa.Column("app_id", sa.String(64), primary_key=True),
+    sa.Column("chat_id", sa.String(100), primary_key=True),
+    sa.Column("principal_id", sa.String(40), primary_key=True),
+    sa.Column("session_id", sa.String(40), nullable=False),
+    sa.Column("created_at", TS, nullable=False),
+)
+
+bot_leases = sa.Table(
+    "bot_leases", metadata,
+    sa.Column("name", sa.String(100), primary_key=True),
+    sa.Column("holder", sa.String(100), nullable=False),
+    sa.Column("expires_at", TS, nullable=False),
+)
+
 # ---------------------------------------------------------------- creator recovery (0008_recovery)
 
 legacy_submissions = sa.Table(

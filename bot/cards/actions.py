@@ -1,0 +1,70 @@
+"""Typed, versioned card-action payloads (the `value` of a button's callback behavior).
+
+Shaped like aiogram's CallbackData: `pack()` gives the JSON object the button carries, `unpack()`
+parses and validates one coming back. A payload only *names* what was pressed; the handler always
+re-authorizes the operator, so a forged or edited payload can do nothing its sender could not do anyway.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+PREFIX = "amux"
+VERSION = 1
+OPS = ("overview", "schedules", "detail", "history", "results", "pause", "resume", "delete",
+       "alerts", "ack", "snooze", "recheck")
+NEEDS_SCHEDULE = ("detail", "history", "results", "pause", "resume", "delete")
+NEEDS_INCIDENT = ("ack", "snooze")
+MAX_PAGE = 10_000
+
+
+class BadPayload(ValueError):
+    """The callback value is not a payload this version of the bot understands."""
+
+
+@dataclass(frozen=True)
+class CardAction:
+    """What a button asks for: an operation, its target and a page (0-based)."""
+
+    op: str
+    schedule_id: str | None = None
+    incident_id: str | None = None
+    page: int = 0
+    sub: int = 0   # a second page index (the result part inside one firing)
+
+    def pack(self) -> dict[str, Any]:
+        """Return the JSON value a button carries."""
+        value: dict[str, Any] = {"p": PREFIX, "v": VERSION, "op": self.op}
+        if self.schedule_id:
+            value["s"] = self.schedule_id
+        if self.incident_id:
+            value["i"] = self.incident_id
+        if self.page:
+            value["pg"] = self.page
+        if self.sub:
+            value["sub"] = self.sub
+        return value
+
+    @classmethod
+    def unpack(cls, value: Any) -> "CardAction":
+        """Parse a callback value; raise BadPayload for anything malformed, foreign or from another version."""
+        if not isinstance(value, dict) or value.get("p") != PREFIX:
+            raise BadPayload("not an amux card action")
+        if value.get("v") != VERSION:
+            raise BadPayload(f"card action version {value.get('v')!r} is not supported; send /amux for a fresh card")
+        op = value.get("op")
+        if op not in OPS:
+            raise BadPayload(f"unknown card action {op!r}")
+        sid, iid = value.get("s"), value.get("i")
+        page, sub = value.get("pg", 0), value.get("sub", 0)
+        for name, v in (("s", sid), ("i", iid)):
+            if v is not None and (not isinstance(v, str) or not v or len(v) > 64):
+                raise BadPayload(f"bad {name} in card action")
+        for v in (page, sub):
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_PAGE:
+                raise BadPayload("bad page in card action")
+        if op in NEEDS_SCHEDULE and not sid:
+            raise BadPayload(f"{op} needs a schedule")
+        if op in NEEDS_INCIDENT and not iid:
+            raise BadPayload(f"{op} needs an incident")
+        return cls(op, sid, iid, page, sub)

@@ -1,0 +1,138 @@
+"""Personal schedule cards: list, detail, history and results (pure)."""
+from __future__ import annotations
+
+from typing import Any
+
+from bot.i18n import Catalogs, _
+
+from .actions import CardAction
+from .base import button, button_row, card, check_limits, esc, hr, join, markdown, same
+from .overview import outcome_line, outcome_text
+from .views import HistoryView, ResultsView, ScheduleDetailView, ScheduleListView
+
+RESULT_PART_BYTES = 9_000  # escaped result text per card part; the card stays far below 30 KB
+
+
+def _when(iso: str | None) -> str:
+    return (iso or "—").replace("T", " ")[:16]
+
+
+def _pager(tr: Catalogs, op: str, page: int, has_prev: bool, has_next: bool, **kw: Any) -> list[dict[str, Any]]:
+    buttons = []
+    if has_prev:
+        buttons.append(button(tr.text(_("Previous")), CardAction(op, page=page - 1, **kw)))
+    if has_next:
+        buttons.append(button(tr.text(_("Next")), CardAction(op, page=page + 1, **kw)))
+    return [button_row(*buttons)] if buttons else []
+
+
+def _back(tr: Catalogs, *extra: dict[str, Any]) -> dict[str, Any]:
+    return button_row(*extra, button(tr.text(_("Back to overview")), CardAction("overview")))
+
+
+def render_list(v: ScheduleListView, tr: Catalogs) -> dict[str, Any]:
+    """Render one page of the viewer's own schedules."""
+    elements: list[dict[str, Any]] = []
+    if not v.items:
+        elements.append(markdown(tr.text(_("You have no schedules. Ask the agent in a chat to create one."))))
+    for it in v.items:
+        state = tr.text(_("paused")) if it.paused else tr.text(_("next run {time}"), time=_when(it.next_fire_at))
+        last = outcome_text(tr, it.last) if it.last else tr.text(_("no runs yet"))
+        head = same(f"**{esc(it.name)}** · `{esc(it.rule)}`")
+        elements.append(markdown(join(head, join(state, last, sep=" · "))))
+        elements.append(button_row(button(tr.text(_("Open")), CardAction("detail", it.schedule_id))))
+    elements.append(markdown(tr.text(_("Page {page} of {pages} · {total} schedules"),
+                                     page=v.page + 1, pages=max(v.pages, 1), total=v.total)))
+    elements += _pager(tr, "schedules", v.page, v.page > 0, v.page + 1 < v.pages)
+    elements += [hr(), _back(tr)]
+    return check_limits(card(tr.text(_("Personal schedules")), elements))
+
+
+def render_detail(v: ScheduleDetailView, tr: Catalogs) -> dict[str, Any]:
+    """Render one schedule with its controls."""
+    status = tr.text(_("paused")) if v.paused else tr.text(_("active"))
+    lines = [
+        same(f"**{esc(v.name)}** (`{v.schedule_id}`)"),
+        tr.text(_("**Rule**: {rule} ({tz})"), rule=esc(v.rule), tz=esc(v.timezone)),
+        tr.text(_("**Status**: {status}"), status=""),
+        tr.text(_("**Next run**: {time}"), time=_when(v.next_fire_at) if not v.paused else "—"),
+    ]
+    lines[2] = {lang: lines[2][lang] + status[lang] for lang in status}
+    elements: list[dict[str, Any]] = [markdown(join(*lines))]
+    if v.recent:
+        elements.append(markdown(join(tr.text(_("**Last outcomes**")), *[outcome_line(tr, o, False) for o in v.recent[:5]])))
+    else:
+        elements.append(markdown(tr.text(_("No runs yet."))))
+    if v.notice:
+        elements.append(markdown(tr.text(v.notice)))
+    toggle = (button(tr.text(_("Resume")), CardAction("resume", v.schedule_id), "primary") if v.paused
+              else button(tr.text(_("Pause")), CardAction("pause", v.schedule_id)))
+    elements += [hr(),
+                 button_row(button(tr.text(_("History")), CardAction("history", v.schedule_id)),
+                            button(tr.text(_("Results")), CardAction("results", v.schedule_id))),
+                 button_row(toggle, button(tr.text(_("Delete")), CardAction("delete", v.schedule_id), "danger")),
+                 _back(tr, button(tr.text(_("All schedules")), CardAction("schedules")))]
+    return check_limits(card(tr.text(_("Schedule")), elements))
+
+
+def render_deleted(name: str, tr: Catalogs) -> dict[str, Any]:
+    """Render the card left after a schedule was deleted."""
+    elements = [markdown(tr.text(_("Schedule {name} is deleted; its history stays."), name=esc(name))), hr(),
+                _back(tr, button(tr.text(_("All schedules")), CardAction("schedules")))]
+    return check_limits(card(tr.text(_("Schedule")), elements, template="grey"))
+
+
+def render_history(v: HistoryView, tr: Catalogs) -> dict[str, Any]:
+    """Render one page of a schedule's firings."""
+    if v.firings:
+        body = join(same(f"**{esc(v.name)}**"), *[outcome_line(tr, o, False) for o in v.firings])
+    else:
+        body = join(same(f"**{esc(v.name)}**"), tr.text(_("No runs yet.")))
+    elements: list[dict[str, Any]] = [markdown(body), markdown(tr.text(_("Page {page}"), page=v.page + 1))]
+    elements += _pager(tr, "history", v.page, v.page > 0, v.has_more, schedule_id=v.schedule_id)
+    elements += [hr(), _back(tr, button(tr.text(_("Schedule")), CardAction("detail", v.schedule_id)))]
+    return check_limits(card(tr.text(_("History")), elements))
+
+
+def split_result(text: str, limit: int = RESULT_PART_BYTES) -> list[str]:
+    """Split result text into escaped parts of at most `limit` UTF-8 bytes (never inside a character)."""
+    parts, cur, size = [], [], 0
+    for ch in text:
+        e = esc(ch) if ch not in "\n " else ch
+        n = len(e.encode())
+        if size + n > limit and cur:
+            parts.append("".join(cur))
+            cur, size = [], 0
+        cur.append(e)
+        size += n
+    if cur or not parts:
+        parts.append("".join(cur))
+    return parts
+
+
+def render_results(v: ResultsView, tr: Catalogs) -> dict[str, Any]:
+    """Render one part of one firing's Task result (text is already one part, escaped)."""
+    elements: list[dict[str, Any]] = []
+    if v.firing is None:
+        elements.append(markdown(tr.text(_("No results yet: no run of this schedule has a Task result."))))
+    else:
+        elements.append(markdown(join(same(f"**{esc(v.name)}**"), outcome_line(tr, v.firing, False))))
+        elements.append(markdown(tr.text(_("Part {part} of {parts}"), part=v.part + 1, parts=v.parts)))
+        # Result text is the agent's own words: one copy, no translation.
+        elements.append({"tag": "markdown", "content": v.text or "—"})
+        parts = []
+        if v.part > 0:
+            parts.append(button(tr.text(_("Previous part")), CardAction("results", v.schedule_id, page=v.page, sub=v.part - 1)))
+        if v.part + 1 < v.parts:
+            parts.append(button(tr.text(_("Next part")), CardAction("results", v.schedule_id, page=v.page, sub=v.part + 1)))
+        if parts:
+            elements.append(button_row(*parts))
+        runs = []
+        if v.page > 0:
+            runs.append(button(tr.text(_("Newer run")), CardAction("results", v.schedule_id, page=v.page - 1)))
+        if v.page + 1 < v.pages:
+            runs.append(button(tr.text(_("Older run")), CardAction("results", v.schedule_id, page=v.page + 1)))
+        if runs:
+            elements.append(button_row(*runs))
+    elements += [hr(), _back(tr, button(tr.text(_("Schedule")), CardAction("detail", v.schedule_id)))]
+    return check_limits(card(tr.text(_("Results")), elements))

@@ -1,0 +1,117 @@
+"""View models of the bot's cards: plain data the handlers fill and the renderers read."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One firing as the user sees it."""
+
+    schedule_name: str
+    nominal_time: str | None
+    state: str          # succeeded / failed / cancelled / timed_out / missed / unknown / pending / skipped / error
+    firing_id: str = ""
+
+
+@dataclass(frozen=True)
+class OverviewView:
+    """The `/amux` overview: a personal summary and the schedule entries."""
+
+    viewer: str
+    total: int
+    failing: int
+    paused: int
+    latest: tuple[Outcome, ...] = ()
+    is_admin: bool = False
+    active_incidents: int = 0
+
+
+@dataclass(frozen=True)
+class ScheduleItem:
+    """One row of the personal schedule list."""
+
+    schedule_id: str
+    name: str
+    rule: str
+    paused: bool
+    next_fire_at: str | None
+    last: str | None = None   # last outcome state
+
+
+@dataclass(frozen=True)
+class ScheduleListView:
+    """A page of the viewer's own schedules."""
+
+    items: tuple[ScheduleItem, ...]
+    page: int
+    pages: int
+    total: int
+
+
+@dataclass(frozen=True)
+class ScheduleDetailView:
+    """One schedule: rule, next fire, recent outcomes and its controls."""
+
+    schedule_id: str
+    name: str
+    rule: str
+    timezone: str
+    schedule_type: str
+    paused: bool
+    next_fire_at: str | None
+    recent: tuple[Outcome, ...] = ()
+    notice: str | None = None   # msgid shown above the controls (e.g. after an action)
+
+
+@dataclass(frozen=True)
+class HistoryView:
+    """A page of one schedule's firings."""
+
+    schedule_id: str
+    name: str
+    firings: tuple[Outcome, ...]
+    page: int
+    has_more: bool
+
+
+@dataclass(frozen=True)
+class ResultsView:
+    """One part of one firing's Task result."""
+
+    schedule_id: str
+    name: str
+    page: int          # which firing with a Task (0 = newest)
+    pages: int         # how many firings have a Task
+    part: int          # which part of the result text
+    parts: int
+    firing: Outcome | None = None
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class IncidentItem:
+    """An incident as the administrator sees it (names and status, never prompts or results)."""
+
+    incident_id: str
+    schedule_name: str
+    creator: str | None
+    state: str
+    failures: int
+    missed: int
+    unknowns: int
+    last_outcome: str | None
+    acknowledged: bool
+    snoozed_until: str | None
+
+
+@dataclass(frozen=True)
+class AlertCenterView:
+    """The administrator alert center of one application."""
+
+    app_id: str
+    incidents: tuple[IncidentItem, ...]
+    page: int
+    pages: int
+    delivery_state: str = "ok"
+    diagnostics: tuple[str, ...] = field(default_factory=tuple)

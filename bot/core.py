@@ -1,0 +1,172 @@
+"""The Feishu bot: deduplicated inbound events → identity → handlers → answers.
+
+Transport-free: the webhook, the long connection and the local console all call `accept` with an
+event envelope shaped like Feishu's (schema 2.0) and an `Outgoing` for replies, so every path runs the
+same handlers and the same authorization.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from datetime import timedelta
+from typing import Any, Awaitable
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from hub.errors import AmuxError
+from hub.store.tables import bot_inbound
+
+from .cards.actions import BadPayload
+from .feishu.messenger import LarkMessenger, Outgoing
+from .handlers.context import Answer, Ctx
+from .handlers.conversation import converse
+from .handlers.overview import overview
+from .i18n import Catalogs, _, catalogs
+from .identity import IdentityBindings, Viewer
+from .router import check, is_command
+
+log = logging.getLogger(__name__)
+ACTION_BUDGET_S = 2.5          # Feishu wants the callback answer within 3 s
+DEDUP_TTL = timedelta(days=2)  # Feishu retries an event for a few hours at most
+MENTION = re.compile(r"@_user_\d+\s*")
+
+
+class FeishuBot:
+    """Serve the configured Feishu applications over the hub's services."""
+
+    def __init__(self, hub: Any, messenger: Outgoing | None = None, tr: Catalogs | None = None) -> None:
+        self.hub = hub
+        self.tr = tr or catalogs()
+        self.apps = {a.app_id: a for a in hub.settings.feishu.apps}
+        self.identity = IdentityBindings(hub.db, hub.clock, hub.auth)
+        self.messenger: Outgoing = messenger or LarkMessenger(self.apps.values(), hub.settings.feishu.timeout_s)
+        self.background: set[asyncio.Task] = set()
+        self.turn_wait_s = 600.0
+
+    # ------------------------------------------------------------ plumbing
+
+    def spawn(self, work: Awaitable[Any]) -> asyncio.Task:
+        """Run slow work after the answer was sent; kept referenced until done."""
+        task = asyncio.ensure_future(work)
+        self.background.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("bot background work failed", exc_info=task.exception())
+
+    async def aclose(self) -> None:
+        """Cancel background work."""
+        for t in list(self.background):
+            t.cancel()
+        await asyncio.gather(*self.background, return_exceptions=True)
+
+    async def first_seen(self, app_id: str, key: str) -> bool:
+        """Record an inbound key; False when it was seen before (a redelivery or a replay)."""
+        now = self.hub.clock.now()
+        try:
+            async with self.hub.db.write() as conn:
+                await conn.execute(bot_inbound.insert().values(key=key[:250], app_id=app_id, received_at=now))
+                if hash(key) % 64 == 0:  # prune now and then; keys outlive Feishu's retry window
+                    await conn.execute(bot_inbound.delete().where(bot_inbound.c.received_at < now - DEDUP_TTL))
+            return True
+        except IntegrityError:
+            return False
+
+    def toast(self, msgid: str, kind: str = "success", **values: Any) -> dict:
+        """Return a callback toast with `i18n` texts."""
+        text = self.tr.text(msgid, **values)
+        return {"type": kind, "content": text["en_us"], "i18n": text}
+
+    # ------------------------------------------------------------ events
+
+    async def accept(self, app_id: str, envelope: dict, out: Outgoing | None = None) -> tuple[dict, Awaitable | None]:
+        """Deduplicate and route one event; return (the immediate answer, slow work to run after it)."""
+        out = out or self.messenger
+        header = envelope.get("header") or {}
+        event = envelope.get("event") or {}
+        event_id = header.get("event_id") or envelope.get("uuid")
+        if not event_id or not await self.first_seen(app_id, f"event:{event_id}"):
+            return {}, None
+        kind = header.get("event_type")
+        if kind == "im.message.receive_v1":
+            mid = (event.get("message") or {}).get("message_id")
+            if not mid or not await self.first_seen(app_id, f"message:{mid}"):
+                return {}, None
+            return {}, self.on_message(app_id, event, out)
+        if kind == "card.action.trigger":
+            return await self.on_action(app_id, event, out), None
+        return {}, None
+
+    async def _viewer(self, app_id: str, ids: dict) -> Viewer | None:
+        app = self.apps.get(app_id)
+        if app is None or not ids.get("open_id"):
+            return None
+        return await self.identity.bind(app_id, ids["open_id"], app.admin_open_id, ids.get("union_id"), ids.get("user_id"))
+
+    async def on_message(self, app_id: str, event: dict, out: Outgoing) -> None:
+        """Answer a chat message: `/amux` → the overview card; anything else → a Turn of the chat's Session."""
+        sender = event.get("sender") or {}
+        msg = event.get("message") or {}
+        if sender.get("sender_type") not in (None, "user") or msg.get("message_type") != "text":
+            return
+        try:
+            text = MENTION.sub("", json.loads(msg.get("content") or "{}").get("text") or "").strip()
+        except ValueError:
+            return
+        viewer = await self._viewer(app_id, sender.get("sender_id") or {})
+        mid = msg["message_id"]
+        if viewer is None:
+            return  # a revoked binding gets no answer at all
+        ctx = Ctx(viewer, self.hub, self.tr)
+        if is_command(text):
+            answer = await overview(ctx)
+            await out.reply(app_id, mid, "interactive", answer.card, f"amux-{mid}")
+            return
+        if not text:
+            return
+        try:
+            _turn, reply = await converse(self.hub, viewer, msg.get("chat_id") or mid, text, self.turn_wait_s)
+        except AmuxError as e:
+            reply = e.message
+        await out.reply(app_id, mid, "text", {"text": reply}, f"amux-{mid}")
+
+    async def on_action(self, app_id: str, event: dict, out: Outgoing) -> dict:
+        """Answer a card click within the budget: a toast and/or the refreshed card; finish late work by PATCH."""
+        work = asyncio.ensure_future(self._act(app_id, event))
+        try:
+            return await asyncio.wait_for(asyncio.shield(work), ACTION_BUDGET_S)
+        except asyncio.TimeoutError:
+            message_id = (event.get("context") or {}).get("open_message_id")
+
+            async def finish() -> None:
+                res = await work
+                if message_id and res.get("card"):
+                    await out.patch(app_id, message_id, res["card"]["data"])
+            self.spawn(finish())
+            return {"toast": self.toast(_("Working on it…"), "info")}
+
+    async def _act(self, app_id: str, event: dict) -> dict:
+        try:
+            action, handler = check((event.get("action") or {}).get("value"))
+        except BadPayload:
+            return {"toast": self.toast(_("This button is out of date; send /amux for a fresh card."), "warning")}
+        viewer = await self._viewer(app_id, event.get("operator") or {})
+        if viewer is None:
+            return {"toast": self.toast(_("Your Feishu identity is not bound to amux."), "error")}
+        try:
+            answer: Answer = await handler(Ctx(viewer, self.hub, self.tr), action)
+        except AmuxError as e:
+            return {"toast": {"type": "error", "content": self.tr.gettext("en_us", e.message),
+                              "i18n": {lang: self.tr.gettext(lang, e.message) for lang in ("en_us", "zh_cn")}}}
+        res: dict = {}
+        if answer.toast:
+            res["toast"] = self.toast(answer.toast, answer.toast_kind, **dict(answer.toast_values))
+        if answer.card:
+            res["card"] = {"type": "raw", "data": answer.card}
+        return res

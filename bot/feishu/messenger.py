@@ -1,0 +1,76 @@
+"""Outgoing chat messages of the bot through lark-oapi (reply to a message, PATCH a card).
+
+Uses the hub-managed tenant token (bot.feishu.token) per request, like the alert channel, and a stable
+request uuid per inbound message so a retried reply is deduplicated by Feishu.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Iterable, Protocol
+
+import lark_oapi as lark
+from lark_oapi.api.im.v1 import (PatchMessageRequest, PatchMessageRequestBody, ReplyMessageRequest,
+                                 ReplyMessageRequestBody)
+
+from .token import TenantToken, TokenError
+
+log = logging.getLogger(__name__)
+TOKEN_INVALID = {99991663, 99991661, 99991668}
+
+
+class Outgoing(Protocol):
+    """Where the bot's answers go (Feishu, or the local console)."""
+
+    async def reply(self, app_id: str, message_id: str, msg_type: str, content: dict, uuid: str) -> str | None:
+        """Reply under `message_id`; return the new message id (None when it failed)."""
+
+    async def patch(self, app_id: str, message_id: str, card: dict) -> bool:
+        """Replace the card `message_id`; return whether it worked."""
+
+
+class LarkMessenger:
+    """Send the bot's replies with lark-oapi to each configured application's Open Platform."""
+
+    def __init__(self, apps: Iterable[Any], timeout_s: float = 10.0) -> None:
+        self.apps = {}
+        for a in apps:
+            client = (lark.Client.builder().app_id(a.app_id).app_secret(a.app_secret)
+                      .domain(a.base_url.rstrip("/")).enable_set_token(True).timeout(timeout_s)
+                      .log_level(lark.LogLevel.ERROR).build())
+            self.apps[a.app_id] = (client, TenantToken(a.base_url, a.app_id, a.app_secret, timeout_s))
+
+    async def _call(self, app_id: str, fn) -> Any:  # noqa: ANN001
+        if app_id not in self.apps:
+            log.warning("Feishu application %s is not configured; reply dropped", app_id)
+            return None
+        client, token = self.apps[app_id]
+        for attempt in range(2):
+            try:
+                tok = await token.get()
+            except TokenError as e:
+                log.warning("reply not sent: %s", e)
+                return None
+            resp = await fn(client, lark.RequestOption.builder().tenant_access_token(tok).build())
+            if resp.code in TOKEN_INVALID and attempt == 0:
+                token.invalidate(tok)
+                continue
+            if resp.code != 0:
+                log.warning("Feishu answered %s %s", resp.code, resp.msg)
+                return None
+            return resp
+        return None
+
+    async def reply(self, app_id: str, message_id: str, msg_type: str, content: dict, uuid: str) -> str | None:
+        """Reply under `message_id` with a card (`interactive`) or `text`."""
+        body = (ReplyMessageRequestBody.builder().msg_type(msg_type)
+                .content(json.dumps(content, ensure_ascii=False)).uuid(uuid[:50]).build())
+        req = ReplyMessageRequest.builder().message_id(message_id).request_body(body).build()
+        resp = await self._call(app_id, lambda c, o: c.im.v1.message.areply(req, o))
+        return getattr(getattr(resp, "data", None), "message_id", None) if resp else None
+
+    async def patch(self, app_id: str, message_id: str, card: dict) -> bool:
+        """PATCH the card `message_id` (Feishu allows it for 14 days after sending)."""
+        body = PatchMessageRequestBody.builder().content(json.dumps(card, ensure_ascii=False)).build()
+        req = PatchMessageRequest.builder().message_id(message_id).request_body(body).build()
+        return await self._call(app_id, lambda c, o: c.im.v1.message.apatch(req, o)) is not None

@@ -1,0 +1,1 @@
+"""Card-action and message handlers, one feature per module."""

@@ -1,0 +1,36 @@
+"""What every handler receives (the operator and the hub's services) and what it answers."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bot.i18n import Catalogs
+from bot.identity import Viewer
+
+from hub.errors import AmuxError
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """One request: the authenticated operator, the application and the hub services."""
+
+    viewer: Viewer
+    hub: Any            # hub.app.Hub (services: schedules, alerts, sessions, db, clock)
+    tr: Catalogs
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A handler's result: a refreshed card and/or a toast (`kind`: success | info | warning | error)."""
+
+    card: dict | None = None
+    toast: str | None = None            # msgid
+    toast_kind: str = "success"
+    toast_values: tuple[tuple[str, Any], ...] = ()
+
+
+class Refused(AmuxError):
+    """The operator may not do this; the message is a msgid shown as an error toast, nothing changed."""
+
+    status = 403
+    code = "forbidden"

@@ -1,0 +1,33 @@
+"""Card-action routing: a pure check (payload → handler) and the I/O of running it."""
+from __future__ import annotations
+
+from typing import Awaitable, Callable
+
+from .cards.actions import BadPayload, CardAction
+from .handlers import alert_center, schedules
+from .handlers.context import Answer, Ctx
+from .handlers.overview import overview
+
+Handler = Callable[[Ctx, CardAction], Awaitable[Answer]]
+
+ROUTES: dict[str, Handler] = {
+    "overview": overview, "schedules": schedules.list_schedules, "detail": schedules.detail,
+    "history": schedules.history, "results": schedules.results, "pause": schedules.pause,
+    "resume": schedules.resume, "delete": schedules.delete, "alerts": alert_center.alert_center,
+    "ack": alert_center.acknowledge, "snooze": alert_center.snooze, "recheck": alert_center.recheck,
+}
+
+
+def check(value: object) -> tuple[CardAction, Handler]:
+    """Return the parsed action and its handler (pure; raises BadPayload)."""
+    action = CardAction.unpack(value)
+    handler = ROUTES.get(action.op)
+    if handler is None:  # pragma: no cover — OPS and ROUTES are kept together
+        raise BadPayload(f"no handler for {action.op}")
+    return action, handler
+
+
+def is_command(text: str) -> bool:
+    """Return whether a chat message asks for the overview."""
+    words = text.strip().split()
+    return bool(words) and words[0].lower() in ("/amux", "amux")

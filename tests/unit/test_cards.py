@@ -1,0 +1,136 @@
+"""Card rendering is pure: view model → Card JSON 2.0, checked snapshot-style, within Feishu's limits."""
+from __future__ import annotations
+
+import pytest
+
+from bot.cards.actions import BadPayload, CardAction
+from bot.cards.alert_center import render_alert_center
+from bot.cards.base import MAX_CARD_BYTES, MAX_ELEMENTS, count_elements, size_bytes
+from bot.cards.overview import render_overview
+from bot.cards.schedules import render_detail, render_history, render_list, render_results, split_result
+from bot.cards.views import (AlertCenterView, HistoryView, IncidentItem, Outcome, OverviewView, ResultsView,
+                             ScheduleDetailView, ScheduleItem, ScheduleListView)
+from bot.i18n import Catalogs
+
+TR = Catalogs()
+
+
+def walk(node, fn):  # noqa: ANN001, ANN201
+    fn(node)
+    if isinstance(node, dict):
+        for v in node.values():
+            walk(v, fn)
+    elif isinstance(node, list):
+        for v in node:
+            walk(v, fn)
+
+
+def check_card(card: dict) -> None:
+    """Card JSON 2.0 rules every card obeys."""
+    assert card["schema"] == "2.0" and card["config"]["locales"] == ["en_us", "zh_cn"]
+    assert size_bytes(card) <= MAX_CARD_BYTES and count_elements(card) <= MAX_ELEMENTS
+
+    def rules(node):  # noqa: ANN001, ANN202
+        if isinstance(node, dict):
+            assert node.get("tag") != "action", "Card 2.0 has no action rows"
+            if "i18n_content" in node:
+                assert set(node["i18n_content"]) == {"en_us", "zh_cn"} and node["content"] == node["i18n_content"]["en_us"]
+            if node.get("tag") == "button":
+                (behavior,) = node["behaviors"]
+                assert behavior["type"] == "callback" and CardAction.unpack(behavior["value"]).pack() == behavior["value"]
+    walk(card, rules)
+
+    def buttons_in_columns(node):  # noqa: ANN001, ANN202
+        if isinstance(node, dict) and node.get("tag") == "column_set":
+            for col in node["columns"]:
+                assert col["tag"] == "column"
+    walk(card, buttons_in_columns)
+    body_tags = [e["tag"] for e in card["body"]["elements"]]
+    assert "button" not in body_tags, "buttons live inside a column_set"
+
+
+OVERVIEW = OverviewView("alice", total=3, failing=1, paused=1,
+                        latest=(Outcome("nightly", "2026-01-05T09:00:00+00:00", "failed"),), is_admin=False)
+
+
+def test_overview_snapshot():
+    card = render_overview(OVERVIEW, TR)
+    check_card(card)
+    els = card["body"]["elements"]
+    assert card["header"]["title"]["i18n_content"] == {"en_us": "amux overview", "zh_cn": "amux 概览"}
+    assert els[1]["i18n_content"] == {
+        "en_us": "**Your schedules**: 3 · **failing**: 1 · **paused**: 1",
+        "zh_cn": "**你的定时任务**：3 · **失败中**：1 · **已暂停**：1"}
+    assert els[2]["i18n_content"]["en_us"] == "**Latest outcomes**\n- nightly · 2026-01-05 09:00 · failed"
+    assert els[2]["i18n_content"]["zh_cn"] == "**最新结果**\n- nightly · 2026-01-05 09:00 · 失败"
+    assert els[-1]["tag"] == "column_set" and len(els[-1]["columns"]) == 1
+    assert els[-1]["columns"][0]["elements"][0]["behaviors"][0]["value"] == {"p": "amux", "v": 1, "op": "schedules"}
+
+
+def test_admin_overview_has_both_entries_in_one_row():
+    from dataclasses import replace
+    card = render_overview(replace(OVERVIEW, is_admin=True, active_incidents=2), TR)
+    check_card(card)
+    rows = [e for e in card["body"]["elements"] if e["tag"] == "column_set"]
+    assert len(rows) == 1
+    ops = [c["elements"][0]["behaviors"][0]["value"]["op"] for c in rows[0]["columns"]]
+    assert ops == ["schedules", "alerts"]
+
+
+def test_user_text_is_escaped():
+    card = render_overview(OverviewView("<at id=all></at>", 0, 0, 0), TR)
+    assert "\\<at id=all\\>" in card["body"]["elements"][0]["content"]
+
+
+@pytest.mark.parametrize("card", [
+    render_list(ScheduleListView(tuple(ScheduleItem(f"sch_{i}", f"job {i}", "every 1h", i % 2 == 0,
+                                                    "2026-01-05T10:00:00+00:00", "succeeded") for i in range(5)),
+                                 page=1, pages=3, total=13), TR),
+    render_list(ScheduleListView((), 0, 1, 0), TR),
+    render_detail(ScheduleDetailView("sch_1", "nightly", "cron 0 2 * * *", "Asia/Shanghai", "subtask", False,
+                                     "2026-01-06T02:00:00+08:00", (Outcome("nightly", None, "unknown"),)), TR),
+    render_detail(ScheduleDetailView("sch_1", "nightly", "every 1h", "UTC", "subtask", True, None), TR),
+    render_history(HistoryView("sch_1", "nightly", tuple(Outcome("n", None, "missed") for _ in range(10)), 2, True), TR),
+    render_results(ResultsView("sch_1", "n", 0, 2, 1, 3, Outcome("n", None, "succeeded"), "x" * 9000), TR),
+    render_results(ResultsView("sch_1", "n", 0, 0, 0, 0), TR),
+    render_alert_center(AlertCenterView("cli_1", tuple(IncidentItem(f"inc_{i}", "nightly", "alice", "open", 2, 1, 0,
+                                                                    "failed", i == 0, None) for i in range(5)),
+                                        0, 2, "suspended", ("230013: bot not available to the user",)), TR),
+])
+def test_every_card_obeys_card_2_rules(card: dict):
+    check_card(card)
+
+
+def test_list_pagination_buttons():
+    card = render_list(ScheduleListView((), page=1, pages=3, total=13), TR)
+    values = []
+    walk(card, lambda n: values.append(n["behaviors"][0]["value"]) if isinstance(n, dict) and n.get("tag") == "button" else None)
+    assert {"p": "amux", "v": 1, "op": "schedules"} in values          # previous = page 0
+    assert {"p": "amux", "v": 1, "op": "schedules", "pg": 2} in values
+    assert {"p": "amux", "v": 1, "op": "overview"} in values           # back
+
+
+def test_results_split_keeps_every_part_under_the_limit():
+    text = "長い结果 <b>*x*</b>\n" * 5000
+    parts = split_result(text)
+    assert len(parts) > 5 and all(len(p.encode()) <= 9000 for p in parts)
+    assert "".join(parts).replace("\\", "") == text
+    for i, part in enumerate(parts):
+        check_card(render_results(ResultsView("sch_1", "n", 0, 1, i, len(parts), Outcome("n", None, "succeeded"), part), TR))
+
+
+@pytest.mark.parametrize("value", [
+    None, "x", {"p": "alert", "v": 1, "op": "ack"}, {"p": "amux", "v": 2, "op": "overview"},
+    {"p": "amux", "v": 1, "op": "rm -rf"}, {"p": "amux", "v": 1, "op": "pause"},
+    {"p": "amux", "v": 1, "op": "detail", "s": 5}, {"p": "amux", "v": 1, "op": "schedules", "pg": -1},
+    {"p": "amux", "v": 1, "op": "schedules", "pg": True}, {"p": "amux", "v": 1, "op": "ack"},
+])
+def test_bad_payloads_are_refused(value):  # noqa: ANN001
+    with pytest.raises(BadPayload):
+        CardAction.unpack(value)
+
+
+def test_payload_round_trip():
+    a = CardAction("results", "sch_1", page=3, sub=2)
+    assert a.pack() == {"p": "amux", "v": 1, "op": "results", "s": "sch_1", "pg": 3, "sub": 2}
+    assert CardAction.unpack(a.pack()) == a
