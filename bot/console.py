@@ -1,0 +1,214 @@
+"""`GET /console`: try the bot without a Feishu tenant.
+
+Pick a simulated Feishu user of a configured application, type `/amux` or a message, see the cards
+rendered as HTML and click their buttons. Every request is turned into the same event envelope Feishu
+sends (`im.message.receive_v1`, `card.action.trigger`) and goes through `FeishuBot.accept` — the same
+deduplication, identity binding, handlers and authorization; only the transport differs. Replies are
+collected instead of sent. The console's API needs an administrator token (it can act as any user),
+and when no application is configured it offers a local one, `cli_console`, whose administrator is
+`ou_admin`.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from hub.config import FeishuAppSettings
+from hub.errors import AmuxError
+
+CONSOLE_APP = "cli_console"
+HEADERS = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer", "X-Content-Type-Options": "nosniff"}
+
+
+class ConsoleSink:
+    """An Outgoing that keeps the bot's replies for the browser."""
+
+    def __init__(self) -> None:
+        self.replies: list[dict] = []
+        self.patches: list[dict] = []
+
+    async def reply(self, app_id: str, message_id: str, msg_type: str, content: dict, uuid_: str) -> str | None:
+        """Keep a reply; return a message id like Feishu would."""
+        mid = f"om_console_{secrets.token_hex(6)}"
+        self.replies.append({"message_id": mid, "reply_to": message_id, "msg_type": msg_type, "content": content})
+        return mid
+
+    async def patch(self, app_id: str, message_id: str, card: dict) -> bool:
+        """Keep a late card update."""
+        self.patches.append({"message_id": message_id, "card": card})
+        return True
+
+
+def _envelope(app_id: str, event_type: str, event: dict, now_ms: int) -> dict:
+    return {"schema": "2.0", "header": {"event_id": f"console-{uuid.uuid4().hex}", "event_type": event_type,
+                                        "app_id": app_id, "tenant_key": "console", "create_time": str(now_ms)},
+            "event": event}
+
+
+class Console:
+    """The console's page and JSON API."""
+
+    def __init__(self, bot: Any, hub: Any) -> None:
+        self.bot = bot
+        self.hub = hub
+        if not bot.apps:
+            bot.apps[CONSOLE_APP] = FeishuAppSettings(app_id=CONSOLE_APP, admin_open_id="ou_admin", mode="console")
+
+    async def _admin(self, request: web.Request) -> None:
+        caller = await self.hub.auth.authenticate(request.headers.get("Authorization"))
+        if not caller.admin:
+            raise web.HTTPForbidden(text="the console acts as any Feishu user: use an administrator token "
+                                         "($AMUX_HOME/admin.token or `amux token create --admin`)")
+
+    async def _json(self, request: web.Request) -> dict:
+        try:
+            await self._admin(request)
+        except AmuxError as e:
+            raise web.HTTPUnauthorized(text=e.message) from None
+        try:
+            data = await request.json()
+        except ValueError:
+            raise web.HTTPBadRequest(text="send a JSON object") from None
+        app_id, open_id = data.get("app_id"), data.get("open_id")
+        if app_id not in self.bot.apps:
+            raise web.HTTPBadRequest(text=f"unknown application {app_id!r}; pick one of {sorted(self.bot.apps)}")
+        if not isinstance(open_id, str) or not open_id.startswith("ou_") or len(open_id) > 100:
+            raise web.HTTPBadRequest(text="open_id must look like ou_…")
+        return data
+
+    def _now_ms(self) -> int:
+        return int(self.hub.clock.now().timestamp() * 1000)
+
+    async def page(self, request: web.Request) -> web.Response:
+        """Serve the console page."""
+        nonce = secrets.token_urlsafe(16)
+        csp = (f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; connect-src 'self'; "
+               "form-action 'none'; frame-ancestors 'none'; base-uri 'none'")
+        return web.Response(text=PAGE.replace("__NONCE__", nonce), content_type="text/html",
+                            headers={**HEADERS, "Content-Security-Policy": csp})
+
+    async def apps(self, request: web.Request) -> web.Response:
+        """List the applications and their administrators (for the user picker)."""
+        try:
+            await self._admin(request)
+        except AmuxError as e:
+            raise web.HTTPUnauthorized(text=e.message) from None
+        return web.json_response([{"app_id": a.app_id, "admin_open_id": a.admin_open_id} for a in self.bot.apps.values()],
+                                 headers=HEADERS)
+
+    async def message(self, request: web.Request) -> web.Response:
+        """Deliver a chat message as `im.message.receive_v1`; return the bot's replies."""
+        data = await self._json(request)
+        text = str(data.get("text") or "")[:4000]
+        mid = f"om_console_{secrets.token_hex(6)}"
+        event = {"sender": {"sender_id": {"open_id": data["open_id"]}, "sender_type": "user", "tenant_key": "console"},
+                 "message": {"message_id": mid, "chat_id": f"oc_console_{data['open_id']}", "chat_type": "p2p",
+                             "message_type": "text", "content": json.dumps({"text": text}),
+                             "create_time": str(self._now_ms())}}
+        sink = ConsoleSink()
+        _answer, work = await self.bot.accept(data["app_id"], _envelope(data["app_id"], "im.message.receive_v1", event,
+                                                                       self._now_ms()), sink)
+        if work is not None:
+            await work
+        return web.json_response({"replies": sink.replies}, headers=HEADERS)
+
+    async def action(self, request: web.Request) -> web.Response:
+        """Deliver a button click as `card.action.trigger`; return the toast and/or the refreshed card."""
+        data = await self._json(request)
+        event = {"operator": {"open_id": data["open_id"], "tenant_key": "console"},
+                 "token": f"c-{uuid.uuid4().hex}", "action": {"value": data.get("value"), "tag": "button"},
+                 "host": "im_message", "context": {"open_message_id": str(data.get("message_id") or ""),
+                                                   "open_chat_id": f"oc_console_{data['open_id']}"}}
+        sink = ConsoleSink()
+        answer, _work = await self.bot.accept(data["app_id"], _envelope(data["app_id"], "card.action.trigger", event,
+                                                                        self._now_ms()), sink)
+        return web.json_response(answer, headers=HEADERS)
+
+
+def add_routes(app: web.Application, bot: Any, hub: Any) -> None:
+    """Mount `/console` and its API."""
+    c = Console(bot, hub)
+    app.router.add_get("/console", c.page)
+    app.router.add_get("/console/api/apps", c.apps)
+    app.router.add_post("/console/api/message", c.message)
+    app.router.add_post("/console/api/action", c.action)
+
+
+PAGE = r"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>amux bot console</title>
+<style nonce="__NONCE__">
+body{font:14px/1.45 system-ui,sans-serif;margin:1.5rem;color:#1d1d1f;max-width:60rem}
+h1{font-size:1.3rem}fieldset{border:1px solid #e3e3e6;border-radius:6px;margin:0 0 1rem}
+label{margin-right:1rem}input,select{font:inherit;padding:.2rem .4rem}
+#log{display:flex;flex-direction:column;gap:.8rem}.me{align-self:flex-end;background:#e8f0fe;padding:.4rem .7rem;border-radius:8px}
+.card{border:1px solid #d0d0d5;border-radius:8px;overflow:hidden;max-width:36rem}
+.card header{padding:.5rem .8rem;color:#fff;font-weight:600;background:#3370ff}
+.card header.orange{background:#f80}.card header.grey{background:#8f959e}
+.card .body{padding:.6rem .8rem}.md{white-space:pre-wrap;margin:.3rem 0}.row{display:flex;gap:.4rem;flex-wrap:wrap;margin:.4rem 0}
+button.primary{background:#3370ff;color:#fff;border:1px solid #3370ff}button.danger{color:#d83931}
+button{font:inherit;padding:.25rem .7rem;border-radius:6px;border:1px solid #c9c9ce;background:#fff;cursor:pointer}
+.text{background:#f5f5f7;padding:.4rem .7rem;border-radius:8px;white-space:pre-wrap;max-width:36rem}
+#toast{position:fixed;top:1rem;right:1rem;padding:.5rem .9rem;border-radius:6px;background:#1d1d1f;color:#fff;display:none}
+#toast.error{background:#d83931}#toast.warning{background:#f80}
+</style></head><body>
+<h1>amux bot console</h1>
+<p>Talk to the bot as a simulated Feishu user. Messages and clicks go through the same handlers and authorization as real Feishu events.</p>
+<fieldset><legend>Who</legend>
+<label>Admin token <input id="token" type="password" size="30" autocomplete="off"></label>
+<label>Application <select id="app"></select></label>
+<label>User open_id <input id="user" value="ou_console_user" size="18"></label>
+<label>Language <select id="lang"><option value="en_us">English</option><option value="zh_cn">简体中文</option></select></label>
+<button id="connect">Connect</button>
+</fieldset>
+<form id="send"><input id="text" size="50" placeholder="/amux or any message"> <button id="sendbtn" type="submit">Send</button></form>
+<div id="log"></div><div id="toast" role="status"></div>
+<script nonce="__NONCE__">
+const $ = (id) => document.getElementById(id);
+const log = $("log");
+function headers(){ return {"Content-Type":"application/json","Authorization":"Bearer "+$("token").value.trim()}; }
+function say(text, cls){ const d=document.createElement("div"); d.className=cls; d.textContent=text; log.appendChild(d); return d; }
+function toast(t){ if(!t) return; const el=$("toast"); const lang=$("lang").value;
+  el.textContent=(t.i18n&&t.i18n[lang])||t.content; el.className=t.type; el.style.display="block";
+  clearTimeout(el._t); el._t=setTimeout(()=>{el.style.display="none";}, 4000); }
+function txt(node){ const lang=$("lang").value; return (node.i18n_content&&node.i18n_content[lang])||node.content||""; }
+function mdInto(parent, text){ // **bold** only; everything is text, never HTML
+  const p=document.createElement("div"); p.className="md";
+  text.replace(/\\([\\`*~\[\]()<>#|])/g,"$1").split(/(\*\*[^*]+\*\*)/).forEach(part=>{
+    if(part.startsWith("**")&&part.endsWith("**")&&part.length>4){const b=document.createElement("b");b.textContent=part.slice(2,-2);p.appendChild(b);}
+    else p.appendChild(document.createTextNode(part)); });
+  parent.appendChild(p); }
+function renderInto(box, card, messageId){
+  box.replaceChildren(); box.card=card; box.messageId=messageId;
+  const h=document.createElement("header"); h.textContent=txt(card.header.title); h.className=card.header.template||""; box.appendChild(h);
+  const body=document.createElement("div"); body.className="body"; box.appendChild(body);
+  for(const el of card.body.elements){
+    if(el.tag==="markdown") mdInto(body, txt(el));
+    else if(el.tag==="hr") body.appendChild(document.createElement("hr"));
+    else if(el.tag==="column_set"){ const row=document.createElement("div"); row.className="row";
+      for(const col of el.columns) for(const b of col.elements) if(b.tag==="button"){
+        const btn=document.createElement("button"); btn.textContent=txt(b.text); btn.className=b.type||"";
+        btn.addEventListener("click", ()=>press(box, b.behaviors[0].value)); row.appendChild(btn); }
+      body.appendChild(row); } } }
+function cardBox(card, messageId){ const box=document.createElement("div"); box.className="card"; renderInto(box, card, messageId); log.appendChild(box); return box; }
+async function post(path, data){
+  const r=await fetch(path,{method:"POST",headers:headers(),body:JSON.stringify(Object.assign({app_id:$("app").value,open_id:$("user").value.trim()},data))});
+  if(!r.ok){ toast({type:"error",content:await r.text()}); return null; } return r.json(); }
+async function press(box, value){
+  const res=await post("/console/api/action",{value:value,message_id:box.messageId}); if(!res) return;
+  toast(res.toast); if(res.card&&res.card.data) renderInto(box, res.card.data, box.messageId); }
+$("send").addEventListener("submit", async (e)=>{ e.preventDefault(); const text=$("text").value; if(!text.trim()) return;
+  say(text,"me"); $("text").value="";
+  const res=await post("/console/api/message",{text:text}); if(!res) return;
+  for(const r of res.replies){ if(r.msg_type==="interactive") cardBox(r.content, r.message_id); else say(r.content.text,"text"); } });
+$("connect").addEventListener("click", async ()=>{
+  const r=await fetch("/console/api/apps",{headers:headers()}); if(!r.ok){ toast({type:"error",content:await r.text()}); return; }
+  const apps=await r.json(); const sel=$("app"); sel.replaceChildren();
+  for(const a of apps){ const o=document.createElement("option"); o.value=a.app_id; o.textContent=a.app_id+(a.admin_open_id?" (admin "+a.admin_open_id+")":""); sel.appendChild(o); }
+  toast({type:"success",content:"connected"}); });
+$("lang").addEventListener("change", ()=>{ for(const box of document.querySelectorAll(".card")) renderInto(box, box.card, box.messageId); });
+</script></body></html>
+"""
