@@ -33,6 +33,9 @@ async def throughput(url: str, token: str, n: int, concurrency: int = 32) -> flo
     """Submit n tasks over MCP with `concurrency` callers; return tasks/s from first submit to last terminal."""
     queue = list(range(n))
     ids: list[str] = []
+    async with httpx2.AsyncClient(timeout=60) as http:
+        before = terminal_counts((await http.get(f"{url}/metrics")).text)
+    done_before, ok_before = sum(before.values()), before.get("succeeded", 0)
     async with client(url, token) as c:
         start = time.perf_counter()
 
@@ -43,17 +46,26 @@ async def throughput(url: str, token: str, n: int, concurrency: int = 32) -> flo
                 ids.append(res.structured_content["task_id"])
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
-            while True:
-                tasks = (await http.get(f"{url}/api/v1/tasks", params={"limit": n})).json()["tasks"]
-                if sum(t["status"] in ("succeeded", "failed", "cancelled", "timed_out") for t in tasks) >= n:
+        async with httpx2.AsyncClient(timeout=60) as http:
+            while True:  # the hub's own gauges: cheap to read, and they count every task
+                counts = terminal_counts((await http.get(f"{url}/metrics")).text)
+                if sum(counts.values()) - done_before >= n:
                     break
-                await asyncio.sleep(0.25)
+                await asyncio.sleep(0.1)
         elapsed = time.perf_counter() - start
-    failed = sum(t["status"] != "succeeded" for t in tasks)
-    if failed:
-        print(f"    warning: {failed} tasks did not succeed", file=sys.stderr)
+    if counts.get("succeeded", 0) - ok_before < n:
+        print(f"    warning: {n - counts.get('succeeded', 0) + ok_before} tasks did not succeed", file=sys.stderr)
     return n / elapsed
+
+
+def terminal_counts(metrics: str) -> dict[str, float]:
+    """Read `amux_tasks{status=…}` for the terminal statuses from /metrics text."""
+    out = {}
+    for line in metrics.splitlines():
+        for status in ("succeeded", "failed", "cancelled", "timed_out"):
+            if line.startswith(f'amux_tasks{{status="{status}"}}'):
+                out[status] = float(line.split()[-1])
+    return out
 
 
 async def latency_at_rate(url: str, token: str, rate: float, seconds: float) -> tuple[float, float]:

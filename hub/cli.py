@@ -77,7 +77,7 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
         runner_token = await _token_file(hub, settings.home / "runner.token", "local-runner", "runner")
         engines: dict[str, Engine] = default_engines()
         local = Runner(url, runner_token, name=f"local-{socket.gethostname()}", slots=args.slots,
-                       workspace_root=settings.home / "workspaces", engines=engines)
+                       workspace_root=(settings.home / "workspaces").resolve(), engines=engines)
         tasks.append(asyncio.create_task(local.run_forever()))
         print(f"in-process runner {local.name} with {args.slots} slots, engines: {', '.join(sorted(local.engines))}", flush=True)
     del admin_token

@@ -341,3 +341,18 @@ async def test_upgrade_heads_applies_recovery_on_a_database_already_at_the_previ
     finally:
         if backend == "postgres":
             await databases.drop(url)
+
+
+async def test_a_schedule_left_unbound_gets_no_proactive_notice_for_later_outcomes_either(seeded):
+    hub, sid = seeded, seeded.ids["owner"]  # its creator has exactly one active alias, but the owner did not match
+    await hub.recovery.recover_creators()
+    assert await hub.recovery.is_unbound(sid)
+    hub.clock.advance(minutes=5)
+    await firing(hub, sid, 1, "tr_later", "failed")  # an outcome after the upgrade
+    assert await hub.alerts.catch_up() == 1
+    hub.clock.advance(minutes=2)
+    await hub.alerts.advance()
+    async with hub.db.read() as conn:
+        assert (await conn.execute(sa.select(sa.func.count()).select_from(incidents).where(
+            incidents.c.schedule_id == sid))).scalar() == 0
+        assert (await conn.execute(sa.select(sa.func.count()).select_from(outbox))).scalar() == 0
