@@ -53,20 +53,42 @@ class RunnerEndpoint:
             return ws
         await ws.send_json(p.Registered(runtime_id=runtime_id, heartbeat_s=self.heartbeat_s, drop=drop).model_dump())
         pump = asyncio.create_task(self._pump(ws, runtime_id, conn_id))
+        inbox: asyncio.Queue = asyncio.Queue()
+        applier = asyncio.create_task(self._apply_loop(ws, runtime_id, conn_id, inbox))
         self.open.add(ws)
         try:
             async for raw in ws:
                 if raw.type != WSMsgType.TEXT:
                     break
-                await self._on_message(ws, runtime_id, conn_id, raw.json())
+                inbox.put_nowait(raw.json())
+            inbox.put_nowait(None)
+            await applier  # apply what arrived before the connection closed
         finally:
             self.open.discard(ws)
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pump
+            for task in (pump, applier):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             with contextlib.suppress(Exception):
                 await self.runtimes.disconnected(runtime_id, conn_id)
         return ws
+
+    async def _apply_loop(self, ws: web.WebSocketResponse, runtime_id: str, conn_id: str, inbox: asyncio.Queue) -> None:
+        """Group commit: every frame that arrived while the last transaction ran is applied in the next one, in order."""
+        while True:
+            frames = [await inbox.get()]
+            while not inbox.empty():
+                frames.append(inbox.get_nowait())
+            done = frames[-1] is None
+            frames = [f for f in frames if f is not None]
+            if frames:
+                try:
+                    await self._on_message(ws, runtime_id, conn_id, {"type": "batch", "messages": [
+                        m for f in frames for m in (f.get("messages", []) if f.get("type") == "batch" else [f])]})
+                except (ConnectionError, RuntimeError):
+                    return
+            if done:
+                return
 
     async def _pump(self, ws: web.WebSocketResponse, runtime_id: str, conn_id: str) -> None:
         cancels_sent: set[str] = set()
