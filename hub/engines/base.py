@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol
@@ -59,3 +61,17 @@ class Engine(Protocol):
 
     async def run(self, job: Job, emit: Emit) -> EngineResult:
         """Run the job to its end."""
+
+
+class CliEngine:
+    """An engine launched as a CLI found on PATH; `AMUX_<NAME>_BIN` names another executable (tests point at fakes)."""
+
+    name = ""
+
+    def binary(self) -> str:
+        """Return the executable to launch."""
+        return os.environ.get(f"AMUX_{self.name.upper()}_BIN") or self.name
+
+    def available(self) -> bool:
+        """Return whether the binary is on PATH."""
+        return shutil.which(self.binary()) is not None

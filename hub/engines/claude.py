@@ -24,12 +24,10 @@ Escalation reply (Claude's control protocol, as the Agent SDK writes it):
 """
 from __future__ import annotations
 
-import os
-import shutil
 from typing import Any
 
 from .approvals import Approvals, Decision
-from .base import Emit, EngineResult, Job
+from .base import CliEngine, Emit, EngineResult, Job
 from .process import ChildProcess, run_child
 from .streams import launch_value, mapped_usage, tool_title
 
@@ -37,18 +35,10 @@ QUESTION_TOOL = "AskUserQuestion"
 INIT_REQUEST = {"type": "control_request", "request_id": "amux_init", "request": {"subtype": "initialize", "hooks": None}}
 
 
-class ClaudeEngine:
+class ClaudeEngine(CliEngine):
     """Run Claude Code headless and translate its stream-json."""
 
     name = "claude"
-
-    def binary(self) -> str:
-        """Return the executable to launch (AMUX_CLAUDE_BIN overrides `claude`)."""
-        return os.environ.get("AMUX_CLAUDE_BIN") or "claude"
-
-    def available(self) -> bool:
-        """Return whether the binary is on PATH."""
-        return shutil.which(self.binary()) is not None
 
     def argv(self, job: Job) -> list[str]:
         """Build the command line from the frozen snapshot."""

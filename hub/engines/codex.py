@@ -19,11 +19,9 @@ stdin channel to answer one; permission_policy acts through the launch flags alo
 """
 from __future__ import annotations
 
-import os
-import shutil
 from typing import Any
 
-from .base import Emit, EngineResult, Job
+from .base import CliEngine, Emit, EngineResult, Job
 from .process import ChildProcess, run_child
 from .streams import launch_value, mapped_usage, program_name
 
@@ -32,18 +30,10 @@ TOOL_ITEMS = frozenset({"command_execution", "file_change", "mcp_tool_call", "we
 STATUSES = {"in_progress": "running", "completed": "completed", "failed": "failed", "declined": "failed"}
 
 
-class CodexEngine:
+class CodexEngine(CliEngine):
     """Run `codex exec --json` and translate its thread events."""
 
     name = "codex"
-
-    def binary(self) -> str:
-        """Return the executable to launch (AMUX_CODEX_BIN overrides `codex`)."""
-        return os.environ.get("AMUX_CODEX_BIN") or "codex"
-
-    def available(self) -> bool:
-        """Return whether the binary is on PATH."""
-        return shutil.which(self.binary()) is not None
 
     def argv(self, job: Job) -> list[str]:
         """Build the command line from the frozen snapshot."""

@@ -16,11 +16,9 @@ Pi has no permission prompts: it supports permission_policy policy-allow only.
 """
 from __future__ import annotations
 
-import os
-import shutil
 from typing import Any
 
-from .base import Emit, EngineResult, Job
+from .base import CliEngine, Emit, EngineResult, Job
 from .process import ChildProcess, run_child
 from .streams import launch_value, mapped_usage, tool_title
 
@@ -29,18 +27,10 @@ USAGE_NAMES = {"input": "input_tokens", "output": "output_tokens", "cacheRead": 
 DIALOGS = frozenset({"select", "input", "editor", "confirm"})
 
 
-class PiEngine:
+class PiEngine(CliEngine):
     """Run pi in JSON mode and translate its session events."""
 
     name = "pi"
-
-    def binary(self) -> str:
-        """Return the executable to launch (AMUX_PI_BIN overrides `pi`)."""
-        return os.environ.get("AMUX_PI_BIN") or "pi"
-
-    def available(self) -> bool:
-        """Return whether the binary is on PATH."""
-        return shutil.which(self.binary()) is not None
 
     def argv(self, job: Job) -> list[str]:
         """Build the command line from the frozen snapshot."""
