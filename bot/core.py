@@ -131,7 +131,8 @@ class FeishuBot:
         if not text:
             return
         try:
-            _turn, reply = await converse(self.hub, viewer, msg.get("chat_id") or mid, text, self.turn_wait_s)
+            _turn, reply = await converse(self.hub, viewer, msg.get("chat_id") or mid, text, self.turn_wait_s,
+                                          message_id=mid)
         except AmuxError as e:
             reply = e.message
         await out.reply(app_id, mid, "text", {"text": reply}, f"amux-{mid}")

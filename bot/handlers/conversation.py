@@ -29,10 +29,13 @@ async def chat_session(hub, v: Viewer, chat_id: str) -> str:  # noqa: ANN001
         return await chat_session(hub, v, chat_id)
 
 
-async def converse(hub, v: Viewer, chat_id: str, text: str, wait_s: float) -> tuple[str, str]:  # noqa: ANN001
+async def converse(hub, v: Viewer, chat_id: str, text: str, wait_s: float,  # noqa: ANN001
+                   message_id: str | None = None) -> tuple[str, str]:
     """Submit `text` as a Turn and wait for it; return (turn id, answer text)."""
     sid = await chat_session(hub, v, chat_id)
-    turn_id = await hub.sessions.submit_turn(v.caller(), sid, text, source="feishu")
+    receipt = {"app_id": v.app_id, "binding_id": v.binding_id, "open_id": v.open_id, "chat_id": chat_id,
+               "message_id": message_id}
+    turn_id = await hub.sessions.submit_turn(v.caller(), sid, text, source="feishu", receipt=receipt)
     view = await hub.sessions.wait_turn(v.caller(), turn_id, timeout_s=wait_s)
     result = (view.get("result") or {}).get("text") if isinstance(view.get("result"), dict) else None
     answer = result or view.get("error") or f"[{view.get('status')}]"

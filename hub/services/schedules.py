@@ -13,9 +13,10 @@ from ..domain import schedule_rules as rules
 from ..errors import Invalid, NotFound
 from ..ids import new_id
 from ..store.db import Database
-from ..store.tables import firings, principals, schedules
+from ..store.tables import firings, identity_bindings, principals, schedules, task_runs
 from .admission import Admission, SubmitRequest
 from .auth import Caller
+from .delegation import delegation_parent
 from .schedule_ports import SessionPort
 from . import legacy_history
 
@@ -58,6 +59,30 @@ class ScheduleSpec:
 def provenance_of(caller: Caller, source: str) -> dict[str, Any]:
     """Freeze how the creator was authenticated (a Feishu Turn receipt will add its own fields)."""
     return {"source": source, "token_id": caller.token_id, "label": caller.label, "principal": caller.principal}
+
+
+async def turn_attribution(conn, caller: Caller, provenance: dict[str, Any]) -> tuple[str | None, str | None]:  # noqa: ANN001
+    """Attribute a schedule made during a Feishu Turn to that exact Turn's receipt (binding and application).
+
+    Only an agent acting with its session's `amux-session:<id>` token, during an active Turn whose frozen
+    receipt names an active binding of the same principal, is attributed — never the latest speaker of
+    the chat, a recipient or the bot owner. Anything else stays unattributed (no proactive notices).
+    """
+    _parent, turn_id, _ctx = await delegation_parent(conn, caller)
+    if turn_id is None:
+        return None, None
+    snap = (await conn.execute(sa.select(task_runs.c.snapshot).where(task_runs.c.id == turn_id))).scalar() or {}
+    receipt = snap.get("receipt") or {}
+    provenance["turn_id"] = turn_id
+    provenance["receipt"] = receipt
+    if receipt.get("source") != "feishu" or not receipt.get("binding_id"):
+        return None, None
+    binding = (await conn.execute(sa.select(identity_bindings).where(
+        identity_bindings.c.id == receipt["binding_id"]))).first()
+    if binding is None or binding.status != "active" or binding.principal_id != caller.principal_id \
+            or binding.app_id != receipt.get("app_id"):
+        return None, None
+    return binding.id, binding.app_id
 
 
 def submit_request(row: Any) -> SubmitRequest:
@@ -132,9 +157,11 @@ class ScheduleService:
         values = {k: getattr(spec, k) for k in ("name", "prompt", "rule", "timezone", "session_ref") + CHOICES}
         values["rule"] = rules.parse(spec.rule, spec.timezone).text
         async with self.db.write() as conn:
+            provenance = provenance_of(caller, source)
+            binding_id, app_id = await turn_attribution(conn, caller, provenance)
             await conn.execute(schedules.insert().values(
-                id=sid, creator_id=caller.principal_id, creator_binding_id=None, app_id=None,
-                provenance=provenance_of(caller, source), type=spec.schedule_type, paused=False,
+                id=sid, creator_id=caller.principal_id, creator_binding_id=binding_id, app_id=app_id,
+                provenance=provenance, type=spec.schedule_type, paused=False,
                 next_fire_at=first, created_at=now, updated_at=now, **values))
         self.on_changed()
         return await self.get(caller, sid)

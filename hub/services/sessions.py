@@ -85,19 +85,26 @@ class SessionService:
             raise NotFound(f"no session {session_id!r} of yours; `amux session create` makes one")
         return row
 
-    async def submit_turn(self, caller: Caller, session_id: str, prompt: str, source: str = "cli") -> str:
-        """Add a Turn: it wakes the agent and runs on the session's (sticky) runtime; returns the turn id."""
+    async def submit_turn(self, caller: Caller, session_id: str, prompt: str, source: str = "cli",
+                          receipt: dict | None = None) -> str:
+        """Add a Turn: it wakes the agent and runs on the session's (sticky) runtime; returns the turn id.
+
+        `receipt` is the exact authenticated origin of this Turn (for a Feishu message: app, binding, open id,
+        message id); it is frozen on the Turn and is what a schedule created during the Turn attributes to.
+        """
         if not isinstance(prompt, str) or not prompt.strip():
             raise Invalid("the message is empty; send some text")
         async with self.db.write() as conn:
             s = await self._session(conn, caller, session_id)
             self.admission.check_prompt(s.engine, prompt)
-            turn_id = await self.add_run(conn, s, prompt, kind="turn", source=source)
+            turn_id = await self.add_run(conn, s, prompt, kind="turn", source=source,
+                                         receipt={"source": source, **(receipt or {})})
         self.on_admitted()
         return turn_id
 
     async def add_run(self, conn, s: Any, prompt: str, *, kind: str, source: str,  # noqa: ANN001
-                      instance_id: str | None = None, snapshot: dict | None = None, name: str | None = None) -> str:
+                      instance_id: str | None = None, snapshot: dict | None = None, name: str | None = None,
+                      receipt: dict | None = None) -> str:
         """Queue a run in session `s` (a Turn, or an instance's TaskRun) on its frozen identity and sticky runtime."""
         now = self.clock.now()
         seq = s.turns + 1
@@ -106,6 +113,8 @@ class SessionService:
             snap["runtime"] = (await conn.execute(sa.select(runtimes.c.name).where(runtimes.c.id == s.runtime_id))).scalar()
         snap["resume_handle"] = s.resume_handle
         snap["workspace_key"] = s.id
+        if receipt is not None:
+            snap["receipt"] = receipt
         run_id = new_id("turn" if kind == "turn" else "tr")
         await conn.execute(task_runs.insert().values(
             id=run_id, owner_id=s.owner_id, name=name, prompt=prompt, snapshot=snap, status=Status.QUEUED.value,
