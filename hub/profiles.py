@@ -1,30 +1,19 @@
-"""Profiles: builtin shortcuts with their launch presets (manifest v2 profiles come with the engines work)."""
+"""Builtin shortcut profiles (stored manifest-v2 profiles live in hub/services/profiles.py; launch presets in config)."""
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
-
-from .errors import Invalid
-
-
-@dataclass(frozen=True)
-class LaunchPreset:
-    """Launch defaults a builtin shortcut brings when no runtime is chosen."""
-
-    model: str | None = None
-    reasoning_effort: str | None = None
+from dataclasses import asdict, dataclass
 
 
 @dataclass(frozen=True)
 class Profile:
-    """A named launch identity: an engine plus defaults."""
+    """A builtin shortcut: a name for an engine; launch choices come from presets, never from the profile."""
 
     name: str
     engine: str
     kind: str = "builtin"
     description: str = ""
-    preset: LaunchPreset = field(default_factory=LaunchPreset)
 
     def digest(self) -> str:
         """Return a content digest frozen into snapshots."""
@@ -34,7 +23,7 @@ class Profile:
     def public(self) -> dict:
         """Return the listing shape."""
         return {"name": self.name, "engine": self.engine, "kind": self.kind, "description": self.description,
-                "preset": asdict(self.preset), "digest": self.digest()}
+                "digest": self.digest()}
 
 
 BUILTINS: dict[str, Profile] = {
@@ -46,12 +35,3 @@ BUILTINS: dict[str, Profile] = {
         Profile("scripted", "scripted", description="Deterministic scripted engine for tests and demos; the prompt is the script"),
     )
 }
-
-
-def resolve_profile(name: str | None, default: str) -> Profile:
-    """Return the named profile (or the default), refusing unknown names with the list to choose from."""
-    key = (name or default).strip()
-    profile = BUILTINS.get(key)
-    if profile is None:
-        raise Invalid(f"unknown profile {key!r}; choose one of {', '.join(sorted(BUILTINS))} (see profile_list)")
-    return profile

@@ -68,7 +68,7 @@ class ProfileService:
 
     async def list(self) -> list[dict]:
         """Return builtins, then stored profiles."""
-        out = [{k: v for k, v in p.public().items() if k != "preset"} for p in BUILTINS.values()]
+        out = [p.public() for p in BUILTINS.values()]
         async with self.db.read() as conn:
             for r in await conn.execute(sa.select(profiles).order_by(profiles.c.name)):
                 out.append({"name": r.name, "engine": r.engine, "kind": "manifest",
