@@ -90,11 +90,21 @@ class LongConnections:
     def _run(self, app: Any, hub_loop: asyncio.AbstractEventLoop) -> None:
         import lark_oapi as lark
         import lark_oapi.ws.client as ws_client
-        from lark_oapi.event.callback.model.p2_card_action_trigger import P2CardActionTriggerResponse
 
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         ws_client.loop = loop  # the SDK's module-level loop; this thread owns it
+        client = lark.ws.Client(app.app_id, app.app_secret, event_handler=self.event_handler(app, hub_loop),
+                                domain=app.base_url.rstrip("/"), log_level=lark.LogLevel.WARNING)
+        client.start()
+
+    def event_handler(self, app: Any, hub_loop: asyncio.AbstractEventLoop) -> Any:
+        """Return the SDK dispatcher that hands each event frame to `FeishuBot.accept` on the hub loop.
+
+        Called from the connection's own thread: it blocks that thread (never the hub loop) for the answer.
+        """
+        import lark_oapi as lark
+        from lark_oapi.event.callback.model.p2_card_action_trigger import P2CardActionTriggerResponse
 
         def hand_over(data: Any) -> dict:
             envelope = json.loads(lark.JSON.marshal(data))
@@ -104,10 +114,7 @@ class LongConnections:
                 hub_loop.call_soon_threadsafe(self.bot.spawn, work)
             return answer
 
-        handler = (lark.EventDispatcherHandler.builder("", "")
-                   .register_p2_im_message_receive_v1(lambda d: hand_over(d) and None)
-                   .register_p2_card_action_trigger(lambda d: P2CardActionTriggerResponse(hand_over(d)))
-                   .build())
-        client = lark.ws.Client(app.app_id, app.app_secret, event_handler=handler, domain=app.base_url.rstrip("/"),
-                                log_level=lark.LogLevel.WARNING)
-        client.start()
+        return (lark.EventDispatcherHandler.builder("", "")
+                .register_p2_im_message_receive_v1(lambda d: hand_over(d) and None)
+                .register_p2_card_action_trigger(lambda d: P2CardActionTriggerResponse(hand_over(d)))
+                .build())
