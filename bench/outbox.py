@@ -14,15 +14,24 @@ import asyncio
 import time
 from collections import Counter
 
+import sys
+
+import httpx2
+
 from hub.config import FeishuAppSettings
-from tests.fakes.feishu import FakeFeishu
+
+from .common import REPO, free_port
 
 
 async def main(notices: int, admins: int, concurrency: int) -> None:
     from bot.feishu.channel import FeishuChannel
 
-    fake = await FakeFeishu(limits=True).start()
-    ch = FeishuChannel([FeishuAppSettings(app_id=fake.app_id, app_secret=fake.app_secret, base_url=fake.base_url)])
+    # The fake Open Platform runs in its own process, as Feishu would: the sender gets its own core.
+    app_id, port = f"cli_bench{free_port()}", free_port()
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tests.fakes.feishu", app_id, str(port), "--limits",
+                                                cwd=REPO, stdout=asyncio.subprocess.PIPE)
+    base_url = (await proc.stdout.readline()).decode().strip()
+    ch = FeishuChannel([FeishuAppSettings(app_id=app_id, app_secret="secret", base_url=base_url)])
     queue: asyncio.Queue = asyncio.Queue()
     for i in range(notices):
         queue.put_nowait((f"ou_admin{i % admins:03d}", f"ntc_bench{i:08d}"))
@@ -36,7 +45,7 @@ async def main(notices: int, admins: int, concurrency: int) -> None:
             except asyncio.QueueEmpty:
                 return
             while True:
-                d = await ch.send(fake.app_id, rcp, view, uuid)
+                d = await ch.send(app_id, rcp, view, uuid)
                 if d.result == "ok":
                     break
                 retries[d.code] += 1
@@ -45,14 +54,17 @@ async def main(notices: int, admins: int, concurrency: int) -> None:
     start = time.monotonic()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.monotonic() - start
-    await fake.stop()
-    uuids = Counter(m.uuid for m in fake.sent)
+    async with httpx2.AsyncClient() as http:
+        stats = (await http.get(f"{base_url}/_stats")).json()
+    proc.terminate()
+    await proc.wait()
+    uuids = Counter(stats["uuids"])
     dup = sum(c - 1 for c in uuids.values() if c > 1)
-    rate = len(fake.sent) / elapsed
+    rate = stats["sent"] / elapsed
     print(f"notices            {notices} for {admins} administrators")
-    print(f"delivered          {len(fake.sent)} in {elapsed:.1f} s")
+    print(f"delivered          {stats['sent']} in {elapsed:.1f} s")
     print(f"sustained rate     {rate:.1f}/s = {rate / 50 * 100:.1f} % of the 50/s app limit")
-    print(f"429 answers        {fake.rejected_429}  (retries by code: {dict(retries)})")
+    print(f"429 answers        {stats['rejected_429']}  (retries by code: {dict(retries)})")
     print(f"duplicates         {dup}")
 
 

@@ -95,16 +95,17 @@ class FakeFeishu:
 
     # ------------------------------------------------------------ server
 
-    async def start(self) -> "FakeFeishu":
-        """Serve on 127.0.0.1 on a free port."""
+    async def start(self, port: int = 0) -> "FakeFeishu":
+        """Serve on 127.0.0.1 (a free port unless one is given)."""
         app = web.Application()
+        app.router.add_get("/_stats", self._stats)
         app.router.add_post(TOKEN_PATH, self._token)
         app.router.add_post("/open-apis/im/v1/messages", self._send)
         app.router.add_post("/open-apis/im/v1/messages/{message_id}/reply", self._reply)
         app.router.add_patch("/open-apis/im/v1/messages/{message_id}", self._patch)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", port)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
         self.base_url = f"http://127.0.0.1:{port}"
@@ -114,6 +115,13 @@ class FakeFeishu:
         """Stop serving."""
         if self._runner is not None:
             await self._runner.cleanup()
+
+    async def _stats(self, _request: web.Request) -> web.Response:
+        """What a benchmark running the fake in another process needs: accepted sends and their uuids."""
+        return web.json_response({"sent": len(self.sent), "uuids": [m.uuid for m in self.sent],
+                                  "first_at": self.sent[0].at if self.sent else None,
+                                  "last_at": self.sent[-1].at if self.sent else None,
+                                  "rejected_429": self.rejected_429})
 
     @staticmethod
     def _json(code: int, msg: str = "success", data: Any = None, status: int = 200, headers: dict | None = None) -> web.Response:
@@ -265,3 +273,15 @@ def card_text(card: dict, lang: str = "en_us") -> str:
 
 
 __all__ = ["FakeFeishu", "Message", "clock_seconds", "card_text", "datetime"]
+
+
+async def _serve(app_id: str, port: int, limits: bool) -> None:
+    fake = await FakeFeishu(app_id, limits=limits).start(port)
+    print(fake.base_url, flush=True)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":  # a fake in its own process, as the real platform would be (used by bench/outbox)
+    import sys
+
+    asyncio.run(_serve(sys.argv[1], int(sys.argv[2]), "--limits" in sys.argv))
