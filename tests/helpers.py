@@ -129,9 +129,10 @@ class HubHandle:
 
 
 async def start_hub(db_url: str, home: Path, clock: Clock | None = None, port: int = 0,
-                    background: bool = True, **hub_overrides: Any) -> HubHandle:
-    """Start a hub on 127.0.0.1 with an admin token."""
+                    background: bool = True, feishu_apps: list | None = None, **hub_overrides: Any) -> HubHandle:
+    """Start a hub on 127.0.0.1 with an admin token (and the given `[[feishu.apps]]`)."""
     settings = hub_settings(db_url, home, **hub_overrides)
+    settings.feishu.apps = list(feishu_apps or [])
     hub = Hub(settings, Database(db_url), clock or ManualClock())
     site_runner = web.AppRunner(hub.web_app(background=background), access_log=None)
     await site_runner.setup()

@@ -7,18 +7,13 @@ import json
 from pathlib import Path
 
 import sqlalchemy as sa
-from aiohttp import web
 
 from bot.console import ConsoleSink
-from hub.app import Hub
 from hub.clock import ManualClock
 from hub.config import FeishuAppSettings
-from hub.engines.scripted import ScriptedEngine
-from hub.runner.agent import Runner
 from hub.services.schedules import ScheduleSpec
-from hub.store.db import Database
 from hub.store.tables import identity_bindings, schedules, task_runs
-from tests.helpers import eventually, hub_settings
+from tests.helpers import eventually, start_hub
 
 
 def message(event_id: str, message_id: str, open_id: str, text: str) -> dict:
@@ -30,20 +25,11 @@ def message(event_id: str, message_id: str, open_id: str, text: str) -> dict:
 
 async def test_a_schedule_made_during_a_feishu_turn_is_attributed_to_that_turns_receipt_only(
         sqlite_url: str, tmp_path: Path, clock: ManualClock):
-    settings = hub_settings(sqlite_url, tmp_path)
-    settings.feishu.apps = [FeishuAppSettings(app_id="cli_prov", verification_token="vt", admin_open_id="ou_boss")]
-    hub = Hub(settings, Database(sqlite_url), clock)
-    site_runner = web.AppRunner(hub.web_app(background=True), access_log=None)
-    await site_runner.setup()
-    site = web.TCPSite(site_runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # noqa: SLF001
-    admin = await hub.auth.create_token("admin", admin=True)
-    hub.runtimes.hub_url = url
-    runner = Runner(url, admin, name="r1", slots=4, workspace_root=tmp_path / "ws", engines={"scripted": ScriptedEngine()})
-    task = asyncio.create_task(runner.run_forever())
+    app = FeishuAppSettings(app_id="cli_prov", verification_token="vt", admin_open_id="ou_boss")
+    handle = await start_hub(sqlite_url, tmp_path, clock, feishu_apps=[app])
+    hub, admin = handle.hub, handle.admin_token
     try:
-        await asyncio.wait_for(runner.registered.wait(), 10)
+        await handle.start_runner(slots=4)
         hub.bot.core.turn_wait_s = 30
         # alice's message starts a Turn that stays open while "her agent" creates a schedule
         _, work = await hub.bot.core.accept("cli_prov", message("ev1", "om_alice", "ou_alice", "wait-steer 20"), ConsoleSink())
@@ -76,9 +62,4 @@ async def test_a_schedule_made_during_a_feishu_turn_is_attributed_to_that_turns_
         with contextlib.suppress(Exception):
             await asyncio.wait_for(work, 10)
     finally:
-        await runner.stop()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-        await site_runner.cleanup()
-        await hub.db.close()
+        await handle.stop()
