@@ -83,7 +83,7 @@ async def test_tool_schemas_are_generated_from_typed_models(hub):
 async def test_task_wait_timeout_returns_and_never_cancels_the_task(hub):
     await hub.start_runner()
     async with mcp_client(hub.url, hub.admin_token) as c:
-        sub = (await c.call_tool("task_submit", {"prompt": "sleep 0.8\nsay late", "profile": "scripted"})).structured_content
+        sub = (await c.call_tool("task_submit", {"prompt": "sleep 2.5\nsay late", "profile": "scripted"})).structured_content
         page = (await c.call_tool("task_wait", {"task_id": sub["task_id"], "cursor": 0, "timeout_s": 0.2})).structured_content
         assert page["timed_out"] and not page["done"] and page["events"] == []
         cursor = 0

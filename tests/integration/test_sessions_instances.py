@@ -57,7 +57,7 @@ async def test_turns_of_one_session_run_one_at_a_time_in_order_in_one_workspace(
     await hub.start_runner(slots=4)
     admin = await hub.hub.auth.authenticate(hub.admin_token)
     sid = (await hub.hub.sessions.create(admin, profile="scripted"))["session_id"]
-    first = await hub.hub.sessions.submit_turn(admin, sid, "write notes.txt one\nsleep 0.3\nsay first")
+    first = await hub.hub.sessions.submit_turn(admin, sid, "write notes.txt one\nsleep 1.5\nsay first")
     second = await hub.hub.sessions.submit_turn(admin, sid, "say second")
     await eventually(lambda: is_running(hub, first))
     assert await status_of(hub, second) == "queued"
@@ -200,7 +200,7 @@ async def test_steer_reaches_the_running_turn(hub):
 async def test_steer_that_no_turn_can_take_falls_back_to_the_mailbox(hub):
     await hub.start_runner(slots=1)
     async with mcp_client(hub.url, hub.admin_token) as c:
-        blocker = await ok(c, "task_submit", prompt="sleep 0.5", profile="scripted")
+        blocker = await ok(c, "task_submit", prompt="sleep 3", profile="scripted")
         iid = (await ok(c, "instance_create", profile="scripted"))["instance_id"]
         await ok(c, "instance_followup", instance_id=iid, prompt="say first")  # queued behind the blocker
         ans = await ok(c, "instance_steer", instance_id=iid, text="say steered later")
@@ -251,7 +251,7 @@ async def test_instance_wait_timeout_never_cancels_or_times_out_the_task(hub):
     await hub.start_runner()
     async with mcp_client(hub.url, hub.admin_token) as c:
         iid = (await ok(c, "instance_create", profile="scripted"))["instance_id"]
-        up = await ok(c, "instance_followup", instance_id=iid, prompt="sleep 0.6\nsay done")
+        up = await ok(c, "instance_followup", instance_id=iid, prompt="sleep 2\nsay done")
         early = await ok(c, "instance_wait", instance_id=iid, timeout_s=0.1)
         assert early["timed_out"] and early["status"] == "active"
         late = await ok(c, "instance_wait", instance_id=iid, timeout_s=10)
@@ -310,7 +310,7 @@ async def test_coordination_wait_advances_over_tool_and_usage_events_without_wak
     sid = (await hub.hub.sessions.create(admin, profile="scripted"))["session_id"]
     async with hub.hub.db.write() as conn:
         token = (await hub.hub.runtimes.coordination_env(conn, admin.principal_id, sid))["AMUX_TOKEN"]
-    script = "tool Read 'read a'\nusage input=3 output=1\nsleep 0.4\nsay done"
+    script = "tool Read 'read a'\nusage input=3 output=1\nsleep 1.5\nsay done"
     async with mcp_client(hub.url, token) as parent, mcp_client(hub.url, hub.admin_token) as other:
         t1 = await ok(parent, "task_submit", prompt=script, profile="scripted")
         page = await ok(parent, "task_wait", task_id=t1["task_id"], timeout_s=10)
