@@ -10,9 +10,14 @@ from sqlalchemy.ext.asyncio import create_async_engine
 config = context.config
 
 
+MIGRATION_LOCK = 0x616D7578  # "amux": replicas starting together take turns; the later ones find the schema at head
+
+
 def _run(connection) -> None:  # noqa: ANN001
     context.configure(connection=connection, target_metadata=None, render_as_batch=True)
     with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
         context.run_migrations()
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
 
 from ..clock import Clock, utc
 from ..errors import Invalid, NotFound, Unauthorized
@@ -92,12 +93,18 @@ class AuthService:
             raise Invalid("principal kind must be user, service or runtime")
         token_id = new_id("tok")
         secret = secrets.token_urlsafe(32)
-        async with self.db.write() as conn:
-            pid = await self.ensure_principal(conn, principal, kind)
-            await conn.execute(api_tokens.insert().values(
-                id=token_id, principal_id=pid, label=label or None, token_hash=hash_secret(secret),
-                admin=admin, created_at=self.clock.now(),
-            ))
+        for attempt in (1, 2):  # another replica may create the same principal at the same moment: then use its row
+            try:
+                async with self.db.write() as conn:
+                    pid = await self.ensure_principal(conn, principal, kind)
+                    await conn.execute(api_tokens.insert().values(
+                        id=token_id, principal_id=pid, label=label or None, token_hash=hash_secret(secret),
+                        admin=admin, created_at=self.clock.now(),
+                    ))
+                break
+            except IntegrityError:
+                if attempt == 2:
+                    raise
         return f"{TOKEN_PREFIX}.{token_id.split('_', 1)[1]}.{secret}"
 
     async def authenticate(self, header: str | None) -> Caller:

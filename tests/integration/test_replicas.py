@@ -58,3 +58,41 @@ async def test_a_task_admitted_on_one_hub_runs_on_a_runner_connected_to_another(
                 proc.kill()
                 await proc.wait()
         await replica_a.stop()
+
+
+async def test_two_hubs_starting_at_the_same_instant_on_an_empty_postgres_both_come_up(tmp_path):
+    import sqlalchemy as sa
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from tests.helpers import PG_URL
+
+    name = f"amux_empty_{os.getpid()}_{free_port()}"
+    admin = create_async_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    async with admin.connect() as conn:
+        await conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = str(sa.engine.make_url(PG_URL).set(database=name).render_as_string(hide_password=False))
+    ports, procs = [free_port(), free_port()], []
+    try:
+        for i, port in enumerate(ports):  # no waiting between them: migrations and the admin principal race
+            procs.append(await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "hub.cli", "hub", "serve", "--db", url, "--listen", f"127.0.0.1:{port}", cwd=REPO,
+                env={**os.environ, "AMUX_HOME": str(tmp_path / f"h{i}")},
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL))
+
+        async def both_ready():
+            try:
+                async with httpx2.AsyncClient() as http:
+                    codes = [(await http.get(f"http://127.0.0.1:{p}/readyz")).status_code for p in ports]
+                return codes == [200, 200] and all((tmp_path / f"h{i}" / "admin.token").exists() for i in range(2))
+            except httpx2.TransportError:
+                return False
+
+        await eventually(both_ready, timeout=40, interval=0.2)
+        assert all(p.returncode is None for p in procs)
+    finally:
+        for p in procs:
+            p.kill()
+            await p.wait()
+        async with admin.connect() as conn:
+            await conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        await admin.dispose()

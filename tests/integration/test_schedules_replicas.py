@@ -60,7 +60,7 @@ async def test_two_hub_processes_on_one_postgresql_fire_each_nominal_time_of_500
     hub, alice = await services(pg_url, tmp_path / "test")
     procs = []
     try:
-        for name in ("a", "b"):  # one after the other: concurrent first starts race to create the admin principal
+        for name in ("a", "b"):  # one after the other (simultaneous first starts: test_replicas.py)
             procs.append(await serve(pg_url, tmp_path / name))
             await eventually(lambda url=procs[-1][1]: ready(url), timeout=30)
             await eventually(lambda h=tmp_path / name: _exists(h / "admin.token"), timeout=30)
