@@ -75,7 +75,7 @@ clean:
 i18n-extract: venv
 	$(VENV)/bin/pybabel extract -F locales/babel.cfg --no-default-keywords -k _ --no-location --sort-output --no-wrap --project amux-hub -o locales/messages.pot .
 i18n-update: i18n-extract
-	$(VENV)/bin/pybabel update -D messages -i locales/messages.pot -d locales --no-wrap --ignore-obsolete
+	$(VENV)/bin/pybabel update -D messages -i locales/messages.pot -d locales --no-wrap --ignore-obsolete --no-fuzzy-matching
 	$(VENV_PY) locales/translate_zh.py locales/zh_Hans/LC_MESSAGES/messages.po
 i18n-compile: venv
 	$(VENV)/bin/pybabel compile -D messages -d locales --statistics

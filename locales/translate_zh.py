@@ -7,6 +7,24 @@ from pathlib import Path
 from babel.messages.pofile import read_po, write_po
 
 ZH = {
+    '**Last outcome**: {last}': '**最近结果**：{last}',
+    '**Outcome**: {outcome}': '**结果**：{outcome}',
+    '**Scheduled for**: {time}': '**计划时间**：{time}',
+    '**Since**: {since}': '**开始于**：{since}',
+    '- {name}: {status} (created by {creator})': '- {name}：{status}（创建者 {creator}）',
+    'Failing': '失败中',
+    'Pause schedule': '暂停定时任务',
+    'Recheck': '重新检查',
+    'Recovered': '已恢复',
+    'Recovering': '恢复中',
+    'Reminder: this incident is still unacknowledged.': '提醒：此告警尚未确认。',
+    'Scheduled task alert: {name}': '定时任务告警：{name}',
+    'Scheduled task finished: {name}': '定时任务已结束：{name}',
+    'Snoozed until {until}.': '已暂缓提醒，直到 {until}。',
+    'Withdrawn': '已撤回',
+    'unknown': '未知',
+    '{count} scheduled task alerts': '{count} 条定时任务告警',
+    '…and {count} more': '……还有 {count} 条',
     "**Active incidents** (administrator): {count}": "**活跃告警**（管理员）：{count}",
     "**Created by**: {creator}": "**创建者**：{creator}",
     "**Delivery**: {state}": "**投递状态**：{state}",
@@ -92,8 +110,9 @@ def fill(po_path: Path) -> list[str]:
     for m in cat:
         if not m.id:
             continue
-        if not m.string and m.id in ZH:
+        if (not m.string or m.fuzzy) and m.id in ZH:  # a fuzzy guess is not a translation
             m.string = ZH[m.id]
+            m.flags.discard("fuzzy")
         if not m.string:
             missing.append(m.id)
     with po_path.open("wb") as f:

@@ -9,58 +9,17 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from bot.i18n import _, catalogs
+
 MAX_CARD_BYTES = 30 * 1024
 ACTIONS = ("ack", "snooze", "recheck", "pause")
 
-# Strings for the two languages until the Babel catalog arrives with the bot issue.
-TEXT: dict[str, dict[str, str]] = {
-    "en_us": {
-        "title.incident": "Scheduled task alert: {name}",
-        "title.receipt": "Scheduled task finished: {name}",
-        "title.digest": "{count} scheduled task alerts",
-        "status.pending": "Failing", "status.open": "Failing", "status.recovering": "Recovering",
-        "status.closed": "Recovered", "status.withdrawn": "Withdrawn",
-        "line.status": "**Status**: {status}",
-        "line.creator": "**Created by**: {creator}",
-        "line.counts": "**Failures** {failures} · **Missed runs** {missed} · **Unknown** {unknowns}",
-        "line.last": "**Last outcome**: {last}",
-        "line.since": "**Since**: {since}",
-        "line.ack": "Acknowledged — no more reminders.",
-        "line.snooze": "Snoozed until {until}.",
-        "line.reminder": "Reminder: this incident is still unacknowledged.",
-        "line.outcome": "**Outcome**: {outcome}",
-        "line.time": "**Scheduled for**: {time}",
-        "line.digest_item": "- {name}: {status} (created by {creator})",
-        "line.more": "…and {count} more",
-        "outcome.succeeded": "succeeded", "outcome.failed": "failed", "outcome.cancelled": "cancelled",
-        "outcome.timed_out": "timed out", "outcome.missed": "missed", "outcome.unknown": "unknown (not observed)",
-        "unknown_creator": "unknown",
-        "btn.ack": "Acknowledge", "btn.snooze": "Snooze 24 h", "btn.recheck": "Recheck", "btn.pause": "Pause schedule",
-    },
-    "zh_cn": {
-        "title.incident": "定时任务告警：{name}",
-        "title.receipt": "定时任务已结束：{name}",
-        "title.digest": "{count} 条定时任务告警",
-        "status.pending": "失败中", "status.open": "失败中", "status.recovering": "恢复中",
-        "status.closed": "已恢复", "status.withdrawn": "已撤回",
-        "line.status": "**状态**：{status}",
-        "line.creator": "**创建者**：{creator}",
-        "line.counts": "**失败** {failures} · **错过** {missed} · **未知** {unknowns}",
-        "line.last": "**最近结果**：{last}",
-        "line.since": "**开始于**：{since}",
-        "line.ack": "已确认，不再提醒。",
-        "line.snooze": "已暂缓提醒，直到 {until}。",
-        "line.reminder": "提醒：此告警尚未确认。",
-        "line.outcome": "**结果**：{outcome}",
-        "line.time": "**计划时间**：{time}",
-        "line.digest_item": "- {name}：{status}（创建者 {creator}）",
-        "line.more": "……还有 {count} 条",
-        "outcome.succeeded": "成功", "outcome.failed": "失败", "outcome.cancelled": "已取消",
-        "outcome.timed_out": "超时", "outcome.missed": "错过", "outcome.unknown": "未知（未观察到）",
-        "unknown_creator": "未知",
-        "btn.ack": "确认", "btn.snooze": "暂缓 24 小时", "btn.recheck": "重新检查", "btn.pause": "暂停定时任务",
-    },
-}
+STATUS = {"pending": _("Failing"), "open": _("Failing"), "recovering": _("Recovering"), "closed": _("Recovered"),
+          "withdrawn": _("Withdrawn")}
+OUTCOME = {"succeeded": _("succeeded"), "failed": _("failed"), "cancelled": _("cancelled"), "timed_out": _("timed out"),
+           "missed": _("missed"), "unknown": _("unknown (not observed)")}
+BUTTONS = {"ack": _("Acknowledge"), "snooze": _("Snooze 24 h"), "recheck": _("Recheck"), "pause": _("Pause schedule")}
+UNKNOWN_CREATOR = _("unknown")
 LANGS = ("en_us", "zh_cn")
 
 
@@ -90,13 +49,26 @@ class AlertAction:
         return cls(value["a"], value["i"], value["app"])
 
 
-def _t(key: str, **kw: Any) -> dict[str, str]:
-    return {lang: TEXT[lang][key].format(**kw) for lang in LANGS}
+def _t(message: str, **kw: Any) -> dict[str, str]:
+    """Translate `message` into both card languages; values marked by `_word` are translated per language too."""
+    tr = catalogs()
+    return {lang: tr.gettext(lang, message).format(**{k: _value(tr, lang, v) for k, v in kw.items()}) for lang in LANGS}
 
 
-def _outcome(value: str | None) -> dict[str, str]:
-    key = f"outcome.{value}"
-    return {lang: TEXT[lang].get(key, value or "-") for lang in LANGS}
+class _Word(str):
+    """A value that is itself a catalog message (a status, an outcome), translated into each language."""
+
+
+def _value(tr: Any, lang: str, v: Any) -> Any:
+    return tr.gettext(lang, v) if isinstance(v, _Word) else v
+
+
+def _status(value: str | None) -> Any:
+    return _Word(STATUS[value]) if value in STATUS else _outcome(value)
+
+
+def _outcome(value: str | None) -> Any:
+    return _Word(OUTCOME[value]) if value in OUTCOME else (value or "-")
 
 
 def _md(i18n: dict[str, str]) -> dict[str, Any]:
@@ -114,7 +86,7 @@ def _header(title: dict[str, str], template: str) -> dict[str, Any]:
 def _buttons(view: dict[str, Any]) -> dict[str, Any]:
     columns = []
     for action, style in (("ack", "primary"), ("snooze", "default"), ("recheck", "default"), ("pause", "danger")):
-        label = _t(f"btn.{action}")
+        label = _t(BUTTONS[action])
         value = AlertAction(action, view["incident_id"], view["app_id"]).pack()
         columns.append({"tag": "column", "width": "auto", "elements": [{
             "tag": "button", "type": style, "text": {"tag": "plain_text", "content": label["en_us"], "i18n_content": label},
@@ -128,40 +100,38 @@ def _card(header: dict[str, Any], elements: list[dict[str, Any]]) -> dict[str, A
 
 
 def _creator(view: dict[str, Any]) -> dict[str, str]:
-    name = view.get("creator")
-    return _t("line.creator", creator=name) if name else {lang: TEXT[lang]["line.creator"].format(
-        creator=TEXT[lang]["unknown_creator"]) for lang in LANGS}
+    return _t(_("**Created by**: {creator}"), creator=view.get("creator") or _Word(UNKNOWN_CREATOR))
 
 
 def render_incident(view: dict[str, Any]) -> dict[str, Any]:
     """Render an incident card (new card, update or reminder)."""
     status = view.get("status", "open")
-    status_text = {lang: TEXT[lang].get(f"status.{status}", status) for lang in LANGS}
-    lines = [{lang: TEXT[lang]["line.status"].format(status=status_text[lang]) for lang in LANGS}, _creator(view),
-             _t("line.counts", failures=view.get("failures", 0), missed=view.get("missed", 0),
-                unknowns=view.get("unknowns", 0)),
-             {lang: TEXT[lang]["line.last"].format(last=_outcome(view.get("last_outcome"))[lang]) for lang in LANGS},
-             _t("line.since", since=view.get("opened_at") or "-")]
+    lines = [_t(_("**Status**: {status}"), status=_status(status)), _creator(view),
+             _t(_("**Failures** {failures} · **Missed runs** {missed} · **Unknown** {unknowns}"),
+                failures=view.get("failures", 0), missed=view.get("missed", 0), unknowns=view.get("unknowns", 0)),
+             _t(_("**Last outcome**: {last}"), last=_outcome(view.get("last_outcome"))),
+             _t(_("**Since**: {since}"), since=view.get("opened_at") or "-")]
     if view.get("acknowledged"):
-        lines.append(_t("line.ack"))
+        lines.append(_t(_("Acknowledged — no more reminders.")))
     elif view.get("snoozed_until"):
-        lines.append(_t("line.snooze", until=view["snoozed_until"]))
+        lines.append(_t(_("Snoozed until {until}."), until=view["snoozed_until"]))
     if view.get("notice") == "reminder":
-        lines.insert(0, _t("line.reminder"))
+        lines.insert(0, _t(_("Reminder: this incident is still unacknowledged.")))
     template = {"closed": "green", "recovering": "yellow", "withdrawn": "grey"}.get(status, "red")
     elements: list[dict[str, Any]] = [_md(_join(*lines))]
     if status in ("pending", "open", "recovering"):
         elements.append(_buttons(view))
-    return _card(_header(_t("title.incident", name=view.get("schedule_name", "?")), template), elements)
+    return _card(_header(_t(_("Scheduled task alert: {name}"), name=view.get("schedule_name", "?")), template), elements)
 
 
 def render_receipt(view: dict[str, Any]) -> dict[str, Any]:
     """Render a one-shot schedule's receipt."""
     outcome = view.get("outcome")
-    lines = [{lang: TEXT[lang]["line.outcome"].format(outcome=_outcome(outcome)[lang]) for lang in LANGS},
-             _creator(view), _t("line.time", time=view.get("nominal_time") or "-")]
+    lines = [_t(_("**Outcome**: {outcome}"), outcome=_outcome(outcome)), _creator(view),
+             _t(_("**Scheduled for**: {time}"), time=view.get("nominal_time") or "-")]
     template = "green" if outcome == "succeeded" else "red"
-    return _card(_header(_t("title.receipt", name=view.get("schedule_name", "?")), template), [_md(_join(*lines))])
+    title = _t(_("Scheduled task finished: {name}"), name=view.get("schedule_name", "?"))
+    return _card(_header(title, template), [_md(_join(*lines))])
 
 
 def render_digest(view: dict[str, Any]) -> dict[str, Any]:
@@ -171,13 +141,12 @@ def render_digest(view: dict[str, Any]) -> dict[str, Any]:
     while True:
         lines = []
         for it in shown:
-            status = it.get("status") or it.get("outcome") or "-"
-            lines.append({lang: TEXT[lang]["line.digest_item"].format(
-                name=it.get("schedule_name", "?"), status=TEXT[lang].get(f"status.{status}", _outcome(status)[lang]),
-                creator=it.get("creator") or TEXT[lang]["unknown_creator"]) for lang in LANGS})
+            lines.append(_t(_("- {name}: {status} (created by {creator})"), name=it.get("schedule_name", "?"),
+                            status=_status(it.get("status") or it.get("outcome")),
+                            creator=it.get("creator") or _Word(UNKNOWN_CREATOR)))
         if len(shown) < len(items):
-            lines.append(_t("line.more", count=len(items) - len(shown)))
-        card = _card(_header(_t("title.digest", count=len(items)), "orange"), [_md(_join(*lines))])
+            lines.append(_t(_("…and {count} more"), count=len(items) - len(shown)))
+        card = _card(_header(_t(_("{count} scheduled task alerts"), count=len(items)), "orange"), [_md(_join(*lines))])
         if card_bytes(card) <= MAX_CARD_BYTES or not shown:
             return card
         shown = shown[: len(shown) // 2]
