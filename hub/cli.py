@@ -428,41 +428,32 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+async def _command(args: argparse.Namespace) -> None:
+    """Run the parsed command."""
+    if args.cmd in ("up", "hub"):
+        await _serve(args, with_runner=args.cmd == "up")
+    elif args.cmd == "db" and args.db_cmd == "recover-creators":
+        from . import cli_recovery
+        await cli_recovery.run(args, _settings(args), _print)
+    elif args.cmd == "schedule":
+        from . import cli_schedules
+        await cli_schedules.run(args, _client(args), _print)
+    elif args.cmd in ("alerts", "feishu"):
+        from . import cli_alerts
+        await cli_alerts.run(args, _client(args), _print)
+    else:
+        handlers = {"runner": _runner, "db": _db_upgrade, "token": _token_create, "task": _task, "session": _session,
+                    "memory": _memory, "profile": _profile, "credential": _credential}
+        await handlers[args.cmd](args)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `amux` console script."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=os.environ.get("AMUX_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        if args.cmd == "up":
-            asyncio.run(_serve(args, with_runner=True))
-        elif args.cmd == "hub":
-            asyncio.run(_serve(args, with_runner=False))
-        elif args.cmd == "runner":
-            asyncio.run(_runner(args))
-        elif args.cmd == "db" and args.db_cmd == "recover-creators":
-            from . import cli_recovery
-            asyncio.run(cli_recovery.run(args, _settings(args), _print))
-        elif args.cmd == "db":
-            asyncio.run(_db_upgrade(args))
-        elif args.cmd == "token":
-            asyncio.run(_token_create(args))
-        elif args.cmd == "task":
-            asyncio.run(_task(args))
-        elif args.cmd == "session":
-            asyncio.run(_session(args))
-        elif args.cmd == "memory":
-            asyncio.run(_memory(args))
-        elif args.cmd == "profile":
-            asyncio.run(_profile(args))
-        elif args.cmd == "credential":
-            asyncio.run(_credential(args))
-        elif args.cmd == "schedule":
-            from . import cli_schedules
-            asyncio.run(cli_schedules.run(args, _client(args), _print))
-        elif args.cmd in ("alerts", "feishu"):
-            from . import cli_alerts
-            asyncio.run(cli_alerts.run(args, _client(args), _print))
+        asyncio.run(_command(args))
     except AmuxError as e:
         print(f"amux: {e.message}", file=sys.stderr)
         return 2
