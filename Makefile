@@ -70,12 +70,14 @@ clean:
 	rm -rf $(VENV) .amux .pytest_cache build *.egg-info
 	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
 
-## i18n-extract / i18n-update / i18n-compile: the bot's Babel catalogs in locales/ (English, Simplified Chinese)
+## i18n-extract / i18n-update / i18n-compile: the bot's Babel catalogs in bot/locales/ (English, Simplified Chinese).
+## The .po files are the only source of translations; the compiled .mo files are committed (the wheel ships them).
 .PHONY: i18n-extract i18n-update i18n-compile
+I18N := bot/locales
 i18n-extract: venv
-	$(VENV)/bin/pybabel extract -F locales/babel.cfg --no-default-keywords -k _ --no-location --sort-output --no-wrap --project amux-hub -o locales/messages.pot .
+	$(VENV)/bin/pybabel extract -F $(I18N)/babel.cfg --no-default-keywords -k _ --no-location --sort-output --no-wrap --project amux-hub -o $(I18N)/messages.pot .
 i18n-update: i18n-extract
-	$(VENV)/bin/pybabel update -D messages -i locales/messages.pot -d locales --no-wrap --ignore-obsolete --no-fuzzy-matching
-	$(VENV_PY) locales/translate_zh.py locales/zh_Hans/LC_MESSAGES/messages.po
+	$(VENV)/bin/pybabel update -D messages -i $(I18N)/messages.pot -d $(I18N) --no-wrap --ignore-obsolete --no-fuzzy-matching
+	@echo "translate the empty msgstr entries in $(I18N)/zh_Hans/LC_MESSAGES/messages.po, then: make i18n-compile"
 i18n-compile: venv
-	$(VENV)/bin/pybabel compile -D messages -d locales --statistics
+	$(VENV)/bin/pybabel compile -D messages -d $(I18N) --statistics

@@ -2,20 +2,22 @@
 
 Messages are English msgids marked with `_()` (extracted by `make i18n-extract`). `Catalogs.text`
 returns one string per card language (`en_us`, `zh_cn`) for `i18n_content` and toast `i18n`.
-A compiled `.mo` is used when it is at least as new as its `.po`; otherwise the `.po` is read directly,
-so a fresh checkout works without a build step.
+The catalogs are package data (`bot/locales/<locale>/LC_MESSAGES/messages.{po,mo}`), read through
+`importlib.resources`, so an installed wheel carries them. The `.po` files are the only source of
+translations; the compiled `.mo` files are committed beside them (`make i18n-compile`) because the wheel
+ships only those. A `.po` newer than its `.mo` (an edit not compiled yet, in a source checkout) is read directly.
 """
 from __future__ import annotations
 
 import gettext
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-from babel.messages.pofile import read_po
-
-LOCALES = Path(__file__).resolve().parent.parent / "locales"
 DOMAIN = "messages"
 LANGS = {"en_us": "en", "zh_cn": "zh_Hans"}  # card language → Babel locale folder
+LOCALES: Traversable = resources.files("bot") / "locales"
 
 
 def _(message: str) -> str:
@@ -23,23 +25,35 @@ def _(message: str) -> str:
     return message
 
 
-def _load(root: Path, locale: str) -> dict[str, str]:
+def _po_is_newer(po: Traversable, mo: Traversable) -> bool:
+    if not po.is_file():
+        return False
+    if not mo.is_file():
+        return True
+    if isinstance(po, Path) and isinstance(mo, Path):
+        return po.stat().st_mtime > mo.stat().st_mtime
+    return False
+
+
+def _load(root: Traversable, locale: str) -> dict[str, str]:
     folder = root / locale / "LC_MESSAGES"
     po, mo = folder / f"{DOMAIN}.po", folder / f"{DOMAIN}.mo"
-    if mo.exists() and (not po.exists() or mo.stat().st_mtime >= po.stat().st_mtime):
-        with mo.open("rb") as f:
-            return {k: v for k, v in gettext.GNUTranslations(f)._catalog.items() if isinstance(k, str) and k}  # noqa: SLF001
-    if not po.exists():
+    if _po_is_newer(po, mo):
+        from babel.messages.pofile import read_po  # only a source checkout with an uncompiled edit needs Babel here
+
+        with po.open("rb") as f:
+            catalog = read_po(f, locale=locale)
+        return {m.id: m.string for m in catalog if m.id and isinstance(m.id, str) and m.string and not m.fuzzy}
+    if not mo.is_file():
         return {}
-    with po.open("rb") as f:
-        catalog = read_po(f, locale=locale)
-    return {m.id: m.string for m in catalog if m.id and isinstance(m.id, str) and m.string and not m.fuzzy}
+    with mo.open("rb") as f:
+        return {k: v for k, v in gettext.GNUTranslations(f)._catalog.items() if isinstance(k, str) and k}  # noqa: SLF001
 
 
 class Catalogs:
     """The loaded translations of every card language."""
 
-    def __init__(self, root: Path = LOCALES) -> None:
+    def __init__(self, root: Traversable | Path = LOCALES) -> None:
         self.tables = {lang: _load(root, loc) for lang, loc in LANGS.items()}
 
     def gettext(self, lang: str, message: str) -> str:
