@@ -12,9 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .cli_discovery import DEFAULT_HUB, HomeError, check_home, listen_address, url_of
 from .errors import AmuxError
-
-DEFAULT_HUB = "http://127.0.0.1:8787"
 
 
 def _print(args: argparse.Namespace, data: Any, human: str | None = None) -> None:
@@ -26,26 +25,37 @@ def _print(args: argparse.Namespace, data: Any, human: str | None = None) -> Non
 
 # ---------------------------------------------------------------- server side
 
-def _settings(args: argparse.Namespace):  # noqa: ANN202
+def _settings(args: argparse.Namespace, *, create_home: bool = False):  # noqa: ANN202
+    """Load settings; the home must exist (or is created by `create_home`) unless --db names another database."""
     from .config import load_settings
 
-    return load_settings(getattr(args, "config", None), database_url=getattr(args, "db", None),
-                         listen=getattr(args, "listen", None))
+    settings = load_settings(getattr(args, "config", None), database_url=getattr(args, "db", None),
+                             listen=getattr(args, "listen", None))
+    if create_home or not settings.database_url or settings.home.exists():
+        check_home(settings.home, create=create_home)
+    return settings
 
 
-async def _token_file(hub, path: Path, principal: str, label: str) -> str:  # noqa: ANN001
-    """Reuse a stored token that still works, else mint one and store it (mode 0600)."""
+async def _token_file(hub, path: Path, principal: str, label: str, *, runner: bool = False) -> str:  # noqa: ANN001
+    """Reuse a stored token of the right kind that still works, else mint one and store it (mode 0600).
+
+    `runner`: a shared runner token (made by the operator, so an admin's), for the in-process runner.
+    """
+    from .files import private_dir, write_private
+
     if path.exists():
         token = path.read_text().strip()
         try:
-            await hub.auth.authenticate(token)
-            return token
+            caller = await hub.auth.authenticate(token, surface="runner" if runner else "api")
+            if caller.kind == ("runner" if runner else "admin"):
+                if path.stat().st_mode & 0o077:
+                    path.chmod(0o600)
+                return token
         except AmuxError:
             pass
-    token = await hub.auth.create_token(principal, label=label, admin=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(token + "\n")
-    path.chmod(0o600)
+    token = await hub.auth.create_token(principal, label=label, admin=True, runner=runner)
+    private_dir(path.parent)
+    write_private(path, token + "\n")
     return token
 
 
@@ -58,24 +68,32 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
     from .runner.agent import Runner
     from .store.db import upgrade
 
-    settings = _settings(args)
-    settings.home.mkdir(parents=True, exist_ok=True)
+    from .cli_discovery import remove_hub_file, write_hub_file
+
+    settings = _settings(args, create_home=True)
+    host, port = listen_address(settings.listen)
     await upgrade(settings.db_url())
     hub = Hub(settings)
-    host, _, port = settings.listen.rpartition(":")
     runner_app = web.AppRunner(hub.web_app(), access_log=None)
     await runner_app.setup()
-    site = web.TCPSite(runner_app, host or "127.0.0.1", int(port))
-    await site.start()
-    url = f"http://{host or '127.0.0.1'}:{port}"
+    site = web.TCPSite(runner_app, host, port)
+    try:
+        await site.start()
+    except OSError as e:
+        await runner_app.cleanup()
+        await hub.db.close()
+        raise AmuxError(f"cannot listen on {host}:{port} ({e.strerror}); pass --listen {host}:0 for a free port") from e
+    port = runner_app.addresses[0][1]  # the real port when --listen asked for port 0
+    url = url_of(host, port)
+    hub_file = write_hub_file(settings.home, url)
     admin_token = await _token_file(hub, settings.home / "admin.token", "admin", "cli")
     print(f"amux hub listening on {url}  (MCP: {url}/mcp, database: {hub.db.url.split('@')[-1]})", flush=True)
-    print(f"admin token written to {settings.home / 'admin.token'}", flush=True)
+    print(f"admin token written to {settings.home / 'admin.token'}; hub address written to {hub_file}", flush=True)
     print(f"console (the bot without a Feishu tenant): {url}/console — paste that token; boxes: {url}/boxes", flush=True)
     local = None
     tasks = []
     if with_runner:
-        runner_token = await _token_file(hub, settings.home / "runner.token", "local-runner", "runner")
+        runner_token = await _token_file(hub, settings.home / "runner.token", "local-runner", "runner", runner=True)
         engines: dict[str, Engine] = default_engines()
         local = Runner(url, runner_token, name=f"local-{socket.gethostname()}", slots=args.slots,
                        workspace_root=(settings.home / "workspaces").resolve(), engines=engines)
@@ -91,6 +109,7 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
         await local.stop()
     for t in tasks:
         t.cancel()
+    remove_hub_file(settings.home)
     await runner_app.cleanup()
     await hub.db.close()
 
@@ -101,7 +120,7 @@ async def _runner(args: argparse.Namespace) -> None:
 
     token = args.token or os.environ.get("AMUX_TOKEN")
     if not token:
-        raise AmuxError("amux runner needs --token (or AMUX_TOKEN); create one with `amux token create --principal NAME --admin`")
+        raise AmuxError("amux runner needs --token (or AMUX_TOKEN); create one with `amux token create --principal NAME --runner`")
     root = Path(args.workspace_root or Path.home() / ".amux" / "workspaces")
     runner = Runner(args.hub, token, name=args.name or socket.gethostname(), slots=args.slots,
                     workspace_root=root, engines=default_engines())
@@ -134,11 +153,32 @@ async def _token_create(args: argparse.Namespace) -> None:
     await upgrade(settings.db_url())
     hub = Hub(settings)
     try:
-        token = await hub.auth.create_token(args.principal, label=args.label, admin=args.admin, kind=args.kind)
+        token = await hub.auth.create_token(args.principal, label=args.label, admin=args.admin, kind=args.kind,
+                                            runner=args.runner)
     finally:
         await hub.db.close()
-    _print(args, {"principal": args.principal, "label": args.label, "admin": args.admin, "token": token},
+    kind = "runner" if args.runner else "admin" if args.admin else "user"
+    _print(args, {"id": "tok_" + token.split(".")[1], "principal": args.principal, "kind": kind,
+                  "label": args.label or ("runner" if args.runner else None), "admin": args.admin and not args.runner,
+                  "shared": args.admin and args.runner, "token": token},
            f"{token}\n(shown once; store it now — only its hash is kept)")
+
+
+async def _token(args: argparse.Namespace) -> None:
+    """`amux token create` works on the database (the operator's); `list` and `revoke` go through REST."""
+    if args.token_cmd == "create":
+        await _token_create(args)
+        return
+    api = _client(args)
+    if args.token_cmd == "list":
+        res = await api.call("GET", "tokens", params={"all": "1"} if args.all else None)
+        lines = [f"{t['id']}  {t['kind']:<6} {t['principal']:<16} {t['label'] or '-':<24} created {t['created'][:19]}  "
+                 f"last used {(t['last_used'] or '-')[:19]}  {'revoked ' + t['revoked'][:19] if t['revoked'] else 'active'}"
+                 for t in res["tokens"]]
+        _print(args, res, "\n".join(lines) or "no tokens")
+    else:
+        t = await api.call("DELETE", f"tokens/{args.id}")
+        _print(args, t, f"{t['id']}: revoked")
 
 
 # ---------------------------------------------------------------- client side
@@ -146,9 +186,10 @@ async def _token_create(args: argparse.Namespace) -> None:
 class ApiClient:
     """A small REST client for the CLI."""
 
-    def __init__(self, hub: str, token: str) -> None:
+    def __init__(self, hub: str, token: str, source: str = "--hub") -> None:
         self.hub = hub.rstrip("/")
         self.token = token
+        self.source = source   # where the URL came from, said when the hub cannot be reached
 
     async def call(self, method: str, path: str, body: dict | None = None, params: dict | None = None,
                    data: str | None = None) -> dict:
@@ -160,22 +201,20 @@ class ApiClient:
                 async with http.request(method, f"{self.hub}/api/v1/{path}", json=body, params=params, data=data) as resp:
                     data = await resp.json(content_type=None)
             except aiohttp.ClientConnectionError as e:
-                raise AmuxError(f"cannot reach the hub at {self.hub} ({e}); start it with `amux up` or pass --hub") from e
+                raise AmuxError(f"cannot reach the hub at {self.hub} (from {self.source}): {e}; start it with `amux up`, "
+                                "or pass --hub URL / set AMUX_HUB_URL / set AMUX_HOME to the home of the running hub") from e
         if resp.status >= 400:
             raise AmuxError(data.get("message") or str(data))
         return data
 
 
 def _client(args: argparse.Namespace) -> ApiClient:
-    token = args.token or os.environ.get("AMUX_TOKEN")
-    if not token:
-        home = Path(os.environ.get("AMUX_HOME", ".amux"))
-        f = home / "admin.token"
-        if f.exists():
-            token = f.read_text().strip()
-    if not token:
-        raise AmuxError("no token: pass --token, set AMUX_TOKEN, or run `amux up` (it writes .amux/admin.token)")
-    return ApiClient(args.hub or os.environ.get("AMUX_HUB_URL") or DEFAULT_HUB, token)
+    """Return the REST client: hub from --hub / AMUX_HUB_URL / $AMUX_HOME/hub.json / default; token likewise."""
+    from .cli_discovery import resolve_hub, resolve_token
+
+    token = resolve_token(args.token)
+    where = resolve_hub(args.hub)
+    return ApiClient(where.url, token, where.source)
 
 
 async def _task(args: argparse.Namespace) -> None:
@@ -318,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--config", help="TOML config file (default $AMUX_HOME/amux.toml)")
 
     def client_opts(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--hub", help=f"hub URL (default $AMUX_HUB_URL or {DEFAULT_HUB})")
+        p.add_argument("--hub", help=f"hub URL (default $AMUX_HUB_URL, else $AMUX_HOME/hub.json, else {DEFAULT_HUB})")
         p.add_argument("--token", help="API token (default $AMUX_TOKEN or $AMUX_HOME/admin.token)")
         p.add_argument("--json", action="store_true", help="print JSON")
 
@@ -350,9 +389,16 @@ def build_parser() -> argparse.ArgumentParser:
     server_opts(tc)
     tc.add_argument("--principal", required=True)
     tc.add_argument("--label")
-    tc.add_argument("--admin", action="store_true")
-    tc.add_argument("--kind", default="user", choices=["user", "service", "runtime"])
+    tc.add_argument("--admin", action="store_true", help="an admin token (with --runner: a shared runner token)")
+    tc.add_argument("--runner", action="store_true", help="a runner token: only connects `amux runner` (/runner/ws)")
+    tc.add_argument("--kind", default="user", choices=["user", "service", "runtime"], help="the principal's kind")
     tc.add_argument("--json", action="store_true")
+    tl = tok_sub.add_parser("list", help="your tokens (id, kind, label, created, last used, revoked)")
+    client_opts(tl)
+    tl.add_argument("--all", action="store_true", help="every principal's tokens (admin)")
+    tr = tok_sub.add_parser("revoke", help="revoke a token (yours, or anyone's as an admin)")
+    client_opts(tr)
+    tr.add_argument("id", help="the token id (tok_…), from `amux token list`")
 
     task = sub.add_parser("task", help="tasks")
     task_sub = task.add_subparsers(dest="task_cmd", required=True)
@@ -442,7 +488,7 @@ async def _command(args: argparse.Namespace) -> None:
         from . import cli_alerts
         await cli_alerts.run(args, _client(args), _print)
     else:
-        handlers = {"runner": _runner, "db": _db_upgrade, "token": _token_create, "task": _task, "session": _session,
+        handlers = {"runner": _runner, "db": _db_upgrade, "token": _token, "task": _task, "session": _session,
                     "memory": _memory, "profile": _profile, "credential": _credential}
         await handlers[args.cmd](args)
 
@@ -459,6 +505,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except OSError as e:  # a home file that cannot be read or written: one line, not a traceback
+        where = f" {e.filename}" if e.filename else ""
+        print(f"amux: {e.strerror or e}:{where}; check AMUX_HOME (or --db / --config) and its permissions", file=sys.stderr)
+        return 2
     return 0
 
 
