@@ -6,9 +6,11 @@ from typing import Any, Awaitable, Callable
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CLIENT_INFO_META_KEY
+from mcp_types.methods import serialize_server_result
 
 from ..errors import AmuxError
-from ..services.auth import AuthService, Caller
+from ..services.auth import ALL_SCOPES, Caller
+from .client_sessions import clean_name, labeled
 
 INSTRUCTIONS = (
     "amux hub: delegate bounded coding-agent work as Tasks (task_submit, task_wait, task_get). "
@@ -24,6 +26,31 @@ def caller_of(ctx: Context) -> Caller:
     if caller is None:
         raise ToolError("not authenticated: send `Authorization: Bearer <token>`; create one with `amux token create --principal NAME`")
     return caller
+
+
+TOOL_SCOPES = (("schedule_", "schedules"), ("rift_", "leases"), ("task_", "tasks"), ("instance_", "tasks"),
+               ("profile_", "tasks"), ("permission_", "tasks"), ("session_", "tasks"))
+
+
+async def scope_guard(ctx, call_next):  # noqa: ANN001, ANN201
+    """Refuse a tool call outside the OAuth scopes granted to the caller (amux tokens carry every scope).
+
+    One middleware instead of a check per tool, so a tool added later is covered: a tool of no known
+    group needs every scope.
+    """
+    if ctx.method == "tools/call":
+        state = getattr(ctx.request, "scope", {}).get("state") or {}
+        caller: Caller | None = state.get("caller")
+        tool = str(dict(ctx.params or {}).get("name", ""))
+        needed = {scope for prefix, scope in TOOL_SCOPES if tool.startswith(prefix)} or set(ALL_SCOPES)
+        if caller is not None and not needed <= caller.scopes:
+            missing = " ".join(sorted(needed - caller.scopes))
+            text = (f"{tool}: this connection was not granted the `{missing}` scope; reconnect the hub in your MCP "
+                    f"client and allow `{missing}` on the hub's approval page")
+            # A middleware that answers by itself owns the wire shape of its result (per protocol version).
+            refusal = {"content": [{"type": "text", "text": text}], "isError": True, "resultType": "complete"}
+            return serialize_server_result("tools/call", ctx.protocol_version, refusal)
+    return await call_next(ctx)
 
 
 async def guarded(fn: Callable[[], Awaitable[Any]]) -> Any:
@@ -46,21 +73,25 @@ def client_name(method: str, params: Any) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def build_mcp(auth: AuthService, registrars: list[Callable[[MCPServer], None]]) -> MCPServer:
+def build_mcp(registrars: list[Callable[[MCPServer], None]]) -> MCPServer:
     """Create the MCP server: client-name capture plus each feature's tools."""
     server = MCPServer("amux", instructions=INSTRUCTIONS, version="0.1.0")
 
     async def capture_client(ctx, call_next):  # noqa: ANN001, ANN202
-        state = getattr(ctx.request, "scope", {}).get("state") or {}
-        caller: Caller | None = state.get("caller")
-        if caller is not None and caller.label is None:
+        # The HTTP door put the caller (and the client its session id names) in the request state; a client
+        # that declares its name here (`initialize`, or a 2026 request's `_meta`) is named for this request,
+        # and the door answers `initialize` with a session id carrying the name for the requests that follow.
+        state = getattr(ctx.request, "scope", {}).get("state")
+        if state is not None and state.get("token_caller") is not None:
             name = client_name(ctx.method, dict(ctx.params) if ctx.params else None)
+            name = clean_name(name) if name else None
             if name:
-                label = await auth.claim_label(caller, name)
-                state["caller"] = Caller(caller.principal_id, caller.principal, caller.token_id, label, caller.admin)
+                state["declared"] = name if ctx.method == "initialize" else None
+                state["caller"] = labeled(state["token_caller"], name)
         return await call_next(ctx)
 
     server.middleware.append(capture_client)
+    server.middleware.append(scope_guard)
     for register in registrars:
         register(server)
     return server

@@ -42,24 +42,6 @@ async def test_rest_without_a_token_answers_401_naming_the_fix(hub):
     assert resp.status_code == 401 and "amux token create" in resp.json()["message"]
 
 
-@pytest.mark.parametrize("mode", ["auto", "legacy"])
-async def test_unlabeled_token_takes_the_label_of_the_first_mcp_client_to_initialize(hub, mode):
-    token = await hub.token("alice")
-    async with mcp_client(hub.url, token, name="Claude", mode=mode) as c:
-        await c.list_tools()
-    async with mcp_client(hub.url, token, name="Codex", mode=mode) as c:
-        await c.list_tools()
-    caller = await hub.hub.auth.authenticate(token)
-    assert caller.label == "mcp:Claude"
-
-
-async def test_an_explicit_token_label_wins_over_the_client_name(hub):
-    token = await hub.token("alice", label="ci-bot")
-    async with mcp_client(hub.url, token, name="Claude") as c:
-        await c.list_tools()
-    assert (await hub.hub.auth.authenticate(token)).label == "ci-bot"
-
-
 async def test_refusals_reach_the_mcp_client_as_text_naming_the_fix(hub):
     await hub.start_runner()
     async with mcp_client(hub.url, hub.admin_token) as c:
