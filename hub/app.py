@@ -12,6 +12,7 @@ from aiohttp import web
 from .boxes.local import LocalBoxDriver
 from .clock import Clock, SystemClock
 from .config import Settings
+from .files import private_dir, write_private
 from .mcp.instance_tools import instance_tools
 from .mcp.lease_tools import lease_tools
 from .mcp.schedule_tools import schedule_tools
@@ -46,9 +47,10 @@ HUB = web.AppKey("hub", object)
 def embedded_secret_key(home: Path) -> str:
     """Return the embedded hub's credential key from `$AMUX_HOME/secret.key`, creating it (mode 0600)."""
     path = home / "secret.key"
+    private_dir(home)
     if not path.exists():
-        home.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_urlsafe(32) + "\n")
+        write_private(path, secrets.token_urlsafe(32) + "\n")
+    elif path.stat().st_mode & 0o077:
         path.chmod(0o600)
     return path.read_text().strip()
 

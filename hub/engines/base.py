@@ -67,6 +67,20 @@ class CliEngine:
     """An engine launched as a CLI found on PATH; `AMUX_<NAME>_BIN` names another executable (tests point at fakes)."""
 
     name = ""
+    # (variable, default folder under the runner's home): how the CLI finds its own config and login
+    # when HOME is the run's folder. Passed through when the runner sets it, else pointed at the default.
+    config_dirs: tuple[tuple[str, str], ...] = ()
+
+    def config_env(self, source: dict[str, str] | None = None) -> dict[str, str]:
+        """Return the variables that let the CLI find its own configuration from a per-run HOME."""
+        src = os.environ if source is None else source
+        out: dict[str, str] = {}
+        for var, default in self.config_dirs:
+            if src.get(var):
+                out[var] = src[var]
+            elif src.get("HOME") and os.path.isdir(os.path.join(src["HOME"], default)):
+                out[var] = os.path.join(src["HOME"], default)
+        return out
 
     def binary(self) -> str:
         """Return the executable to launch."""

@@ -39,6 +39,7 @@ class ClaudeEngine(CliEngine):
     """Run Claude Code headless and translate its stream-json."""
 
     name = "claude"
+    config_dirs = (("CLAUDE_CONFIG_DIR", ".claude"),)
 
     def argv(self, job: Job) -> list[str]:
         """Build the command line from the frozen snapshot."""

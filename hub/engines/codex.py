@@ -34,6 +34,7 @@ class CodexEngine(CliEngine):
     """Run `codex exec --json` and translate its thread events."""
 
     name = "codex"
+    config_dirs = (("CODEX_HOME", ".codex"),)
 
     def argv(self, job: Job) -> list[str]:
         """Build the command line from the frozen snapshot."""

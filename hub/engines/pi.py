@@ -31,6 +31,7 @@ class PiEngine(CliEngine):
     """Run pi in JSON mode and translate its session events."""
 
     name = "pi"
+    config_dirs = (("PI_CODING_AGENT_DIR", ".pi/agent"),)
 
     def argv(self, job: Job) -> list[str]:
         """Build the command line from the frozen snapshot."""

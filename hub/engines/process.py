@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from .base import EngineResult
+from .environment import child_env
 
 LINE_LIMIT = 32 * 1024 * 1024  # one stream line (a tool result can carry a whole file)
 STDERR_TAIL = 2000
@@ -29,9 +30,9 @@ class ChildProcess:
     @classmethod
     async def start(cls, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], stdin: bool,
                     name: str) -> "ChildProcess":
-        """Launch `argv` in a new session (its own process group) with `env` over this process's environment."""
+        """Launch `argv` in a new session (its own process group) with `env` over the allowlisted environment."""
         proc = await asyncio.create_subprocess_exec(
-            *argv, cwd=cwd, env={**os.environ, **env}, start_new_session=True, limit=LINE_LIMIT,
+            *argv, cwd=cwd, env=child_env(env), start_new_session=True, limit=LINE_LIMIT,
             stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )

@@ -12,6 +12,7 @@ from typing import Any
 from ..domain import scripted
 from ..errors import AmuxError
 from .base import EngineResult, Emit, Job
+from .environment import child_env
 
 
 async def interpret(prompt: str, workspace: Path, emit: Emit, job: Job | None = None) -> EngineResult:
@@ -51,8 +52,8 @@ async def interpret(prompt: str, workspace: Path, emit: Emit, job: Job | None = 
             return EngineResult("failed", text="\n".join(said), error="question")
         elif step.op == "fail":
             return EngineResult("failed", text="\n".join(said), json={"lines": said}, error=step.text or "script failed")
-        elif step.op == "env":
-            value = env.get(step.args[0], "")
+        elif step.op == "env":  # `env *` lists every variable (NAME=value lines), for environment checks
+            value = "\n".join(f"{k}={v}" for k, v in sorted(env.items())) if step.args[0] == "*" else env.get(step.args[0], "")
             said.append(value)
             await emit("text", {"text": value})
         elif step.op == "permission":
@@ -110,7 +111,7 @@ async def run_subprocess(job: Job, emit: Emit) -> EngineResult:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "hub.engines.scripted", str(job.workspace),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        cwd=job.workspace, env={**os.environ, **job.env}, start_new_session=True,
+        cwd=job.workspace, env=child_env(job.env), start_new_session=True,
     )
     try:
         assert proc.stdin and proc.stdout

@@ -6,6 +6,7 @@ import logging
 import os
 import platform
 import random
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,9 +16,11 @@ import aiohttp
 
 from ..domain.policy import normalize_native_args
 from ..engines.base import Engine, EngineResult, Job, PermissionReply
+from ..engines.environment import base_env
 from . import protocol as p
 
 log = logging.getLogger("amux.runner")
+REVOKED_CLOSE = 4401  # the hub's close code for a revoked token
 
 QUESTION_DIAGNOSTIC = (
     "The task asked the user a question, but task children have no channel to ask users; "
@@ -63,15 +66,39 @@ class Redactor:
         return value
 
 
-def launch_env(d: p.Dispatch) -> dict[str, str]:
-    """Credentials of this launch plus the policy's native environment (IS_SANDBOX=1 for Claude bypass as root)."""
+def launch_env(d: p.Dispatch, home: Path | None = None, engine: Engine | None = None,
+               source: dict[str, str] | None = None) -> dict[str, str]:
+    """The child's whole environment: the allowlist, HOME = the run's folder, what the engine needs to find
+    its config, the policy's native variables (IS_SANDBOX=1 for Claude bypass as root), then the
+    dispatch's credentials and coordination variables. Nothing else of the runner's."""
     snap = d.snapshot
+    src = dict(os.environ if source is None else source)
+    env = base_env(src)
     # Children find `amux` (e.g. `amux memory`) next to the runner's interpreter.
-    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           **snap.get("native_env", {}), **d.env}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    config = getattr(engine, "config_env", None)
+    if callable(config):
+        env.update(config(src))
+    if home is not None:
+        env["HOME"] = str(home)
+    env.update(snap.get("native_env", {}))
+    env.update(d.env)
     if os.geteuid() == 0 and snap.get("engine") and snap.get("permission_policy"):
         env.update(normalize_native_args(snap["engine"], snap["permission_policy"], [], as_root=True).env)
     return env
+
+
+def run_home(root: Path, d: p.Dispatch) -> tuple[Path, bool]:
+    """Return the run's HOME (0700) and whether it is the run's alone (removed at its end).
+
+    A session's turns and an instance's runs keep one HOME (engines keep their resume state there);
+    a plain task gets a fresh one.
+    """
+    key = d.snapshot.get("workspace_key")
+    home = root / (key or f"{d.task_id}.{d.attempt}")
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return home, key is None
 
 
 def launch_prompt(d: p.Dispatch) -> str:
@@ -109,12 +136,14 @@ class Runner:
     """One runner process (or the in-process runner of `amux up`): the same protocol either way."""
 
     def __init__(self, hub_url: str, token: str, *, name: str, slots: int, workspace_root: Path,
-                 engines: dict[str, Engine]) -> None:
+                 engines: dict[str, Engine], home_root: Path | None = None) -> None:
         self.hub_url = hub_url.rstrip("/")
         self.token = token
         self.name = name
         self.slots = slots
         self.workspace_root = Path(workspace_root)
+        # Task children's HOME folders: never the runner's own home.
+        self.home_root = Path(home_root) if home_root else self.workspace_root.parent / f"{self.workspace_root.name}-homes"
         self.engines = {k: e for k, e in engines.items() if e.available()}
         self.held: dict[str, _Held] = {}
         self.ws: aiohttp.ClientWebSocketResponse | None = None
@@ -145,10 +174,20 @@ class Runner:
                 try:
                     await self._session(http)
                     delay = 0.1
+                except aiohttp.WSServerHandshakeError as e:
+                    if e.status in (401, 403):  # a revoked or wrong token: retrying cannot help
+                        log.error("hub refused the runner's token (%s); create a new one with "
+                                  "`amux token create --runner`", e.status)
+                        raise PermissionError(f"hub refused the runner's token ({e.status}); "
+                                              "create a new one with `amux token create --runner`") from e
+                    log.info("hub refused the connection (%s); retrying in %.1fs", e.status, delay)
                 except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
                     log.info("hub unreachable (%s); retrying in %.1fs", e, delay)
                 except PermissionError as e:
                     log.error("%s", e)
+                    for h in self.held.values():  # nothing it runs can report any more
+                        if h.task and not h.task.done():
+                            h.task.cancel()
                     raise
                 self.ws = None
                 self.registered.clear()
@@ -194,6 +233,9 @@ class Runner:
             finally:
                 beat.cancel()
                 self.ws = None
+            if ws.close_code == REVOKED_CLOSE:
+                raise PermissionError("hub closed the connection: this runner's token was revoked; "
+                                      "create a new one with `amux token create --runner`")
 
     async def _heartbeat(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         while not ws.closed:
@@ -282,6 +324,7 @@ class Runner:
         # A session's turns and an instance's runs share the session's workspace; a plain task gets its own.
         workspace = self.workspace_root / (d.snapshot.get("workspace_key") or d.task_id)
         workspace.mkdir(parents=True, exist_ok=True)
+        home, own_home = run_home(self.home_root, d)
         before = snapshot_tree(workspace)
         engine = self.engines.get(d.snapshot.get("engine", ""))
         last_usage: dict | None = None
@@ -310,7 +353,7 @@ class Runner:
             else:
                 if getattr(engine, "accepts_steering", False):
                     h.steering = asyncio.Queue()
-                job = Job(d.task_id, d.attempt, launch_prompt(d), d.snapshot, workspace, env=launch_env(d),
+                job = Job(d.task_id, d.attempt, launch_prompt(d), d.snapshot, workspace, env=launch_env(d, home, engine),
                           permission_replies=h.replies, steering=h.steering)
                 result = await asyncio.wait_for(engine.run(job, emit), timeout=float(d.snapshot.get("timeout_s") or 3600))
             outcome = result.outcome
@@ -325,6 +368,8 @@ class Runner:
         except Exception as e:  # an adapter crash fails the task, never the runner
             log.exception("engine crashed")
             outcome, result = "failed", EngineResult("failed", error=f"engine crashed: {type(e).__name__}: {e}")
+        if own_home:
+            shutil.rmtree(home, ignore_errors=True)
         await self._flush(h)
         h.rseq += 1
         fin = p.Finished(

@@ -7,15 +7,17 @@ import secrets
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, Callable
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from ..clock import Clock, utc
-from ..errors import Invalid, NotFound, Unauthorized
+from ..domain.tasks import is_terminal
+from ..errors import Forbidden, Invalid, NotFound, Unauthorized
 from ..ids import new_id
 from ..store.db import Database
-from ..store.tables import api_tokens, principals
+from ..store.tables import api_tokens, principals, task_runs
 
 TOKEN_PREFIX = "amux"
 MISSING = (
@@ -24,17 +26,26 @@ MISSING = (
 )
 WRONG = "invalid or revoked token: create a new one with `amux token create --principal NAME`"
 LAST_USED_GRANULARITY = timedelta(minutes=1)
+KINDS = ("user", "admin", "runner", "run")
+RUNNER_ONLY = ("this is a runner token: it only connects `amux runner` to /runner/ws; "
+               "use a user token here (`amux token create --principal NAME`)")
+RUN_NOT_RUNNER = ("a task run's token cannot register a runtime; start the runner with a runner token "
+                  "(`amux token create --principal NAME --runner`)")
+RUN_ENDED = "this task run's token ended with its run; a new run gets a new AMUX_TOKEN"
 
 
 @dataclass(frozen=True)
 class Caller:
-    """Who is calling: the token's principal, label and admin flag."""
+    """Who is calling: the token's principal, label, admin flag and token kind."""
 
     principal_id: str
     principal: str
     token_id: str
     label: str | None
     admin: bool
+    kind: str = "user"           # user | admin | runner | run
+    task_id: str | None = None   # a run token's task run
+    shared: bool = False         # a runner token made by an admin: the runtimes it registers are shared
 
 
 def hash_secret(secret: str) -> str:
@@ -62,6 +73,8 @@ class AuthService:
         self.clock = clock
         self.cache_s = cache_s
         self._verified: dict[str, tuple[float, Caller]] = {}
+        # Called with a token id after a revocation made through this replica (the runner endpoint closes its sockets).
+        self.revocation_listeners: list[Callable[[str], Any]] = []
 
     async def ensure_principal(self, conn, name: str, kind: str = "user") -> str:  # noqa: ANN001
         """Return the id of principal `name`, creating it."""
@@ -84,8 +97,40 @@ class AuthService:
             id=token_id, principal_id=principal_id, label=label, token_hash=hash_secret(secret), admin=False, created_at=now))
         return f"{TOKEN_PREFIX}.{token_id.split('_', 1)[1]}.{secret}"
 
-    async def create_token(self, principal: str, label: str | None = None, admin: bool = False, kind: str = "user") -> str:
-        """Create a token for `principal` (created if new) and return its plaintext, shown once."""
+    # ------------------------------------------------------------ run tokens (one per task run)
+
+    async def mint_run(self, conn, principal_id: str, task_id: str, label: str) -> str:  # noqa: ANN001
+        """Mint the run token of `task_id` inside the caller's transaction; earlier tokens of that run are revoked.
+
+        A run token acts as the run's principal for memory and coordination calls only, and stops
+        working when the run reaches a terminal status (checked at authentication) or is revoked.
+        """
+        now = self.clock.now()
+        await self.revoke_run(conn, task_id)
+        token_id = new_id("tok")
+        secret = secrets.token_urlsafe(32)
+        await conn.execute(api_tokens.insert().values(
+            id=token_id, principal_id=principal_id, label=label, token_hash=hash_secret(secret), admin=False,
+            created_at=now, kind="run", task_id=task_id))
+        return f"{TOKEN_PREFIX}.{token_id.split('_', 1)[1]}.{secret}"
+
+    async def revoke_run(self, conn, task_id: str) -> None:  # noqa: ANN001
+        """Revoke every live token of a task run (its end, or a new attempt's dispatch)."""
+        if not task_id:
+            return
+        ids = (await conn.execute(sa.select(api_tokens.c.id).where(
+            api_tokens.c.task_id == task_id, api_tokens.c.revoked_at.is_(None)))).scalars().all()
+        if ids:
+            await conn.execute(api_tokens.update().where(api_tokens.c.id.in_(ids)).values(revoked_at=self.clock.now()))
+            for token_id in ids:
+                self._forget(token_id)
+
+    async def create_token(self, principal: str, label: str | None = None, admin: bool = False, kind: str = "user",
+                           *, runner: bool = False) -> str:
+        """Create a token for `principal` (created if new) and return its plaintext, shown once.
+
+        `runner`: a runner token (only /runner/ws); with `admin` it registers shared runtimes and is no admin token.
+        """
         principal = principal.strip()
         if not principal or len(principal) > 200:
             raise Invalid("principal name must be 1–200 characters, e.g. --principal alice")
@@ -98,8 +143,9 @@ class AuthService:
                 async with self.db.write() as conn:
                     pid = await self.ensure_principal(conn, principal, kind)
                     await conn.execute(api_tokens.insert().values(
-                        id=token_id, principal_id=pid, label=label or None, token_hash=hash_secret(secret),
-                        admin=admin, created_at=self.clock.now(),
+                        id=token_id, principal_id=pid, label=label or ("runner" if runner else None),
+                        token_hash=hash_secret(secret), admin=admin, created_at=self.clock.now(),
+                        kind="runner" if runner else "admin" if admin else "user",
                     ))
                 break
             except IntegrityError:
@@ -107,8 +153,16 @@ class AuthService:
                     raise
         return f"{TOKEN_PREFIX}.{token_id.split('_', 1)[1]}.{secret}"
 
-    async def authenticate(self, header: str | None) -> Caller:
-        """Resolve an `Authorization` header (or bare token) to a Caller, or raise Unauthorized."""
+    async def authenticate(self, header: str | None, *, surface: str = "api") -> Caller:
+        """Resolve an `Authorization` header (or bare token) to a Caller, or raise Unauthorized.
+
+        `surface` is where the token is presented: runner tokens are accepted only on "runner"
+        (/runner/ws), run tokens everywhere but there (REST narrows them further, see `run_token_may`).
+        """
+        caller = await self._verify(header)
+        return check_surface(caller, surface)
+
+    async def _verify(self, header: str | None) -> Caller:
         if not header:
             raise Unauthorized(MISSING)
         token = header[7:].strip() if header[:7].lower() == "bearer " else header.strip()
@@ -122,18 +176,21 @@ class AuthService:
             return hit[1]
         async with self.db.read() as conn:
             row = (await conn.execute(
-                sa.select(api_tokens, principals.c.name)
+                sa.select(api_tokens, principals.c.name, task_runs.c.status.label("run_status"))
                 .join(principals, principals.c.id == api_tokens.c.principal_id)
+                .outerjoin(task_runs, task_runs.c.id == api_tokens.c.task_id)
                 .where(api_tokens.c.id == token_id)
             )).first()
         if row is None or not hmac.compare_digest(row.token_hash, digest) or row.revoked_at is not None:
             raise Unauthorized(WRONG)
+        if row.kind == "run" and row.task_id is not None and (row.run_status is None or is_terminal(row.run_status)):
+            raise Unauthorized(RUN_ENDED)  # whatever path ended the run, its token ends with it
         now = self.clock.now()
         last = utc(row.last_used_at)
         if last is None or now - last >= LAST_USED_GRANULARITY:
             async with self.db.write() as conn:
                 await conn.execute(api_tokens.update().where(api_tokens.c.id == token_id).values(last_used_at=now))
-        caller = Caller(row.principal_id, row.name, token_id, row.label, bool(row.admin))
+        caller = caller_of_row(row)
         if len(self._verified) > 10_000:
             self._verified.clear()
         self._verified[digest] = (time.monotonic() + self.cache_s, caller)
@@ -166,3 +223,122 @@ class AuthService:
         if row is None:
             raise NotFound(f"token {token_id} does not exist")
         return row.label
+
+
+# ---------------------------------------------------------------- token kinds and lifecycle
+
+
+def caller_of_row(row: Any) -> Caller:
+    """Build the Caller of a token row (joined with its principal's name)."""
+    kind = row.kind or ("admin" if row.admin else "user")
+    if kind == "runner":  # the admin flag of a runner token means "shared runtime", never admin rights
+        return Caller(row.principal_id, row.name, row.id, row.label, False, kind, None, bool(row.admin))
+    return Caller(row.principal_id, row.name, row.id, row.label, bool(row.admin) and kind == "admin", kind, row.task_id)
+
+
+def check_surface(caller: Caller, surface: str) -> Caller:
+    """Refuse a token kind where it does not belong; return the caller otherwise."""
+    if caller.kind == "runner" and surface != "runner":
+        raise Forbidden(RUNNER_ONLY)
+    if caller.kind == "run" and surface == "runner":
+        raise Forbidden(RUN_NOT_RUNNER)
+    return caller
+
+
+# What a run token (a task child's AMUX_TOKEN) may call over REST: memory and coordination
+# (delegated tasks, sessions and their turns, schedules, permission answers of its own delegations).
+RUN_TOKEN_PREFIXES = ("/api/v1/memory", "/api/v1/tasks", "/api/v1/sessions", "/api/v1/turns", "/api/v1/schedules")
+RUN_TOKEN_READS = ("/api/v1/whoami", "/api/v1/profiles")
+
+
+def run_token_may(method: str, path: str) -> bool:
+    """Return whether a run token may make this REST call."""
+    if any(path == p or path.startswith(p + "/") for p in RUN_TOKEN_PREFIXES):
+        return True
+    return method in ("GET", "HEAD") and path in RUN_TOKEN_READS
+
+
+RUN_REFUSED = ("a task run's AMUX_TOKEN is for memory and coordination calls only (memory, tasks, sessions, "
+               "turns, schedules); use your own token (`amux token create --principal NAME`) for {what}")
+
+
+class TokenAdmin:
+    """List and revoke tokens: an admin sees every token, a user their own; never a hash.
+
+    Revocation is immediate in the database; replicas' verification caches forget a token within
+    `AuthService.cache_s` (5 s), and `AuthService.revocation_listeners` (the runner endpoint) act at once locally.
+    """
+
+    def __init__(self, auth: AuthService) -> None:
+        self.auth = auth
+
+    @staticmethod
+    def _may_manage(caller: Caller) -> None:
+        if caller.kind not in ("user", "admin"):
+            raise Forbidden(RUN_REFUSED.format(what="managing tokens"))
+
+    async def list(self, caller: Caller, *, all_: bool = False, include_revoked: bool = True) -> list[dict]:
+        """List the caller's tokens (an admin with `all_`: everyone's)."""
+        self._may_manage(caller)
+        if all_ and not caller.admin:
+            raise Forbidden("only an admin lists every token; drop --all to list your own")
+        q = (sa.select(api_tokens.c.id, api_tokens.c.kind, api_tokens.c.label, api_tokens.c.admin, api_tokens.c.task_id,
+                       api_tokens.c.created_at, api_tokens.c.last_used_at, api_tokens.c.revoked_at,
+                       principals.c.name.label("principal"))
+             .join(principals, principals.c.id == api_tokens.c.principal_id).order_by(api_tokens.c.created_at))
+        if not all_:
+            q = q.where(api_tokens.c.principal_id == caller.principal_id)
+        if not include_revoked:
+            q = q.where(api_tokens.c.revoked_at.is_(None))
+        async with self.auth.db.read() as conn:
+            rows = (await conn.execute(q)).all()
+        return [token_view(r) for r in rows]
+
+    async def create(self, caller: Caller, principal: str | None = None, *, label: str | None = None,
+                     admin: bool = False, runner: bool = False) -> dict:
+        """Create a token: a user for themselves (user or runner kind), an admin for anyone and any kind."""
+        self._may_manage(caller)
+        target = (principal or caller.principal).strip()
+        if not caller.admin and (admin or target != caller.principal):
+            raise Forbidden("only an admin creates admin tokens or tokens for another principal; "
+                            "create your own with no --principal and no --admin")
+        shared = admin and runner  # a runner token made by an admin registers shared runtimes
+        token = await self.auth.create_token(target, label=label, admin=admin, runner=runner)
+        token_id = "tok_" + token.split(".")[1]
+        return {"id": token_id, "principal": target, "kind": "runner" if runner else "admin" if admin else "user",
+                "label": label or ("runner" if runner else None), "shared": shared, "token": token}
+
+    async def revoke(self, caller: Caller, token_id: str) -> dict:
+        """Revoke a token (idempotent): your own, or anyone's as an admin."""
+        self._may_manage(caller)
+        async with self.auth.db.write() as conn:
+            row = (await conn.execute(sa.select(api_tokens.c.principal_id, api_tokens.c.revoked_at)
+                                      .where(api_tokens.c.id == token_id))).first()
+            if row is None or (row.principal_id != caller.principal_id and not caller.admin):
+                raise NotFound(f"token {token_id} does not exist or is not yours; list yours with `amux token list`")
+            if row.revoked_at is None:
+                await conn.execute(api_tokens.update().where(api_tokens.c.id == token_id)
+                                   .values(revoked_at=self.auth.clock.now()))
+        self.auth._forget(token_id)
+        for fn in self.auth.revocation_listeners:
+            fn(token_id)
+        view = [t for t in await self.list(caller, all_=caller.admin) if t["id"] == token_id]
+        return view[0] if view else {"id": token_id, "revoked": True}
+
+    async def is_live(self, token_id: str) -> bool:
+        """Return whether the token is still unrevoked, from the database (no cache)."""
+        async with self.auth.db.read() as conn:
+            row = (await conn.execute(sa.select(api_tokens.c.revoked_at).where(api_tokens.c.id == token_id))).first()
+        return row is not None and row.revoked_at is None
+
+
+def token_view(r: Any) -> dict:
+    """Show a token as id/kind/label/created/last_used/revoked (never its hash)."""
+    iso = lambda v: utc(v).isoformat() if v is not None else None  # noqa: E731
+    out = {"id": r.id, "principal": r.principal, "kind": r.kind, "label": r.label,
+           "created": iso(r.created_at), "last_used": iso(r.last_used_at), "revoked": iso(r.revoked_at)}
+    if r.kind == "runner":
+        out["shared"] = bool(r.admin)
+    if r.task_id:
+        out["task_id"] = r.task_id
+    return out

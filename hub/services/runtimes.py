@@ -6,18 +6,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
-
 from pydantic import BaseModel
+from sqlalchemy.exc import IntegrityError
 
 from ..clock import Clock, utc
 from ..domain import memory as memory_rules
 from ..domain.events import project
 from ..domain.tasks import Status, is_terminal
-from ..errors import AmuxError, Conflict, Invalid
+from ..errors import AmuxError, Conflict, Forbidden, Invalid, NotFound
 from ..ids import new_id
 from ..runner import protocol as p
 from ..store.db import Database
-from ..store.tables import mailbox, permission_replies, reservations, runtimes, sessions, task_events, task_runs
+from ..store.tables import (api_tokens, mailbox, permission_replies, principals, reservations, runtimes, sessions,
+                            task_events, task_runs)
 from .auth import AuthService, Caller
 from .credentials import CredentialService
 from .dispatch import Dispatcher
@@ -34,6 +35,15 @@ class _Effects:
     changed: set[str] = field(default_factory=set)
     started: list[tuple[str, float]] = field(default_factory=list)
     freed: bool = False
+TAKEN = ("runtime name {name!r} belongs to {owner!r}, who registered it first; start the runner with another --name, "
+         "or have {owner!r} deregister it (`DELETE /api/v1/runtimes/{name}` with their token) while its runner is stopped")
+REVOKED = "this runner's token was revoked; the connection is closed: create a new one with `amux token create --runner`"
+
+
+class TokenRevoked(Forbidden):
+    """The connection's token was revoked: send nothing more on it."""
+
+
 NOT_YOURS = ("runner reported task {task}, which this runtime does not hold; the report was refused and nothing changed — "
              "the runner drops the task (it was reassigned, finished or never dispatched here)")
 
@@ -54,46 +64,79 @@ class RuntimeService:
         self.on_started = on_started or (lambda task_id, latency: None)
 
     async def register(self, caller: Caller, msg: p.Register) -> tuple[str, str, list[str]]:
-        """Upsert the runtime, mark it online under a new connection, reconcile held work."""
+        """Upsert the runtime, mark it online under a new connection, reconcile held work.
+
+        A runtime name belongs to the principal that registered it first: anyone else (an admin
+        included) is refused until the owner deregisters it. Runtimes registered with an admin's runner
+        token (or an admin token) are shared.
+        """
         if msg.protocol != p.PROTOCOL_VERSION:
             raise Invalid(f"runner protocol {msg.protocol} is not supported (hub speaks {p.PROTOCOL_VERSION}); upgrade amux on the runner")
+        for attempt in (1, 2):  # two first registrations of one name race on PostgreSQL: the loser sees the winner's row
+            try:
+                async with self.db.write() as conn:
+                    registered = await self._register(conn, caller, msg)
+                break
+            except IntegrityError:
+                if attempt == 2:
+                    raise
+        self.dispatcher.kick()
+        return registered
+
+    async def _register(self, conn, caller: Caller, msg: p.Register) -> tuple[str, str, list[str]]:  # noqa: ANN001
         now = self.clock.now()
         conn_id = new_id("conn")
         held = {w.task_id: w.attempt for w in msg.running}
         drop: list[str] = []
         caps = dict(msg.capabilities)
-        async with self.db.write() as conn:
-            row = (await conn.execute(self.db.for_update(sa.select(runtimes).where(runtimes.c.name == msg.name)))).first()
-            if row is not None and row.principal_id != caller.principal_id and not caller.admin:
-                raise Conflict(f"runtime name {msg.name!r} belongs to another principal; start the runner with another --name")
-            values = dict(capabilities=caps, slots=msg.slots, status="online", connection_id=conn_id, last_seen_at=now)
-            if row is None:
-                rt_id = new_id("rt")
-                await conn.execute(runtimes.insert().values(
-                    id=rt_id, name=msg.name, principal_id=caller.principal_id, shared=caller.admin,
-                    registered_at=now, **values))
-            else:
-                rt_id = row.id
-                await conn.execute(runtimes.update().where(runtimes.c.id == rt_id).values(**values))
-            mine = (await conn.execute(sa.select(task_runs.c.id, task_runs.c.status, task_runs.c.attempt).where(
-                task_runs.c.runtime_id == rt_id,
-                task_runs.c.status.in_([Status.DISPATCHED.value, Status.RUNNING.value])))).all()
-            for t in mine:
-                if held.get(t.id) == t.attempt:
-                    continue
-                if t.status == Status.RUNNING.value:
-                    await finish_task(conn, t.id, Status.FAILED, now,
-                                      error="runtime lost: the runner restarted without this task; resubmit it")
-                else:  # dispatched but never started: send it again on this connection
-                    await conn.execute(reservations.update().where(
-                        reservations.c.task_id == t.id, reservations.c.state == "pending").values(sent_at=None))
-            for task_id, attempt in held.items():
-                t = (await conn.execute(sa.select(task_runs.c.runtime_id, task_runs.c.attempt, task_runs.c.status)
-                                        .where(task_runs.c.id == task_id))).first()
-                if t is None or t.runtime_id != rt_id or t.attempt != attempt:
-                    drop.append(task_id)
-        self.dispatcher.kick()
+        shared = caller.shared or caller.admin
+        row = (await conn.execute(self.db.for_update(sa.select(runtimes).where(runtimes.c.name == msg.name)))).first()
+        if row is not None and row.principal_id != caller.principal_id:
+            owner = (await conn.execute(sa.select(principals.c.name).where(principals.c.id == row.principal_id))).scalar()
+            raise Conflict(TAKEN.format(name=msg.name, owner=owner))
+        values = dict(capabilities=caps, slots=msg.slots, status="online", connection_id=conn_id, last_seen_at=now,
+                      shared=shared)
+        if row is None:
+            rt_id = new_id("rt")
+            await conn.execute(runtimes.insert().values(
+                id=rt_id, name=msg.name, principal_id=caller.principal_id, registered_at=now, **values))
+        else:
+            rt_id = row.id
+            await conn.execute(runtimes.update().where(runtimes.c.id == rt_id).values(**values))
+        mine = (await conn.execute(sa.select(task_runs.c.id, task_runs.c.status, task_runs.c.attempt).where(
+            task_runs.c.runtime_id == rt_id,
+            task_runs.c.status.in_([Status.DISPATCHED.value, Status.RUNNING.value])))).all()
+        for t in mine:
+            if held.get(t.id) == t.attempt:
+                continue
+            if t.status == Status.RUNNING.value:
+                await finish_task(conn, t.id, Status.FAILED, now,
+                                  error="runtime lost: the runner restarted without this task; resubmit it")
+            else:  # dispatched but never started: send it again on this connection
+                await conn.execute(reservations.update().where(
+                    reservations.c.task_id == t.id, reservations.c.state == "pending").values(sent_at=None))
+        for task_id, attempt in held.items():
+            t = (await conn.execute(sa.select(task_runs.c.runtime_id, task_runs.c.attempt, task_runs.c.status)
+                                    .where(task_runs.c.id == task_id))).first()
+            if t is None or t.runtime_id != rt_id or t.attempt != attempt:
+                drop.append(task_id)
         return rt_id, conn_id, drop
+
+    async def deregister(self, caller: Caller, name: str) -> dict:
+        """Free a runtime name: only its owner, only while its runner is stopped and it holds no work."""
+        async with self.db.write() as conn:
+            row = (await conn.execute(self.db.for_update(sa.select(runtimes).where(runtimes.c.name == name)))).first()
+            if row is None or row.principal_id != caller.principal_id:
+                raise NotFound(f"you own no runtime named {name!r}; list runtimes with `GET /api/v1/runtimes`")
+            if row.status == "online":
+                raise Conflict(f"runtime {name!r} is online; stop its runner first, then deregister it")
+            busy = (await conn.execute(sa.select(sa.func.count()).select_from(reservations).where(
+                reservations.c.runtime_id == row.id, reservations.c.state != "released"))).scalar()
+            if busy:
+                raise Conflict(f"runtime {name!r} still holds {busy} reservation(s); wait for its tasks to end or expire")
+            await conn.execute(reservations.delete().where(reservations.c.runtime_id == row.id))
+            await conn.execute(runtimes.delete().where(runtimes.c.id == row.id))
+        return {"name": name, "deregistered": True}
 
     async def disconnected(self, runtime_id: str, conn_id: str) -> None:
         """Mark the runtime offline; its tasks wait for a reconnect until the lost timeout."""
@@ -231,13 +274,29 @@ class RuntimeService:
                 await conn.execute(sessions.update().where(sessions.c.id == row.session_id)
                                    .values(resume_handle=msg.resume_handle, updated_at=now))
             fx.freed = True
+        if self.auth is not None:
+            await self.auth.revoke_run(conn, row.id)  # the child's AMUX_TOKEN ends with its run
         fx.changed.add(row.id)
         return True
 
-    async def coordination_env(self, conn, owner_id: str, session_id: str) -> dict[str, str]:  # noqa: ANN001
-        """What a child session needs to delegate back: its id, the hub address, a token labeled amux-session:<id>."""
-        token = await self.auth.mint_in(conn, owner_id, f"amux-session:{session_id}", replace=True)
-        return {"AMUX_SESSION_ID": session_id, "AMUX_HUB_URL": self.hub_url, "AMUX_TOKEN": token}
+    async def coordination_env(self, conn, owner_id: str, session_id: str | None,  # noqa: ANN001
+                               task_id: str | None = None) -> dict[str, str]:
+        """What a task child needs to reach the hub: its address, a run token (and its session's id, if any).
+
+        The token is the run's own (kind `run`, bound to `task_id`; without one, the session's running
+        turn), labeled `amux-session:<id>` for a session's runs (delegations and memory key on it),
+        `run:<task id>` otherwise; it is revoked when the run ends.
+        """
+        if task_id is None and session_id:
+            task_id = (await conn.execute(sa.select(task_runs.c.id).where(
+                task_runs.c.session_id == session_id, task_runs.c.status.in_(
+                    [Status.RUNNING.value, Status.DISPATCHED.value])).order_by(task_runs.c.turn_seq.desc()).limit(1))).scalar()
+        label = f"amux-session:{session_id}" if session_id else f"run:{task_id}"
+        token = await self.auth.mint_run(conn, owner_id, task_id, label)
+        env = {"AMUX_HUB_URL": self.hub_url, "AMUX_TOKEN": token}
+        if session_id:
+            env["AMUX_SESSION_ID"] = session_id
+        return env
 
     async def _bind_memory(self, conn, r, caps: dict, now) -> None:  # noqa: ANN001
         """Bind a fresh session's memory scope at its first launch; warn (never fall back) without the capability."""
@@ -253,11 +312,19 @@ class RuntimeService:
                                  "this conversation runs without amux memory"}))
             await conn.execute(task_runs.update().where(task_runs.c.id == r.task_id).values(event_seq=seq))
 
-    async def outgoing(self, runtime_id: str, conn_id: str, cancels_sent: set[str]) -> list[dict]:
-        """Return dispatches and cancels this connection should send now (and mark dispatches sent)."""
+    async def outgoing(self, runtime_id: str, conn_id: str, cancels_sent: set[str], token_id: str | None = None) -> list[dict]:
+        """Return dispatches and cancels this connection should send now (and mark dispatches sent).
+
+        With `token_id` (the connection's token), a revoked token raises TokenRevoked before anything
+        is sent: a revoked runner gets no dispatch from any replica once the revocation is committed.
+        """
         now = self.clock.now()
         out: list[dict] = []
         async with self.db.write() as conn:
+            if token_id is not None:
+                revoked = (await conn.execute(sa.select(api_tokens.c.revoked_at).where(api_tokens.c.id == token_id))).first()
+                if revoked is None or revoked.revoked_at is not None:
+                    raise TokenRevoked(REVOKED)
             current, caps = (await conn.execute(sa.select(runtimes.c.connection_id, runtimes.c.capabilities)
                                                  .where(runtimes.c.id == runtime_id))).one()
             if current != conn_id:
@@ -289,8 +356,9 @@ class RuntimeService:
                 except AmuxError as e:  # e.g. the value was deleted or the key changed since admission
                     await finish_task(conn, r.task_id, Status.FAILED, now, error=e.message)
                     continue
+                if self.auth is not None:
+                    env.update(await self.coordination_env(conn, r.owner_id, r.session_id, r.task_id))
                 if r.session_id and self.auth is not None:
-                    env.update(await self.coordination_env(conn, r.owner_id, r.session_id))
                     await self._bind_memory(conn, r, caps, now)
                 out.append(p.Dispatch(task_id=r.task_id, attempt=r.attempt, prompt=r.prompt, snapshot=r.snapshot,
                                       env=env).model_dump())

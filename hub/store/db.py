@@ -12,6 +12,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from ..errors import Invalid
+from ..files import private_file
 
 MIGRATIONS = Path(__file__).resolve().parent.parent.parent / "migrations"
 
@@ -57,8 +58,7 @@ class Database:
         self.engine: AsyncEngine | None = None
         self.sync_engine: sa.Engine | None = None
         if self.is_sqlite:
-            if parsed.database:
-                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            prepare_sqlite_file(self.url)
             self.sync_engine = sa.create_engine(parsed.set(drivername="sqlite+pysqlite"), echo=echo,
                                                 pool_size=8, max_overflow=24)
             event.listen(self.sync_engine, "connect", _sqlite_connect)
@@ -106,6 +106,24 @@ class Database:
             self.sync_engine.dispose()
 
 
+def prepare_sqlite_file(url: str) -> None:
+    """Create the SQLite file 0600 before SQLite does (its -wal and -shm take the database file's mode).
+
+    An existing database, WAL or SHM is tightened to 0600: every prompt, result and memory entry is in them.
+    """
+    database = make_url(normalize_url(url)).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    path = Path(database)
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_file(path)
+    for suffix in ("-wal", "-shm", "-journal"):
+        side = path.with_name(path.name + suffix)
+        if side.exists():
+            private_file(side)
+
+
 def _sqlite_connect(dbapi_conn, _record) -> None:  # noqa: ANN001
     dbapi_conn.isolation_level = None  # SQLAlchemy's begin event issues BEGIN itself
     _sqlite_pragmas(dbapi_conn, _record)
@@ -138,6 +156,8 @@ def upgrade_sync(url: str, revision: str = "heads") -> None:
     """Apply migrations up to `revision` (blocking; call from a thread inside a loop)."""
     from alembic import command
 
+    if make_url(normalize_url(url)).get_backend_name() == "sqlite":
+        prepare_sqlite_file(url)
     command.upgrade(alembic_config(url), revision)
 
 

@@ -24,6 +24,11 @@ api_tokens = sa.Table(
     sa.Column("created_at", TS, nullable=False),
     sa.Column("last_used_at", TS),
     sa.Column("revoked_at", TS),
+    # user | admin | runner (only /runner/ws; `admin` set = made by an admin: registers shared runtimes)
+    # | run (minted per task run, revoked when it ends; `task_id` names the run)
+    sa.Column("kind", sa.String(16), nullable=False, server_default="user"),
+    sa.Column("task_id", sa.String(40)),
+    sa.Index("ix_api_tokens_task", "task_id"),
 )
 
 runtimes = sa.Table(

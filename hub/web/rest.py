@@ -7,8 +7,8 @@ from typing import Any, Awaitable, Callable
 import sqlalchemy as sa
 from aiohttp import web
 
-from ..errors import AmuxError, Invalid
-from ..services.auth import AuthService, Caller
+from ..errors import AmuxError, Forbidden, Invalid
+from ..services.auth import RUN_REFUSED, AuthService, Caller, TokenAdmin, run_token_may
 from ..services.tasks import SubmitRequest, TaskService
 from ..store.db import Database
 from ..store.tables import runtimes
@@ -32,7 +32,10 @@ def auth_middleware(auth: AuthService) -> Callable:
         if not request.path.startswith("/api/"):
             return await handler(request)
         try:
-            request[CALLER] = await auth.authenticate(request.headers.get("Authorization"))
+            caller = await auth.authenticate(request.headers.get("Authorization"))
+            if caller.kind == "run" and not run_token_may(request.method, request.path):
+                raise Forbidden(RUN_REFUSED.format(what=f"{request.method} {request.path}"))
+            request[CALLER] = caller
             return await handler(request)
         except AmuxError as e:
             return error_response(e)
@@ -174,6 +177,9 @@ def add_routes(app: web.Application, hub: Any) -> None:
             {"id": x.id, "name": x.name, "status": x.status, "slots": x.slots, "capabilities": x.capabilities}
             for x in rows]})
 
+    async def runtime_deregister(request: web.Request) -> web.Response:
+        return web.json_response(await hub.runtimes.deregister(request[CALLER], request.match_info["name"]))
+
     def wrap(fn: Callable[[web.Request], Awaitable[web.Response]]) -> Callable:
         async def handler(request: web.Request) -> web.Response:
             try:
@@ -204,3 +210,35 @@ def add_routes(app: web.Application, hub: Any) -> None:
     r.add_get("/api/v1/tasks/{id}/wait", wrap(wait))
     r.add_post("/api/v1/tasks/{id}/cancel", wrap(cancel))
     r.add_get("/api/v1/runtimes", wrap(runtime_list))
+    r.add_delete("/api/v1/runtimes/{name}", wrap(runtime_deregister))
+    add_token_routes(app, TokenAdmin(hub.auth), wrap)
+
+
+def add_token_routes(app: web.Application, tokens: TokenAdmin, wrap: Callable) -> None:
+    """`GET/POST /api/v1/tokens`, `DELETE /api/v1/tokens/{id}`: your tokens (an admin: anyone's); never a hash."""
+
+    async def token_list(request: web.Request) -> web.Response:
+        all_ = request.query.get("all", "").lower() in ("1", "true", "yes")
+        return web.json_response({"tokens": await tokens.list(request[CALLER], all_=all_)})
+
+    async def token_create(request: web.Request) -> web.Response:
+        data = await _body(request)
+        allowed = {"principal", "label", "admin", "runner"}
+        if set(data) - allowed:
+            raise Invalid(f"unknown fields {sorted(set(data) - allowed)}; a token takes {sorted(allowed)}")
+        for key in ("admin", "runner"):
+            if not isinstance(data.get(key, False), bool):
+                raise Invalid(f"{key} must be true or false")
+        for key in ("principal", "label"):
+            if not isinstance(data.get(key) or "", str):
+                raise Invalid(f"{key} must be a string")
+        return web.json_response(await tokens.create(
+            request[CALLER], data.get("principal"), label=data.get("label"), admin=data.get("admin", False),
+            runner=data.get("runner", False)), status=201)
+
+    async def token_revoke(request: web.Request) -> web.Response:
+        return web.json_response(await tokens.revoke(request[CALLER], request.match_info["id"]))
+
+    app.router.add_get("/api/v1/tokens", wrap(token_list))
+    app.router.add_post("/api/v1/tokens", wrap(token_create))
+    app.router.add_delete("/api/v1/tokens/{id}", wrap(token_revoke))

@@ -11,10 +11,11 @@ from pydantic import ValidationError
 from ..errors import AmuxError
 from ..runner import protocol as p
 from ..services.auth import AuthService
-from ..services.runtimes import RuntimeService
+from ..services.runtimes import RuntimeService, TokenRevoked
 from ..services.notify import Notifier
 
 log = logging.getLogger("amux.runner_ws")
+REVOKED_CLOSE = 4401  # application close code: the runner's token was revoked (the runner stops; no retry helps)
 
 
 class RunnerEndpoint:
@@ -28,6 +29,20 @@ class RunnerEndpoint:
         self.heartbeat_s = heartbeat_s
         self.poll_s = poll_s
         self.open: set[web.WebSocketResponse] = set()
+        self.by_token: dict[str, set[web.WebSocketResponse]] = {}
+        # A revocation through this replica closes at once; other replicas' pumps see it in the database.
+        auth.revocation_listeners.append(self._on_revoked)
+
+    def _on_revoked(self, token_id: str) -> None:
+        for ws in list(self.by_token.get(token_id, ())):
+            asyncio.ensure_future(self._close_revoked(ws))
+
+    @staticmethod
+    async def _close_revoked(ws: web.WebSocketResponse) -> None:
+        with contextlib.suppress(Exception):
+            await ws.send_json(p.ErrorMsg(message="this runner's token was revoked; create a new one with "
+                                                  "`amux token create --runner`").model_dump())
+        await ws.close(code=REVOKED_CLOSE, message=b"token revoked")
 
     async def close_all(self, _app: web.Application | None = None) -> None:
         """Close every runner connection (on shutdown): runners reconnect to another replica or a restarted hub."""
@@ -37,7 +52,7 @@ class RunnerEndpoint:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Authenticate, register, then serve messages until the runner goes away."""
         try:
-            caller = await self.auth.authenticate(request.headers.get("Authorization"))
+            caller = await self.auth.authenticate(request.headers.get("Authorization"), surface="runner")
         except AmuxError as e:
             return web.json_response({"error": e.code, "message": e.message}, status=e.status)
         ws = web.WebSocketResponse(heartbeat=30, max_msg_size=16 * 1024 * 1024)
@@ -52,10 +67,11 @@ class RunnerEndpoint:
             await ws.close()
             return ws
         await ws.send_json(p.Registered(runtime_id=runtime_id, heartbeat_s=self.heartbeat_s, drop=drop).model_dump())
-        pump = asyncio.create_task(self._pump(ws, runtime_id, conn_id))
+        pump = asyncio.create_task(self._pump(ws, runtime_id, conn_id, caller.token_id))
         inbox: asyncio.Queue = asyncio.Queue()
         applier = asyncio.create_task(self._apply_loop(ws, runtime_id, conn_id, inbox))
         self.open.add(ws)
+        self.by_token.setdefault(caller.token_id, set()).add(ws)
         try:
             async for raw in ws:
                 if raw.type != WSMsgType.TEXT:
@@ -65,6 +81,10 @@ class RunnerEndpoint:
             await applier  # apply what arrived before the connection closed
         finally:
             self.open.discard(ws)
+            peers = self.by_token.get(caller.token_id, set())
+            peers.discard(ws)
+            if not peers:
+                self.by_token.pop(caller.token_id, None)
             for task in (pump, applier):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -90,12 +110,17 @@ class RunnerEndpoint:
             if done:
                 return
 
-    async def _pump(self, ws: web.WebSocketResponse, runtime_id: str, conn_id: str) -> None:
+    async def _pump(self, ws: web.WebSocketResponse, runtime_id: str, conn_id: str, token_id: str) -> None:
+        """Send what is due; each round re-verifies the token in the database, so a revocation made on any
+        replica closes this socket within one poll interval and nothing is dispatched after it."""
         cancels_sent: set[str] = set()
         while not ws.closed:
             try:
-                for msg in await self.runtimes.outgoing(runtime_id, conn_id, cancels_sent):
+                for msg in await self.runtimes.outgoing(runtime_id, conn_id, cancels_sent, token_id):
                     await ws.send_json(msg)
+            except TokenRevoked:
+                await self._close_revoked(ws)
+                return
             except (ConnectionError, RuntimeError):
                 return
             except Exception:
