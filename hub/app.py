@@ -22,6 +22,7 @@ from .services.admission import Admission
 from .services.alerts import AlertService
 from .services.channel import NullChannel, load_channel
 from .services.auth import AuthService
+from .services.oauth import OAuthService
 from .services.credentials import CredentialService, SecretBox
 from .services.profiles import ProfileService
 from .services.dispatch import Dispatcher
@@ -38,6 +39,7 @@ from .services.tasks import PermissionService, TaskService
 from .store.db import Database
 from .web import boxes, health, rest, schedules_api
 from .web import alerts_api
+from .web import oauth as oauth_web
 from .web.mcp_mount import McpMount
 from .web.runner_ws import RunnerEndpoint
 
@@ -66,6 +68,8 @@ class Hub:
         self.metrics = health.Metrics()
         hs = settings.hub
         self.auth = AuthService(self.db, self.clock)
+        self.oauth = OAuthService(self.db, self.clock, self.auth)  # hosted MCP clients (issue 19 item 4)
+        self.auth.oauth = self.oauth
         self.dispatcher = Dispatcher(self.db, self.clock, self.notifier, hs)
         self.profiles = ProfileService(self.db, self.clock)
         key = settings.secret_key or (embedded_secret_key(settings.home) if self.db.is_sqlite else None)
@@ -113,6 +117,7 @@ class Hub:
         app.router.add_get("/runner/ws", self.runner_endpoint.handle)
         app.on_shutdown.append(self.runner_endpoint.close_all)
         app.router.add_route("*", "/mcp", self.mcp.handle)
+        oauth_web.add_routes(app, self.oauth, self.settings.public_url)
         boxes.add_routes(app, self.auth, self.leases, self.clock)
         self.bot.add_routes(app)
         app.cleanup_ctx.append(self.bot.lifespan)

@@ -7,6 +7,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Protocol
 from typing import Any, Callable
 
 import sqlalchemy as sa
@@ -26,6 +27,7 @@ MISSING = (
 )
 WRONG = "invalid or revoked token: create a new one with `amux token create --principal NAME`"
 LAST_USED_GRANULARITY = timedelta(minutes=1)
+ALL_SCOPES = frozenset({"tasks", "schedules", "leases"})  # OAuth scopes; amux bearer tokens carry all of them
 KINDS = ("user", "admin", "runner", "run")
 RUNNER_ONLY = ("this is a runner token: it only connects `amux runner` to /runner/ws; "
                "use a user token here (`amux token create --principal NAME`)")
@@ -43,6 +45,7 @@ class Caller:
     token_id: str
     label: str | None
     admin: bool
+    scopes: frozenset[str] = ALL_SCOPES  # narrower only for OAuth-issued access tokens
     kind: str = "user"           # user | admin | runner | run
     task_id: str | None = None   # a run token's task run
     shared: bool = False         # a runner token made by an admin: the runtimes it registers are shared
@@ -61,6 +64,16 @@ def parse_token(token: str) -> tuple[str, str] | None:
     return parts[1], parts[2]
 
 
+class OAuthVerifier(Protocol):
+    """Resolve OAuth access tokens (hub/services/oauth.py)."""
+
+    def is_access_token(self, token: str) -> bool:
+        """Return whether `token` has the shape of an OAuth access token (no I/O)."""
+
+    async def verify_access_token(self, token: str) -> Caller:
+        """Return the granting principal's Caller with the granted scopes, or raise Unauthorized."""
+
+
 class AuthService:
     """Create principals and tokens; authenticate bearer tokens.
 
@@ -73,6 +86,7 @@ class AuthService:
         self.clock = clock
         self.cache_s = cache_s
         self._verified: dict[str, tuple[float, Caller]] = {}
+        self.oauth: OAuthVerifier | None = None  # set by the composition root (hub/services/oauth.py)
         # Called with a token id after a revocation made through this replica (the runner endpoint closes its sockets).
         self.revocation_listeners: list[Callable[[str], Any]] = []
 
@@ -342,3 +356,10 @@ def token_view(r: Any) -> dict:
     if r.task_id:
         out["task_id"] = r.task_id
     return out
+
+    async def authenticate_mcp(self, header: str | None) -> Caller:
+        """Like `authenticate`, and also accept OAuth access tokens, whose audience is `/mcp` only."""
+        token = (header[7:].strip() if header[:7].lower() == "bearer " else header.strip()) if header else ""
+        if self.oauth is not None and self.oauth.is_access_token(token):
+            return await self.oauth.verify_access_token(token)
+        return await self.authenticate(header)

@@ -445,3 +445,75 @@ recovery_results = sa.Table(
     sa.Column("recorded_at", TS, nullable=False),
     sa.Index("ix_recovery_results_outcome_app", "outcome", "app_id"),
 )
+
+# ---------------------------------------------------------------- OAuth for hosted MCP clients (0012_oauth)
+
+oauth_clients = sa.Table(
+    "oauth_clients", metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("secret_hash", sa.String(64)),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("redirect_uris", sa.JSON, nullable=False),
+    sa.Column("scope", sa.String(200), nullable=False),
+    sa.Column("auth_method", sa.String(32), nullable=False),
+    sa.Column("info", sa.JSON, nullable=False),
+    sa.Column("created_at", TS, nullable=False),
+)
+
+oauth_grants = sa.Table(
+    "oauth_grants", metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("client_id", sa.String(64), sa.ForeignKey("oauth_clients.id"), nullable=False),
+    sa.Column("principal_id", sa.String(40), sa.ForeignKey("principals.id"), nullable=False),
+    sa.Column("scope", sa.String(200), nullable=False),
+    sa.Column("resource", sa.Text),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("revoked_at", TS),
+    sa.Column("revoked_reason", sa.String(200)),
+    sa.Index("ix_oauth_grants_principal", "principal_id"),
+)
+
+oauth_codes = sa.Table(
+    "oauth_codes", metadata,
+    sa.Column("code_hash", sa.String(64), primary_key=True),
+    sa.Column("client_id", sa.String(64), sa.ForeignKey("oauth_clients.id"), nullable=False),
+    sa.Column("principal_id", sa.String(40), sa.ForeignKey("principals.id"), nullable=False),
+    sa.Column("redirect_uri", sa.Text, nullable=False),
+    sa.Column("redirect_explicit", sa.Boolean, nullable=False),
+    sa.Column("code_challenge", sa.String(128), nullable=False),
+    sa.Column("scope", sa.String(200), nullable=False),
+    sa.Column("resource", sa.Text),
+    sa.Column("expires_at", TS, nullable=False),
+    sa.Column("used_at", TS),
+    sa.Column("grant_id", sa.String(40)),
+    sa.Column("created_at", TS, nullable=False),
+)
+
+oauth_tokens = sa.Table(
+    "oauth_tokens", metadata,
+    sa.Column("token_hash", sa.String(64), primary_key=True),
+    sa.Column("grant_id", sa.String(40), sa.ForeignKey("oauth_grants.id"), nullable=False),
+    sa.Column("kind", sa.String(8), nullable=False),
+    sa.Column("scope", sa.String(200), nullable=False),
+    sa.Column("expires_at", TS, nullable=False),
+    sa.Column("rotated_at", TS),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Index("ix_oauth_tokens_grant", "grant_id"),
+)
+
+oauth_logins = sa.Table(
+    "oauth_logins", metadata,
+    sa.Column("secret_hash", sa.String(64), primary_key=True),
+    sa.Column("kind", sa.String(8), nullable=False),
+    sa.Column("principal_id", sa.String(40), sa.ForeignKey("principals.id"), nullable=False),
+    sa.Column("expires_at", TS, nullable=False),
+    sa.Column("used_at", TS),
+    sa.Column("created_at", TS, nullable=False),
+)
+
+hub_keys = sa.Table(
+    "hub_keys", metadata,
+    sa.Column("name", sa.String(64), primary_key=True),   # what the key signs, e.g. "mcp-session"
+    sa.Column("secret", sa.String(128), nullable=False),  # random, hex; never leaves the database and the replicas
+    sa.Column("created_at", TS, nullable=False),
+)
