@@ -15,6 +15,7 @@ OPS = ("overview", "schedules", "detail", "history", "results", "pause", "resume
        "alerts", "ack", "snooze", "recheck")
 NEEDS_SCHEDULE = ("detail", "history", "results", "pause", "resume", "delete")
 NEEDS_INCIDENT = ("ack", "snooze")
+VIEWS = ("", "inc")   # which card the answer refreshes: "" the card pressed (alert center), "inc" a pushed incident card
 MAX_PAGE = 10_000
 
 
@@ -31,6 +32,7 @@ class CardAction:
     incident_id: str | None = None
     page: int = 0
     sub: int = 0   # a second page index (the result part inside one firing)
+    view: str = ""  # "inc": pressed on a pushed incident card, which the answer re-renders in place
 
     def pack(self) -> dict[str, Any]:
         """Return the JSON value a button carries."""
@@ -43,6 +45,8 @@ class CardAction:
             value["pg"] = self.page
         if self.sub:
             value["sub"] = self.sub
+        if self.view:
+            value["vw"] = self.view
         return value
 
     @classmethod
@@ -56,7 +60,7 @@ class CardAction:
         if op not in OPS:
             raise BadPayload(f"unknown card action {op!r}")
         sid, iid = value.get("s"), value.get("i")
-        page, sub = value.get("pg", 0), value.get("sub", 0)
+        page, sub, view = value.get("pg", 0), value.get("sub", 0), value.get("vw", "")
         for name, v in (("s", sid), ("i", iid)):
             if v is not None and (not isinstance(v, str) or not v or len(v) > 64):
                 raise BadPayload(f"bad {name} in card action")
@@ -67,4 +71,6 @@ class CardAction:
             raise BadPayload(f"{op} needs a schedule")
         if op in NEEDS_INCIDENT and not iid:
             raise BadPayload(f"{op} needs an incident")
-        return cls(op, sid, iid, page, sub)
+        if view not in VIEWS or (view == "inc" and not iid):
+            raise BadPayload("bad view in card action")
+        return cls(op, sid, iid, page, sub, view)

@@ -1,52 +1,30 @@
-"""Alert cards: notice view model → Feishu Card JSON 2.0 (pure), and the typed card-action payload.
+"""Alert cards: notice view model → Feishu Card JSON 2.0 (pure).
 
 Every text carries `i18n_content` for `en_us` and `zh_cn`; buttons live inside a `column_set` (Card 2.0
-has no `action` rows); each button's callback `value` is a versioned `AlertAction`.
+has no `action` rows); each button's callback `value` is a packed `CardAction` (the same payloads the bot's
+router accepts), with `view="inc"` so the answer re-renders this incident card in place. The administrator's
+cards carry Acknowledge, Snooze and Recheck only: no execution control (the creator pauses from their own view).
 """
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from bot.i18n import _, catalogs
 
+from .actions import CardAction
+
 MAX_CARD_BYTES = 30 * 1024
-ACTIONS = ("ack", "snooze", "recheck", "pause")
+ACTIONS = ("ack", "snooze", "recheck")
+MAX_DIGEST_ITEMS = 60   # each item may take two elements; a card holds at most 200
 
 STATUS = {"pending": _("Failing"), "open": _("Failing"), "recovering": _("Recovering"), "closed": _("Recovered"),
           "withdrawn": _("Withdrawn")}
 OUTCOME = {"succeeded": _("succeeded"), "failed": _("failed"), "cancelled": _("cancelled"), "timed_out": _("timed out"),
            "missed": _("missed"), "unknown": _("unknown (not observed)")}
-BUTTONS = {"ack": _("Acknowledge"), "snooze": _("Snooze 24 h"), "recheck": _("Recheck"), "pause": _("Pause schedule")}
+BUTTONS = {"ack": _("Acknowledge"), "snooze": _("Snooze 24 h"), "recheck": _("Recheck")}
 UNKNOWN_CREATOR = _("unknown")
 LANGS = ("en_us", "zh_cn")
-
-
-@dataclass(frozen=True)
-class AlertAction:
-    """A card button's callback value: `{"p": "alert", "v": 1, "a": action, "i": incident, "app": app_id}`."""
-
-    action: str
-    incident_id: str
-    app_id: str
-    prefix = "alert"
-    version = 1
-
-    def pack(self) -> dict[str, Any]:
-        """Return the JSON value carried by the button."""
-        return {"p": self.prefix, "v": self.version, "a": self.action, "i": self.incident_id, "app": self.app_id}
-
-    @classmethod
-    def unpack(cls, value: Any) -> "AlertAction":
-        """Parse a callback value; raise ValueError for another prefix, version or action."""
-        if not isinstance(value, dict) or value.get("p") != cls.prefix:
-            raise ValueError("not an alert action")
-        if value.get("v") != cls.version:
-            raise ValueError(f"alert action version {value.get('v')!r} is not supported (expected {cls.version})")
-        if value.get("a") not in ACTIONS or not isinstance(value.get("i"), str) or not isinstance(value.get("app"), str):
-            raise ValueError("malformed alert action")
-        return cls(value["a"], value["i"], value["app"])
 
 
 def _t(message: str, **kw: Any) -> dict[str, str]:
@@ -83,14 +61,19 @@ def _header(title: dict[str, str], template: str) -> dict[str, Any]:
     return {"title": {"tag": "plain_text", "content": title["en_us"], "i18n_content": title}, "template": template}
 
 
+def _button_column(action: str, style: str, incident_id: str, view: str) -> dict[str, Any]:
+    label = _t(BUTTONS[action])
+    value = CardAction(action, incident_id=incident_id, view=view).pack()
+    return {"tag": "column", "width": "auto", "elements": [{
+        "tag": "button", "type": style, "text": {"tag": "plain_text", "content": label["en_us"], "i18n_content": label},
+        "behaviors": [{"type": "callback", "value": value}]}]}
+
+
 def _buttons(view: dict[str, Any]) -> dict[str, Any]:
-    columns = []
-    for action, style in (("ack", "primary"), ("snooze", "default"), ("recheck", "default"), ("pause", "danger")):
-        label = _t(BUTTONS[action])
-        value = AlertAction(action, view["incident_id"], view["app_id"]).pack()
-        columns.append({"tag": "column", "width": "auto", "elements": [{
-            "tag": "button", "type": style, "text": {"tag": "plain_text", "content": label["en_us"], "i18n_content": label},
-            "behaviors": [{"type": "callback", "value": value}]}]})
+    """Acknowledge and Snooze while unacknowledged; Recheck (delivery) always."""
+    actions = [("recheck", "default")] if view.get("acknowledged") else [("ack", "primary"), ("snooze", "default"),
+                                                                          ("recheck", "default")]
+    columns = [_button_column(a, style, view["incident_id"], "inc") for a, style in actions]
     return {"tag": "column_set", "flex_mode": "flow", "columns": columns}
 
 
@@ -135,21 +118,37 @@ def render_receipt(view: dict[str, Any]) -> dict[str, Any]:
 
 
 def render_digest(view: dict[str, Any]) -> dict[str, Any]:
-    """Render a digest of notices the rate limit folded together (trimmed to stay under 30 KB)."""
+    """Render a digest of notices the rate limit folded together (trimmed to stay under 30 KB).
+
+    Each active incident in it gets its own Acknowledge / Snooze row; the answer to a click is the alert
+    center (the digest's in-place refresh: every active incident with its new state), and Recheck is at the end.
+    """
     items = list(view.get("items", []))
-    shown = items
+    shown = items[:MAX_DIGEST_ITEMS]
     while True:
-        lines = []
+        elements: list[dict[str, Any]] = []
         for it in shown:
-            lines.append(_t(_("- {name}: {status} (created by {creator})"), name=it.get("schedule_name", "?"),
-                            status=_status(it.get("status") or it.get("outcome")),
-                            creator=it.get("creator") or _Word(UNKNOWN_CREATOR)))
+            elements.append(_md(_t(_("- {name}: {status} (created by {creator})"), name=it.get("schedule_name", "?"),
+                                   status=_status(it.get("status") or it.get("outcome")),
+                                   creator=it.get("creator") or _Word(UNKNOWN_CREATOR))))
+            if it.get("incident_id") and it.get("status") in ("pending", "open", "recovering") and not it.get("acknowledged"):
+                elements.append({"tag": "column_set", "flex_mode": "flow", "columns": [
+                    _button_column("ack", "primary", it["incident_id"], ""),
+                    _button_column("snooze", "default", it["incident_id"], "")]})
         if len(shown) < len(items):
-            lines.append(_t(_("…and {count} more"), count=len(items) - len(shown)))
-        card = _card(_header(_t(_("{count} scheduled task alerts"), count=len(items)), "orange"), [_md(_join(*lines))])
+            elements.append(_md(_t(_("…and {count} more"), count=len(items) - len(shown))))
+        elements.append({"tag": "column_set", "flex_mode": "flow", "columns": [_recheck_center()]})
+        card = _card(_header(_t(_("{count} scheduled task alerts"), count=len(items)), "orange"), elements)
         if card_bytes(card) <= MAX_CARD_BYTES or not shown:
             return card
         shown = shown[: len(shown) // 2]
+
+
+def _recheck_center() -> dict[str, Any]:
+    label = _t(BUTTONS["recheck"])
+    return {"tag": "column", "width": "auto", "elements": [{
+        "tag": "button", "type": "default", "text": {"tag": "plain_text", "content": label["en_us"], "i18n_content": label},
+        "behaviors": [{"type": "callback", "value": CardAction("recheck").pack()}]}]}
 
 
 def render(view: dict[str, Any]) -> dict[str, Any]:
@@ -172,4 +171,4 @@ def to_content(card: dict[str, Any]) -> str:
     return json.dumps(card, ensure_ascii=False, separators=(",", ":"))
 
 
-__all__ = ["AlertAction", "render", "card_bytes", "to_content", "asdict"]
+__all__ = ["render", "card_bytes", "to_content"]

@@ -1,7 +1,9 @@
 """The administrator alert center: incidents with names, status and creators; acknowledge, snooze, recheck.
 
 Only the application's configured administrator passes `_admin`; the center never reads prompts or
-results and offers no schedule execution controls.
+results and offers no schedule execution controls. The same three actions arrive from the pushed incident
+cards (new, updated, reminder: `view="inc"`, answered with that incident card re-rendered in place) and from
+digests (answered with the alert center).
 """
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import sqlalchemy as sa
 
 from bot.cards.actions import CardAction
 from bot.cards.alert_center import render_alert_center
+from bot.cards.alerts import render as render_notice
 from bot.cards.views import AlertCenterView, IncidentItem
 from bot.i18n import _
 
@@ -64,6 +67,14 @@ async def _incident(ctx: Ctx, incident_id: str) -> None:
         raise Refused(_("This incident does not exist in this application."))
 
 
+async def _refreshed(ctx: Ctx, a: CardAction, toast: str) -> Answer:
+    """Answer with the card that was pressed, showing the new state: the incident card, else the alert center."""
+    if a.view == "inc" and a.incident_id:
+        view = await ctx.hub.alerts.card_view(a.incident_id)
+        return Answer(card=render_notice(view), toast=toast)
+    return Answer(card=await _card(ctx, a.page), toast=toast)
+
+
 async def acknowledge(ctx: Ctx, a: CardAction) -> Answer:
     """Stop reminders of an incident (idempotent)."""
     _admin(ctx)
@@ -72,7 +83,7 @@ async def acknowledge(ctx: Ctx, a: CardAction) -> Answer:
         await ctx.hub.alerts.acknowledge(a.incident_id, by=ctx.viewer.open_id)
     except AmuxError:
         pass  # already closed or acknowledged: the card below shows the current state
-    return Answer(card=await _card(ctx, a.page), toast=_("Acknowledged"))
+    return await _refreshed(ctx, a, _("Acknowledged"))
 
 
 async def snooze(ctx: Ctx, a: CardAction) -> Answer:
@@ -83,11 +94,13 @@ async def snooze(ctx: Ctx, a: CardAction) -> Answer:
         await ctx.hub.alerts.snooze(a.incident_id)
     except AmuxError:
         pass
-    return Answer(card=await _card(ctx, a.page), toast=_("Snoozed for 24 hours"))
+    return await _refreshed(ctx, a, _("Snoozed for 24 hours"))
 
 
 async def recheck(ctx: Ctx, a: CardAction) -> Answer:
     """Lift a delivery suspension of this application and retry held notices now."""
     _admin(ctx)
+    if a.incident_id:
+        await _incident(ctx, a.incident_id)
     await ctx.hub.alerts.recheck(ctx.viewer.app_id)
-    return Answer(card=await _card(ctx, a.page), toast=_("Delivery rechecked"))
+    return await _refreshed(ctx, a, _("Delivery rechecked"))

@@ -331,6 +331,18 @@ class AlertService:
         view["notices"] = [dict(n._mapping) for n in notices]
         return view
 
+    async def card_view(self, incident_id: str) -> dict:
+        """Return the current card view model of an incident (what a refreshed card in place shows)."""
+        async with self.db.read() as conn:
+            row = (await conn.execute(sa.select(incidents).where(incidents.c.id == incident_id))).first()
+            if row is None:
+                raise NotFound(f"incident {incident_id!r} does not exist; list incidents with `amux alerts list`")
+            sched = (await conn.execute(sa.select(schedules).where(schedules.c.id == row.schedule_id))).first()
+            creator = (await conn.execute(sa.select(principals.c.name).where(principals.c.id == row.creator_id))).scalar()
+        view = incident_view(_incident(row), row.id, sched, creator, row.app_id)
+        view["notice"] = "update"
+        return view
+
     async def list_incidents(self, active_only: bool = True, limit: int = 100) -> list[dict]:
         """Return incidents, newest first."""
         stmt = sa.select(incidents).order_by(incidents.c.opened_at.desc()).limit(limit)

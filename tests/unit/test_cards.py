@@ -5,6 +5,7 @@ import pytest
 
 from bot.cards.actions import BadPayload, CardAction
 from bot.cards.alert_center import render_alert_center
+from bot.cards.alerts import render as render_notice
 from bot.cards.base import MAX_CARD_BYTES, MAX_ELEMENTS, count_elements, size_bytes
 from bot.cards.overview import render_overview
 from bot.cards.schedules import render_detail, render_history, render_list, render_results, split_result
@@ -47,6 +48,38 @@ def check_card(card: dict) -> None:
     walk(card, buttons_in_columns)
     body_tags = [e["tag"] for e in card["body"]["elements"]]
     assert "button" not in body_tags, "buttons live inside a column_set"
+
+
+INCIDENT = {"v": 1, "kind": "incident", "incident_id": "inc_1", "app_id": "cli_1", "schedule_id": "sch_1",
+            "schedule_name": "nightly", "creator": "alice", "status": "open", "failures": 2, "missed": 0, "unknowns": 0,
+            "last_outcome": "failed", "opened_at": "2026-01-05T09:00:00+00:00", "acknowledged": False,
+            "snoozed_until": None, "notice": "card"}
+
+
+def _values(card: dict) -> list[dict]:
+    out: list[dict] = []
+    walk(card, lambda n: out.append(n["behaviors"][0]["value"]) if isinstance(n, dict) and n.get("tag") == "button" else None)
+    return out
+
+
+def test_pushed_incident_card_buttons_are_router_payloads_ack_snooze_recheck_and_no_pause():
+    values = _values(render_notice(INCIDENT))
+    actions = [CardAction.unpack(v) for v in values]   # the router accepts every one of them
+    assert [(a.op, a.incident_id, a.view) for a in actions] == [
+        ("ack", "inc_1", "inc"), ("snooze", "inc_1", "inc"), ("recheck", "inc_1", "inc")]
+    assert values[0] == {"p": "amux", "v": 1, "op": "ack", "i": "inc_1", "vw": "inc"}
+
+
+def test_acknowledged_incident_card_keeps_only_recheck_and_closed_card_has_no_buttons():
+    assert [CardAction.unpack(v).op for v in _values(render_notice({**INCIDENT, "acknowledged": True}))] == ["recheck"]
+    assert _values(render_notice({**INCIDENT, "status": "closed"})) == []
+
+
+def test_digest_card_acts_per_incident_and_answers_with_the_alert_center():
+    card = render_notice({"v": 1, "kind": "digest", "app_id": "cli_1", "items": [INCIDENT, {**INCIDENT, "incident_id": "inc_2"}]})
+    actions = [CardAction.unpack(v) for v in _values(card)]
+    assert [(a.op, a.incident_id, a.view) for a in actions] == [
+        ("ack", "inc_1", ""), ("snooze", "inc_1", ""), ("ack", "inc_2", ""), ("snooze", "inc_2", ""), ("recheck", None, "")]
 
 
 OVERVIEW = OverviewView("alice", total=3, failing=1, paused=1,
@@ -96,6 +129,12 @@ def test_user_text_is_escaped():
     render_alert_center(AlertCenterView("cli_1", tuple(IncidentItem(f"inc_{i}", "nightly", "alice", "open", 2, 1, 0,
                                                                     "failed", i == 0, None) for i in range(5)),
                                         0, 2, "suspended", ("230013: bot not available to the user",)), TR),
+    render_notice(INCIDENT),
+    render_notice({**INCIDENT, "notice": "reminder"}),
+    render_notice({**INCIDENT, "acknowledged": True}),
+    render_notice({"v": 1, "kind": "digest", "app_id": "cli_1", "items": [INCIDENT, {**INCIDENT, "incident_id": "inc_2"}]}),
+    render_notice({"v": 1, "kind": "digest", "app_id": "cli_1", "items": [{**INCIDENT, "incident_id": f"inc_{i}"}
+                                                                          for i in range(500)]}),
 ])
 def test_every_card_obeys_card_2_rules(card: dict):
     check_card(card)
@@ -124,6 +163,8 @@ def test_results_split_keeps_every_part_under_the_limit():
     {"p": "amux", "v": 1, "op": "rm -rf"}, {"p": "amux", "v": 1, "op": "pause"},
     {"p": "amux", "v": 1, "op": "detail", "s": 5}, {"p": "amux", "v": 1, "op": "schedules", "pg": -1},
     {"p": "amux", "v": 1, "op": "schedules", "pg": True}, {"p": "amux", "v": 1, "op": "ack"},
+    {"p": "alert", "v": 1, "a": "pause", "i": "inc_1", "app": "cli_1"},   # the retired alert-card shape
+    {"p": "amux", "v": 1, "op": "ack", "i": "inc_1", "vw": "x"}, {"p": "amux", "v": 1, "op": "recheck", "vw": "inc"},
 ])
 def test_bad_payloads_are_refused(value):  # noqa: ANN001
     with pytest.raises(BadPayload):
