@@ -7,8 +7,8 @@ import secrets
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Protocol
 from typing import Any, Callable
+from typing import Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -27,13 +27,13 @@ MISSING = (
 )
 WRONG = "invalid or revoked token: create a new one with `amux token create --principal NAME`"
 LAST_USED_GRANULARITY = timedelta(minutes=1)
-ALL_SCOPES = frozenset({"tasks", "schedules", "leases"})  # OAuth scopes; amux bearer tokens carry all of them
 KINDS = ("user", "admin", "runner", "run")
 RUNNER_ONLY = ("this is a runner token: it only connects `amux runner` to /runner/ws; "
                "use a user token here (`amux token create --principal NAME`)")
 RUN_NOT_RUNNER = ("a task run's token cannot register a runtime; start the runner with a runner token "
                   "(`amux token create --principal NAME --runner`)")
 RUN_ENDED = "this task run's token ended with its run; a new run gets a new AMUX_TOKEN"
+ALL_SCOPES = frozenset({"tasks", "schedules", "leases"})  # OAuth scopes; amux bearer tokens carry all of them
 
 
 @dataclass(frozen=True)
@@ -45,10 +45,10 @@ class Caller:
     token_id: str
     label: str | None
     admin: bool
-    scopes: frozenset[str] = ALL_SCOPES  # narrower only for OAuth-issued access tokens
     kind: str = "user"           # user | admin | runner | run
     task_id: str | None = None   # a run token's task run
     shared: bool = False         # a runner token made by an admin: the runtimes it registers are shared
+    scopes: frozenset[str] = ALL_SCOPES  # narrower only for OAuth-issued access tokens
 
 
 def hash_secret(secret: str) -> str:
@@ -86,9 +86,9 @@ class AuthService:
         self.clock = clock
         self.cache_s = cache_s
         self._verified: dict[str, tuple[float, Caller]] = {}
-        self.oauth: OAuthVerifier | None = None  # set by the composition root (hub/services/oauth.py)
         # Called with a token id after a revocation made through this replica (the runner endpoint closes its sockets).
         self.revocation_listeners: list[Callable[[str], Any]] = []
+        self.oauth: OAuthVerifier | None = None  # set by the composition root (hub/services/oauth.py)
 
     async def ensure_principal(self, conn, name: str, kind: str = "user") -> str:  # noqa: ANN001
         """Return the id of principal `name`, creating it."""
@@ -238,6 +238,13 @@ class AuthService:
             raise NotFound(f"token {token_id} does not exist")
         return row.label
 
+    async def authenticate_mcp(self, header: str | None) -> Caller:
+        """Like `authenticate`, and also accept OAuth access tokens, whose audience is `/mcp` only."""
+        token = (header[7:].strip() if header[:7].lower() == "bearer " else header.strip()) if header else ""
+        if self.oauth is not None and self.oauth.is_access_token(token):
+            return await self.oauth.verify_access_token(token)
+        return await self.authenticate(header)
+
 
 # ---------------------------------------------------------------- token kinds and lifecycle
 
@@ -356,10 +363,3 @@ def token_view(r: Any) -> dict:
     if r.task_id:
         out["task_id"] = r.task_id
     return out
-
-    async def authenticate_mcp(self, header: str | None) -> Caller:
-        """Like `authenticate`, and also accept OAuth access tokens, whose audience is `/mcp` only."""
-        token = (header[7:].strip() if header[:7].lower() == "bearer " else header.strip()) if header else ""
-        if self.oauth is not None and self.oauth.is_access_token(token):
-            return await self.oauth.verify_access_token(token)
-        return await self.authenticate(header)
