@@ -7,7 +7,7 @@ Lines that are JSON objects with a `_fake` key are not printed; they are stage d
     {"_fake": "close_stdin"}                   close our end of stdin (a reply can no longer be delivered)
     {"_fake": "spawn_grandchild"}              start `sleep 60` in our process group and record its pid
     {"_fake": "<engine-specific>", …}          handed to the fake's own handler (e.g. awaiting a reply)
-Everything a fake receives is written to $FAKE_RECORD_DIR (argv.json, stdin.jsonl, env.json, pids).
+Everything a fake receives is written to $FAKE_RECORD_DIR (argv.json, stdin.jsonl, env.json, environ.json, pids).
 """
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ def start(engine: str) -> str:
     record("argv.json", sys.argv[1:])
     record("pid.json", os.getpid())
     record("env.json", {k: os.environ[k] for k in ("IS_SANDBOX",) if k in os.environ})
+    record("environ.json", dict(os.environ))  # the whole environment the launch gave us (trust-boundary tests)
     scenario = os.environ.get("FAKE_SCENARIO", "success")
     if not (STREAMS / engine / f"{scenario}.jsonl").exists():
         usage_error(f"no recorded {engine} stream named {scenario!r}")
