@@ -29,8 +29,21 @@ $(STAMP): pyproject.toml
 run: venv
 	$(VENV)/bin/amux up $(ARGS)
 
+# The MCP clients the suite connects to the hub (Claude Code, Codex, the TypeScript SDK), pinned in
+# tests/clients/package.json and its lock file; reinstalled when the lock changes.
+CLIENTS       := tests/clients
+CLIENTS_STAMP := $(CLIENTS)/node_modules/.installed
+$(CLIENTS_STAMP): $(CLIENTS)/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { echo "make: npm is missing; install Node.js 18+ (it brings npm)" >&2; exit 1; }
+	cd $(CLIENTS) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+## clients: install the pinned MCP clients the tests run (npm ci in tests/clients)
+.PHONY: clients
+clients: $(CLIENTS_STAMP)
+
 ## test: run the test suite against PostgreSQL (make test PYTEST_ARGS='-k foo')
-test: venv
+test: venv clients
 	@if ! command -v bwrap >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null 2>&1 \
 	    || echo "make test: WARNING: could not install bubblewrap; the sandboxed box tests are skipped" >&2; \
