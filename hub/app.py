@@ -37,6 +37,7 @@ from .services.memory import MemoryService
 from .services.sessions import SessionService
 from .services.tasks import PermissionService, TaskService
 from .store.db import Database
+from .store.keys import shared_key
 from .web import boxes, health, rest, schedules_api
 from .web import alerts_api
 from .web import oauth as oauth_web
@@ -101,7 +102,7 @@ class Hub:
         registrars = [task_tools(self.tasks, self.profiles, self.permissions), instance_tools(self.instances),
                       lease_tools(self.leases)]
         registrars.append(schedule_tools(self.schedules))
-        self.mcp = McpMount(build_mcp(self.auth, registrars), self.auth)
+        self.mcp = McpMount(build_mcp(registrars), self.auth)
         # The Feishu bot (issue 7): the composition root may import bot; hub modules never do.
         from bot.app import build_bot
         self.bot = build_bot(self)
@@ -127,7 +128,7 @@ class Hub:
         return app
 
     async def _mcp_ctx(self, _app: web.Application) -> AsyncIterator[None]:
-        async with self.mcp.lifespan():
+        async with self.mcp.lifespan(await shared_key(self.db, "mcp-session", self.clock.now())):
             yield
 
     async def _loops_ctx(self, _app: web.Application) -> AsyncIterator[None]:
