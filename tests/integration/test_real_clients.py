@@ -100,3 +100,20 @@ async def test_codex_cli_configures_the_hub_with_a_bearer_token_from_the_environ
     assert code == 0 and f"{hub.url}/mcp" in out and "streamable_http" in out and "AMUX_TOKEN" in out, out
     config = (tmp_path / "home" / ".codex" / "config.toml").read_text()
     assert hub.admin_token not in config  # the token stays in the environment, not in the file
+
+
+async def test_typescript_sdk_oauth_provider_signs_in_and_calls_tools(any_hub, tmp_path):
+    """A hosted client that cannot paste a token: the SDK's OAuth flow, approved on the hub's page."""
+    need("claude")  # the same npm install brings the SDK
+    token = await any_hub.token("alice")
+    code, out = await run(["node", CLIENTS / "ts_oauth.mjs", f"{any_hub.url}/mcp", token],
+                          client_env(tmp_path / "home"), CLIENTS)
+    assert code == 0, out
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["errors"] == []
+    steps = report["steps"]
+    assert {"registered", "redirect", "unauthorized", "tokens", "connected"} <= set(steps), steps
+    assert steps.index("unauthorized") < steps.index("tokens") < steps.index("connected"), steps
+    assert "connected" in report["steps"] and report["tools"] >= 30 and report["profiles"] >= 4
+    assert report["holder"] == "mcp:ts-oauth" and report["hasRefresh"]
+    assert set(report["scope"].split()) == {"tasks", "schedules", "leases"}
