@@ -152,6 +152,7 @@ class Runner:
         self.registered = asyncio.Event()
         self._stop = asyncio.Event()
         self._outq: list[dict] = []
+        self._revoked = False
 
     def capabilities(self) -> dict[str, Any]:
         """Describe what this runner can do."""
@@ -176,9 +177,7 @@ class Runner:
                     delay = 0.1
                 except aiohttp.WSServerHandshakeError as e:
                     if e.status in (401, 403):  # a revoked or wrong token: retrying cannot help
-                        log.error("hub refused the runner's token (%s); create a new one with "
-                                  "`amux token create --runner`", e.status)
-                        raise PermissionError(f"hub refused the runner's token ({e.status}); "
+                        raise PermissionError(f"hub refused the runner's token ({e.status}: revoked or invalid); "
                                               "create a new one with `amux token create --runner`") from e
                     log.info("hub refused the connection (%s); retrying in %.1fs", e.status, delay)
                 except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
@@ -233,7 +232,7 @@ class Runner:
             finally:
                 beat.cancel()
                 self.ws = None
-            if ws.close_code == REVOKED_CLOSE:
+            if ws.close_code == REVOKED_CLOSE or self._revoked:
                 raise PermissionError("hub closed the connection: this runner's token was revoked; "
                                       "create a new one with `amux token create --runner`")
 
@@ -279,6 +278,8 @@ class Runner:
                     self.held.pop(ack.task_id, None)
         elif kind == "error":
             log.warning("hub: %s", msg.get("message"))
+            if msg.get("code") == "token_revoked":
+                self._revoked = True
 
     def _drop(self, task_id: str) -> None:
         h = self.held.pop(task_id, None)

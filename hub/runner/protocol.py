@@ -142,6 +142,7 @@ class ErrorMsg(BaseModel):
 
     type: Literal["error"] = "error"
     message: str
+    code: str | None = None  # "token_revoked": the runner stops (reconnecting cannot help)
 
 
 RUNNER_MESSAGES = {m.model_fields["type"].default: m for m in (Register, Accepted, Events, Finished, Steered, Heartbeat)}

@@ -167,16 +167,17 @@ class AuthService:
                     raise
         return f"{TOKEN_PREFIX}.{token_id.split('_', 1)[1]}.{secret}"
 
-    async def authenticate(self, header: str | None, *, surface: str = "api") -> Caller:
+    async def authenticate(self, header: str | None, *, surface: str = "api", fresh: bool = False) -> Caller:
         """Resolve an `Authorization` header (or bare token) to a Caller, or raise Unauthorized.
 
         `surface` is where the token is presented: runner tokens are accepted only on "runner"
         (/runner/ws), run tokens everywhere but there (REST narrows them further, see `run_token_may`).
+        `fresh` skips the verification cache (runner connections: a revoked runner must not reconnect).
         """
-        caller = await self._verify(header)
+        caller = await self._verify(header, fresh)
         return check_surface(caller, surface)
 
-    async def _verify(self, header: str | None) -> Caller:
+    async def _verify(self, header: str | None, fresh: bool = False) -> Caller:
         if not header:
             raise Unauthorized(MISSING)
         token = header[7:].strip() if header[:7].lower() == "bearer " else header.strip()
@@ -185,7 +186,7 @@ class AuthService:
             raise Unauthorized(WRONG)
         token_id, secret = "tok_" + parsed[0], parsed[1]
         digest = hash_secret(secret)
-        hit = self._verified.get(digest)
+        hit = None if fresh else self._verified.get(digest)
         if hit is not None and hit[0] > time.monotonic() and hit[1].token_id == token_id:
             return hit[1]
         async with self.db.read() as conn:

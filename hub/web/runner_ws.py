@@ -41,7 +41,7 @@ class RunnerEndpoint:
     async def _close_revoked(ws: web.WebSocketResponse) -> None:
         with contextlib.suppress(Exception):
             await ws.send_json(p.ErrorMsg(message="this runner's token was revoked; create a new one with "
-                                                  "`amux token create --runner`").model_dump())
+                                                  "`amux token create --runner`", code="token_revoked").model_dump())
         await ws.close(code=REVOKED_CLOSE, message=b"token revoked")
 
     async def close_all(self, _app: web.Application | None = None) -> None:
@@ -52,7 +52,8 @@ class RunnerEndpoint:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Authenticate, register, then serve messages until the runner goes away."""
         try:
-            caller = await self.auth.authenticate(request.headers.get("Authorization"), surface="runner")
+            caller = await self.auth.authenticate(request.headers.get("Authorization"), surface="runner",
+                                                 fresh=True)
         except AmuxError as e:
             return web.json_response({"error": e.code, "message": e.message}, status=e.status)
         ws = web.WebSocketResponse(heartbeat=30, max_msg_size=16 * 1024 * 1024)
