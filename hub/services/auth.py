@@ -255,6 +255,8 @@ def caller_of_row(row: Any) -> Caller:
     kind = row.kind or ("admin" if row.admin else "user")
     if kind == "runner":  # the admin flag of a runner token means "shared runtime", never admin rights
         return Caller(row.principal_id, row.name, row.id, row.label, False, kind, None, bool(row.admin))
+    if kind == "run":  # memory and coordination only: over MCP that is tasks and schedules, never leases/boxes
+        return Caller(row.principal_id, row.name, row.id, row.label, False, kind, row.task_id, scopes=RUN_SCOPES)
     return Caller(row.principal_id, row.name, row.id, row.label, bool(row.admin) and kind == "admin", kind, row.task_id)
 
 
@@ -266,6 +268,8 @@ def check_surface(caller: Caller, surface: str) -> Caller:
         raise Forbidden(RUN_NOT_RUNNER)
     return caller
 
+
+RUN_SCOPES = frozenset({"tasks", "schedules"})  # a run token's MCP scopes (hub/mcp/server.py TOOL_SCOPES)
 
 # What a run token (a task child's AMUX_TOKEN) may call over REST: memory and coordination
 # (delegated tasks, sessions and their turns, schedules, permission answers of its own delegations).

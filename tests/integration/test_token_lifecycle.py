@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import api_tokens, reservations, runtimes, task_runs
-from tests.helpers import REPO, eventually
+from tests.helpers import REPO, eventually, mcp_client
 
 
 async def call(hub, method: str, path: str, token: str, body: dict | None = None) -> tuple[int, dict]:
@@ -89,6 +89,9 @@ async def test_a_run_token_is_refused_outside_memory_and_coordination_calls(hub)
         assert status == 403 and "memory and coordination" in body["message"], (path, body)
     assert (await call(hub, "GET", "tasks", token))[0] == 200
     assert (await call(hub, "GET", f"sessions/{sid}", token))[0] == 200
+    async with mcp_client(hub.url, token) as mcp:
+        assert not (await mcp.call_tool("task_submit", {"prompt": "say delegated", "profile": "scripted"})).is_error
+        assert (await mcp.call_tool("rift_task_new", {"name": "escape"})).is_error  # boxes are no coordination
     await hub.hub.tasks.cancel(admin, turn)
     await eventually(lambda: _is(_status(hub, admin, turn), "cancelled"))
     assert (await call(hub, "GET", "tasks", token))[0] == 401  # ended with its run
