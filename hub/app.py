@@ -88,7 +88,8 @@ class Hub:
                                        on_started=lambda _t, s: self.metrics.dispatch_latency.observe(max(s, 0.0)))
         self.runner_endpoint = RunnerEndpoint(self.auth, self.runtimes, self.notifier, hs.heartbeat_s, hs.poll_s)
         self.leases = LeaseService(self.db, self.clock, settings.leases,
-                                   LocalBoxDriver(settings.home / "boxes", hide=[settings.home]))
+                                   LocalBoxDriver(settings.home / "boxes", settings.boxes, hide=[settings.home]),
+                                   settings.boxes)
         # SessionService fills the schedules' SessionPort seam (hub/services/schedule_ports.py).
         self.schedule_firing = ScheduleFiring(self.db, self.clock, settings.schedules, self.admission, self.sessions,
                                               on_admitted=self.dispatcher.kick)
@@ -119,7 +120,7 @@ class Hub:
         app.on_shutdown.append(self.runner_endpoint.close_all)
         app.router.add_route("*", "/mcp", self.mcp.handle)
         oauth_web.add_routes(app, self.oauth, self.settings.public_url)
-        boxes.add_routes(app, self.auth, self.leases, self.clock)
+        boxes.add_routes(app, self.auth, self.leases, self.clock, public_url=self.settings.public_url)
         self.bot.add_routes(app)
         app.cleanup_ctx.append(self.bot.lifespan)
         app.cleanup_ctx.append(self._mcp_ctx)

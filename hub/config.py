@@ -6,7 +6,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Mapping
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from .errors import Invalid
 
@@ -22,6 +22,10 @@ class HubSettings(BaseModel):
     max_prompt_bytes: int = 256 * 1024
     max_extra_args: int = 64
     default_timeout_s: float = 3600.0
+    # Fair sharing (README "Fair sharing"): 0 turns a limit off; tokens made with --admin are exempt.
+    max_running_per_principal: int = Field(default=64, ge=0)
+    max_queued_per_principal: int = Field(default=1000, ge=0)
+    queue_timeout_s: float = Field(default=1800.0, gt=0)  # a task nothing online can take fails `not placed: …`
 
 
 class PresetSettings(BaseModel):
@@ -55,6 +59,33 @@ class LeaseSettings(BaseModel):
     auto_close_quiet_s: float = 14400
 
 
+class BoxSettings(BaseModel):
+    """Boxes (seed: VMs): which driver runs them and the limits of each (README "Boxes")."""
+
+    driver: str = "local"        # "local": bubblewrap sandbox; "unsandboxed": plain processes, operator opt-in
+    network: str = "none"        # "none": loopback only; "host": the host's network (not its loopback services' files)
+    max_per_task: int = Field(default=32, ge=1)      # a safety cap; the seed lets a task hold any number
+    memory_mb: int = Field(default=1024, ge=16)      # per box (cgroup), or per process (RLIMIT_AS) without cgroups
+    pids_max: int = Field(default=256, ge=8)         # processes and threads per box
+    cpus: float = Field(default=1.0, gt=0)           # CPU time per box, in cores
+    disk_mb: int = Field(default=1024, ge=1)         # size of the box's writable /box and of its /tmp (memory-backed)
+
+    @field_validator("driver")
+    @classmethod
+    def _known_driver(cls, v: str) -> str:
+        if v not in ("local", "unsandboxed"):
+            raise ValueError(f'unknown box driver {v!r}; set boxes.driver = "local" (bubblewrap sandbox) or '
+                             f'"unsandboxed" (no isolation, operator opt-in), e.g. AMUX_BOXES__DRIVER=local')
+        return v
+
+    @field_validator("network")
+    @classmethod
+    def _known_network(cls, v: str) -> str:
+        if v not in ("none", "host"):
+            raise ValueError(f'unknown box network {v!r}; set boxes.network = "none" (no network) or "host"')
+        return v
+
+
 class SchedulesSettings(BaseModel):
     """The durable scheduler (DESIGN §5, §6)."""
 
@@ -64,6 +95,7 @@ class SchedulesSettings(BaseModel):
     claim_batch: int = 500              # schedules claimed in one transaction
     reconcile_s: float = 1.0            # reconciler period
     unknown_after_s: float = 120.0      # a firing with no recorded dispatch result becomes `unknown` after this
+    min_interval_s: float = Field(default=60.0, ge=0)  # the shortest `every` interval accepted; operators may lower it
 
 
 class AlertSettings(BaseModel):
@@ -120,6 +152,7 @@ class Settings(BaseModel):
     public_url: str | None = None
     hub: HubSettings = Field(default_factory=HubSettings)
     leases: LeaseSettings = Field(default_factory=LeaseSettings)
+    boxes: BoxSettings = Field(default_factory=BoxSettings)
     profiles: ProfileSettings = Field(default_factory=ProfileSettings)
     memory: MemorySettings = Field(default_factory=MemorySettings)
     schedules: SchedulesSettings = Field(default_factory=SchedulesSettings)

@@ -48,9 +48,20 @@ class BoxDriver(Protocol):
     """
 
     name: str
+    sandboxed: bool  # False only when the operator chose to run boxes without isolation
+
+    def provisional(self, box_id: str) -> dict[str, Any]:
+        """Return the handle of a box not yet made: enough for `destroy` to remove whatever `create` left behind.
+
+        The hub stores it before calling `create`, so a box caught half-made by a crash is still destroyed.
+        """
 
     async def create(self, box_id: str) -> dict[str, Any]:
-        """Provision box `box_id` and return its handle."""
+        """Provision box `box_id` and return its handle.
+
+        Checks that the driver can isolate the box now (not once per process); when it cannot, raises a
+        BoxError naming the fix and leaves nothing behind.
+        """
 
     async def exec(self, handle: dict[str, Any], command: str, timeout_s: float) -> ExecResult:
         """Run a shell command in the box and return its exit code and capped output."""

@@ -1,83 +1,73 @@
-"""The `local` box driver: a working directory and processes on this machine, sandboxed by bubblewrap when present."""
+"""The `local` box driver: each box a long-lived bubblewrap sandbox on this machine (or, by the operator's
+explicit choice, plain unsandboxed processes in a directory)."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
+import logging
 import os
 import re
 import shutil
 import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+from ..config import BoxSettings
 from ..ids import short_id
+from . import bwrap as bw
 from .base import OUTPUT_CAP_BYTES, BoxError, BoxInfo, ExecResult
+from .limits import Limits, enforcement, enter, existing_cgroups, remove_cgroups, setup_cgroups
+
+log = logging.getLogger(__name__)
 
 _BOX_ID = re.compile(r"vm_[0-9a-z]{1,40}")
-_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_PATH = bw.PATH
 # After the command exits, background children may still hold its pipes; read what is there, then stop.
 _PIPE_GRACE_S = 0.2
+_START_TIMEOUT_S = 15.0
+# Each box runs as its own unprivileged uid outside (root inside maps to it) when the hub runs as root.
+UID_BASE, UID_SPAN = 200_000, 60_000
+
+NO_BWRAP = ("bubblewrap (`bwrap`) is not installed on this hub's machine, so boxes cannot be sandboxed; "
+            "the operator installs it (`apt-get install bubblewrap`), or sets boxes.driver = \"unsandboxed\" "
+            "(AMUX_BOXES__DRIVER=unsandboxed) to run boxes without isolation")
+UNSANDBOXED_NOTE = ("not sandboxed: this hub runs boxes with boxes.driver = \"unsandboxed\"; a box's commands run "
+                    "as plain processes of the hub's machine and can read the hub's files")
 
 
 class LocalBoxDriver:
-    """Give each box its own directory under `root`; each exec runs in its own process group tagged with the box id.
+    """Run each box as a long-lived bubblewrap sandbox (`boxes.driver = "local"`), or unsandboxed when the operator says so.
 
-    Sandboxing: with bubblewrap (`sandbox="auto"` and `bwrap` works here) the system is read-only, the box
-    directory and a private /tmp are writable, capabilities are dropped and the `hide` paths (the hub's
-    home: database, tokens) are masked. Without it, commands are plain processes in the box directory.
-    Every process carries `AMUX_BOX_ID` in its environment, which is how `destroy` finds the ones that
-    left their process group.
+    Sandboxed: the box's init is `bwrap --unshare-all` (own user, PID, mount, IPC, UTS, cgroup and, unless
+    `boxes.network = "host"`, network namespaces), started detached so it outlives a hub restart; root inside
+    maps to an unprivileged uid outside; it sees the system read-only and writes only its own /box and /tmp
+    (size-capped tmpfs). `exec` enters that init's namespaces with `nsenter`, so background processes stay
+    in the box between commands and die with it. Memory, process and CPU limits come from a cgroup per box
+    (v2, else v1) or, where none is writable, rlimits. Everything is rebuilt from the stored handle.
+
+    Unsandboxed: a directory and plain processes tagged with `AMUX_BOX_ID` (how `destroy` finds them).
     """
 
-    name = "local"
-
-    def __init__(self, root: Path, *, sandbox: str = "auto", hide: list[Path] | None = None,
+    def __init__(self, root: Path, settings: BoxSettings | None = None, *, hide: list[Path] | None = None,
                  output_cap: int = OUTPUT_CAP_BYTES) -> None:
-        if sandbox not in ("auto", "bwrap", "none"):
-            raise ValueError("sandbox must be auto, bwrap or none")
+        self.settings = settings or BoxSettings()
+        self.sandboxed = self.settings.driver == "local"
+        self.name = self.settings.driver
         self.root = Path(root).resolve()
-        self.hide = [Path(p).resolve() for p in (hide or [])]
+        self.hide = [Path(p).resolve() for p in (hide or [])] + [self.root]
         self.output_cap = output_cap
-        self._sandbox = sandbox
-        self._resolved: str | None = None if sandbox == "auto" else sandbox
         self._groups: dict[str, set[int]] = {}
         self.host = socket.gethostname()
 
-    # --- sandbox -------------------------------------------------------------------------------
-
-    async def sandbox(self) -> str:
-        """Return the isolation in use: `bwrap` when bubblewrap is installed and works here, else `none`."""
-        if self._resolved is None:
-            self._resolved = "bwrap" if await self._bwrap_works() else "none"
-        return self._resolved
-
-    async def _bwrap_works(self) -> bool:
-        bwrap = shutil.which("bwrap")
-        if not bwrap:
-            return False
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--cap-drop", "ALL", "true",
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-            return await asyncio.wait_for(proc.wait(), 10) == 0
-        except (OSError, asyncio.TimeoutError):
-            return False
-
-    def _argv(self, mode: str, box_dir: Path, env: dict[str, str], command: str) -> list[str]:
-        if mode != "bwrap":
-            return ["/bin/sh", "-c", command]
-        argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-        for path in self.hide:
-            if path.exists() and path != box_dir and box_dir not in path.parents:
-                argv += ["--tmpfs", str(path)]  # the box directory is bound again below, on top
-        argv += ["--bind", str(box_dir), str(box_dir), "--chdir", str(box_dir),
-                 "--cap-drop", "ALL", "--unshare-ipc", "--unshare-uts", "--hostname", env["AMUX_BOX_ID"].replace("_", "-"),
-                 "--clearenv"]
-        for k, v in env.items():
-            argv += ["--setenv", k, v]
-        return argv + ["--", "/bin/sh", "-c", command]
+    @property
+    def limits(self) -> Limits:
+        """Return the per-box limits of the settings."""
+        return Limits(self.settings.memory_mb, self.settings.pids_max, self.settings.cpus)
 
     # --- BoxDriver -----------------------------------------------------------------------------
 
@@ -95,38 +85,121 @@ class LocalBoxDriver:
         return (f"box {handle.get('box_id')} lives on host {host}, and this hub replica runs on {self.host}; "
                 f"the local driver serves a box only from its own machine")
 
+    def provisional(self, box_id: str) -> dict[str, Any]:
+        """Return the handle of a box being made: enough for `destroy` to find whatever `create` left."""
+        return {"box_id": box_id, "host": self.host, "dir": str(self.root / box_id)}
+
     async def create(self, box_id: str) -> dict[str, Any]:
-        """Make the box's directory and return its handle."""
+        """Make the box (its directory and, sandboxed, its running init) and return its handle."""
         if not _BOX_ID.fullmatch(box_id):
             raise BoxError(f"box id {box_id!r} is not vm_<id>")
         box_dir = self.root / box_id
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
             box_dir.mkdir(mode=0o700)
         except FileExistsError as e:
             raise BoxError(f"box {box_id} already exists; make another with `rift_vm_new`") from e
-        return {"box_id": box_id, "dir": str(box_dir), "sandbox": await self.sandbox(), "host": self.host}
+        if not self.sandboxed:
+            return {**self.provisional(box_id), "sandbox": "none"}
+        try:
+            return await self._start(box_id, box_dir)
+        except BaseException:
+            await self.destroy(self.provisional(box_id))
+            raise
+
+    async def _start(self, box_id: str, box_dir: Path) -> dict[str, Any]:
+        """Start the box's init and return the handle that finds it again."""
+        bwrap = shutil.which("bwrap")  # looked up for every box: installing it later needs no restart
+        if not bwrap:
+            raise BoxError(NO_BWRAP)
+        for tool in ("nsenter", "setpriv", "setsid"):
+            if not shutil.which(tool):
+                raise BoxError(f"`{tool}` is missing on this hub's machine; the operator installs util-linux")
+        limits = self.limits
+        cgroups = await asyncio.to_thread(setup_cgroups, box_id, limits)
+        uid = UID_BASE + int(hashlib.sha256(box_id.encode()).hexdigest()[:8], 16) % UID_SPAN if os.geteuid() == 0 else None
+        info_r, info_w = os.pipe()
+        argv = bw.init_argv(bwrap, box_id, network=self.settings.network, disk_bytes=self.settings.disk_mb << 20,
+                            hide=self.hide, info_fd=info_w)
+
+        def prepare() -> None:  # in the forked child: limits first (as root), then the unprivileged uid
+            enter(cgroups, limits, nproc=uid is not None)
+            if uid is not None:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+
+        log_path = box_dir / "init.log"
+        try:
+            with open(log_path, "wb") as errf:
+                proc = await asyncio.create_subprocess_exec(
+                    "setsid", "-f", *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                    stderr=errf, pass_fds=(info_w,), preexec_fn=prepare, cwd="/",
+                    env={"PATH": _PATH, "LANG": "C.UTF-8", "AMUX_BOX_ID": box_id})
+            os.close(info_w)
+            info_w = -1
+            await proc.wait()
+            info = await asyncio.wait_for(asyncio.to_thread(_read_json, info_r), _START_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError) as e:
+            raise BoxError(f"bubblewrap could not start box {box_id} ({e}); {self._fix()}") from e
+        finally:
+            if info_w >= 0:
+                os.close(info_w)
+            os.close(info_r)
+        pid = info.get("child-pid") if info else None
+        start = _start_time(pid) if isinstance(pid, int) else None
+        if start is None:
+            detail = log_path.read_text(errors="replace").strip()[-400:] if log_path.exists() else ""
+            raise BoxError(f"bubblewrap could not sandbox box {box_id} on this machine ({detail or 'no output'}); "
+                           f"{self._fix()}")
+        return {**self.provisional(box_id), "sandbox": "bwrap", "init_pid": pid, "init_start": start, "uid": uid,
+                "network": self.settings.network, "cgroups": cgroups, "limits": enforcement(cgroups)}
+
+    @staticmethod
+    def _fix() -> str:
+        return ("the operator makes user namespaces available to bubblewrap (sysctl user.max_user_namespaces), "
+                "or sets boxes.driver = \"unsandboxed\" (AMUX_BOXES__DRIVER=unsandboxed) to run boxes without isolation")
+
+    def _init_pid(self, handle: dict[str, Any], box_id: str) -> int:
+        """Return the pid of the box's running init, or refuse when it is gone."""
+        pid, start = handle.get("init_pid"), handle.get("init_start")
+        if not isinstance(pid, int) or start is None or _start_time(pid) != start:
+            raise BoxError(f"box {box_id} is no longer running (its sandbox stopped, e.g. the machine restarted); "
+                           f"`rift_vm_destroy` it and make another with `rift_vm_new`")
+        return pid
 
     async def exec(self, handle: dict[str, Any], command: str, timeout_s: float) -> ExecResult:
-        """Run `sh -c command` in the box; kill its process group at the timeout; cap each stream."""
+        """Run `sh -c command` in the box; kill what it started at the timeout; cap each stream."""
         box_id, box_dir = self._dir(handle)
         if not box_dir.is_dir():
             raise BoxError(self._elsewhere(handle, box_dir) or f"box {box_id} is gone; make another with `rift_vm_new`")
         exec_id = short_id("ex", 10)
-        env = {"PATH": _PATH, "HOME": str(box_dir), "LANG": "C.UTF-8", "TERM": "dumb",
+        sandboxed = handle.get("sandbox") == "bwrap"
+        env = {"PATH": _PATH, "HOME": bw.BOX_HOME if sandboxed else str(box_dir), "LANG": "C.UTF-8", "TERM": "dumb",
                "AMUX_BOX_ID": box_id, "AMUX_EXEC_ID": exec_id}
-        argv = self._argv(str(handle.get("sandbox") or await self.sandbox()), box_dir, env, command)
+        preexec = None
+        if sandboxed:
+            argv = bw.enter_argv(self._init_pid(handle, box_id), command)
+            cgroups, limits, nproc = dict(handle.get("cgroups") or {}), self.limits, handle.get("uid") is not None
+            preexec = lambda: enter(cgroups, limits, nproc=nproc)  # noqa: E731
+            cwd = "/"
+        else:
+            argv, cwd = ["/bin/sh", "-c", command], str(box_dir)
+        return await self._run(box_id, exec_id, argv, env, cwd, preexec, timeout_s)
+
+    async def _run(self, box_id: str, exec_id: str, argv: list[str], env: dict[str, str], cwd: str,
+                   preexec: Any, timeout_s: float) -> ExecResult:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         started = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out_w, stderr=err_w, cwd=box_dir, env=env,
-                start_new_session=True)
-        except OSError as e:
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out_w, stderr=err_w, cwd=cwd, env=env,
+                start_new_session=True, preexec_fn=preexec)
+        except (OSError, subprocess.SubprocessError) as e:
             os.close(out_r)
             os.close(err_r)
-            raise BoxError(f"could not start the command in box {box_id}: {e.strerror}") from e
+            raise BoxError(f"could not start the command in box {box_id}: {e}") from e
         finally:
             os.close(out_w)
             os.close(err_w)
@@ -143,6 +216,7 @@ class LocalBoxDriver:
             await self._kill(exec_marker=("AMUX_EXEC_ID", exec_id), groups=[proc.pid])
             raise
         finally:
+            self._groups.get(box_id, set()).discard(proc.pid)
             _, pending = await asyncio.wait(readers, timeout=_PIPE_GRACE_S)
             for task in pending:
                 task.cancel()
@@ -156,21 +230,37 @@ class LocalBoxDriver:
             duration_s=round(time.monotonic() - started, 3))
 
     async def destroy(self, handle: dict[str, Any]) -> None:
-        """Kill every process of the box (its groups, then any process tagged with its id) and remove its directory."""
+        """Kill every process of the box (its init, so the kernel ends the rest; then anything tagged with its id),
+        remove its cgroups and its directory."""
         box_id, box_dir = self._dir(handle)
         elsewhere = self._elsewhere(handle, box_dir)
         if elsewhere:  # leave it to the replica on that machine
             raise BoxError(elsewhere)
+        pid = handle.get("init_pid")
+        if isinstance(pid, int) and handle.get("init_start") is not None and _start_time(pid) == handle["init_start"]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)  # pid 1 of the box: the kernel kills everything in its PID namespace
         await self._kill(exec_marker=("AMUX_BOX_ID", box_id), groups=sorted(self._groups.pop(box_id, set())))
+        cgroups = handle.get("cgroups") or await asyncio.to_thread(existing_cgroups, box_id)
+        if cgroups:
+            await asyncio.to_thread(remove_cgroups, cgroups)
         if box_dir.exists():
             await asyncio.to_thread(shutil.rmtree, box_dir, True)
 
     async def describe(self, handle: dict[str, Any]) -> BoxInfo:
-        """Report the box directory, the sandbox and its running processes."""
+        """Report whether the box runs, how it is isolated and limited, and its process count."""
         box_id, box_dir = self._dir(handle)
-        pids = await asyncio.to_thread(_tagged_pids, "AMUX_BOX_ID", box_id)
-        return BoxInfo(box_id, self.name, box_dir.is_dir(),
-                       {"dir": str(box_dir), "sandbox": handle.get("sandbox"), "processes": len(pids)})
+        sandboxed = handle.get("sandbox") == "bwrap"
+        if sandboxed:
+            pid = handle.get("init_pid")
+            alive = box_dir.is_dir() and isinstance(pid, int) and _start_time(pid) == handle.get("init_start")
+            pids = await asyncio.to_thread(_namespace_pids, pid) if alive else []
+        else:
+            alive = box_dir.is_dir()
+            pids = await asyncio.to_thread(_tagged_pids, "AMUX_BOX_ID", box_id)
+        return BoxInfo(box_id, handle.get("driver") or self.name, alive,
+                       {"dir": str(box_dir), "sandbox": handle.get("sandbox"), "processes": len(pids),
+                        "network": handle.get("network"), "limits": handle.get("limits"), "uid": handle.get("uid")})
 
     # --- helpers -------------------------------------------------------------------------------
 
@@ -224,3 +314,40 @@ def _tagged_pids(key: str, value: str) -> list[int]:
         if needle in env.split(b"\0"):
             found.append(int(entry.name))
     return found
+
+
+def _start_time(pid: int | None) -> int | None:
+    """Return a process's start time (clock ticks since boot): with the pid, it names one process for good."""
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _namespace_pids(init_pid: int) -> list[int]:
+    """Return the processes in the PID namespace whose init is `init_pid` (seen from the host)."""
+    try:
+        ns = os.readlink(f"/proc/{init_pid}/ns/pid")
+    except OSError:
+        return []
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry.name}/ns/pid") == ns:
+                    found.append(int(entry.name))
+    return found
+
+
+def _read_json(fd: int) -> dict[str, Any] | None:
+    """Read one JSON object from a pipe (bubblewrap's --info-fd); None at end of file without one."""
+    buf = b""
+    while chunk := os.read(fd, 4096):
+        buf += chunk
+        with contextlib.suppress(ValueError):
+            return json.loads(buf)
+    return None

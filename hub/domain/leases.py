@@ -163,3 +163,20 @@ def attach_refused(task_id: str, holder: str, since: datetime, last_activity: da
 def box_not_in_task(box_id: str, task_id: str) -> str:
     """Refuse a box that is not a live box of the task."""
     return f"box {box_id} is not a live box of task {task_id}; `rift_vm_list` shows its boxes, `rift_vm_new` makes one"
+
+
+UNSANDBOXED = ("NOT SANDBOXED: this hub runs boxes with boxes.driver = \"unsandboxed\"; a box's commands are plain "
+               "processes of the hub's machine that can read the hub's files and reach its network. The operator "
+               "sets boxes.driver = \"local\" (bubblewrap) to sandbox new boxes")
+CREATING_GRACE_S = 120.0  # a box still `creating` this long after it was asked for was left by a crashed hub
+
+
+def too_many_boxes(task_id: str, count: int) -> str:
+    """Refuse one more box in a task that holds the configured most (`boxes.max_per_task`)."""
+    return (f"task {task_id} already has {count} boxes, the most one task may hold on this hub (boxes.max_per_task); "
+            f"`rift_vm_destroy` one, or `rift_task_new` for separate work")
+
+
+def stuck_cutoff(now: datetime, grace_s: float = CREATING_GRACE_S) -> datetime:
+    """Return the time before which a box still `creating` is taken to be abandoned by a crashed hub."""
+    return now - timedelta(seconds=grace_s)

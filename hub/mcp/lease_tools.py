@@ -60,6 +60,10 @@ class Box(BaseModel):
     driver: str
     state: str
     sandbox: str | None = None
+    sandboxed: bool = True
+    network: str | None = None
+    limits: dict[str, str] | None = None
+    warning: str | None = None
     created_at: str | None = None
     destroyed_at: str | None = None
 

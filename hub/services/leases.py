@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from ..boxes.base import DEFAULT_EXEC_TIMEOUT_S, MAX_COMMAND_BYTES, MAX_EXEC_TIMEOUT_S, BoxDriver, BoxError
 from ..clock import Clock, utc
-from ..config import LeaseSettings
+from ..config import BoxSettings, LeaseSettings
 from ..domain import leases as rules
 from ..errors import Conflict, Invalid, NotFound
 from ..ids import short_id
@@ -25,7 +25,6 @@ from .auth import Caller
 log = logging.getLogger(__name__)
 
 LIVE = ("creating", "live")
-MAX_BOXES_PER_TASK = 32
 RECENT_CLOSED = 10
 REAP_BATCH = 100
 
@@ -72,22 +71,35 @@ def task_view(row: Any, box_ids: list[str] | None = None) -> dict[str, Any]:
     }
 
 
+def box_sandboxed(row: Any) -> bool:
+    """Return whether a box runs isolated (every driver but the operator's explicit `unsandboxed`)."""
+    return row.driver != "unsandboxed" and (row.handle or {}).get("sandbox") != "none"
+
+
 def box_view(row: Any) -> dict[str, Any]:
-    """Render a box row (the driver handle stays inside the hub)."""
+    """Render a box row (the driver handle stays inside the hub; only how it is isolated shows)."""
     handle = row.handle or {}
+    sandboxed = box_sandboxed(row)
     return {"vm_id": row.id, "task_id": row.task_id, "name": row.name, "driver": row.driver, "state": row.state,
-            "sandbox": handle.get("sandbox"), "created_at": _iso(row.created_at),
-            "destroyed_at": _iso(row.destroyed_at)}
+            "sandbox": handle.get("sandbox"), "sandboxed": sandboxed, "network": handle.get("network"),
+            "limits": handle.get("limits"), "warning": None if sandboxed else rules.UNSANDBOXED,
+            "created_at": _iso(row.created_at), "destroyed_at": _iso(row.destroyed_at)}
 
 
 class LeaseService:
     """Hold lease tasks for callers and run their boxes through one box driver."""
 
-    def __init__(self, db: Database, clock: Clock, settings: LeaseSettings, driver: BoxDriver) -> None:
+    def __init__(self, db: Database, clock: Clock, settings: LeaseSettings, driver: BoxDriver,
+                 boxes: BoxSettings | None = None) -> None:
         self.db = db
         self.clock = clock
         self.settings = settings
         self.driver = driver
+        self.boxes = boxes or BoxSettings()
+        if not getattr(driver, "sandboxed", True):
+            log.warning("boxes are NOT sandboxed (boxes.driver = %r): a box's commands run as plain processes of "
+                        "this machine and can read the hub's files; set boxes.driver = \"local\" to sandbox them",
+                        driver.name)
 
     # --- the lease gate ------------------------------------------------------------------------
 
@@ -228,18 +240,22 @@ class LeaseService:
             await self._touch(conn, row, now)
             count = (await conn.execute(sa.select(sa.func.count()).select_from(boxes).where(
                 boxes.c.task_id == row.id, boxes.c.state.in_(LIVE)))).scalar_one()
-            if count >= MAX_BOXES_PER_TASK:
-                raise Conflict(f"task {row.id} already has {count} boxes, the most one task may hold; "
-                               f"`rift_vm_destroy` one, or `rift_task_new` for separate work")
+            if count >= self.boxes.max_per_task:
+                raise Conflict(rules.too_many_boxes(row.id, count))
+            # The provisional handle is stored first, so a box a crash catches half-made is still destroyed.
             await conn.execute(boxes.insert().values(id=box_id, task_id=row.id, name=clean, driver=self.driver.name,
-                                                     state="creating", created_at=now))
+                                                     state="creating", handle=self.driver.provisional(box_id),
+                                                     created_at=now))
         try:
             box_handle = await self.driver.create(box_id)
-        except BoxError as e:
+        except BaseException as e:
+            await self._destroy_quietly(box_id, self.driver.provisional(box_id))
             async with self.db.write() as conn:
                 await conn.execute(boxes.update().where(boxes.c.id == box_id).values(
                     state="failed", destroyed_at=self.clock.now()))
-            raise Invalid(f"box could not be created: {e}") from e
+            if isinstance(e, BoxError):
+                raise Invalid(f"box could not be created: {e}") from e
+            raise
         async with self.db.write() as conn:
             res = await conn.execute(boxes.update().where(boxes.c.id == box_id, boxes.c.state == "creating")
                                      .values(state="live", handle=box_handle))
@@ -329,13 +345,28 @@ class LeaseService:
         async with self.db.read() as conn:
             rows = (await conn.execute(sa.select(boxes).where(boxes.c.task_id.in_(task_ids), boxes.c.state.in_(LIVE))
                                        .order_by(boxes.c.created_at))).all()
+        return await self._destroy_rows(rows)
+
+    async def _destroy_rows(self, rows: list[Any]) -> list[str]:
+        """Destroy boxes through the driver, whatever their state, and mark the ones destroyed.
+
+        A box still being made holds its provisional handle: destroying it removes what its maker made so
+        far, and marking it makes the maker destroy the rest when it finishes.
+        """
         done = []
         for b in rows:
-            # A box still being made has no handle yet: marking it stops its maker, which destroys it.
-            if b.state == "creating" or await self._destroy_quietly(b.id, b.handle):
+            if await self._destroy_quietly(b.id, b.handle or self.driver.provisional(b.id)):
                 if await self._mark_destroyed(b.id):
                     done.append(b.id)
         return done
+
+    async def recover_stuck(self) -> list[str]:
+        """Destroy boxes left `creating` by a crashed hub (older than the grace a live maker needs)."""
+        cutoff = rules.stuck_cutoff(self.clock.now())
+        async with self.db.read() as conn:
+            rows = (await conn.execute(sa.select(boxes).where(boxes.c.state == "creating", boxes.c.created_at <= cutoff)
+                                       .order_by(boxes.c.created_at).limit(REAP_BATCH))).all()
+        return await self._destroy_rows(rows)
 
     # --- reaper --------------------------------------------------------------------------------
 
@@ -363,16 +394,18 @@ class LeaseService:
                 sa.select(boxes.c.task_id).distinct().join(lease_tasks, lease_tasks.c.id == boxes.c.task_id)
                 .where(lease_tasks.c.status == "closed", boxes.c.state.in_(LIVE)).limit(REAP_BATCH))]
         destroyed = await self._destroy_boxes_of(leftover) if leftover else []
-        return {"closed": closed, "destroyed": len(destroyed)}
+        stuck = await self.recover_stuck()
+        return {"closed": closed, "destroyed": len(destroyed) + len(stuck)}
 
     async def run_reaper(self, interval_s: float = 30.0) -> None:
-        """Reap every `interval_s` real seconds (the rules compare against the injected clock)."""
+        """Reap at start (boxes a crash left behind) and then every `interval_s` real seconds (the rules compare
+        against the injected clock)."""
         while True:
-            await asyncio.sleep(interval_s)
             try:
                 await self.reap_once()
             except Exception:
                 log.exception("lease reaper pass failed")
+            await asyncio.sleep(interval_s)
 
     # --- the Boxes page ------------------------------------------------------------------------
 

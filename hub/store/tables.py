@@ -517,3 +517,18 @@ hub_keys = sa.Table(
     sa.Column("secret", sa.String(128), nullable=False),  # random, hex; never leaves the database and the replicas
     sa.Column("created_at", TS, nullable=False),
 )
+
+# ---------------------------------------------------------------- Boxes page sessions (0011_box_sessions)
+
+box_sessions = sa.Table(
+    "box_sessions", metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("principal_id", sa.String(40), sa.ForeignKey("principals.id"), nullable=False),
+    sa.Column("token_id", sa.String(40), nullable=False),  # the API token that signed in; revoking it ends the session
+    sa.Column("session_hash", sa.String(64), nullable=False),  # SHA-256 of the cookie's secret; never the secret
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("expires_at", TS, nullable=False),
+    sa.Column("revoked_at", TS),
+    sa.UniqueConstraint("session_hash", name="uq_box_sessions_hash"),
+    sa.Index("ix_box_sessions_principal", "principal_id"),
+)

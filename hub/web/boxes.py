@@ -10,13 +10,15 @@ from aiohttp import web
 from ..clock import Clock, utc
 from ..domain.leases import ago
 from ..errors import AmuxError
+from ..domain.leases import UNSANDBOXED
 from ..services.auth import AuthService, Caller
+from ..services.box_sessions import SESSION_TTL_S, BoxSessionService
 from ..services.leases import LeaseService
 
 COOKIE = "amux_boxes"
-COOKIE_MAX_AGE_S = 12 * 3600
+COOKIE_MAX_AGE_S = SESSION_TTL_S
 HEADERS = {
-    "Content-Security-Policy": ("default-src 'none'; style-src 'unsafe-inline'; form-action 'none'; "
+    "Content-Security-Policy": ("default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
                                 "frame-ancestors 'none'; base-uri 'none'"),
     "Cache-Control": "no-store",
     "Referrer-Policy": "no-referrer",
@@ -27,7 +29,8 @@ body{font:14px/1.45 system-ui,sans-serif;margin:2rem;color:#1d1d1f;max-width:72r
 h1{font-size:1.4rem;margin:0 0 .2rem}h2{font-size:1.1rem;margin:1.6rem 0 .4rem}
 table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:.3rem .6rem;border-bottom:1px solid #e3e3e6;vertical-align:top}
 th{background:#f5f5f7;font-weight:600}code{font:12px ui-monospace,monospace;background:#f5f5f7;padding:0 .2rem}
-.muted{color:#6e6e73}.help{background:#f0f6ff;border:1px solid #c9defc;padding:.7rem 1rem;border-radius:6px}
+.muted{color:#6e6e73}.warn{background:#fff4e5;border:1px solid #f5c26b;padding:.5rem .8rem;border-radius:6px}
+.unsandboxed{color:#a0522d;font-weight:600}.help{background:#f0f6ff;border:1px solid #c9defc;padding:.7rem 1rem;border-radius:6px}
 """
 
 
@@ -61,8 +64,10 @@ def render_page(caller: Caller, tasks: list[Any], boxes: list[Any], now: datetim
         f"{len(tasks)} open task{'s' if len(tasks) != 1 else ''}, {len(boxes)} box{'es' if len(boxes) != 1 else ''} · "
         f"as of {_t(now)}</p>",
         _help(auto_close_s),
-        '<h2>Open tasks</h2>',
     ]
+    if any(b.driver == "unsandboxed" for b in boxes):
+        out.append(f'<p class="warn" id="unsandboxed">{escape(UNSANDBOXED)}.</p>')
+    out.append('<h2>Open tasks</h2>')
     if not tasks:
         out.append('<p class="muted" id="no-tasks">No open tasks. An agent opens one with <code>rift_task_new</code>.</p>')
     else:
@@ -86,14 +91,18 @@ def render_page(caller: Caller, tasks: list[Any], boxes: list[Any], now: datetim
     if not boxes:
         out.append('<p class="muted" id="no-boxes">No boxes. An agent claims one inside a task with <code>rift_vm_new</code>.</p>')
     else:
-        out.append('<table id="boxes"><thead><tr><th>Box</th><th>Name</th><th>Task</th><th>Driver</th><th>State</th>'
-                   '<th>Created</th></tr></thead><tbody>')
+        out.append('<table id="boxes"><thead><tr><th>Box</th><th>Name</th><th>Task</th><th>Driver</th><th>Isolation</th>'
+                   '<th>State</th><th>Created</th></tr></thead><tbody>')
         for b in boxes:
+            isolation = ('<span class="unsandboxed">not sandboxed</span>' if b.driver == "unsandboxed"
+                         else "sandboxed")
             out.append(
                 f'<tr data-box="{escape(b.id)}"><td><code>{escape(b.id)}</code></td><td>{escape(b.name or "")}</td>'
                 f'<td class="task"><code>{escape(b.task_id)}</code> {escape(names.get(b.task_id, ""))}</td>'
-                f"<td>{escape(b.driver)}</td><td>{escape(b.state)}</td><td>{_t(b.created_at)}</td></tr>")
+                f'<td>{escape(b.driver)}</td><td class="isolation">{isolation}</td><td>{escape(b.state)}</td>'
+                f"<td>{_t(b.created_at)}</td></tr>")
         out.append("</tbody></table>")
+    out.append('<form method="post" action="/boxes/signout"><button type="submit" id="signout">Sign out</button></form>')
     out.append("</body></html>")
     return "".join(out)
 
@@ -101,32 +110,60 @@ def render_page(caller: Caller, tasks: list[Any], boxes: list[Any], now: datetim
 def _signin_page(message: str) -> str:
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Sign in · Boxes · amux</title>'
             f"<style>{STYLE}</style></head><body><h1>Boxes</h1><p>{escape(message)}</p>"
-            "<p>Open <code>/boxes?token=&lt;your token&gt;</code> once (the page keeps you signed in with an HttpOnly "
-            "cookie and drops the token from the address), or send <code>Authorization: Bearer &lt;token&gt;</code>. "
+            "<p>Open <code>/boxes?token=&lt;your token&gt;</code> once (the page signs you in with a session of its own, "
+            "kept in an HttpOnly cookie, and drops the token from the address), or send <code>Authorization: Bearer &lt;token&gt;</code>. "
             "Create a token with <code>amux token create --principal NAME</code>.</p></body></html>")
 
 
-def add_routes(app: web.Application, auth: AuthService, leases: LeaseService, clock: Clock) -> None:
-    """Register `GET /boxes`."""
+def _secure(request: web.Request, public_url: str | None) -> bool:
+    """Return whether the cookie must be `Secure`: the hub is served over https, here or at its public address."""
+    return request.secure or (public_url or "").lower().startswith("https://")
+
+
+def add_routes(app: web.Application, auth: AuthService, leases: LeaseService, clock: Clock,
+               public_url: str | None = None) -> None:
+    """Register `GET /boxes` and `POST /boxes/signout`."""
+    sessions = BoxSessionService(leases.db, clock)
+
+    def unauthorized(request: web.Request, message: str) -> web.Response:
+        resp = web.Response(text=_signin_page(message), content_type="text/html", status=401, headers=HEADERS)
+        if request.cookies.get(COOKIE):
+            resp.del_cookie(COOKIE, path="/boxes")
+        return resp
 
     async def page(request: web.Request) -> web.Response:
         query_token = request.query.get("token")
-        header = request.headers.get("Authorization") or query_token or request.cookies.get(COOKIE)
-        try:
-            caller = await auth.authenticate(header)
-        except AmuxError as e:
-            resp = web.Response(text=_signin_page(e.message), content_type="text/html", status=401, headers=HEADERS)
-            if request.cookies.get(COOKIE):
-                resp.del_cookie(COOKIE, path="/boxes")
-            return resp
+        header = request.headers.get("Authorization") or query_token
+        if header:
+            try:
+                caller = await auth.authenticate(header)
+            except AmuxError as e:
+                return unauthorized(request, e.message)
+        else:
+            caller = await sessions.resolve(request.cookies.get(COOKIE))
+            if caller is None:
+                message = ("Your Boxes session ended (signed out, expired, or its token was revoked); sign in again."
+                           if request.cookies.get(COOKIE) else "Sign in to see your boxes.")
+                return unauthorized(request, message)
         if query_token and not request.headers.get("Authorization"):
-            # Keep the token out of the address bar and history: move it into an HttpOnly cookie.
+            # Keep the token out of the address bar, history and cookie jar: the cookie holds a session of its own.
+            cookie = await sessions.open(caller)
+            if cookie is None:
+                return unauthorized(request, "This token cannot sign in to pages; use a user token "
+                                             "(`amux token create --principal NAME`).")
             resp = web.Response(status=303, headers={**HEADERS, "Location": "/boxes"})
-            resp.set_cookie(COOKIE, query_token.strip(), max_age=COOKIE_MAX_AGE_S, path="/boxes", httponly=True,
-                            samesite="Strict", secure=request.secure)
+            resp.set_cookie(COOKIE, cookie, max_age=COOKIE_MAX_AGE_S, path="/boxes", httponly=True,
+                            samesite="Strict", secure=_secure(request, public_url))
             return resp
         tasks, boxes = await leases.overview(caller.principal_id)
         html = render_page(caller, tasks, boxes, clock.now(), leases.settings.auto_close_quiet_s)
         return web.Response(text=html, content_type="text/html", headers=HEADERS)
 
+    async def signout(request: web.Request) -> web.Response:
+        await sessions.revoke(request.cookies.get(COOKIE))
+        resp = web.Response(status=303, headers={**HEADERS, "Location": "/boxes"})
+        resp.del_cookie(COOKIE, path="/boxes")
+        return resp
+
     app.router.add_get("/boxes", page)
+    app.router.add_post("/boxes/signout", signout)

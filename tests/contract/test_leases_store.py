@@ -9,18 +9,21 @@ import sqlalchemy as sa
 
 from hub.boxes.local import LocalBoxDriver
 from hub.clock import utc
-from hub.config import LeaseSettings
+from hub.config import BoxSettings, LeaseSettings
 from hub.errors import AmuxError, Conflict, Invalid, NotFound
 from hub.services.auth import AuthService
 from hub.services.leases import LeaseService
 from hub.store.db import Database
 from hub.store.tables import boxes, lease_tasks
 
+# The store rules do not depend on isolation: plain processes keep these tests fast.
+UNSANDBOXED = BoxSettings(driver="unsandboxed")
+
 
 @pytest.fixture
 async def leases(db, clock, tmp_path):
-    """A LeaseService over each backend with a plain local box driver."""
-    return LeaseService(db, clock, LeaseSettings(), LocalBoxDriver(tmp_path / "boxes", sandbox="none"))
+    """A LeaseService over each backend with a plain (unsandboxed) local box driver."""
+    return LeaseService(db, clock, LeaseSettings(), LocalBoxDriver(tmp_path / "boxes", UNSANDBOXED))
 
 
 @pytest.fixture
@@ -214,7 +217,7 @@ async def test_reapers_on_several_replicas_close_each_quiet_task_once(db_url, le
     # PostgreSQL: independent replicas, each with its own pool. SQLite is the single-process embedded
     # store, so its "replicas" are concurrent reaper loops sharing the process's database.
     dbs = [leases.db if leases.db.is_sqlite else Database(db_url) for _ in range(3)]
-    replicas = [LeaseService(d, clock, LeaseSettings(), LocalBoxDriver(tmp_path / "boxes", sandbox="none")) for d in dbs]
+    replicas = [LeaseService(d, clock, LeaseSettings(), LocalBoxDriver(tmp_path / "boxes", UNSANDBOXED)) for d in dbs]
     try:
         results = await asyncio.gather(*(r.reap_once() for r in replicas), leases.reap_once())
     finally:
@@ -237,3 +240,73 @@ async def test_twenty_concurrent_takeovers_leave_exactly_one_working_handle(leas
         except Conflict:
             pass
     assert len(works) == 1
+
+
+async def _half_made_box(db, leases, alice, clock):  # noqa: ANN001, ANN202
+    """Leave a box as a hub crash would: its row `creating` with the provisional handle, its driver half done."""
+    t = await leases.new(alice, "crashy")
+    box_id = "vm_halfmade" + t["task_id"][-4:]
+    async with db.write() as conn:
+        await conn.execute(boxes.insert().values(id=box_id, task_id=t["task_id"], driver=leases.driver.name,
+                                                 state="creating", handle=leases.driver.provisional(box_id),
+                                                 created_at=clock.now()))
+    handle = await leases.driver.create(box_id)
+    r = await leases.driver.exec(handle, "sleep 600 >/dev/null 2>&1 & echo $!", 5)
+    return t, box_id, handle, int(r.stdout)
+
+
+def _gone(pid: int) -> bool:
+    import time
+    from pathlib import Path
+
+    for _ in range(200):
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                return True
+        except OSError:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+async def test_a_box_a_crash_left_creating_is_destroyed_through_the_driver_when_the_hub_comes_back(
+        db, leases, alice, clock, tmp_path):
+    t, box_id, handle, pid = await _half_made_box(db, leases, alice, clock)
+    restarted = LeaseService(db, clock, LeaseSettings(), LocalBoxDriver(tmp_path / "boxes", UNSANDBOXED))
+    # Fresh: another replica may still be making it, so it is left alone.
+    assert await restarted.reap_once() == {"closed": 0, "destroyed": 0}
+    clock.advance(minutes=3)
+    assert await restarted.reap_once() == {"closed": 0, "destroyed": 1}
+    async with db.read() as conn:
+        assert (await conn.execute(sa.select(boxes.c.state).where(boxes.c.id == box_id))).scalar_one() == "destroyed"
+    assert _gone(pid) and not (tmp_path / "boxes" / box_id).exists()
+
+
+async def test_closing_a_task_destroys_a_box_still_being_made_through_the_driver(db, leases, alice, clock, tmp_path):
+    t, box_id, handle, pid = await _half_made_box(db, leases, alice, clock)
+    closed = await leases.close(alice, t["handle"])
+    assert closed["destroyed"] == [box_id]
+    assert _gone(pid) and not (tmp_path / "boxes" / box_id).exists()
+
+
+async def test_the_number_of_boxes_per_task_is_the_configured_safety_cap(db, clock, alice, tmp_path):
+    capped = LeaseService(db, clock, LeaseSettings(), LocalBoxDriver(tmp_path / "boxes", UNSANDBOXED),
+                          BoxSettings(driver="unsandboxed", max_per_task=2))
+    t = await capped.new(alice, "many")
+    for _ in range(2):
+        await capped.vm_new(alice, t["handle"])
+    e = await refusal(capped.vm_new(alice, t["handle"]))
+    assert isinstance(e, Conflict) and "boxes.max_per_task" in e.message and "rift_vm_destroy" in e.message
+
+
+async def test_without_bubblewrap_rift_vm_new_refuses_with_the_fix_and_leaves_nothing(db, clock, alice, tmp_path,
+                                                                                     monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # checked at each creation: bwrap is not found now
+    sandboxed = LeaseService(db, clock, LeaseSettings(), LocalBoxDriver(tmp_path / "boxes", BoxSettings()))
+    t = await sandboxed.new(alice, "no bwrap")
+    e = await refusal(sandboxed.vm_new(alice, t["handle"]))
+    assert isinstance(e, Invalid)
+    assert "apt-get install bubblewrap" in e.message and 'boxes.driver = "unsandboxed"' in e.message
+    async with db.read() as conn:
+        assert (await conn.execute(sa.select(boxes.c.state))).scalars().all() == ["failed"]
+    assert list((tmp_path / "boxes").iterdir()) == []

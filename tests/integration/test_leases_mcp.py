@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,24 @@ def alive(pid: int, settle_s: float = 2.0) -> bool:
     while running(pid) and time.monotonic() < deadline:
         time.sleep(0.01)
     return running(pid)
+
+
+async def box_pids(hub, vm_id: str) -> list[int]:  # noqa: ANN001
+    """Return the host pids of every process in a box (its PID namespace), seen from outside."""
+    import sqlalchemy as sa
+
+    from hub.store.tables import boxes
+
+    async with hub.hub.db.read() as conn:
+        handle = (await conn.execute(sa.select(boxes.c.handle).where(boxes.c.id == vm_id))).scalar_one()
+    ns = os.readlink(f"/proc/{handle['init_pid']}/ns/pid")
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry.name}/ns/pid") == ns:
+                    found.append(int(entry.name))
+    return found
 
 
 @contextlib.asynccontextmanager
@@ -177,10 +196,9 @@ async def test_exec_runs_a_real_process_in_the_boxs_own_directory_and_returns_th
         r = await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": box["vm_id"],
                                               "command": "echo hello > f.txt; cat f.txt; pwd; echo oops >&2; exit 3"})
         assert r["exit_code"] == 3 and r["stderr"] == "oops\n" and not r["timed_out"]
-        out = r["stdout"].splitlines()
-        assert out[0] == "hello" and out[1].endswith("/boxes/" + box["vm_id"])
+        assert r["stdout"].splitlines() == ["hello", "/box"]
         r2 = await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": other["vm_id"], "command": "ls; echo $AMUX_BOX_ID"})
-        assert r2["stdout"] == other["vm_id"] + "\n"  # each box has its own directory
+        assert r2["stdout"] == other["vm_id"] + "\n"  # each box has its own filesystem
 
 
 async def test_a_box_sees_no_hub_secrets(hub):
@@ -190,11 +208,11 @@ async def test_a_box_sees_no_hub_secrets(hub):
         r = await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": box["vm_id"], "command": "env"})
         names = {line.split("=", 1)[0] for line in r["stdout"].splitlines()}
         assert names <= {"PATH", "HOME", "LANG", "TERM", "AMUX_BOX_ID", "AMUX_EXEC_ID", "PWD", "SHLVL", "_"}
-        if box["sandbox"] == "bwrap":
-            home = Path(hub.hub.settings.home).resolve()
-            r = await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": box["vm_id"],
-                                                  "command": f"ls -A {home}; cat {home}/amux.db | wc -c; touch /etc/x"})
-            assert "amux.db" not in r["stdout"] and r["exit_code"] != 0
+        assert box["sandbox"] == "bwrap" and box["sandboxed"] and box["warning"] is None
+        home = Path(hub.hub.settings.home).resolve()
+        r = await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": box["vm_id"],
+                                              "command": f"ls -A {home}; cat {home}/amux.db | wc -c; touch /etc/x"})
+        assert "amux.db" not in r["stdout"] and r["exit_code"] != 0
 
 
 async def test_destroy_kills_every_process_of_the_box_and_removes_it(hub):
@@ -204,8 +222,9 @@ async def test_destroy_kills_every_process_of_the_box_and_removes_it(hub):
         r = await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": box["vm_id"], "command":
                                               "sleep 600 >/dev/null 2>&1 & echo $!; "
                                               "setsid sh -c 'sleep 601 >/dev/null 2>&1 & echo $!' </dev/null"})
-        pids = [int(p) for p in r["stdout"].split()]
-        assert len(pids) == 2 and all(alive(p) for p in pids)
+        assert len(r["stdout"].split()) == 2
+        pids = await box_pids(hub, box["vm_id"])
+        assert len(pids) >= 4 and all(alive(p) for p in pids)  # bwrap init, its sleep, and the two sleeps
         gone = await ok(claude, "rift_vm_destroy", {"task": t["handle"], "vm_id": box["vm_id"]})
         assert gone["state"] == "destroyed"
         assert not any(alive(p) for p in pids)
@@ -221,8 +240,8 @@ async def test_a_command_that_never_ends_is_killed_at_the_timeout_and_the_box_st
         r = await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": box["vm_id"],
                                               "command": "echo $$; exec sleep 600", "timeout_s": 1})
         assert r["timed_out"] and r["exit_code"] is None and "still usable" in r["note"]
-        assert not alive(int(r["stdout"].strip()))
-        again = await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": box["vm_id"], "command": "echo fine"})
+        again = await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": box["vm_id"],
+                                                  "command": f"test -e /proc/{r['stdout'].strip()} || echo fine"})
         assert again["stdout"] == "fine\n" and again["exit_code"] == 0
 
 
@@ -260,9 +279,9 @@ async def test_closing_a_task_destroys_its_boxes_and_kills_their_processes(hub):
         pids = []
         for _ in range(2):
             box = await ok(claude, "rift_vm_new", {"task": t["handle"]})
-            r = await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": box["vm_id"],
-                                                  "command": "sleep 600 >/dev/null 2>&1 & echo $!"})
-            pids.append(int(r["stdout"]))
+            await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": box["vm_id"],
+                                              "command": "sleep 600 >/dev/null 2>&1 & echo $!"})
+            pids += await box_pids(hub, box["vm_id"])
         assert all(alive(p) for p in pids)
         closed = await ok(claude, "rift_task_close", {"task": t["handle"]})
         assert closed["status"] == "closed" and len(closed["destroyed"]) == 2
@@ -273,28 +292,27 @@ async def test_a_task_quiet_for_4_hours_closes_itself_and_its_processes_are_kill
     async with two_agents(hub) as (claude, _):
         t = await ok(claude, "rift_task_new", {"name": "forgotten"})
         box = await ok(claude, "rift_vm_new", {"task": t["handle"]})
-        pid = int((await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": box["vm_id"],
-                                                     "command": "sleep 600 >/dev/null 2>&1 & echo $!"}))["stdout"])
+        await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": box["vm_id"],
+                                          "command": "sleep 600 >/dev/null 2>&1 & echo $!"})
+        pids = await box_pids(hub, box["vm_id"])
         clock.advance(hours=4)
         assert await hub.hub.leases.reap_once() == {"closed": 1, "destroyed": 1}
-        assert not alive(pid)
+        assert not any(alive(p) for p in pids)
         listed = {x["task_id"]: x for x in (await ok(claude, "rift_task_list"))["tasks"]}
         assert listed[t["task_id"]]["status"] == "closed" and listed[t["task_id"]]["closed_reason"] == "quiet for 4 hours"
         assert "its VMs are gone" in await refused(claude, "rift_vm_list", {"task": t["handle"]})
 
 
-# --- the local driver itself, with and without bubblewrap ------------------------------------------
+# --- the local driver itself, sandboxed and (by the operator's choice) unsandboxed ----------------------
 
-@pytest.fixture(params=["none", pytest.param("bwrap", marks=pytest.mark.skipif(
+@pytest.fixture(params=["unsandboxed", pytest.param("local", marks=pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="install bubblewrap (make test does: apt-get install -y bubblewrap)"))])
 async def driver(request, tmp_path):  # noqa: ANN001, ANN201
-    """A LocalBoxDriver in each sandbox mode; the bwrap mode must really sandbox where bwrap is installed."""
+    """A LocalBoxDriver for each `boxes.driver` value."""
     from hub.boxes.local import LocalBoxDriver
+    from hub.config import BoxSettings
 
-    d = LocalBoxDriver(tmp_path / "boxes", sandbox="auto" if request.param == "bwrap" else "none", hide=[tmp_path])
-    if request.param == "bwrap":
-        assert await d.sandbox() == "bwrap", "bubblewrap is installed but cannot sandbox here"
-    return d
+    return LocalBoxDriver(tmp_path / "boxes", BoxSettings(driver=request.param), hide=[tmp_path])
 
 
 async def test_the_local_driver_keeps_a_box_usable_after_a_timeout_and_destroy_kills_escaped_processes(driver, tmp_path):
@@ -302,23 +320,35 @@ async def test_the_local_driver_keeps_a_box_usable_after_a_timeout_and_destroy_k
     handle = await driver.create("vm_drivertest1")
     assert (await driver.describe(handle)).alive
     r = await driver.exec(handle, "echo $$; exec sleep 600", 0.5)
-    assert r.timed_out and not alive(int(r.stdout))
+    assert r.timed_out
     r = await driver.exec(handle, "setsid sh -c 'sleep 602 >/dev/null 2>&1 & echo $!' </dev/null; "
                                   f"cat {tmp_path}/secret.token", 5)
-    pid = int(r.stdout.split()[0])
-    assert running(pid) and ("hub secret" in r.stdout) is (handle["sandbox"] == "none")
-    assert (await driver.describe(handle)).details["processes"] >= 1
+    assert ("hub secret" in r.stdout) is (handle["sandbox"] == "none")
+    info = await driver.describe(handle)
+    assert info.details["processes"] >= 1
+    pids = ([int(r.stdout.split()[0])] if handle["sandbox"] == "none"
+            else [int(p) for p in os.listdir("/proc") if p.isdigit() and _same_pidns(int(p), handle["init_pid"])
+                  and running(int(p))])
+    assert pids and all(running(p) for p in pids)
     await driver.destroy(handle)
-    assert not alive(pid) and not Path(handle["dir"]).exists()
+    assert not any(alive(p) for p in pids) and not Path(handle["dir"]).exists()
     await driver.destroy(handle)  # idempotent
     assert not (await driver.describe(handle)).alive
+
+
+def _same_pidns(pid: int, init_pid: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid") == os.readlink(f"/proc/{init_pid}/ns/pid")
+    except OSError:
+        return False
 
 
 async def test_the_local_driver_leaves_a_box_on_another_machine_to_the_replica_there(tmp_path):
     from hub.boxes.base import BoxError
     from hub.boxes.local import LocalBoxDriver
+    from hub.config import BoxSettings
 
-    driver = LocalBoxDriver(tmp_path / "boxes", sandbox="none")
+    driver = LocalBoxDriver(tmp_path / "boxes", BoxSettings(driver="unsandboxed"))
     elsewhere = {"box_id": "vm_elsewhere1", "dir": "/nowhere", "sandbox": "none", "host": "other-machine"}
     for action in (driver.destroy(elsewhere), driver.exec(elsewhere, "true", 5)):
         with pytest.raises(BoxError, match="lives on host other-machine"):
