@@ -94,3 +94,20 @@ i18n-update: i18n-extract
 	@echo "translate the empty msgstr entries in $(I18N)/zh_Hans/LC_MESSAGES/messages.po, then: make i18n-compile"
 i18n-compile: venv
 	$(VENV)/bin/pybabel compile -D messages -d $(I18N) --statistics
+
+## lint: hadolint on deploy/Dockerfile, sh -n on deploy/install.sh, kustomize renders the example overlay
+.PHONY: lint
+lint: venv
+	$(VENV)/bin/hadolint deploy/Dockerfile
+	sh -n deploy/install.sh
+	@if command -v kubectl >/dev/null 2>&1; then kubectl kustomize deploy/k8s/overlays/example >/dev/null && echo "kustomize: deploy/k8s/overlays/example renders"; \
+	else echo "make lint: kubectl missing; skipped rendering deploy/k8s" >&2; fi
+
+## soak: three hub replicas, real and simulated runners, faults (kill -9, PostgreSQL restart) for 10 minutes
+##       (make soak SOAK_S=120 SOAK_SIM_RUNNERS=50); prints counts, throughput, p99 latencies, recovery times
+SOAK_S           ?= 600
+SOAK_SIM_RUNNERS ?= 200
+.PHONY: soak
+soak: venv
+	AMUX_SOAK_DURATION_S=$(SOAK_S) AMUX_SOAK_SIM_RUNNERS=$(SOAK_SIM_RUNNERS) \
+	  $(VENV_PY) -m pytest -q -s tests/integration/test_soak.py $(PYTEST_ARGS)
