@@ -17,16 +17,18 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from hub.errors import AmuxError
+from hub.services.identity import LinkRefused
 from hub.store.tables import bot_inbound
 
 from .cards.actions import BadPayload
+from .cards.identity import LINK_REFUSED, render_link_result
 from .feishu.messenger import LarkMessenger, Outgoing
 from .handlers.context import Answer, Ctx
 from .handlers.conversation import converse
 from .handlers.overview import overview
 from .i18n import Catalogs, _, catalogs
 from .identity import IdentityBindings, Viewer
-from .router import check, is_command
+from .router import check, is_command, link_argument
 
 log = logging.getLogger(__name__)
 ACTION_BUDGET_S = 2.5          # Feishu wants the callback answer within 3 s
@@ -119,8 +121,12 @@ class FeishuBot:
             text = MENTION.sub("", json.loads(msg.get("content") or "{}").get("text") or "").strip()
         except ValueError:
             return
-        viewer = await self._viewer(app_id, sender.get("sender_id") or {})
         mid = msg["message_id"]
+        code = link_argument(text)
+        if code is not None:  # before the viewer: linking may re-activate an unlinked identity
+            await self.link(app_id, sender.get("sender_id") or {}, code, mid, out)
+            return
+        viewer = await self._viewer(app_id, sender.get("sender_id") or {})
         if viewer is None:
             return  # a revoked binding gets no answer at all
         ctx = Ctx(viewer, self.hub, self.tr)
@@ -136,6 +142,21 @@ class FeishuBot:
         except AmuxError as e:
             reply = e.message
         await out.reply(app_id, mid, "text", {"text": reply}, f"amux-{mid}")
+
+    async def link(self, app_id: str, ids: dict, code: str, mid: str, out: Outgoing) -> None:
+        """Answer `/amux link CODE`: bind the sender's identity to the code's principal, or say how to get a code."""
+        if app_id not in self.apps or not ids.get("open_id"):
+            return
+        try:
+            linked = await self.hub.identity.redeem(code, app_id, ids["open_id"], ids.get("union_id"), ids.get("user_id"))
+        except LinkRefused as e:
+            card = render_link_result(self.tr, LINK_REFUSED[e.reason], ok=False)
+        else:
+            msg = _("Linked: this Feishu identity now acts as **{principal}**. Schedules {principal} creates over "
+                    "MCP or the CLI notify through this identity.") if linked.changed else \
+                _("This Feishu identity was already linked to **{principal}**.")
+            card = render_link_result(self.tr, msg, ok=True, principal=linked.principal)
+        await out.reply(app_id, mid, "interactive", card, f"amux-{mid}")
 
     async def on_action(self, app_id: str, event: dict, out: Outgoing) -> dict:
         """Answer a card click within the budget: a toast and/or the refreshed card; finish late work by PATCH."""

@@ -27,6 +27,14 @@ def check(value: object) -> tuple[CardAction, Handler]:
     return action, handler
 
 
+def link_argument(text: str) -> str | None:
+    """Return the code of `/amux link CODE` ("" when no code was given); None when the text is something else."""
+    words = text.strip().split()
+    if len(words) >= 2 and words[0].lower() in ("/amux", "amux") and words[1].lower() == "link":
+        return " ".join(words[2:])
+    return None
+
+
 def is_command(text: str) -> bool:
     """Return whether a chat message asks for the overview."""
     words = text.strip().split()

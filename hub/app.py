@@ -34,12 +34,14 @@ from .services.schedules import ScheduleService
 from .services.recovery import RecoveryService
 from .services.instances import InstanceService
 from .services.memory import MemoryService
+from .services.identity import IdentityService
 from .services.sessions import SessionService
 from .services.tasks import PermissionService, TaskService
 from .store.db import Database
 from .store.keys import shared_key
 from .web import boxes, health, rest, schedules_api
 from .web import alerts_api
+from .web import identity_api
 from .web import oauth as oauth_web
 from .web.mcp_mount import McpMount
 from .web.runner_ws import RunnerEndpoint
@@ -94,8 +96,9 @@ class Hub:
         self.schedule_firing = ScheduleFiring(self.db, self.clock, settings.schedules, self.admission, self.sessions,
                                               on_admitted=self.dispatcher.kick)
         self.schedules = ScheduleService(self.db, self.clock, settings.schedules, self.admission, self.sessions,
-                                         on_changed=self.schedule_firing.kick)
+                                         on_changed=self.schedule_firing.kick, feishu=settings.feishu)
         self.recovery = RecoveryService(self.db, self.clock)  # upgrade creator recovery (issue 9)
+        self.identity = IdentityService(self.db, self.clock)  # Feishu identity links (issue 15)
         # The outcome feed goes to the alert pipeline; the channel is loaded by name, so hub never imports bot.
         channel = load_channel(settings.feishu.channel, settings) if settings.feishu.apps else NullChannel()
         self.alerts = AlertService(self.db, self.clock, settings.alerts, settings.feishu, channel, self.schedules)
@@ -116,6 +119,7 @@ class Hub:
         rest.add_routes(app, self)
         schedules_api.add_routes(app, self)
         alerts_api.add_routes(app, self)
+        identity_api.add_routes(app, self)
         app.router.add_get("/runner/ws", self.runner_endpoint.handle)
         app.on_shutdown.append(self.runner_endpoint.close_all)
         app.router.add_route("*", "/mcp", self.mcp.handle)

@@ -471,6 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     cli_schedules.add_parser(sub, client_opts)
     from . import cli_alerts
     cli_alerts.add_parser(sub, client_opts)
+    from . import cli_identity
+    cli_identity.add_parser(sub, client_opts)
     return ap
 
 
@@ -487,6 +489,9 @@ async def _command(args: argparse.Namespace) -> None:
     elif args.cmd in ("alerts", "feishu"):
         from . import cli_alerts
         await cli_alerts.run(args, _client(args), _print)
+    elif args.cmd == "identity":
+        from . import cli_identity
+        await cli_identity.run(args, _client(args), _print)
     else:
         handlers = {"runner": _runner, "db": _db_upgrade, "token": _token, "task": _task, "session": _session,
                     "memory": _memory, "profile": _profile, "credential": _credential}

@@ -63,7 +63,8 @@ async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
         emit(args, data, "\n".join(_line(s) for s in data["schedules"]) or "no schedules")
     elif args.schedule_cmd == "get":
         s = await api.call("GET", f"schedules/{args.id}")
-        emit(args, s, _line(s))
+        notices = s.get("notifications") or {}
+        emit(args, s, _line(s) + (f"\n  notifications: {notices['why']}" if notices.get("why") else ""))
     elif args.schedule_cmd in ("pause", "resume"):
         s = await api.call("POST", f"schedules/{args.id}/{args.schedule_cmd}")
         emit(args, s, _line(s))

@@ -10,6 +10,15 @@ from ..services.schedules import ScheduleService, ScheduleSpec
 from .server import caller_of, guarded
 
 
+class ScheduleNotifications(BaseModel):
+    """Where this schedule's status notices go (the administrator of `app_id`), or why they do not."""
+
+    notifies: bool
+    app_id: str | None = None
+    basis: str
+    why: str
+
+
 class ScheduleView(BaseModel):
     """A schedule with the runtime, model, policy and arguments saved as given (None: resolved at each fire)."""
 
@@ -37,6 +46,7 @@ class ScheduleView(BaseModel):
     app_id: str | None = None
     created_at: str | None = None
     updated_at: str | None = None
+    notifications: ScheduleNotifications | None = None   # schedule_get / schedule_create only
 
 
 class ScheduleList(BaseModel):

@@ -22,9 +22,9 @@ from ..domain import alerts as rules
 from ..errors import Invalid, NotFound
 from ..ids import new_id
 from ..store.db import Database
-from ..store.tables import (decisions, feishu_apps, firings, identity_bindings, incidents, outbox, principals,
-                            recovery_results, schedules)
+from ..store.tables import decisions, feishu_apps, firings, incidents, outbox, principals, schedules
 from .channel import Channel, NullChannel
+from .notice_route import route
 from .outbox import LIVE, OutboxWorker, diagnostic_missing_admin, log_decision, queue_notice
 from .schedule_ports import FiringOutcome
 
@@ -99,14 +99,10 @@ class AlertService:
         if ev.creator_id:
             creator = (await conn.execute(sa.select(principals.c.name).where(principals.c.id == ev.creator_id))).scalar()
         app_id = ev.app_id or (sched.app_id if sched is not None else None)
-        left_unbound = (await conn.execute(sa.select(recovery_results.c.schedule_id).where(
-            recovery_results.c.schedule_id == ev.schedule_id, recovery_results.c.outcome == "unbound"))).first()
-        if app_id is None and ev.creator_id and left_unbound is None:
-            # A schedule made after the upgrade over MCP/CLI belongs to its creator's single Feishu alias; one that
-            # upgrade recovery left unbound (ambiguous or missing provenance) never notifies proactively.
-            apps = set((await conn.execute(sa.select(identity_bindings.c.app_id).where(
-                identity_bindings.c.principal_id == ev.creator_id, identity_bindings.c.status == "active"))).scalars())
-            app_id = apps.pop() if len(apps) == 1 else None
+        if app_id is None and sched is not None and ev.creator_id:
+            # One decision with `schedule get` (hub/services/notice_route.py): the creator's single linked identity,
+            # else the only configured application; never a schedule recovery left unbound.
+            app_id = (await route(conn, sched, [a.app_id for a in self.feishu.apps])).app_id
         missed = 0
         if ev.outcome == "missed":
             seen = [int(k.rsplit(":", 1)[1]) for k in (await conn.execute(sa.select(decisions.c.ingest_key).where(

@@ -17,6 +17,7 @@ from ..store.tables import firings, identity_bindings, principals, schedules, ta
 from .admission import Admission, SubmitRequest
 from .auth import Caller
 from .delegation import delegation_parent
+from .notice_route import route
 from .schedule_ports import SessionPort
 from . import legacy_history
 
@@ -85,6 +86,20 @@ async def turn_attribution(conn, caller: Caller, provenance: dict[str, Any]) -> 
     return binding.id, binding.app_id
 
 
+async def binding_attribution(conn, caller: Caller, provenance: dict[str, Any]) -> tuple[str | None, str | None]:  # noqa: ANN001
+    """Freeze the creator's single active Feishu binding for a schedule made over MCP/CLI (outside any Turn).
+
+    None when the principal has no active binding or several (then `notice_route` decides at notice time).
+    """
+    rows = (await conn.execute(sa.select(identity_bindings.c.id, identity_bindings.c.app_id).where(
+        identity_bindings.c.principal_id == caller.principal_id, identity_bindings.c.status == "active"))).all()
+    if len(rows) != 1:
+        provenance["attribution"] = {"basis": "no_binding" if not rows else "several_bindings"}
+        return None, None
+    provenance["attribution"] = {"basis": "single_active_binding", "binding_id": rows[0].id, "app_id": rows[0].app_id}
+    return rows[0].id, rows[0].app_id
+
+
 def submit_request(row: Any) -> SubmitRequest:
     """Return the Task request a subtask schedule makes: the caller's choices as given, defaults left open."""
     return SubmitRequest(prompt=row.prompt, profile=row.profile, runtime=row.runtime, model=row.model,
@@ -102,8 +117,9 @@ class ScheduleService:
     """Keep schedule definitions; each trigger resolves content and omitted defaults again (schedule_firing)."""
 
     def __init__(self, db: Database, clock: Clock, settings: SchedulesSettings, admission: Admission,
-                 sessions: SessionPort | None = None, on_changed=None) -> None:  # noqa: ANN001
+                 sessions: SessionPort | None = None, on_changed=None, feishu: Any = None) -> None:  # noqa: ANN001
         self.db = db
+        self.feishu = feishu  # FeishuSettings: the configured applications decide where notices go
         self.clock = clock
         self.settings = settings
         self.admission = admission
@@ -120,6 +136,7 @@ class ScheduleService:
         if not isinstance(s.prompt, str) or not s.prompt.strip():
             raise Invalid("prompt is empty; pass what each firing should ask as `prompt`")
         rule = rules.parse(s.rule, s.timezone)
+        rules.check_min_interval(rule, self.settings.min_interval_s)
         first = rules.first_fire(rule, now, anchor)
         if first is None:
             raise Invalid(f"rule {s.rule!r} has no future fire time; pick a time after {now.isoformat()}")
@@ -159,6 +176,8 @@ class ScheduleService:
         async with self.db.write() as conn:
             provenance = provenance_of(caller, source)
             binding_id, app_id = await turn_attribution(conn, caller, provenance)
+            if binding_id is None and "turn_id" not in provenance:
+                binding_id, app_id = await binding_attribution(conn, caller, provenance)
             await conn.execute(schedules.insert().values(
                 id=sid, creator_id=caller.principal_id, creator_binding_id=binding_id, app_id=app_id,
                 provenance=provenance, type=spec.schedule_type, paused=False,
@@ -235,11 +254,13 @@ class ScheduleService:
     # ------------------------------------------------------------ reads
 
     async def get(self, caller: Caller, schedule_id: str) -> dict:
-        """Return a schedule with its saved choices as given."""
+        """Return a schedule with its saved choices as given, and where its notices go (or why they do not)."""
         async with self.db.read() as conn:
             row = await self._row(conn, caller, schedule_id)
             creator = (await conn.execute(sa.select(principals.c.name).where(principals.c.id == row.creator_id))).scalar()
-        return self._view(row, creator)
+            apps = [a.app_id for a in self.feishu.apps] if self.feishu is not None else []
+            notices = (await route(conn, row, apps)).view()
+        return {**self._view(row, creator), "notifications": notices}
 
     async def list(self, caller: Caller, limit: int = 100, all_principals: bool = False) -> list[dict]:
         """Return the caller's schedules (an admin may ask for everyone's), newest first."""

@@ -532,3 +532,19 @@ box_sessions = sa.Table(
     sa.UniqueConstraint("session_hash", name="uq_box_sessions_hash"),
     sa.Index("ix_box_sessions_principal", "principal_id"),
 )
+
+
+# ---------------------------------------------------------------- identity links (0013_identity_links)
+
+identity_link_codes = sa.Table(
+    "identity_link_codes", metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("principal_id", sa.String(40), sa.ForeignKey("principals.id"), nullable=False),
+    sa.Column("code_hash", sa.String(64), nullable=False),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("expires_at", TS, nullable=False),
+    sa.Column("used_at", TS),
+    sa.Column("binding_id", sa.String(40)),
+    sa.UniqueConstraint("code_hash", name="uq_identity_link_codes_hash"),
+    sa.Index("ix_identity_link_codes_principal", "principal_id"),
+)

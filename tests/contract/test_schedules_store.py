@@ -59,7 +59,8 @@ async def test_creator_and_provenance_are_frozen_from_the_authenticated_caller(c
     async with core.db.read() as conn:
         row = (await conn.execute(sa.select(schedules).where(schedules.c.id == s["schedule_id"]))).first()
     assert row.creator_id == core.alice.principal_id and row.creator_binding_id is None and row.app_id is None
-    assert row.provenance == {"source": "mcp", "token_id": core.alice.token_id, "label": "claude-code", "principal": "alice"}
+    assert row.provenance == {"source": "mcp", "token_id": core.alice.token_id, "label": "claude-code", "principal": "alice",
+                              "attribution": {"basis": "no_binding"}}   # no linked Feishu identity to freeze
     assert s["creator"] == "alice"
 
 

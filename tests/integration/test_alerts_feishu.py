@@ -385,11 +385,14 @@ async def test_explain_tells_why_for_incident_and_firing(env: Env):
     assert [d["decision"] for d in (await env.hub.alerts.explain(fid))["decisions"]][0] == "aggregated"
 
 
-async def test_no_creator_binding_means_no_notice(db_url, tmp_path, clock, fake):
+async def test_no_creator_binding_and_several_apps_means_no_notice(db_url, tmp_path, clock, fake):
     e = await make_env(db_url, tmp_path, clock, fake)
+    # With exactly one application its administrator would be told (test_identity_links); with two, nobody is.
+    e.hub.settings.feishu.apps.append(FeishuAppSettings(app_id="cli_second", app_secret="s", admin_open_id="ou_second"))
     await e.setup()
-    async with e.hub.db.write() as conn:
+    async with e.hub.db.write() as conn:  # made over MCP/CLI before any identity was linked: nothing frozen
         await conn.execute(identity_bindings.update().values(status="revoked"))
+        await conn.execute(schedules.update().values(creator_binding_id=None, app_id=None))
     fid = await e.fire("failed")
     await e.round(61)
     assert fake.sent == [] and await e.notices() == []

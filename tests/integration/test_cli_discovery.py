@@ -123,7 +123,8 @@ def test_hub_flag_beats_env_beats_hub_json_beats_default(tmp_path: Path):
 
 @pytest.mark.parametrize("argv", [
     ("db", "upgrade"), ("token", "create", "--principal", "p"), ("task", "list"), ("schedule", "list"),
-    ("feishu", "recheck", "--app", "cli_x"), ("db", "recover-creators"),
+    ("feishu", "recheck", "--app", "cli_x"), ("identity", "list"), ("identity", "link"),
+    ("db", "recover-creators"),
 ])
 def test_every_command_with_a_missing_home_answers_one_line_naming_the_fix(argv: tuple[str, ...], tmp_path: Path):
     res = amux(*argv, cwd=tmp_path, AMUX_HOME=str(tmp_path / "nowhere"))
@@ -134,7 +135,7 @@ def test_every_command_with_a_missing_home_answers_one_line_naming_the_fix(argv:
     assert not (tmp_path / "nowhere").exists()
 
 
-@pytest.mark.parametrize("argv", [("up",), ("db", "upgrade"), ("task", "list")])
+@pytest.mark.parametrize("argv", [("up",), ("db", "upgrade"), ("task", "list"), ("identity", "link")])
 def test_every_command_with_an_unreadable_home_answers_one_line_naming_the_fix(argv: tuple[str, ...], tmp_path: Path):
     bad = tmp_path / "a-file"
     bad.write_text("not a directory")

@@ -1,0 +1,38 @@
+"""`amux identity link | list [--all] | unlink BINDING_ID` over REST (DESIGN §7 "Identities")."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # noqa: ANN001
+    """Add `amux identity …`; `client_opts` adds --hub/--token/--json."""
+    idp = subparsers.add_parser("identity", help="Feishu identities linked to your principal")
+    sub = idp.add_subparsers(dest="identity_cmd", required=True)
+    client_opts(sub.add_parser("link", help="print a one-time code (10 minutes) to send as `/amux link CODE` in Feishu"))
+    ls = sub.add_parser("list", help="your identity bindings (active and revoked)")
+    client_opts(ls)
+    ls.add_argument("--all", action="store_true", help="everyone's (admin token)")
+    un = sub.add_parser("unlink", help="revoke one of your identity bindings")
+    client_opts(un)
+    un.add_argument("binding_id", help="the binding id (ib_…), from `amux identity list`")
+
+
+def _line(b: dict) -> str:
+    return (f"{b['binding_id']}  {b['status']:<8} {b['app_id']}  {b['open_id']}  principal={b['principal']}"
+            f"  since {(b['created_at'] or '-')[:19]}")
+
+
+async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
+    """Run one `amux identity` command with the REST client `api`; `emit(args, data, human)` prints."""
+    if args.identity_cmd == "link":
+        res = await api.call("POST", "identity/link-codes")
+        emit(args, res, f"{res['code']}\nSend `/amux link {res['code']}` to the amux bot in Feishu within "
+                        f"{res['valid_s'] // 60} minutes (until {res['expires_at'][:19]}Z); it links that Feishu identity "
+                        f"to {res['principal']}. The code works once.")
+    elif args.identity_cmd == "list":
+        res = await api.call("GET", "identities", params={"all": "1"} if args.all else None)
+        emit(args, res, "\n".join(_line(b) for b in res["identities"])
+             or "no linked identities; run `amux identity link` and send the code to the bot")
+    else:
+        res = await api.call("DELETE", f"identities/{args.binding_id}")
+        emit(args, res, f"{res['binding_id']}: {res['status']} ({res['app_id']} {res['open_id']})")
