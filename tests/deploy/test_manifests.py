@@ -1,0 +1,162 @@
+"""deploy/compose.yaml and deploy/k8s: the structure operators rely on, checked offline.
+
+Compose: parsed with PyYAML (`docker compose config` needs a Docker client with the compose plugin, which this
+machine lacks). Kubernetes: `kubectl kustomize` renders the example overlay and every object validates against
+the Kubernetes schemas with kubernetes-validate (no cluster)."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tests.helpers import REPO
+
+yaml = pytest.importorskip("yaml")
+DEPLOY = REPO / "deploy"
+K8S_VERSION = "1.30.0"
+
+
+# --- Compose ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+
+
+def test_compose_has_postgres_with_a_volume_a_one_shot_migration_two_hubs_a_proxy_and_a_runner(compose):
+    s = compose["services"]
+    assert {"db", "migrate", "hub-1", "hub-2", "proxy", "runner"} <= set(s)
+    assert any(v.startswith("pgdata:") for v in s["db"]["volumes"]) and "pgdata" in compose["volumes"]
+    assert s["migrate"]["command"] == ["db", "upgrade"] and s["migrate"]["restart"] == "no"
+    assert s["migrate"]["depends_on"]["db"]["condition"] == "service_healthy"
+    for hub in ("hub-1", "hub-2"):
+        assert s[hub]["command"][:2] == ["hub", "serve"]
+        assert s[hub]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert s["runner"]["command"][0] == "runner" and "http://proxy:8080" in s["runner"]["command"]
+    conf = compose["configs"]["nginx_conf"]["content"]
+    assert "server hub-1:8787" in conf and "server hub-2:8787" in conf and "Upgrade" in conf
+
+
+def test_compose_runs_amux_non_root_on_a_read_only_root_with_state_only_in_amux_home(compose):
+    for name in ("migrate", "hub-1", "hub-2", "runner"):
+        svc = compose["services"][name]
+        assert svc["user"] == "10001:10001" and svc["read_only"] is True and svc["tmpfs"] == ["/tmp"]
+        assert svc["cap_drop"] == ["ALL"]
+        assert [v.split(":")[1] for v in svc["volumes"]] == ["/var/lib/amux"]
+        assert svc["environment"]["AMUX_HOME"] == "/var/lib/amux"
+
+
+def test_compose_secrets_come_from_the_env_file_and_are_documented(compose):
+    text = (DEPLOY / "compose.yaml").read_text()
+    used = set(re.findall(r"\$\{([A-Z0-9_]+)", text))
+    example = (DEPLOY / ".env.example").read_text()
+    documented = set(re.findall(r"^([A-Z0-9_]+)=", example, re.M))
+    assert used <= documented, f"not in .env.example: {sorted(used - documented)}"
+    for secret in ("AMUX_SECRET_KEY", "POSTGRES_PASSWORD", "FEISHU_APP_SECRET", "AMUX_RUNNER_TOKEN"):
+        assert re.search(rf"^{secret}=$", example, re.M), f"{secret} must be empty in the example"
+    hub_env = compose["services"]["hub-1"]["environment"]
+    assert hub_env["AMUX_SECRET_KEY"].startswith("${AMUX_SECRET_KEY:?")
+    assert "${POSTGRES_PASSWORD" in hub_env["AMUX_DATABASE_URL"]
+
+
+def test_only_the_migration_and_the_hubs_reach_postgres_in_compose(compose):
+    s = compose["services"]
+    assert compose["networks"]["backend"]["internal"] is True
+    on_backend = {n for n, svc in s.items() if "backend" in svc.get("networks", [])}
+    assert on_backend == {"db", "migrate", "hub-1", "hub-2"}
+    assert "ports" not in s["db"] and list(s) and [n for n, svc in s.items() if "ports" in svc] == ["proxy"]
+
+
+def test_docker_compose_config_accepts_the_file_where_a_compose_client_exists(tmp_path):
+    docker = shutil.which("docker")
+    if not docker or subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
+        pytest.skip("no `docker compose` client here; the structure tests above stand in for it")
+    env = tmp_path / ".env"
+    env.write_text("\n".join(f"{k}=x" for k in ("AMUX_SECRET_KEY", "POSTGRES_PASSWORD", "AMUX_RUNNER_TOKEN",
+                                                 "FEISHU_APP_ID", "FEISHU_APP_SECRET", "FEISHU_ADMIN_OPEN_ID")))
+    out = subprocess.run([docker, "compose", "--env-file", str(env), "-f", str(DEPLOY / "compose.yaml"), "config", "-q"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+# --- Kubernetes ------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def rendered() -> list[dict]:
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        pytest.skip("kubectl is missing")
+    out = subprocess.run([kubectl, "kustomize", str(DEPLOY / "k8s" / "overlays" / "example")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def _one(objs: list[dict], kind: str, name: str) -> dict:
+    found = [o for o in objs if o["kind"] == kind and o["metadata"]["name"].startswith(name)]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
+    return found[0]
+
+
+def test_every_rendered_object_validates_against_the_kubernetes_schemas(rendered):
+    kv = pytest.importorskip("kubernetes_validate")
+    kinds = set()
+    for obj in rendered:
+        kv.validate(obj, K8S_VERSION, strict=True)  # raises ValidationError naming the field
+        kinds.add(obj["kind"])
+    assert {"Deployment", "Service", "Job", "ConfigMap", "Secret", "PodDisruptionBudget", "NetworkPolicy"} <= kinds
+
+
+def test_the_hub_deployment_runs_two_probed_non_root_replicas_on_a_read_only_root(rendered):
+    dep = _one(rendered, "Deployment", "amux-hub")
+    assert dep["spec"]["replicas"] == 2 and dep["metadata"]["namespace"] == "amux"
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["args"][:2] == ["hub", "serve"]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 10001
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/var/lib/amux"]] and "emptyDir" in volumes[mounts["/tmp"]]
+    assert {e["name"]: e.get("value") for e in c["env"]}["AMUX_HOME"] == "/var/lib/amux"
+    secret_env = {e["name"] for e in c["env"] if "valueFrom" in e}
+    assert {"AMUX_DATABASE_URL", "AMUX_SECRET_KEY"} <= secret_env
+    pdb = _one(rendered, "PodDisruptionBudget", "amux-hub")
+    assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    svc = _one(rendered, "Service", "amux-hub")
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+
+
+def test_the_migration_job_and_the_runner_take_their_secrets_from_secrets(rendered):
+    job = _one(rendered, "Job", "amux-migrate")
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["db", "upgrade"]
+    runner = _one(rendered, "Deployment", "amux-runner")
+    c = runner["spec"]["template"]["spec"]["containers"][0]
+    token = next(e for e in c["env"] if e["name"] == "AMUX_TOKEN")
+    ref = token["valueFrom"]["secretKeyRef"]["name"]
+    assert ref.startswith("amux-runner-token") and _one(rendered, "Secret", ref)
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    cm = _one(rendered, "ConfigMap", "amux-config")
+    assert "amux.toml" in cm["data"]
+    hub = _one(rendered, "Deployment", "amux-hub")["spec"]["template"]["spec"]
+    assert next(v for v in hub["volumes"] if v["name"] == "config")["configMap"]["name"] == cm["metadata"]["name"]
+
+
+def test_network_policies_let_runners_and_the_ingress_reach_the_hub_and_only_hubs_reach_postgres(rendered):
+    pols = {p["metadata"]["name"]: p["spec"] for p in rendered if p["kind"] == "NetworkPolicy"}
+    assert pols["amux-default-deny-ingress"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    hub_from = pols["amux-hub-ingress"]["ingress"][0]["from"]
+    assert any(f.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component") == "runner"
+               for f in hub_from)
+    assert any("namespaceSelector" in f for f in hub_from)
+    db = pols["amux-database-ingress"]
+    assert db["podSelector"]["matchLabels"] == {"app.kubernetes.io/component": "database"}
+    (rule,) = db["ingress"]
+    (peer,) = rule["from"]
+    assert peer["podSelector"]["matchExpressions"][0]["values"] == ["hub", "migrate"]
+    pg = _one(rendered, "StatefulSet", "amux-postgres")
+    assert pg["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "database"
