@@ -50,6 +50,7 @@ def init_argv(bwrap: str, box_id: str, *, network: str, disk_bytes: int, hide: l
              "--proc", "/proc", "--dev", "/dev",
              "--size", str(disk_bytes), "--tmpfs", "/tmp",
              "--size", str(disk_bytes), "--tmpfs", BOX_HOME, "--chdir", BOX_HOME,
+             "--remount-ro", "/",  # bwrap's own root tmpfs: nothing but /box, /tmp (and the private /dev) is writable
              "--setenv", "PATH", PATH, "--setenv", "HOME", BOX_HOME, "--setenv", "AMUX_BOX_ID", box_id,
              "--info-fd", str(info_fd),
              "--", "sleep", "infinity"]

@@ -18,7 +18,7 @@ from ..services.leases import LeaseService
 COOKIE = "amux_boxes"
 COOKIE_MAX_AGE_S = SESSION_TTL_S
 HEADERS = {
-    "Content-Security-Policy": ("default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+    "Content-Security-Policy": ("default-src 'none'; style-src 'unsafe-inline'; form-action 'none'; "
                                 "frame-ancestors 'none'; base-uri 'none'"),
     "Cache-Control": "no-store",
     "Referrer-Policy": "no-referrer",
@@ -102,7 +102,6 @@ def render_page(caller: Caller, tasks: list[Any], boxes: list[Any], now: datetim
                 f'<td>{escape(b.driver)}</td><td class="isolation">{isolation}</td><td>{escape(b.state)}</td>'
                 f"<td>{_t(b.created_at)}</td></tr>")
         out.append("</tbody></table>")
-    out.append('<form method="post" action="/boxes/signout"><button type="submit" id="signout">Sign out</button></form>')
     out.append("</body></html>")
     return "".join(out)
 
@@ -160,6 +159,7 @@ def add_routes(app: web.Application, auth: AuthService, leases: LeaseService, cl
         return web.Response(text=html, content_type="text/html", headers=HEADERS)
 
     async def signout(request: web.Request) -> web.Response:
+        """End this browser's session (the page itself stays read-only: no control on it changes anything)."""
         await sessions.revoke(request.cookies.get(COOKIE))
         resp = web.Response(status=303, headers={**HEADERS, "Location": "/boxes"})
         resp.del_cookie(COOKIE, path="/boxes")

@@ -65,6 +65,7 @@ async def test_the_boxes_page_shows_open_tasks_with_holder_activity_and_boxes_an
         assert resp.status == 200 and page.url == f"{hub.url}/boxes"  # the token left the address bar
         cookie = next(c for c in await ctx.cookies() if c["name"] == "amux_boxes")
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert made["alice_token"] not in cookie["value"] and cookie["value"].startswith("bxs_")  # a session, not the token
         assert await page.evaluate("document.cookie") == ""
 
         rows = page.locator("#tasks tbody tr")
