@@ -148,3 +148,26 @@ def test_quiet_time_reads_for_people(delta, text):
 def test_every_refusal_names_the_tool_that_mends_it(text, must_contain):
     for part in must_contain:
         assert part in text
+
+
+@pytest.mark.parametrize("env, key", [
+    ({"AMUX_BOXES__DRIVER": "podman"}, "boxes.driver"),
+    ({"AMUX_BOXES__NETWORK": "bridge"}, "boxes.network"),
+], ids=["driver", "network"])
+def test_an_unknown_box_driver_or_network_is_refused_at_start_naming_the_fix(env, key):
+    from hub.config import load_settings
+    from hub.errors import Invalid
+
+    with pytest.raises(Invalid) as e:
+        load_settings(env=env, home="/nonexistent-amux-home")
+    assert key in e.value.message and "AMUX_" in e.value.message
+
+
+def test_box_settings_come_from_the_environment_form():
+    from hub.config import load_settings
+
+    s = load_settings(env={"AMUX_BOXES__DRIVER": "unsandboxed", "AMUX_BOXES__NETWORK": "host",
+                           "AMUX_BOXES__MAX_PER_TASK": "3", "AMUX_BOXES__MEMORY_MB": "512",
+                           "AMUX_BOXES__PIDS_MAX": "100", "AMUX_BOXES__CPUS": "0.5"}, home="/nonexistent-amux-home")
+    assert (s.boxes.driver, s.boxes.network, s.boxes.max_per_task, s.boxes.memory_mb, s.boxes.pids_max,
+            s.boxes.cpus) == ("unsandboxed", "host", 3, 512, 100, 0.5)
