@@ -38,6 +38,13 @@ class Forbidden(AmuxError):
     code = "forbidden"
 
 
+class TooMany(AmuxError):
+    """A per-principal limit is reached; the message names the limit and the setting."""
+
+    status = 429
+    code = "limit_reached"
+
+
 class Conflict(AmuxError):
     """The thing is in a state that does not allow this."""
 

@@ -83,6 +83,7 @@ def hub_settings(db_url: str, home: Path, **hub_overrides: Any) -> Settings:
     """Settings for a test hub: fast polling, the given database."""
     s = load_settings(env={}, home=str(home), database_url=db_url)
     s.hub.poll_s = 0.05
+    s.schedules.min_interval_s = 0  # tests fire second-long rules; test_fair_sharing.py covers the 60 s default
     for k, v in hub_overrides.items():
         setattr(s.hub, k, v)
     return s

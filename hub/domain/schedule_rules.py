@@ -59,6 +59,16 @@ class Rule:
         return self.kind == "at"
 
 
+MAX_INTERVAL_S = 3650 * 86400  # ten years: longer intervals are one-offs in disguise (and overflow datetimes)
+
+
+def check_min_interval(rule: Rule, min_interval_s: float) -> None:
+    """Refuse an interval rule shorter than `schedules.min_interval_s`, naming the setting."""
+    if rule.kind == "interval" and rule.interval.total_seconds() < min_interval_s:
+        raise Invalid(f"rule {rule.text!r} fires more often than every {min_interval_s:g}s, the shortest this hub "
+                      f"accepts (schedules.min_interval_s, env AMUX_SCHEDULES__MIN_INTERVAL_S); pick a longer interval")
+
+
 def parse(text: str, tz_name: str) -> Rule:
     """Parse a rule string in a timezone; a bad string is refused with an example of each form."""
     tz = zone(tz_name)
@@ -70,6 +80,8 @@ def parse(text: str, tz_name: str) -> Rule:
         m = _EVERY.match(low)
         if not m or int(m.group(1)) <= 0:
             raise Invalid(f"rule {text!r} is not a valid interval; write one of: {EXAMPLES}")
+        if int(m.group(1)) * _UNITS[m.group(2)] > MAX_INTERVAL_S:
+            raise Invalid(f"rule {text!r} is longer than {MAX_INTERVAL_S // 86400} days; use an `at` rule for a one-off")
         return Rule(s, "interval", tz, interval=timedelta(seconds=int(m.group(1)) * _UNITS[m.group(2)]))
     if low.startswith("at "):
         try:

@@ -57,6 +57,7 @@ class TaskView(BaseModel):
     usage: dict[str, int] | None = None
     changed_files: ChangedFiles = ChangedFiles()
     error: str | None = None
+    waiting_for: str | None = None  # while queued: why (e.g. "waiting for runtime gpu-box, offline since …")
     runtime: str | None = None
     snapshot: dict[str, Any] = {}
     created_at: str | None = None

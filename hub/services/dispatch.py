@@ -8,12 +8,12 @@ from typing import Any, Callable
 
 import sqlalchemy as sa
 
-from ..clock import Clock
+from ..clock import Clock, utc
 from ..config import HubSettings
 from ..domain.tasks import RUNTIME_LOST, Status
 from ..ids import new_id
 from ..store.db import Database
-from ..store.tables import reservations, runtimes, task_runs
+from ..store.tables import api_tokens, reservations, runtimes, task_runs
 from .notify import Notifier
 from .tasks import finish_task, task_key
 
@@ -34,6 +34,30 @@ def eligible(task: Any, runtime: Any) -> bool:
     if not caps.get("workspace_writable", False):
         return False
     return bool(runtime.shared) or runtime.principal_id == task.owner_id
+
+
+def waiting_for(task: Any, known: list[Any]) -> str:
+    """Say why a queued task waits, from the runtimes the hub knows (any status)."""
+    snap = task.snapshot
+    named = snap.get("runtime")
+    if named:
+        rt = next((r for r in known if r.name == named), None)
+        if rt is None:
+            return f"waiting for runtime {named}, which is not registered"
+        if rt.status != "online":
+            since = utc(rt.last_seen_at).isoformat() if rt.last_seen_at else "its registration"
+            return f"waiting for runtime {named}, {rt.status} since {since}"
+        if not eligible(task, rt):
+            return f"runtime {named} is online but cannot take it (engine, platform, workspace or owner)"
+        return f"waiting for a free slot on runtime {named}"
+    able = [r for r in known if eligible(task, r)]
+    online = [r for r in able if r.status == "online"]
+    if online:
+        return f"waiting for a free slot ({len(online)} eligible runtime(s) online, all busy)"
+    what = f"engine {snap.get('engine')}" + (f" on {snap['platform']}" if snap.get("platform") else "")
+    if able:
+        return f"waiting for a runtime that offers {what}; {', '.join(r.name for r in able)} offline"
+    return f"waiting for a runtime that offers {what}; none is registered for this task's owner"
 
 
 class Dispatcher:
@@ -68,12 +92,10 @@ class Dispatcher:
             capacity = sum(max(0, n) for n in free.values())
             if capacity == 0:
                 return 0  # nothing fits: don't read the queue at all
-            # Read a few times the free capacity, so tasks no free runtime is eligible for can't starve the rest.
-            queued = (await conn.execute(self.db.for_update(
-                sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.snapshot, task_runs.c.attempt,
-                          task_runs.c.session_id)
-                .where(task_runs.c.status == Status.QUEUED.value)
-                .order_by(task_runs.c.created_at).limit(min(batch, capacity * 4)), skip_locked=True))).all()
+            running = await self._running_by_owner(conn)
+            queued = await self._fair_queue(conn, min(batch, capacity * 4), running)
+            limited = self.settings.max_running_per_principal
+            exempt = await self._exempt_owners(conn, {t.owner_id for t in queued}) if limited else set()
             # One run at a time per session: a session's turns (and an instance's runs) go in order.
             busy = {r.session_id for r in await conn.execute(sa.select(task_runs.c.session_id).where(
                 task_runs.c.status.in_([Status.DISPATCHED.value, Status.RUNNING.value]),
@@ -83,6 +105,8 @@ class Dispatcher:
             for task in queued:
                 if task.session_id and task.session_id in busy:
                     continue
+                if limited and running.get(task.owner_id, 0) >= limited and task.owner_id not in exempt:
+                    continue  # at hub.max_running_per_principal: the others go first
                 candidates = [r for r in online if free[r.id] > 0 and eligible(task, r)]
                 if not candidates:
                     continue
@@ -90,6 +114,7 @@ class Dispatcher:
                     busy.add(task.session_id)
                 rt = max(candidates, key=lambda r: free[r.id])  # spread load
                 free[rt.id] -= 1
+                running[task.owner_id] = running.get(task.owner_id, 0) + 1
                 attempt = task.attempt + 1
                 timeout = float(task.snapshot.get("timeout_s") or self.settings.default_timeout_s)
                 res_rows.append({"id": new_id("res"), "runtime_id": rt.id, "task_id": task.id, "attempt": attempt,
@@ -108,6 +133,42 @@ class Dispatcher:
             self.notifier.notify(f"runtime:{rt_id}")
             self.notifier.notify(task_key(task_id))
         return len(placed)
+
+    async def _fair_queue(self, conn, limit: int, running: dict[str, int]) -> list[Any]:  # noqa: ANN001
+        """Lock up to `limit` queued tasks, fairly across principals (weighted round robin).
+
+        Each principal's oldest queued tasks are ranked by their place in that principal's own queue plus
+        the runs it already has: one user's backlog of thousands waits behind another user's first task,
+        and a principal with many runs yields to one with few. Ties go to the older task.
+        """
+        per_owner = sa.func.row_number().over(partition_by=task_runs.c.owner_id, order_by=task_runs.c.created_at)
+        ranked = (sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.created_at, per_owner.label("place"))
+                  .where(task_runs.c.status == Status.QUEUED.value).subquery())
+        heads = (await conn.execute(sa.select(ranked).where(ranked.c.place <= limit))).all()
+        if not heads:
+            return []
+        heads.sort(key=lambda r: (r.place + running.get(r.owner_id, 0), r.created_at, r.id))
+        order = {r.id: i for i, r in enumerate(heads[:limit])}
+        rows = (await conn.execute(self.db.for_update(
+            sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.snapshot, task_runs.c.attempt,
+                      task_runs.c.session_id, task_runs.c.created_at)
+            .where(task_runs.c.id.in_(list(order)), task_runs.c.status == Status.QUEUED.value),
+            skip_locked=True))).all()
+        return sorted(rows, key=lambda r: order[r.id])
+
+    async def _running_by_owner(self, conn) -> dict[str, int]:  # noqa: ANN001
+        return dict((await conn.execute(
+            sa.select(task_runs.c.owner_id, sa.func.count())
+            .where(task_runs.c.status.in_([Status.DISPATCHED.value, Status.RUNNING.value]))
+            .group_by(task_runs.c.owner_id))).all())
+
+    async def _exempt_owners(self, conn, owners: set[str]) -> set[str]:  # noqa: ANN001
+        """Principals holding a live admin token: the per-principal limits do not apply to them."""
+        if not owners:
+            return set()
+        return set((await conn.execute(sa.select(api_tokens.c.principal_id).distinct().where(
+            api_tokens.c.principal_id.in_(owners), api_tokens.c.admin.is_(True),
+            api_tokens.c.revoked_at.is_(None)))).scalars())
 
     async def reap_once(self) -> dict[str, int]:
         """Expire uncommitted reservations, fail tasks of lost runtimes, time out overdue runs."""
@@ -147,11 +208,29 @@ class Dispatcher:
                         conn, t.id, Status.TIMED_OUT, now, error="deadline passed without a report from the runner"):
                     counts["timed_out"] += 1
                     touched.append(t.id)
+            counts["not_placed"] = await self._fail_unplaceable(conn, now, touched)
         for task_id in touched:
             self.notifier.notify(task_key(task_id))
         if touched:
             self.kick()
         return counts
+
+    async def _fail_unplaceable(self, conn, now: Any, touched: list[str]) -> int:  # noqa: ANN001
+        """Fail tasks queued past `hub.queue_timeout_s` that no online runtime could ever take, saying why."""
+        before = now - timedelta(seconds=self.settings.queue_timeout_s)
+        stale = (await conn.execute(sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.snapshot).where(
+            task_runs.c.status == Status.QUEUED.value, task_runs.c.created_at < before).limit(500))).all()
+        if not stale:
+            return 0
+        known = (await conn.execute(sa.select(runtimes))).all()
+        failed = 0
+        for task in stale:
+            if any(r.status == "online" and eligible(task, r) for r in known):
+                continue  # it can run: it only waits for a slot
+            if await finish_task(conn, task.id, Status.FAILED, now, error=f"not placed: {waiting_for(task, known)}"):
+                failed += 1
+                touched.append(task.id)
+        return failed
 
     async def run_placement(self) -> None:
         """Place on every kick, and at least every few poll intervals for work other replicas admitted."""

@@ -18,12 +18,14 @@ from .admission import Admission, SubmitRequest
 from .auth import Caller
 from .delegation import delegation_parent
 from .notice_route import route
+from .schedule_access import visible
 from .schedule_ports import SessionPort
 from . import legacy_history
 
 TYPES = ("subtask", "session-prompt")
 CHOICES = ("profile", "runtime", "model", "reasoning_effort", "extra_args", "permission_policy",
            "credential_profile", "timeout_s")
+NOTIFY = ("failures", "all", "none")
 NO_SESSIONS = ("session-prompt schedules need Sessions, which this hub does not offer yet; "
                "use schedule_type \"subtask\" (the default) to submit a child Task instead")
 
@@ -46,6 +48,7 @@ class ScheduleSpec:
     permission_policy: str | None = None
     credential_profile: str | None = None
     timeout_s: float | None = None
+    notify: str | None = None   # failures (default) | all | none: which outcomes reach the administrator
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ScheduleSpec":
@@ -135,6 +138,8 @@ class ScheduleService:
             raise Invalid("name must be a non-empty string of at most 200 characters")
         if not isinstance(s.prompt, str) or not s.prompt.strip():
             raise Invalid("prompt is empty; pass what each firing should ask as `prompt`")
+        if s.notify is not None and s.notify not in NOTIFY:
+            raise Invalid(f"notify {s.notify!r} is unknown; use \"failures\" (default), \"all\" or \"none\"")
         rule = rules.parse(s.rule, s.timezone)
         rules.check_min_interval(rule, self.settings.min_interval_s)
         first = rules.first_fire(rule, now, anchor)
@@ -173,6 +178,7 @@ class ScheduleService:
         sid = new_id("sch")
         values = {k: getattr(spec, k) for k in ("name", "prompt", "rule", "timezone", "session_ref") + CHOICES}
         values["rule"] = rules.parse(spec.rule, spec.timezone).text
+        values["notify"] = spec.notify or "failures"
         async with self.db.write() as conn:
             provenance = provenance_of(caller, source)
             binding_id, app_id = await turn_attribution(conn, caller, provenance)
@@ -185,10 +191,13 @@ class ScheduleService:
         self.on_changed()
         return await self.get(caller, sid)
 
-    async def _row(self, conn, caller: Caller, schedule_id: str, *, lock: bool = False) -> Any:  # noqa: ANN001
-        stmt = sa.select(schedules).where(schedules.c.id == schedule_id, schedules.c.deleted_at.is_(None))
+    async def _row(self, conn, caller: Caller, schedule_id: str, *, lock: bool = False,  # noqa: ANN001
+                   include_deleted: bool = False) -> Any:
+        """Return a schedule the caller may read and control (`schedule_access.visible`), or refuse."""
+        stmt = sa.select(schedules).where(schedules.c.id == schedule_id,
+                                          visible(caller, include_deleted=include_deleted, everyone=True))
         row = (await conn.execute(self.db.for_update(stmt) if lock else stmt)).first()
-        if row is None or (row.creator_id != caller.principal_id and not caller.admin):
+        if row is None:
             raise NotFound(f"schedule {schedule_id!r} does not exist or is not yours; list yours with schedule_list")
         return row
 
@@ -198,7 +207,7 @@ class ScheduleService:
         async with self.db.read() as conn:
             row = await self._row(conn, caller, schedule_id)
         merged = ScheduleSpec(schedule_type=row.type, **{k: getattr(row, k) for k in
-                              ("name", "prompt", "rule", "timezone", "session_ref") + CHOICES})
+                              ("name", "prompt", "rule", "timezone", "session_ref", "notify") + CHOICES})
         changed = {}
         for f in fields(ScheduleSpec):
             value = getattr(spec, f.name)
@@ -212,7 +221,7 @@ class ScheduleService:
         if not changed:
             raise Invalid("nothing to update; pass at least one field to change")
         first = await self._validate(caller, merged, now, utc(row.created_at))
-        values = {k: getattr(merged, k) for k in ("name", "prompt", "timezone", "session_ref") + CHOICES}
+        values = {k: getattr(merged, k) for k in ("name", "prompt", "timezone", "session_ref", "notify") + CHOICES}
         values["rule"] = rules.parse(merged.rule, merged.timezone).text
         if {"rule", "timezone"} & set(changed):
             values["next_fire_at"] = None if row.paused else first
@@ -266,10 +275,8 @@ class ScheduleService:
         """Return the caller's schedules (an admin may ask for everyone's), newest first."""
         stmt = (sa.select(schedules, principals.c.name.label("creator_name"))
                 .outerjoin(principals, principals.c.id == schedules.c.creator_id)
-                .where(schedules.c.deleted_at.is_(None)).order_by(schedules.c.created_at.desc())
+                .where(visible(caller, everyone=all_principals)).order_by(schedules.c.created_at.desc())
                 .limit(max(1, min(int(limit), 1000))))
-        if not (all_principals and caller.admin):
-            stmt = stmt.where(schedules.c.creator_id == caller.principal_id)
         async with self.db.read() as conn:
             rows = (await conn.execute(stmt)).all()
         return [self._view(r, r.creator_name) for r in rows]
@@ -280,7 +287,7 @@ class ScheduleService:
         return {
             "schedule_id": row.id, "name": row.name, "schedule_type": row.type, "session_ref": row.session_ref,
             "prompt": row.prompt, "rule": row.rule, "timezone": row.timezone, "one_shot": one_shot,
-            "paused": row.paused, "next_fire_at": _iso(row.next_fire_at),
+            "paused": row.paused, "next_fire_at": _iso(row.next_fire_at), "notify": row.notify,
             "consumed": one_shot and row.next_fire_at is None and not row.paused,
             **{k: getattr(row, k) for k in CHOICES},
             "creator": creator, "creator_id": row.creator_id, "app_id": row.app_id,
@@ -293,9 +300,10 @@ class ScheduleService:
             raise Invalid("cursor must be a non-negative integer (the next_cursor of the previous page, or 0)")
         limit = max(1, min(int(limit), 500))
         async with self.db.read() as conn:
-            stmt = sa.select(schedules).where(schedules.c.id == schedule_id)
+            stmt = sa.select(schedules).where(schedules.c.id == schedule_id,
+                                              visible(caller, include_deleted=True, everyone=True))
             row = (await conn.execute(stmt)).first()
-            if row is None or (row.creator_id != caller.principal_id and not caller.admin):
+            if row is None:
                 raise NotFound(f"schedule {schedule_id!r} does not exist or is not yours; list yours with schedule_list")
             rows = (await conn.execute(  # ledger firings + uncorrelated legacy submissions (issue 9)
                 legacy_history.entries(schedule_id).offset(cursor).limit(limit + 1))).all()

@@ -9,10 +9,10 @@ import sqlalchemy as sa
 from ..clock import Clock, utc
 from ..config import HubSettings
 from ..domain.tasks import ACTIVE, Status, is_terminal
-from ..errors import Conflict, Invalid, NotFound
+from ..errors import Conflict, Invalid, NotFound, TooMany
 from ..ids import new_id
 from ..store.db import Database
-from ..store.tables import permission_replies, reservations, runtimes, task_events, task_runs
+from ..store.tables import permission_replies, principals, reservations, runtimes, task_events, task_runs
 from .admission import Admission, SubmitRequest
 from .auth import Caller
 from .delegation import SESSION_LABEL, delegation_parent
@@ -49,6 +49,7 @@ class TaskService:
         now = self.clock.now()
         task_id = new_id("tr")
         async with self.db.write() as conn:
+            await self._check_queue_limit(conn, caller)
             await conn.execute(task_runs.insert().values(
                 id=task_id, owner_id=caller.principal_id, name=req.name, prompt=req.prompt, snapshot=snapshot,
                 status=Status.QUEUED, attempt=0, event_seq=0, last_rseq=0, created_at=now,
@@ -56,6 +57,19 @@ class TaskService:
             ))
         self.on_admitted()
         return {"task_id": task_id, "status": Status.QUEUED.value}
+
+    async def _check_queue_limit(self, conn, caller: Caller) -> None:  # noqa: ANN001
+        """Refuse a principal's task beyond `hub.max_queued_per_principal` queued ones (admin tokens are exempt)."""
+        limit = self.settings.max_queued_per_principal
+        if not limit or caller.admin:
+            return
+        # Lock the principal's row so concurrent submissions on PostgreSQL count one after another.
+        await conn.execute(self.db.for_update(sa.select(principals.c.id).where(principals.c.id == caller.principal_id)))
+        queued = (await conn.execute(sa.select(sa.func.count()).select_from(task_runs).where(
+            task_runs.c.owner_id == caller.principal_id, task_runs.c.status == Status.QUEUED.value))).scalar_one()
+        if queued >= limit:
+            raise TooMany(f"you already have {queued} queued tasks, the limit (hub.max_queued_per_principal = {limit}); "
+                          "wait for some to start or cancel them with `task_cancel`, or ask the operator to raise it")
 
     async def _row(self, conn, caller: Caller, task_id: str) -> Any:  # noqa: ANN001
         row = (await conn.execute(sa.select(task_runs).where(task_runs.c.id == task_id))).first()
@@ -84,10 +98,16 @@ class TaskService:
             "error": row.error,
             "runtime": runtime_name,
             "snapshot": row.snapshot,
+            "waiting_for": await self._waiting_for(conn, row) if row.status == Status.QUEUED.value else None,
             "created_at": _iso(row.created_at),
             "started_at": _iso(row.started_at),
             "finished_at": _iso(row.finished_at),
         }
+
+    async def _waiting_for(self, conn, row) -> str:  # noqa: ANN001
+        from .dispatch import waiting_for  # dispatch imports this module
+
+        return waiting_for(row, (await conn.execute(sa.select(runtimes))).all())
 
     async def events(self, caller: Caller, task_id: str, cursor: int = 0, limit: int = 500) -> dict:
         """Return events after `cursor` and the next cursor."""

@@ -1,0 +1,164 @@
+"""Fair sharing: no principal's backlog starves another's work; limits name their setting; waiting says why."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from hub.config import load_settings
+from hub.domain import schedule_rules as rules
+from hub.errors import Invalid
+from hub.services.admission import SubmitRequest
+from hub.store.tables import runtimes, task_runs
+from tests.helpers import mcp_client, start_hub
+
+LONG = "sleep 30\nsay done"
+
+
+async def statuses(hub, ids: list[str]) -> list[str]:  # noqa: ANN001
+    async with hub.hub.db.read() as conn:
+        rows = dict((await conn.execute(sa.select(task_runs.c.id, task_runs.c.status).where(task_runs.c.id.in_(ids)))).all())
+    return [rows[i] for i in ids]
+
+
+@pytest.fixture
+async def quiet_hub(db_url: str, tmp_path: Path, clock):  # noqa: ANN001
+    """A hub without its loops: each placement pass is run by the test."""
+    handle = await start_hub(db_url, tmp_path, clock, background=False)
+    yield handle
+    await handle.stop()
+
+
+async def test_dispatch_places_one_users_first_task_before_another_users_backlog(quiet_hub):
+    hub = quiet_hub
+    await hub.start_runner(slots=2)
+    alice = await hub.hub.auth.authenticate(await hub.token("alice"))
+    bob = await hub.hub.auth.authenticate(await hub.token("bob"))
+    flood = [(await hub.hub.tasks.submit(alice, SubmitRequest(prompt=LONG, profile="scripted")))["task_id"]
+             for _ in range(40)]
+    mine = (await hub.hub.tasks.submit(bob, SubmitRequest(prompt=LONG, profile="scripted")))["task_id"]
+    assert await hub.hub.dispatcher.place_once() == 2
+    assert (await statuses(hub, [mine]))[0] in ("dispatched", "running")  # bob did not wait behind 40 tasks
+    assert sum(s != "queued" for s in await statuses(hub, flood)) == 1
+
+
+async def test_a_principal_with_runs_yields_to_one_without(quiet_hub):
+    hub = quiet_hub
+    await hub.start_runner(slots=3)
+    alice = await hub.hub.auth.authenticate(await hub.token("alice"))
+    bob = await hub.hub.auth.authenticate(await hub.token("bob"))
+    first = [(await hub.hub.tasks.submit(alice, SubmitRequest(prompt=LONG, profile="scripted")))["task_id"] for _ in range(2)]
+    assert await hub.hub.dispatcher.place_once() == 2  # alice now runs two
+    later = [(await hub.hub.tasks.submit(alice, SubmitRequest(prompt=LONG, profile="scripted")))["task_id"] for _ in range(3)]
+    bobs = (await hub.hub.tasks.submit(bob, SubmitRequest(prompt=LONG, profile="scripted")))["task_id"]
+    assert await hub.hub.dispatcher.place_once() == 1
+    assert (await statuses(hub, [bobs]))[0] != "queued" and set(await statuses(hub, later)) == {"queued"}
+    assert first
+
+
+async def test_max_running_per_principal_holds_a_users_next_task_while_others_run(db_url, tmp_path, clock):
+    hub = await start_hub(db_url, tmp_path, clock, background=False, max_running_per_principal=1)
+    try:
+        await hub.start_runner(slots=4)
+        alice = await hub.hub.auth.authenticate(await hub.token("alice"))
+        bob = await hub.hub.auth.authenticate(await hub.token("bob"))
+        a = [(await hub.hub.tasks.submit(alice, SubmitRequest(prompt=LONG, profile="scripted")))["task_id"] for _ in range(3)]
+        b = (await hub.hub.tasks.submit(bob, SubmitRequest(prompt=LONG, profile="scripted")))["task_id"]
+        assert await hub.hub.dispatcher.place_once() == 2
+        assert (await statuses(hub, a)).count("queued") == 2 and (await statuses(hub, [b]))[0] != "queued"
+        # an admin token's principal is exempt
+        root = await hub.hub.auth.authenticate(await hub.token("root", admin=True))
+        r = [(await hub.hub.tasks.submit(root, SubmitRequest(prompt=LONG, profile="scripted")))["task_id"] for _ in range(2)]
+        assert await hub.hub.dispatcher.place_once() == 2
+        assert "queued" not in await statuses(hub, r)
+    finally:
+        await hub.stop()
+
+
+async def test_max_queued_per_principal_refuses_naming_the_limit_and_the_setting(db_url, tmp_path, clock):
+    hub = await start_hub(db_url, tmp_path, clock, background=False, max_queued_per_principal=2)
+    try:
+        await hub.start_runner(slots=1)
+        token = await hub.token("alice")
+        async with mcp_client(hub.url, token) as c:
+            for _ in range(2):
+                assert not (await c.call_tool("task_submit", {"prompt": "say hi", "profile": "scripted"})).is_error
+            res = await c.call_tool("task_submit", {"prompt": "say hi", "profile": "scripted"})
+        assert res.is_error and "hub.max_queued_per_principal = 2" in res.content[0].text
+        async with __import__("httpx2").AsyncClient() as http:
+            resp = await http.post(f"{hub.url}/api/v1/tasks", json={"prompt": "say hi", "profile": "scripted"},
+                                   headers={"Authorization": f"Bearer {token}"})
+        assert resp.status_code == 429 and "max_queued_per_principal" in resp.text
+        # admins are exempt
+        async with mcp_client(hub.url, hub.admin_token) as c:
+            for _ in range(3):
+                assert not (await c.call_tool("task_submit", {"prompt": "say hi", "profile": "scripted"})).is_error
+    finally:
+        await hub.stop()
+
+
+async def test_a_task_pinned_to_an_offline_runtime_says_why_it_waits_and_fails_not_placed_after_the_queue_timeout(quiet_hub):
+    hub = quiet_hub
+    await hub.start_runner(name="gpu-box", slots=1)
+    alice = await hub.hub.auth.authenticate(hub.admin_token)
+    async with hub.hub.db.write() as conn:
+        await conn.execute(runtimes.update().where(runtimes.c.name == "gpu-box").values(status="offline"))
+    task_id = (await hub.hub.tasks.submit(alice, SubmitRequest(prompt="say hi", profile="scripted", runtime="gpu-box")))["task_id"]
+    view = await hub.hub.tasks.get(alice, task_id)
+    assert view["status"] == "queued" and view["waiting_for"].startswith("waiting for runtime gpu-box, offline since")
+    hub.clock.advance(hub.hub.settings.hub.queue_timeout_s - 5)
+    await hub.hub.dispatcher.reap_once()
+    assert (await hub.hub.tasks.get(alice, task_id))["status"] == "queued"  # not yet
+    hub.clock.advance(10)
+    counts = await hub.hub.dispatcher.reap_once()
+    view = await hub.hub.tasks.get(alice, task_id)
+    assert counts["not_placed"] == 1 and view["status"] == "failed"
+    assert re.match(r"not placed: waiting for runtime gpu-box, (offline|lost) since 2026-", view["error"]), view["error"]
+
+
+async def test_a_queued_task_waiting_only_for_a_slot_is_never_failed_by_the_queue_timeout(quiet_hub):
+    hub = quiet_hub
+    await hub.start_runner(slots=1)
+    alice = await hub.hub.auth.authenticate(hub.admin_token)
+    ids = [(await hub.hub.tasks.submit(alice, SubmitRequest(prompt=LONG, profile="scripted")))["task_id"] for _ in range(2)]
+    await hub.hub.dispatcher.place_once()
+    view = await hub.hub.tasks.get(alice, ids[1])
+    assert view["waiting_for"] == "waiting for a free slot (1 eligible runtime(s) online, all busy)"
+    now = hub.clock.advance(hub.hub.settings.hub.queue_timeout_s + 60)
+    async with hub.hub.db.write() as conn:  # the runner's heartbeat, as it would arrive at the advanced time
+        await conn.execute(runtimes.update().values(last_seen_at=now))
+    await hub.hub.dispatcher.reap_once()
+    assert (await statuses(hub, ids[1:]))[0] == "queued"
+
+
+def test_schedules_shorter_than_the_60s_minimum_interval_are_refused_naming_the_setting():
+    settings = load_settings(env={})
+    assert settings.schedules.min_interval_s == 60
+    with pytest.raises(Invalid) as e:
+        rules.check_min_interval(rules.parse("every 1s", "UTC"), settings.schedules.min_interval_s)
+    assert "schedules.min_interval_s" in e.value.message and "AMUX_SCHEDULES__MIN_INTERVAL_S" in e.value.message
+    rules.check_min_interval(rules.parse("every 1m", "UTC"), settings.schedules.min_interval_s)
+    lowered = load_settings(env={"AMUX_SCHEDULES__MIN_INTERVAL_S": "1"})
+    rules.check_min_interval(rules.parse("every 1s", "UTC"), lowered.schedules.min_interval_s)
+
+
+async def test_schedule_create_over_mcp_refuses_every_1s_on_a_default_hub(db_url, tmp_path, clock):
+    hub = await start_hub(db_url, tmp_path, clock, background=False)
+    hub.hub.schedules.settings.min_interval_s = 60.0  # the shipped default (test hubs lower it)
+    try:
+        await hub.start_runner()
+        async with mcp_client(hub.url, hub.admin_token) as c:
+            res = await c.call_tool("schedule_create", {"name": "x", "prompt": "say hi", "rule": "every 1s",
+                                                        "profile": "scripted"})
+        assert res.is_error and "schedules.min_interval_s" in res.content[0].text
+    finally:
+        await hub.stop()
+
+
+@pytest.mark.parametrize("text", ["every 99999999999999999999d", "every 3651d", "every 999999999999h"])
+def test_interval_rules_past_ten_years_are_refused_not_an_overflow(text):
+    with pytest.raises(Invalid) as e:
+        rules.parse(text, "UTC")
+    assert "`at` rule" in e.value.message
