@@ -1,4 +1,5 @@
-"""bench/leases: a lease-gated MCP call against a bare MCP SDK echo tool, and the Boxes page at 1,000 tasks × 3 boxes.
+"""bench/leases: a lease-gated MCP call against a bare MCP SDK echo tool, the Boxes page at 1,000 tasks × 3 boxes,
+and what a sandboxed box costs: creating one, and `rift_vm_exec` of `true` against running `true` directly.
 
 Run: `.venv/bin/python -m bench.leases [--calls N] [--no-pg]`. Prints figures; asserts nothing.
 
@@ -163,6 +164,50 @@ async def gated_vs_bare(url: str, token: str, bare: str, calls: int,
     return ours, peer, door
 
 
+async def box_costs(url: str, token: str, boxes_n: int = 10, execs: int = 100) -> dict[str, list[float]]:
+    """Time box creation and `true` in a box (over MCP, and through the driver alone) against `true` run directly.
+
+    All in one run, interleaved, so machine load hits each the same.
+    """
+    from hub.boxes.local import LocalBoxDriver
+    from hub.config import BoxSettings
+
+    out: dict[str, list[float]] = {"create (rift_vm_new)": [], "rift_vm_exec true": [], "driver exec true": [],
+                                   "driver create": [], "subprocess true": []}
+    async with client(url, token) as c:
+        task = (await c.call_tool("rift_task_new", {"name": "bench boxes"})).structured_content
+        args = {"task": task["handle"]}
+        made = []
+        for _ in range(boxes_n):
+            t0 = time.perf_counter()
+            res = await c.call_tool("rift_vm_new", args)
+            out["create (rift_vm_new)"].append((time.perf_counter() - t0) * 1000)
+            if res.is_error:
+                raise RuntimeError(res.content[0].text)
+            made.append(res.structured_content["vm_id"])
+        exec_args = {**args, "vm_id": made[0], "command": "true"}
+        await timed(c, "rift_vm_exec", exec_args, 5)
+        driver = LocalBoxDriver(Path(tempfile.mkdtemp(prefix="amux-bench-boxes-")), BoxSettings())
+        t0 = time.perf_counter()
+        handle = await driver.create("vm_benchdirect")
+        out["driver create"].append((time.perf_counter() - t0) * 1000)
+        try:
+            for _ in range(execs // 10):
+                out["rift_vm_exec true"] += await timed(c, "rift_vm_exec", exec_args, 10)
+                for _ in range(10):
+                    t0 = time.perf_counter()
+                    await driver.exec(handle, "true", 10)
+                    out["driver exec true"].append((time.perf_counter() - t0) * 1000)
+                    t0 = time.perf_counter()
+                    proc = await asyncio.create_subprocess_exec("true")
+                    await proc.wait()
+                    out["subprocess true"].append((time.perf_counter() - t0) * 1000)
+        finally:
+            await driver.destroy(handle)
+            await c.call_tool("rift_task_close", args)
+    return out
+
+
 async def seed_boxes_page(db_url: str, tasks: int = 1000, per_task: int = 3) -> None:
     """Give the admin principal `tasks` open lease tasks with `per_task` live boxes each (rows only)."""
     engine = create_async_engine(db_url)
@@ -236,6 +281,15 @@ async def main(calls: int, with_pg: bool) -> None:
                     print(f"  {label:<10}   of which the door (auth + bridge, no lease): profile_list p50 "
                           f"{pct(door, 50):6.2f} ms = {pct(door, 50) / b50:.2f}× bare; the lease gate adds "
                           f"{p50 - pct(door, 50):+.2f} ms at p50")
+                    if label == "sqlite":
+                        try:
+                            costs = await box_costs(url, token)
+                        except RuntimeError as e:
+                            print(f"  {label:<10} boxes skipped: {e}")
+                        else:
+                            for what, ms in costs.items():
+                                print(f"  {label:<10} {what:<22} p50 {pct(ms, 50):7.2f} ms  p99 {pct(ms, 99):7.2f} ms"
+                                      f"  ({len(ms)} runs)")
                     await seed_boxes_page(db)
                     times, size, rows = await boxes_page(url, token)
                     print(f"  {label:<10} GET /boxes with 1,000 tasks × 3 boxes: p50 {pct(times, 50):6.1f} ms  "
