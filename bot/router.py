@@ -15,6 +15,7 @@ ROUTES: dict[str, Handler] = {
     "history": schedules.history, "results": schedules.results, "pause": schedules.pause,
     "resume": schedules.resume, "delete": schedules.delete, "alerts": alert_center.alert_center,
     "ack": alert_center.acknowledge, "snooze": alert_center.snooze, "recheck": alert_center.recheck,
+    "notify": schedules.notify,
 }
 
 

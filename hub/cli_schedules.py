@@ -1,4 +1,4 @@
-"""`amux schedule create <session-ref> …|list|get|pause|resume|delete|history` over the REST API."""
+"""`amux schedule create <session-ref> …|list|get|notify|pause|resume|delete|history` over the REST API."""
 from __future__ import annotations
 
 import argparse
@@ -26,6 +26,12 @@ def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # 
     c.add_argument("--credential", dest="credential_profile")
     c.add_argument("--timeout", dest="timeout_s", type=float)
     c.add_argument("--arg", dest="extra_args", action="append", help="native engine argument (repeatable)")
+    c.add_argument("--notify", choices=["failures", "all", "none"],
+                   help="which outcomes reach the Feishu administrator (default failures)")
+    nt = sub.add_parser("notify", help="choose which outcomes reach the Feishu administrator")
+    client_opts(nt)
+    nt.add_argument("id")
+    nt.add_argument("mode", choices=["failures", "all", "none"])
     ls = sub.add_parser("list", help="your schedules")
     client_opts(ls)
     for name in ("get", "pause", "resume", "delete", "history"):
@@ -50,7 +56,7 @@ async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
             prompt = sys.stdin.read()
         body = {k: getattr(args, k) for k in ("rule", "name", "timezone", "schedule_type", "profile", "runtime", "model",
                                                "reasoning_effort", "permission_policy", "credential_profile",
-                                               "timeout_s", "extra_args") if getattr(args, k) is not None}
+                                               "timeout_s", "extra_args", "notify") if getattr(args, k) is not None}
         body["prompt"] = prompt
         if args.schedule_type == "session-prompt":
             body["session_ref"] = args.session_ref or os.environ.get("AMUX_SESSION_ID")
@@ -65,6 +71,9 @@ async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
         s = await api.call("GET", f"schedules/{args.id}")
         notices = s.get("notifications") or {}
         emit(args, s, _line(s) + (f"\n  notifications: {notices['why']}" if notices.get("why") else ""))
+    elif args.schedule_cmd == "notify":
+        s = await api.call("PATCH", f"schedules/{args.id}", {"notify": args.mode})
+        emit(args, s, f"{s['schedule_id']}: notify {s['notify']}")
     elif args.schedule_cmd in ("pause", "resume"):
         s = await api.call("POST", f"schedules/{args.id}/{args.schedule_cmd}")
         emit(args, s, _line(s))

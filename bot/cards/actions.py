@@ -12,8 +12,8 @@ from typing import Any
 PREFIX = "amux"
 VERSION = 1
 OPS = ("overview", "schedules", "detail", "history", "results", "pause", "resume", "delete",
-       "alerts", "ack", "snooze", "recheck")
-NEEDS_SCHEDULE = ("detail", "history", "results", "pause", "resume", "delete")
+       "alerts", "ack", "snooze", "recheck", "notify")
+NEEDS_SCHEDULE = ("detail", "history", "results", "pause", "resume", "delete", "notify")
 NEEDS_INCIDENT = ("ack", "snooze")
 VIEWS = ("", "inc")   # which card the answer refreshes: "" the card pressed (alert center), "inc" a pushed incident card
 MAX_PAGE = 10_000

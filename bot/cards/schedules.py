@@ -48,6 +48,11 @@ def render_list(v: ScheduleListView, tr: Catalogs) -> dict[str, Any]:
     return check_limits(card(tr.text(_("Personal schedules")), elements))
 
 
+NOTIFY_MODES = ("failures", "all", "none")   # CardAction("notify", sub=index) picks one
+NOTIFY_LABELS = {"failures": _("failures only"), "all": _("every run"), "none": _("off")}
+NOTIFY_BUTTONS = {"failures": _("Notify failures only"), "all": _("Notify every run"), "none": _("Notifications off")}
+
+
 def render_detail(v: ScheduleDetailView, tr: Catalogs) -> dict[str, Any]:
     """Render one schedule with its controls."""
     status = tr.text(_("paused")) if v.paused else tr.text(_("active"))
@@ -58,6 +63,9 @@ def render_detail(v: ScheduleDetailView, tr: Catalogs) -> dict[str, Any]:
         tr.text(_("**Next run**: {time}"), time=_when(v.next_fire_at) if not v.paused else "—"),
     ]
     lines[2] = {lang: lines[2][lang] + status[lang] for lang in status}
+    lines.append(tr.text(_("**Notifications**: {mode}"), mode=""))
+    mode = tr.text(NOTIFY_LABELS.get(v.notify, NOTIFY_LABELS["failures"]))
+    lines[-1] = {lang: lines[-1][lang] + mode[lang] for lang in mode}
     elements: list[dict[str, Any]] = [markdown(join(*lines))]
     if v.recent:
         elements.append(markdown(join(tr.text(_("**Last outcomes**")), *[outcome_line(tr, o, False) for o in v.recent[:5]])))
@@ -71,6 +79,8 @@ def render_detail(v: ScheduleDetailView, tr: Catalogs) -> dict[str, Any]:
                  button_row(button(tr.text(_("History")), CardAction("history", v.schedule_id)),
                             button(tr.text(_("Results")), CardAction("results", v.schedule_id))),
                  button_row(toggle, button(tr.text(_("Delete")), CardAction("delete", v.schedule_id), "danger")),
+                 button_row(*[button(tr.text(NOTIFY_BUTTONS[m]), CardAction("notify", v.schedule_id, sub=i))
+                              for i, m in enumerate(NOTIFY_MODES) if m != v.notify]),
                  _back(tr, button(tr.text(_("All schedules")), CardAction("schedules")))]
     return check_limits(card(tr.text(_("Schedule")), elements))
 

@@ -62,6 +62,7 @@ class ScheduleDetailView:
     next_fire_at: str | None
     recent: tuple[Outcome, ...] = ()
     notice: str | None = None   # msgid shown above the controls (e.g. after an action)
+    notify: str = "failures"    # the creator's notification preference: failures | all | none
 
 
 @dataclass(frozen=True)

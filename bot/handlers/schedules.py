@@ -9,13 +9,15 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from bot.cards.actions import CardAction
-from bot.cards.schedules import render_deleted, render_detail, render_history, render_list, render_results, split_result
+from bot.cards.schedules import (NOTIFY_MODES, render_deleted, render_detail, render_history, render_list,
+                                 render_results, split_result)
 from bot.cards.views import HistoryView, Outcome, ResultsView, ScheduleDetailView, ScheduleItem, ScheduleListView
 from bot.i18n import _
 
+from hub.services.schedules import ScheduleSpec
 from hub.store.tables import firings, schedules, task_runs
 
-from .context import Answer, Ctx
+from .context import Answer, Ctx, Refused
 from .scope import firing_state, owned, owned_filter
 
 PAGE = 5
@@ -54,7 +56,7 @@ async def _detail_card(ctx: Ctx, schedule_id: str, notice: str | None = None) ->
         recent = (await conn.execute(sa.select(firings).where(firings.c.schedule_id == row.id)
                                      .order_by(firings.c.nominal_time.desc()).limit(5))).all()
     view = ScheduleDetailView(row.id, row.name, row.rule, row.timezone, row.type, row.paused, _iso(row.next_fire_at),
-                              tuple(_outcome(row.name, f) for f in recent), notice)
+                              tuple(_outcome(row.name, f) for f in recent), notice, row.notify)
     return render_detail(view, ctx.tr)
 
 
@@ -113,6 +115,18 @@ async def resume(ctx: Ctx, a: CardAction) -> Answer:
     if row.paused:
         await ctx.hub.schedules.resume(ctx.viewer.caller(), row.id)
     return Answer(card=await _detail_card(ctx, row.id, _("Resumed.")), toast=_("Schedule resumed"))
+
+
+async def notify(ctx: Ctx, a: CardAction) -> Answer:
+    """Set which outcomes reach the administrator (failures | all | none; idempotent), through ScheduleService."""
+    if a.sub >= len(NOTIFY_MODES):
+        raise Refused(_("This button is out of date; send /amux for a fresh card."))
+    mode = NOTIFY_MODES[a.sub]
+    async with ctx.hub.db.read() as conn:
+        row = await owned(conn, ctx.viewer, a.schedule_id)
+    if row.notify != mode:
+        await ctx.hub.schedules.update(ctx.viewer.caller(), row.id, ScheduleSpec(notify=mode))
+    return Answer(card=await _detail_card(ctx, row.id), toast=_("Notifications updated"))
 
 
 async def delete(ctx: Ctx, a: CardAction) -> Answer:

@@ -1,4 +1,4 @@
-"""Creator scope of personal views: frozen creator, application scope and an active identity binding."""
+"""Personal views use the hub's one schedule policy (hub/services/schedule_access.py); no rules of their own."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,7 +8,8 @@ import sqlalchemy as sa
 from bot.i18n import _
 from bot.identity import Viewer
 
-from hub.store.tables import identity_bindings, schedules
+from hub.services.schedule_access import visible
+from hub.store.tables import schedules
 
 from .context import Refused
 
@@ -16,17 +17,8 @@ NOT_YOURS = _("This schedule does not exist or is not yours.")
 
 
 def owned_filter(v: Viewer, include_deleted: bool = False) -> Any:
-    """Return the WHERE clause of schedules the viewer may see in this application.
-
-    The creator is the frozen `creator_id`; a schedule created through another application is not shown
-    here; one created through a Feishu binding needs that binding to be active still.
-    """
-    active = sa.select(identity_bindings.c.id).where(identity_bindings.c.status == "active",
-                                                     identity_bindings.c.principal_id == v.principal_id)
-    clause = sa.and_(schedules.c.creator_id == v.principal_id,
-                     sa.or_(schedules.c.app_id.is_(None), schedules.c.app_id == v.app_id),
-                     sa.or_(schedules.c.creator_binding_id.is_(None), schedules.c.creator_binding_id.in_(active)))
-    return clause if include_deleted else sa.and_(clause, schedules.c.deleted_at.is_(None))
+    """Return the WHERE clause of schedules the viewer may see: the hub's one policy (`schedule_access.visible`)."""
+    return visible(v.caller(), include_deleted=include_deleted)
 
 
 async def owned(conn, v: Viewer, schedule_id: str, include_deleted: bool = False) -> Any:  # noqa: ANN001

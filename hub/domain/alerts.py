@@ -24,6 +24,8 @@ DECISIONS = {
     "no_creator": "the schedule has no attributable creator: no proactive notice",
     "no_app": "no Feishu application is attributable to the schedule (creator has no single active binding)",
     "quiet_success": "recurring success is quiet",
+    "muted": "the creator turned this schedule's notifications off (notify = none)",
+    "receipt_all": "the creator asked for every outcome (notify = all): a receipt is queued",
     "quiet_cancelled": "a cancelled run is not trouble",
     "receipt": "one-shot terminal outcome: a receipt is queued",
     "aggregated": "trouble is aggregated before the first notice",
@@ -103,6 +105,7 @@ class Outcome:
     missed_count: int = 0        # missed runs this event adds (a collapsed row's growth)
     has_creator: bool = True
     has_app: bool = True
+    notify: str = "failures"     # the creator's preference: failures | all | none
 
 
 @dataclass(frozen=True)
@@ -135,15 +138,17 @@ def on_outcome(inc: Incident | None, o: Outcome, now: datetime, n: Numbers) -> S
         return Step(inc, (), "no_creator")
     if not o.has_app:
         return Step(inc, (), "no_app")
+    if o.notify == "none":
+        return Step(inc, (), "muted")
     if o.one_shot:
         return Step(inc, ("receipt",), "receipt")
     kind = classify(o)
     active = inc is not None and inc.state in ACTIVE
     if kind == "cancelled":
-        return Step(inc, (), "quiet_cancelled")
+        return Step(inc, ("receipt",) if o.notify == "all" else (), "receipt_all" if o.notify == "all" else "quiet_cancelled")
     if kind == "success":
         if not active:
-            return Step(inc, (), "quiet_success")
+            return Step(inc, ("receipt",), "receipt_all") if o.notify == "all" else Step(inc, (), "quiet_success")
         if inc.state == "pending" and inc.failures == 0 and inc.missed == 0:
             return Step(replace(inc, state="withdrawn", closed_at=now, notify_at=None), (), "withdrawn")
         if inc.recovering_since is not None:

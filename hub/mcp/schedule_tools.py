@@ -41,6 +41,7 @@ class ScheduleView(BaseModel):
     permission_policy: str | None = None
     credential_profile: str | None = None
     timeout_s: float | None = None
+    notify: str = "failures"
     creator: str | None = None
     creator_id: str | None = None
     app_id: str | None = None
@@ -97,14 +98,15 @@ def schedule_tools(service: ScheduleService):  # noqa: ANN201
                                   runtime: str | None = None, model: str | None = None,
                                   extra_args: list[str] | None = None, permission_policy: str | None = None,
                                   reasoning_effort: str | None = None, credential_profile: str | None = None,
-                                  timeout_s: float | None = None) -> ScheduleView:
+                                  timeout_s: float | None = None, notify: str | None = None) -> ScheduleView:
             """Create a schedule. rule: cron "*/5 * * * *", interval "every 30s|5m|2h", one-shot "at 2026-12-01T09:00:00+08:00".
 
             schedule_type "subtask" (default) submits a child Task at each fire; "session-prompt" submits the prompt
             into session_ref. Omitted execution choices are resolved at each fire; escalate-to-main is refused.
+            notify: which outcomes reach the Feishu administrator — "failures" (default), "all" or "none".
             """
             spec = ScheduleSpec(name, prompt, rule, timezone, schedule_type, session_ref, profile, runtime, model,
-                                reasoning_effort, extra_args, permission_policy, credential_profile, timeout_s)
+                                reasoning_effort, extra_args, permission_policy, credential_profile, timeout_s, notify)
             return ScheduleView(**await guarded(lambda: service.create(caller_of(ctx), spec, source="mcp")))
 
         @server.tool()
@@ -125,10 +127,13 @@ def schedule_tools(service: ScheduleService):  # noqa: ANN201
                                   runtime: str | None = None, model: str | None = None,
                                   extra_args: list[str] | None = None, permission_policy: str | None = None,
                                   reasoning_effort: str | None = None, credential_profile: str | None = None,
-                                  timeout_s: float | None = None) -> ScheduleView:
-            """Change given fields ("" clears an execution choice back to the default); a new rule restarts from now."""
+                                  timeout_s: float | None = None, notify: str | None = None) -> ScheduleView:
+            """Change given fields ("" clears an execution choice back to the default); a new rule restarts from now.
+
+            notify: "failures" | "all" | "none" (which outcomes reach the Feishu administrator).
+            """
             spec = ScheduleSpec(name, prompt, rule, timezone, None, session_ref, profile, runtime, model,
-                                reasoning_effort, extra_args, permission_policy, credential_profile, timeout_s)
+                                reasoning_effort, extra_args, permission_policy, credential_profile, timeout_s, notify)
             return ScheduleView(**await guarded(lambda: service.update(caller_of(ctx), schedule_id, spec)))
 
         @server.tool()

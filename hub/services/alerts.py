@@ -109,7 +109,8 @@ class AlertService:
                 decisions.c.firing_id == ev.firing_id, decisions.c.ingest_key.is_not(None)))).scalars()]
             missed = max(1, ev.missed_count - max(seen, default=0))
         o = rules.Outcome(ev.outcome, ev.admission, ev.one_shot, missed, has_creator=ev.creator_id is not None
-                          and sched is not None, has_app=app_id is not None)
+                          and sched is not None, has_app=app_id is not None,
+                          notify=(getattr(sched, "notify", None) or "failures") if sched is not None else "failures")
         row = None
         if app_id is not None:
             row = (await conn.execute(self.db.for_update(sa.select(incidents).where(

@@ -23,6 +23,7 @@ from ..ids import new_id
 from ..store.db import Database
 from ..store.tables import (api_tokens, decisions, firings, identity_bindings, incidents, principals,
                             recovery_results, recovery_runs, schedules)
+from .schedule_access import FeishuScope, for_identity as visible_to_identity
 
 HYDRATED = "recovered_history"
 HYDRATED_DETAIL = "historical outcome hydrated by creator recovery: never notified"
@@ -162,7 +163,7 @@ class RecoveryService:
                 recovery_results.c.schedule_id == schedule_id))).scalar() == rules.UNBOUND
 
     async def personal(self, app_id: str, open_id: str) -> list[dict]:
-        """Return the schedules bound to this Feishu user's active alias, checking current access now.
+        """Return this Feishu user's personal view: the hub's one schedule policy (`schedule_access`), checked now.
 
         Nothing is returned when the alias is revoked or unknown, and a schedule whose creator is no longer
         the alias's principal is not shown: a past binding grants nothing by itself.
@@ -176,8 +177,7 @@ class RecoveryService:
             rows = (await conn.execute(
                 sa.select(schedules, recovery_results.c.outcome.label("recovery"))
                 .outerjoin(recovery_results, recovery_results.c.schedule_id == schedules.c.id)
-                .where(schedules.c.creator_binding_id == b.id, schedules.c.creator_id == b.principal_id,
-                       schedules.c.app_id == app_id, schedules.c.deleted_at.is_(None))
+                .where(visible_to_identity(b.principal_id, FeishuScope(app_id, b.id)), schedules.c.deleted_at.is_(None))
                 .order_by(schedules.c.created_at.desc()))).all()
         return [{"schedule_id": r.id, "name": r.name, "rule": r.rule, "timezone": r.timezone, "paused": r.paused,
                  "next_fire_at": _iso(r.next_fire_at), "app_id": r.app_id, "recovered": r.recovery == rules.BOUND}
