@@ -8,7 +8,8 @@ from typing import AsyncIterator
 import pytest
 from playwright.async_api import Browser, async_playwright
 
-from tests.helpers import mcp_client
+from tests.helpers import mcp_client, start_hub
+from tests.integration.test_box_escape import destroy_live_boxes
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -16,6 +17,15 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 ACTING = "form, button, input, select, textarea, [contenteditable], [onclick], script, a[href]"
 
 pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason="install it: apt-get install -y chromium")
+
+
+@pytest.fixture
+async def hub(sqlite_url, tmp_path, clock):  # noqa: ANN001, ANN201
+    """A hub on a real port over SQLite; the boxes a test leaves are destroyed (they outlive a stopped hub by design)."""
+    handle = await start_hub(sqlite_url, tmp_path, clock)
+    yield handle
+    await destroy_live_boxes(handle.hub)
+    await handle.stop()
 
 
 @contextlib.asynccontextmanager

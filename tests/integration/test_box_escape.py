@@ -28,9 +28,21 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
                                 reason="install bubblewrap (make test does: apt-get install -y bubblewrap)")
 
 
+async def destroy_live_boxes(hub: Hub) -> None:
+    """Destroy every box a test left (boxes outlive their hub by design, so a test hub stopping keeps them)."""
+    async with hub.db.read() as conn:
+        rows = (await conn.execute(sa.select(boxes.c.id, boxes.c.handle).where(boxes.c.state.in_(("creating", "live"))))).all()
+    for row in rows:
+        with contextlib.suppress(Exception):
+            await hub.leases.driver.destroy(row.handle or hub.leases.driver.provisional(row.id))
+
+
 @contextlib.asynccontextmanager
-async def box_hub(db_url: str, home: Path, **box_settings: Any) -> AsyncIterator[dict[str, Any]]:
-    """Serve a hub whose boxes use `box_settings`; yield its url, port, home, admin token and Hub."""
+async def box_hub(db_url: str, home: Path, keep_boxes: bool = False, **box_settings: Any) -> AsyncIterator[dict[str, Any]]:
+    """Serve a hub whose boxes use `box_settings`; yield its url, port, home, admin token and Hub.
+
+    Its boxes are destroyed when it stops, unless `keep_boxes` (a hub restart keeps them).
+    """
     settings = hub_settings(db_url, home)
     settings.boxes = BoxSettings(**box_settings)
     hub = Hub(settings, Database(db_url), ManualClock())
@@ -45,6 +57,8 @@ async def box_hub(db_url: str, home: Path, **box_settings: Any) -> AsyncIterator
     try:
         yield {"url": f"http://127.0.0.1:{port}", "port": port, "home": home.resolve(), "admin": admin, "hub": hub}
     finally:
+        if not keep_boxes:
+            await destroy_live_boxes(hub)
         await runner.cleanup()
         await hub.db.close()
 
@@ -249,7 +263,7 @@ async def test_no_process_of_a_box_outlives_rift_vm_destroy(h):
 
 async def test_a_box_and_its_background_processes_survive_a_hub_restart(sqlite_url, tmp_path):
     home = tmp_path / "home"
-    async with box_hub(sqlite_url, home) as first:
+    async with box_hub(sqlite_url, home, keep_boxes=True) as first:
         token = await first["hub"].auth.create_token("alice")
         async with mcp_client(first["url"], token, name="Claude") as client:
             task = (await client.call_tool("rift_task_new", {"name": "long"})).structured_content

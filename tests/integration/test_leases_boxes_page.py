@@ -20,6 +20,7 @@ from hub.domain.leases import UNSANDBOXED
 from hub.store.db import Database
 from hub.store.tables import api_tokens, box_sessions
 from tests.helpers import hub_settings, mcp_client
+from tests.integration.test_box_escape import destroy_live_boxes
 
 
 @contextlib.asynccontextmanager
@@ -38,6 +39,7 @@ async def page_hub(db_url: str, home: Path, public_url: str | None = None,
     try:
         yield {"url": f"http://127.0.0.1:{port}", "hub": hub}
     finally:
+        await destroy_live_boxes(hub)
         await runner.cleanup()
         await hub.db.close()
 

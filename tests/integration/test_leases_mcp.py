@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from hub.domain import leases as rules
-from tests.helpers import mcp_client
+from tests.helpers import mcp_client, start_hub
+from tests.integration.test_box_escape import destroy_live_boxes
 
 LEASE_TOOLS = {"rift_task_new", "rift_task_list", "rift_task_attach", "rift_task_release", "rift_task_close",
                "rift_vm_new", "rift_vm_list", "rift_vm_exec", "rift_vm_destroy"}
@@ -51,6 +52,15 @@ def alive(pid: int, settle_s: float = 2.0) -> bool:
     while running(pid) and time.monotonic() < deadline:
         time.sleep(0.01)
     return running(pid)
+
+
+@pytest.fixture
+async def hub(sqlite_url, tmp_path, clock):  # noqa: ANN001, ANN201
+    """A hub on a real port over SQLite; the boxes a test leaves are destroyed (they outlive a stopped hub by design)."""
+    handle = await start_hub(sqlite_url, tmp_path, clock)
+    yield handle
+    await destroy_live_boxes(handle.hub)
+    await handle.stop()
 
 
 async def box_pids(hub, vm_id: str) -> list[int]:  # noqa: ANN001
@@ -241,7 +251,9 @@ async def test_a_command_that_never_ends_is_killed_at_the_timeout_and_the_box_st
                                               "command": "echo $$; exec sleep 600", "timeout_s": 1})
         assert r["timed_out"] and r["exit_code"] is None and "still usable" in r["note"]
         again = await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": box["vm_id"],
-                                                  "command": f"test -e /proc/{r['stdout'].strip()} || echo fine"})
+                                                  # a zombie (killed, not yet reaped by the box's init) has no cmdline
+                                                  "command": f"grep -qs sleep /proc/{r['stdout'].strip()}/cmdline "
+                                                             "|| echo fine"})
         assert again["stdout"] == "fine\n" and again["exit_code"] == 0
 
 
