@@ -36,8 +36,6 @@ UID_BASE, UID_SPAN = 200_000, 60_000
 NO_BWRAP = ("bubblewrap (`bwrap`) is not installed on this hub's machine, so boxes cannot be sandboxed; "
             "the operator installs it (`apt-get install bubblewrap`), or sets boxes.driver = \"unsandboxed\" "
             "(AMUX_BOXES__DRIVER=unsandboxed) to run boxes without isolation")
-UNSANDBOXED_NOTE = ("not sandboxed: this hub runs boxes with boxes.driver = \"unsandboxed\"; a box's commands run "
-                    "as plain processes of the hub's machine and can read the hub's files")
 
 
 class LocalBoxDriver:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -171,3 +172,29 @@ def test_box_settings_come_from_the_environment_form():
                            "AMUX_BOXES__PIDS_MAX": "100", "AMUX_BOXES__CPUS": "0.5"}, home="/nonexistent-amux-home")
     assert (s.boxes.driver, s.boxes.network, s.boxes.max_per_task, s.boxes.memory_mb, s.boxes.pids_max,
             s.boxes.cpus) == ("unsandboxed", "host", 3, 512, 100, 0.5)
+
+
+@pytest.mark.parametrize("network, shares_net", [("none", False), ("host", True)])
+def test_a_box_init_unshares_every_namespace_and_binds_only_system_directories(network, shares_net, tmp_path):
+    from hub.boxes.bwrap import init_argv
+
+    argv = init_argv("bwrap", "vm_abc", network=network, disk_bytes=1 << 20, hide=[tmp_path], info_fd=9)
+    assert argv[:3] == ["bwrap", "--unshare-all", "--unshare-user"] and ("--share-net" in argv) is shares_net
+    assert {"--new-session", "--disable-userns", "--clearenv"} <= set(argv) and "--die-with-parent" not in argv
+    binds = [argv[i + 1] for i, a in enumerate(argv) if a in ("--ro-bind", "--bind") and argv[i + 1] != "/dev/null"]
+    assert binds and all(b in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
+                         for b in binds)
+    assert "--bind" not in argv and str(tmp_path) not in argv and "/" not in binds  # nothing writable of the host
+    assert argv[argv.index("--cap-drop") + 1] == "ALL"
+    if Path("/etc/shadow").exists():
+        assert argv[argv.index("/etc/shadow") - 2:argv.index("/etc/shadow")] == ["--ro-bind", "/dev/null"]
+    assert ["--remount-ro", "/"] == argv[argv.index("--remount-ro", argv.index("/box")):][:2]
+
+
+def test_entering_a_box_drops_every_capability_before_the_command():
+    from hub.boxes.bwrap import enter_argv
+
+    argv = enter_argv(4242, "echo hi")
+    assert argv[:3] == ["nsenter", "-t", "4242"]
+    assert {"--user", "--mount", "--pid", "--ipc", "--uts", "--net", "--cgroup", "--root"} <= set(argv)
+    assert argv[argv.index("setpriv"):][-3:] == ["/bin/sh", "-c", "echo hi"] and "--bounding-set=-all" in argv
