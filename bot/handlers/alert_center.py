@@ -16,16 +16,35 @@ from bot.cards.views import AlertCenterView, IncidentItem
 from bot.i18n import _
 
 from hub.errors import AmuxError
-from hub.store.tables import feishu_apps, incidents, principals, schedules
+from hub.store.tables import feishu_apps, incidents, outbox, principals, schedules
 
 from .context import Answer, Ctx, Refused
 
 PAGE = 5
 
 
+ADMIN_ONLY = _("Only this application's administrator can use the alert center.")
+RETIRED = _("This alert card was retired: the application's administrator changed, and the new administrator "
+            "has the current card. Send /amux for your own view.")
+
+
 def _admin(ctx: Ctx) -> None:
     if not ctx.viewer.is_admin:
-        raise Refused(_("Only this application's administrator can use the alert center."))
+        raise Refused(ADMIN_ONLY)
+
+
+async def _admin_of_card(ctx: Ctx, a: CardAction) -> None:
+    """Refuse anyone but the administrator; a former administrator pressing a card sent to them hears it was retired."""
+    if ctx.viewer.is_admin:
+        return
+    if a.incident_id:
+        async with ctx.hub.db.read() as conn:
+            was_theirs = (await conn.execute(sa.select(outbox.c.id).where(
+                outbox.c.incident_id == a.incident_id, outbox.c.app_id == ctx.viewer.app_id,
+                outbox.c.recipient == ctx.viewer.open_id).limit(1))).first()
+        if was_theirs is not None:
+            raise Refused(RETIRED)
+    raise Refused(ADMIN_ONLY)
 
 
 async def _card(ctx: Ctx, page: int) -> dict:
@@ -77,7 +96,7 @@ async def _refreshed(ctx: Ctx, a: CardAction, toast: str) -> Answer:
 
 async def acknowledge(ctx: Ctx, a: CardAction) -> Answer:
     """Stop reminders of an incident (idempotent)."""
-    _admin(ctx)
+    await _admin_of_card(ctx, a)
     await _incident(ctx, a.incident_id)
     try:
         await ctx.hub.alerts.acknowledge(a.incident_id, by=ctx.viewer.open_id)
@@ -88,7 +107,7 @@ async def acknowledge(ctx: Ctx, a: CardAction) -> Answer:
 
 async def snooze(ctx: Ctx, a: CardAction) -> Answer:
     """Hold reminders for 24 hours."""
-    _admin(ctx)
+    await _admin_of_card(ctx, a)
     await _incident(ctx, a.incident_id)
     try:
         await ctx.hub.alerts.snooze(a.incident_id)
@@ -99,7 +118,7 @@ async def snooze(ctx: Ctx, a: CardAction) -> Answer:
 
 async def recheck(ctx: Ctx, a: CardAction) -> Answer:
     """Lift a delivery suspension of this application and retry held notices now."""
-    _admin(ctx)
+    await _admin_of_card(ctx, a)
     if a.incident_id:
         await _incident(ctx, a.incident_id)
     await ctx.hub.alerts.recheck(ctx.viewer.app_id)

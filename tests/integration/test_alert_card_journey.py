@@ -212,3 +212,22 @@ async def test_card_buttons_are_refused_for_anyone_but_the_administrator(journey
     assert inc.acked_at is None and inc.snoozed_until is None
     await journey.round(86400)
     assert len(journey.reminders(mid)) == 1        # nothing changed: the daily reminder still comes
+
+
+async def test_a_card_retired_by_an_administrator_change_answers_the_fix_and_changes_nothing(journey: Journey):
+    mid, card = _card(journey)
+    app = journey.hub.settings.feishu.apps[0]
+    journey.hub.settings.feishu.apps[0] = app.model_copy(update={"admin_open_id": "ou_new_admin"})
+    journey.hub.alerts.feishu.apps[0] = journey.hub.settings.feishu.apps[0]
+    journey.hub.bot.core.apps[app.app_id] = journey.hub.settings.feishu.apps[0]
+    await journey.hub.alerts.sync_apps()                    # as at a restart: old requests retired, card ids forgotten
+    await journey.round()                                   # a fresh card for the new administrator
+    res = await journey.press(ADMIN, button(card, "Acknowledge"), mid)
+    assert res["toast"]["type"] == "error" and "administrator changed" in res["toast"]["content"] and "card" not in res
+    assert "管理员" in res["toast"]["i18n"]["zh_cn"]
+    assert (await journey.incident()).acked_at is None
+    fresh = [m for m in journey.fake.sent if m.receive_id == "ou_new_admin"]
+    assert len(fresh) == 1
+    new_card = json.loads(fresh[0].content) if isinstance(fresh[0].content, str) else fresh[0].content
+    res = await journey.press("ou_new_admin", button(new_card, "Acknowledge"), fresh[0].message_id)
+    assert res["toast"]["content"] == "Acknowledged" and (await journey.incident()).acked_by == "ou_new_admin"
