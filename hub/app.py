@@ -39,7 +39,7 @@ from .services.sessions import SessionService
 from .services.tasks import PermissionService, TaskService
 from .store.db import Database
 from .store.keys import shared_key
-from .web import boxes, health, rest, schedules_api
+from .web import boxes, edge, health, rest, schedules_api
 from .web import alerts_api
 from .web import identity_api
 from .web import oauth as oauth_web
@@ -113,7 +113,7 @@ class Hub:
 
     def web_app(self, *, background: bool = True) -> web.Application:
         """Build the aiohttp application; `background` starts the placement and reaper loops."""
-        app = web.Application(middlewares=[rest.auth_middleware(self.auth)], client_max_size=2 * 1024 * 1024)
+        app = web.Application(middlewares=[edge.edge_middleware, rest.auth_middleware(self.auth)], client_max_size=2 * 1024 * 1024)
         app[HUB] = self
         health.add_routes(app, self.db, self.metrics)
         rest.add_routes(app, self)

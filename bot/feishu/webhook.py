@@ -13,6 +13,7 @@ import base64
 import hashlib
 import hmac
 import json
+import math
 import logging
 from typing import Any, Callable
 
@@ -96,16 +97,37 @@ def open_request(app: Any, headers: Any, body: bytes, now_s: float, window_s: fl
     elif not app.verification_token:
         raise Rejected(403, "this application has neither encrypt_key nor verification_token; configure one")
     header = data.get("header") or {}
+    if not isinstance(header, dict):
+        raise Rejected(400, "event header is not a JSON object")
     token = header.get("token") if header else data.get("token")
     if app.verification_token and not _same(token, app.verification_token):
         raise Rejected(401, "verification token does not match")
-    try:
-        sent = float(ts) if ts else float(header.get("create_time")) / 1000.0
-    except (TypeError, ValueError):
-        raise Rejected(401, "request has no timestamp") from None
+    created = _seconds(header.get("create_time"), 1000.0)
+    if app.encrypt_key:  # the signed header timestamp is the request's own
+        sent = _seconds(ts, 1.0)
+    else:
+        # Token-only: nothing signs the header timestamp, so freshness comes from the event's own creation
+        # time; a header timestamp, when sent, must agree with it (a fresh header on a stale event is a replay).
+        sent = created
+        if sent is not None and ts is not None:
+            header_ts = _seconds(ts, 1.0)
+            if header_ts is None or abs(header_ts - sent) > window_s:
+                raise Rejected(401, "X-Lark-Request-Timestamp disagrees with the event's create_time (a replay?)")
+    if sent is None:
+        raise Rejected(401, "request has no usable timestamp (header.create_time, or a signed "
+                            "X-Lark-Request-Timestamp); token-only applications need schema 2.0 events")
     if abs(now_s - sent) > window_s:
         raise Rejected(401, "request timestamp is outside the freshness window (a replay?)")
     return data
+
+
+def _seconds(value: Any, per_second: float) -> float | None:
+    """Parse a timestamp (seconds, or milliseconds with per_second=1000); None when absent or not a finite number."""
+    try:
+        seconds = float(value) / per_second
+    except (TypeError, ValueError):
+        return None
+    return seconds if math.isfinite(seconds) else None
 
 
 class WebhookEndpoint:

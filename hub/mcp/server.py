@@ -9,6 +9,7 @@ from mcp_types import CLIENT_INFO_META_KEY
 from mcp_types.methods import serialize_server_result
 
 from ..errors import AmuxError
+from ..domain.text import BadText, check_value
 from ..services.auth import ALL_SCOPES, Caller
 from .client_sessions import clean_name, labeled
 
@@ -47,9 +48,27 @@ async def scope_guard(ctx, call_next):  # noqa: ANN001, ANN201
             missing = " ".join(sorted(needed - caller.scopes))
             text = (f"{tool}: this connection was not granted the `{missing}` scope; reconnect the hub in your MCP "
                     f"client and allow `{missing}` on the hub's approval page")
-            # A middleware that answers by itself owns the wire shape of its result (per protocol version).
-            refusal = {"content": [{"type": "text", "text": text}], "isError": True, "resultType": "complete"}
-            return serialize_server_result("tools/call", ctx.protocol_version, refusal)
+            return tool_refusal(ctx, text)
+    return await call_next(ctx)
+
+
+def tool_refusal(ctx, text: str) -> Any:  # noqa: ANN001
+    """Answer a tools/call from middleware with a tool error (a middleware owns the wire shape per version)."""
+    refusal = {"content": [{"type": "text", "text": text}], "isError": True, "resultType": "complete"}
+    return serialize_server_result("tools/call", ctx.protocol_version, refusal)
+
+
+async def argument_guard(ctx, call_next):  # noqa: ANN001, ANN201
+    """Refuse tool arguments no store can keep (NUL bytes, unpaired surrogates, deep nesting), naming the field.
+
+    The same check as the REST edge (hub/web/edge.py), so both stores and both doors answer alike.
+    """
+    if ctx.method == "tools/call":
+        params = dict(ctx.params or {})
+        try:
+            check_value(params.get("arguments") or {}, "argument")
+        except BadText as e:
+            return tool_refusal(ctx, f"{params.get('name', 'tool')}: {e}")
     return await call_next(ctx)
 
 
@@ -92,6 +111,7 @@ def build_mcp(registrars: list[Callable[[MCPServer], None]]) -> MCPServer:
 
     server.middleware.append(capture_client)
     server.middleware.append(scope_guard)
+    server.middleware.append(argument_guard)
     for register in registrars:
         register(server)
     return server

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from cryptography.fernet import Fernet, InvalidToken
 
 from ..clock import Clock
-from ..errors import Invalid, NotFound
+from ..errors import Forbidden, Invalid, NotFound
 from ..store.db import Database
 from ..store.tables import credential_profiles, credential_values
 from .auth import Caller
@@ -48,7 +48,8 @@ class CredentialService:
     async def declare(self, caller: Caller, name: str, env_names: list[str]) -> dict:
         """Create or redeclare a credential profile (admin)."""
         if not caller.admin:
-            raise Invalid("declaring credential profiles needs an admin token")
+            raise Forbidden("declaring credential profiles needs an admin token; ask an operator, who makes one with "
+                            "`amux token create --principal NAME --admin`")
         if not NAME.match(name or ""):
             raise Invalid("credential profile name must match [a-z0-9][a-z0-9._-]{0,63}, e.g. anthropic")
         bad = [n for n in env_names if not ENV_NAME.match(n)]

@@ -37,7 +37,8 @@ class SessionService:
                      permission_policy: str | None = None, extra_args: list[str] | None = None,
                      source: str = "cli", kind: str = "interactive", conn=None) -> dict:  # noqa: ANN001
         """Create a Session with its engine, current model and effort resolved like a Task's."""
-        if name is not None and (not name.strip() or len(name) > 200 or name.startswith("ses_")):
+        if name is not None and (not isinstance(name, str) or not name.strip() or len(name) > 200
+                                 or name.startswith("ses_")):
             raise Invalid("session name must be 1–200 characters and must not start with ses_")
         req = SubmitRequest("", profile, runtime, model, extra_args, None, name, reasoning_effort, permission_policy)
         if conn is not None:

@@ -59,12 +59,14 @@ class Database:
         self.sync_engine: sa.Engine | None = None
         if self.is_sqlite:
             prepare_sqlite_file(self.url)
+            # hide_parameters: an error's message and log line never carry a prompt, memory value or secret.
             self.sync_engine = sa.create_engine(parsed.set(drivername="sqlite+pysqlite"), echo=echo,
+                                                hide_parameters=True,
                                                 pool_size=8, max_overflow=24)
             event.listen(self.sync_engine, "connect", _sqlite_connect)
             event.listen(self.sync_engine, "begin", _sqlite_begin)
         else:
-            self.engine = create_async_engine(self.url, echo=echo, pool_size=10, max_overflow=20)
+            self.engine = create_async_engine(self.url, echo=echo, pool_size=10, max_overflow=20, hide_parameters=True)
         # SQLite is the single-process embedded store: writers are serialized in-process (and take the
         # database lock up front with BEGIN IMMEDIATE), so read-check-write sequences cannot interleave.
         # PostgreSQL uses row locks (`for_update`).

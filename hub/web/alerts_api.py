@@ -21,7 +21,7 @@ def add_routes(app: web.Application, hub: Any) -> None:
                     raise Forbidden("the alert center needs an admin token; create one with `amux token create --admin`")
                 return web.json_response(await fn(request))
             except AmuxError as e:
-                return error_response(e)
+                return error_response(e, request)
         return handler
 
     async def explain(request: web.Request) -> dict:

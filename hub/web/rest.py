@@ -7,11 +7,13 @@ from typing import Any, Awaitable, Callable
 import sqlalchemy as sa
 from aiohttp import web
 
+from ..domain.text import BadText, loads
 from ..errors import AmuxError, Forbidden, Invalid
 from ..services.auth import RUN_REFUSED, AuthService, Caller, TokenAdmin, run_token_may
 from ..services.tasks import SubmitRequest, TaskService
 from ..store.db import Database
 from ..store.tables import runtimes
+from .edge import REQUEST_ID
 
 CALLER = web.RequestKey("caller", Caller)
 MAX_BODY = 1024 * 1024
@@ -19,9 +21,12 @@ SUBMIT_FIELDS = {"prompt", "profile", "runtime", "model", "extra_args", "timeout
                  "reasoning_effort", "permission_policy", "credential_profile"}
 
 
-def error_response(e: AmuxError) -> web.Response:
-    """Render a refusal as JSON with its status."""
-    return web.json_response({"error": e.code, "message": e.message}, status=e.status)
+def error_response(e: AmuxError, request: web.Request | None = None) -> web.Response:
+    """Render a refusal as JSON with its status: `error` (code), `fix` (what to do; also as `message`), `request_id`."""
+    body = {"error": e.code, "fix": e.message, "message": e.message}
+    if request is not None and REQUEST_ID in request:
+        body["request_id"] = request[REQUEST_ID]
+    return web.json_response(body, status=e.status)
 
 
 def auth_middleware(auth: AuthService) -> Callable:
@@ -38,7 +43,7 @@ def auth_middleware(auth: AuthService) -> Callable:
             request[CALLER] = caller
             return await handler(request)
         except AmuxError as e:
-            return error_response(e)
+            return error_response(e, request)
 
     return middleware
 
@@ -47,19 +52,21 @@ async def _body(request: web.Request) -> dict[str, Any]:
     if request.content_length and request.content_length > MAX_BODY:
         raise Invalid(f"request body is larger than {MAX_BODY} bytes; send less")
     try:
-        data = json.loads(await request.read() or b"{}")
-    except ValueError as e:
-        raise Invalid(f"request body is not JSON ({e}); send a JSON object") from e
+        data = loads(await request.read() or b"{}")
+    except BadText as e:
+        raise Invalid(str(e)) from e
     if not isinstance(data, dict):
         raise Invalid("request body must be a JSON object")
     return data
 
 
-def _int(request: web.Request, key: str, default: int) -> int:
-    try:
-        return int(request.query.get(key, default))
-    except ValueError as e:
-        raise Invalid(f"query parameter {key} must be an integer") from e
+def _int(request: web.Request, key: str, default: int, lo: int = 0, hi: int = 2**31 - 1) -> int:
+    raw = request.query.get(key)
+    if raw is None:
+        return default
+    if not raw.isdigit() or not lo <= int(raw) <= hi:
+        raise Invalid(f"query parameter {key} must be a whole number from {lo} to {hi}, e.g. ?{key}={default}")
+    return int(raw)
 
 
 def add_routes(app: web.Application, hub: Any) -> None:
@@ -112,11 +119,14 @@ def add_routes(app: web.Application, hub: Any) -> None:
         data = await _body(request)
         if not isinstance(data.get("text"), str):
             raise Invalid('send {"text": "..."}')
+        timeout = data.get("timeout_s", 600)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
+            raise Invalid("timeout_s must be a number of seconds from 1 to 3600, e.g. 600")
         caller = request[CALLER]
         sid = await hub.sessions.resolve_ref(caller, request.match_info["ref"])
         turn_id = await hub.sessions.submit_turn(caller, sid, data["text"], source="rest")
         if data.get("wait"):
-            return web.json_response(await hub.sessions.wait_turn(caller, turn_id, float(data.get("timeout_s") or 600)))
+            return web.json_response(await hub.sessions.wait_turn(caller, turn_id, float(timeout)))
         return web.json_response({"session_id": sid, "turn_id": turn_id, "status": "queued"}, status=201)
 
     async def turn_get(request: web.Request) -> web.Response:
@@ -163,8 +173,10 @@ def add_routes(app: web.Application, hub: Any) -> None:
     async def wait(request: web.Request) -> web.Response:
         try:
             timeout = float(request.query.get("timeout_s", 30))
-        except ValueError as e:
-            raise Invalid("timeout_s must be a number of seconds") from e
+        except ValueError:
+            timeout = -1.0
+        if not 0 <= timeout <= 600:  # also refuses nan and inf
+            raise Invalid("timeout_s must be a number of seconds from 0 to 600, e.g. ?timeout_s=30")
         return web.json_response(await tasks.wait(request[CALLER], request.match_info["id"], _int(request, "cursor", 0), timeout))
 
     async def cancel(request: web.Request) -> web.Response:
@@ -185,7 +197,7 @@ def add_routes(app: web.Application, hub: Any) -> None:
             try:
                 return await fn(request)
             except AmuxError as e:
-                return error_response(e)
+                return error_response(e, request)
         return handler
 
     r.add_get("/api/v1/whoami", wrap(whoami))

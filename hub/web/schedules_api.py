@@ -20,7 +20,7 @@ def add_routes(app: web.Application, hub: Any) -> None:
             try:
                 return web.json_response(await fn(request), status=status)
             except AmuxError as e:
-                return error_response(e)
+                return error_response(e, request)
         return handler
 
     async def create(request: web.Request) -> dict:

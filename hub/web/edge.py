@@ -1,0 +1,75 @@
+"""The HTTP edge: request ids, text every store can keep (hub/domain/text.py), and no 500 that leaks user content."""
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import traceback
+from typing import Awaitable, Callable
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from ..domain.text import MAX_DEPTH, BadText, check_text, check_value, loads
+
+log = logging.getLogger("amux.web")
+
+REQUEST_ID = web.RequestKey("request_id", str)
+JSON_PREFIXES = ("/api/", "/console", "/feishu/")
+
+
+def refusal(status: int, error: str, fix: str, request_id: str) -> web.Response:
+    """The JSON shape of every refusal made at the edge."""
+    return web.json_response({"error": error, "fix": fix, "message": fix, "request_id": request_id}, status=status,
+                             headers={"X-Request-Id": request_id})
+
+
+@web.middleware
+async def edge_middleware(request: web.Request,
+                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Give each request an id, refuse unstorable text in its path, query and JSON body, and turn crashes into JSON."""
+    rid = secrets.token_hex(8)
+    request[REQUEST_ID] = rid
+    try:
+        check_text(unquote(request.raw_path, errors="surrogateescape"), "the path")
+        for k, v in request.query.items():
+            check_text(k, "a query parameter name")
+            check_text(v, f"query parameter {k}")
+        if request.can_read_body and request.path.startswith(JSON_PREFIXES):
+            await _check_body(request)
+    except BadText as e:
+        return refusal(400, "invalid", str(e), rid)
+    except web.HTTPRequestEntityTooLarge:
+        return refusal(413, "too_large", "the request body is too large; send less", rid)
+    try:
+        response = await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception as e:  # the one place an unexpected failure is logged, without its message or SQL parameters
+        frames = "".join(traceback.format_tb(e.__traceback__))
+        log.error("request %s %s %s failed: %s\n%s", rid, request.method, request.path, type(e).__name__, frames)
+        return refusal(500, "internal", f"the hub failed on this request; retry, and if it persists give the "
+                                        f"operator request id {rid}", rid)
+    response.headers.setdefault("X-Request-Id", rid)
+    return response
+
+
+async def _check_body(request: web.Request) -> None:
+    """Refuse a JSON body no store can keep; a body sent without a JSON type is checked only if it parses."""
+    ctype = request.content_type
+    declared = ctype == "application/json" or ctype.endswith("+json")
+    if not declared and ctype not in ("application/octet-stream", ""):
+        return  # text/plain manifests, forms: their handlers parse them
+    raw = await request.read()  # cached: the handler reads the same bytes
+    if not raw.strip():
+        return
+    if declared:
+        loads(raw)
+        return
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return
+    except RecursionError:
+        raise BadText(f"body is nested more than {MAX_DEPTH} levels deep; flatten it") from None
+    check_value(value)
