@@ -85,6 +85,8 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
         raise AmuxError(f"cannot listen on {host}:{port} ({e.strerror}); pass --listen {host}:0 for a free port") from e
     port = runner_app.addresses[0][1]  # the real port when --listen asked for port 0
     url = url_of(host, port)
+    if not settings.public_url:  # runs are told the hub's address (AMUX_HUB_URL): the real one, not port 0
+        hub.runtimes.hub_url = url
     hub_file = write_hub_file(settings.home, url)
     admin_token = await _token_file(hub, settings.home / "admin.token", "admin", "cli")
     print(f"amux hub listening on {url}  (MCP: {url}/mcp, database: {hub.db.url.split('@')[-1]})", flush=True)
@@ -104,12 +106,14 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    try:
+        await stop.wait()
+    finally:
+        remove_hub_file(settings.home)  # a stopped hub leaves no address behind for clients to try
     if local:
         await local.stop()
     for t in tasks:
         t.cancel()
-    remove_hub_file(settings.home)
     await runner_app.cleanup()
     await hub.db.close()
 

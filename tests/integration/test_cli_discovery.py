@@ -90,6 +90,10 @@ def test_listen_port_0_reports_and_uses_the_real_port_and_writes_hub_json(up, tm
                AMUX_HOME=str(u.home))
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["result"]["text"] == "found"
+    # ...and runs are told the real address too (AMUX_HUB_URL of a task child).
+    res = amux("task", "submit", "--profile", "scripted", "--wait", "--json", "env AMUX_HUB_URL", cwd=tmp_path,
+               AMUX_HOME=str(u.home))
+    assert res.returncode == 0 and json.loads(res.stdout)["result"]["text"] == u.url, res.stdout + res.stderr
     u.stop()
     assert not (u.home / "hub.json").exists(), "a stopped hub removes its address file"
 
