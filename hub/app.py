@@ -44,6 +44,7 @@ from .web import alerts_api
 from .web import identity_api
 from .web import oauth as oauth_web
 from .web.mcp_mount import McpMount
+from .web.server import ConnectionLimits, GuardedAppRunner
 from .web.runner_ws import RunnerEndpoint
 
 HUB = web.AppKey("hub", object)
@@ -88,7 +89,8 @@ class Hub:
         self.runtimes = RuntimeService(self.db, self.clock, self.notifier, self.dispatcher, self.credentials,
                                        self.auth, settings.public_url or f"http://{settings.listen}",
                                        on_started=lambda _t, s: self.metrics.dispatch_latency.observe(max(s, 0.0)))
-        self.runner_endpoint = RunnerEndpoint(self.auth, self.runtimes, self.notifier, hs.heartbeat_s, hs.poll_s)
+        self.runner_endpoint = RunnerEndpoint(self.auth, self.runtimes, self.notifier, hs.heartbeat_s, hs.poll_s,
+                                              hs.hello_timeout_s)
         self.leases = LeaseService(self.db, self.clock, settings.leases,
                                    LocalBoxDriver(settings.home / "boxes", settings.boxes, hide=[settings.home]),
                                    settings.boxes)
@@ -113,7 +115,8 @@ class Hub:
 
     def web_app(self, *, background: bool = True) -> web.Application:
         """Build the aiohttp application; `background` starts the placement and reaper loops."""
-        app = web.Application(middlewares=[edge.edge_middleware, rest.auth_middleware(self.auth)], client_max_size=2 * 1024 * 1024)
+        app = web.Application(middlewares=[edge.edge_middleware(self.settings.hub.body_timeout_s),
+                                             rest.auth_middleware(self.auth)], client_max_size=2 * 1024 * 1024)
         app[HUB] = self
         health.add_routes(app, self.db, self.metrics)
         rest.add_routes(app, self)
@@ -131,6 +134,12 @@ class Hub:
         if background:
             app.cleanup_ctx.append(self._loops_ctx)
         return app
+
+    def app_runner(self, *, background: bool = True) -> GuardedAppRunner:
+        """The aiohttp runner for this hub's app, with the slow- and idle-client limits of `hub.*`."""
+        hs = self.settings.hub
+        limits = ConnectionLimits(header_timeout_s=hs.header_timeout_s, max_pending_connections=hs.max_pending_connections)
+        return GuardedAppRunner(self.web_app(background=background), limits, access_log=None)
 
     async def _mcp_ctx(self, _app: web.Application) -> AsyncIterator[None]:
         async with self.mcp.lifespan(await shared_key(self.db, "mcp-session", self.clock.now())):

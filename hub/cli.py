@@ -74,7 +74,7 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
     host, port = listen_address(settings.listen)
     await upgrade(settings.db_url())
     hub = Hub(settings)
-    runner_app = web.AppRunner(hub.web_app(), access_log=None)
+    runner_app = hub.app_runner()
     await runner_app.setup()
     site = web.TCPSite(runner_app, host, port)
     try:

@@ -26,6 +26,12 @@ class HubSettings(BaseModel):
     max_running_per_principal: int = Field(default=64, ge=0)
     max_queued_per_principal: int = Field(default=1000, ge=0)
     queue_timeout_s: float = Field(default=1800.0, gt=0)  # a task nothing online can take fails `not placed: …`
+    # Slow and idle clients (hub/web/server.py): time for a request head, for a body, for a runner's hello;
+    # connections waiting for a request head at once.
+    header_timeout_s: float = Field(default=15.0, gt=0)
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    hello_timeout_s: float = Field(default=5.0, gt=0)
+    max_pending_connections: int = Field(default=512, ge=1)
 
 
 class PresetSettings(BaseModel):

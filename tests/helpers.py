@@ -135,7 +135,7 @@ async def start_hub(db_url: str, home: Path, clock: Clock | None = None, port: i
     settings = hub_settings(db_url, home, **hub_overrides)
     settings.feishu.apps = list(feishu_apps or [])
     hub = Hub(settings, Database(db_url), clock or ManualClock())
-    site_runner = web.AppRunner(hub.web_app(background=background), access_log=None)
+    site_runner = hub.app_runner(background=background)
     await site_runner.setup()
     site = web.TCPSite(site_runner, "127.0.0.1", port)
     await site.start()

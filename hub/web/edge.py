@@ -1,6 +1,7 @@
 """The HTTP edge: request ids, text every store can keep (hub/domain/text.py), and no 500 that leaks user content."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -10,6 +11,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
+from .server import rearm
 from ..domain.text import MAX_DEPTH, BadText, check_text, check_value, loads
 
 log = logging.getLogger("amux.web")
@@ -24,34 +26,46 @@ def refusal(status: int, error: str, fix: str, request_id: str) -> web.Response:
                              headers={"X-Request-Id": request_id})
 
 
-@web.middleware
-async def edge_middleware(request: web.Request,
-                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-    """Give each request an id, refuse unstorable text in its path, query and JSON body, and turn crashes into JSON."""
-    rid = secrets.token_hex(8)
-    request[REQUEST_ID] = rid
-    try:
-        check_text(unquote(request.raw_path, errors="surrogateescape"), "the path")
-        for k, v in request.query.items():
-            check_text(k, "a query parameter name")
-            check_text(v, f"query parameter {k}")
-        if request.can_read_body and request.path.startswith(JSON_PREFIXES):
-            await _check_body(request)
-    except BadText as e:
-        return refusal(400, "invalid", str(e), rid)
-    except web.HTTPRequestEntityTooLarge:
-        return refusal(413, "too_large", "the request body is too large; send less", rid)
-    try:
-        response = await handler(request)
-    except web.HTTPException:
-        raise
-    except Exception as e:  # the one place an unexpected failure is logged, without its message or SQL parameters
-        frames = "".join(traceback.format_tb(e.__traceback__))
-        log.error("request %s %s %s failed: %s\n%s", rid, request.method, request.path, type(e).__name__, frames)
-        return refusal(500, "internal", f"the hub failed on this request; retry, and if it persists give the "
-                                        f"operator request id {rid}", rid)
-    response.headers.setdefault("X-Request-Id", rid)
-    return response
+def edge_middleware(body_timeout_s: float = 30.0) -> Callable:
+    """Give each request an id; refuse unstorable text in its path, query and JSON body, and bodies that arrive
+    slower than `body_timeout_s` (408); turn crashes into JSON; give the connection time for its next request."""
+
+    @web.middleware
+    async def middleware(request: web.Request,
+                         handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        rid = secrets.token_hex(8)
+        request[REQUEST_ID] = rid
+        try:
+            check_text(unquote(request.raw_path, errors="surrogateescape"), "the path")
+            for k, v in request.query.items():
+                check_text(k, "a query parameter name")
+                check_text(v, f"query parameter {k}")
+            if request.can_read_body:
+                await asyncio.wait_for(request.read(), body_timeout_s)  # cached: handlers read the same bytes
+                if request.path.startswith(JSON_PREFIXES):
+                    await _check_body(request)
+        except BadText as e:
+            return refusal(400, "invalid", str(e), rid)
+        except web.HTTPRequestEntityTooLarge:
+            return refusal(413, "too_large", "the request body is too large; send less", rid)
+        except asyncio.TimeoutError:
+            return refusal(408, "timeout", f"the request body did not arrive within {body_timeout_s:g}s "
+                                           "(hub.body_timeout_s); send it at once", rid)
+        try:
+            response = await handler(request)
+        except web.HTTPException:
+            raise
+        except Exception as e:  # the one place an unexpected failure is logged, without its message or SQL parameters
+            frames = "".join(traceback.format_tb(e.__traceback__))
+            log.error("request %s %s %s failed: %s\n%s", rid, request.method, request.path, type(e).__name__, frames)
+            return refusal(500, "internal", f"the hub failed on this request; retry, and if it persists give the "
+                                            f"operator request id {rid}", rid)
+        finally:
+            rearm(request)
+        response.headers.setdefault("X-Request-Id", rid)
+        return response
+
+    return middleware
 
 
 async def _check_body(request: web.Request) -> None:

@@ -22,8 +22,9 @@ class RunnerEndpoint:
     """Accept runner connections; one pump per connection sends dispatches and cancels."""
 
     def __init__(self, auth: AuthService, runtimes: RuntimeService, notifier: Notifier,
-                 heartbeat_s: float, poll_s: float) -> None:
+                 heartbeat_s: float, poll_s: float, hello_timeout_s: float = 5.0) -> None:
         self.auth = auth
+        self.hello_timeout_s = hello_timeout_s  # an upgraded socket that says nothing is closed after this
         self.runtimes = runtimes
         self.notifier = notifier
         self.heartbeat_s = heartbeat_s
@@ -59,7 +60,7 @@ class RunnerEndpoint:
         ws = web.WebSocketResponse(heartbeat=30, max_msg_size=16 * 1024 * 1024)
         await ws.prepare(request)
         try:
-            first = await ws.receive_json(timeout=30)
+            first = await ws.receive_json(timeout=self.hello_timeout_s)
             reg = p.Register.model_validate(first)
             runtime_id, conn_id, drop = await self.runtimes.register(caller, reg)
         except (AmuxError, ValidationError, ValueError, TypeError, asyncio.TimeoutError) as e:
