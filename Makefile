@@ -104,9 +104,10 @@ lint: venv
 	else echo "make lint: kubectl missing; skipped rendering deploy/k8s" >&2; fi
 
 ## soak: three hub replicas, real and simulated runners, faults (kill -9, PostgreSQL restart) for 10 minutes
-##       (make soak SOAK_S=120 SOAK_SIM_RUNNERS=50); prints counts, throughput, p99 latencies, recovery times
+##       (make soak SOAK_S=120 SOAK_SIM_RUNNERS=200); prints counts, throughput, p99 latencies, recovery times
+##       200 simulated runners do not all come online today: see docs/deploy.md, "The soak"
 SOAK_S           ?= 600
-SOAK_SIM_RUNNERS ?= 200
+SOAK_SIM_RUNNERS ?= 60
 .PHONY: soak
 soak: venv
 	AMUX_SOAK_DURATION_S=$(SOAK_S) AMUX_SOAK_SIM_RUNNERS=$(SOAK_SIM_RUNNERS) \
