@@ -42,6 +42,7 @@ from .store.keys import shared_key
 from .web import boxes, edge, health, rest, schedules_api
 from .web import alerts_api
 from .web import identity_api
+from .web import openapi
 from .web import oauth as oauth_web
 from .web.mcp_mount import McpMount
 from .web.server import ConnectionLimits, GuardedAppRunner
@@ -123,6 +124,7 @@ class Hub:
         schedules_api.add_routes(app, self)
         alerts_api.add_routes(app, self)
         identity_api.add_routes(app, self)
+        openapi.add_routes(app)
         app.router.add_get("/runner/ws", self.runner_endpoint.handle)
         app.on_shutdown.append(self.runner_endpoint.close_all)
         app.router.add_route("*", "/mcp", self.mcp.handle)

@@ -1,0 +1,536 @@
+"""Typed requests of `/api/v1`: one model per body, query and path, and the route table the OpenAPI spec is built from.
+
+Every handler runs only after its path, query and body were parsed through these models (`register`), so a
+refusal at this edge is the same on every store: strict JSON types, bounded strings and integers, and text
+checked by `hub.domain.text.check_text` (no NUL bytes, no unpaired surrogates). Semantic rules (a profile
+exists, a rule parses) stay in the services, which name their own fixes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Annotated, Any, Awaitable, Callable, ClassVar, Literal
+
+from aiohttp import web
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
+                      ValidationInfo)
+from pydantic_core import PydanticCustomError
+
+from ..domain.text import BadText, check_text, loads
+from ..errors import AmuxError, Forbidden, Invalid
+from ..services.auth import Caller
+from .edge import REQUEST_ID
+
+CALLER = web.RequestKey("caller", Caller)
+
+MAX_BODY = 1024 * 1024
+INT32 = 2**31 - 1
+
+
+def _storable(value: str, info: ValidationInfo) -> str:
+    try:
+        check_text(value, f"`{info.field_name}`" if info.field_name else "a field")
+    except BadText as e:
+        raise PydanticCustomError("bad_text", "{reason}", {"reason": str(e)}) from None
+    return value
+
+
+def text(max_length: int, min_length: int = 0, pattern: str | None = None, description: str = "") -> Any:
+    """A string every store can keep, of bounded length (and, optionally, a shape)."""
+    return Annotated[str, Field(min_length=min_length, max_length=max_length, pattern=pattern,
+                                description=description or None), AfterValidator(_storable)]
+
+
+def _digits(value: Any) -> Any:
+    if isinstance(value, str):
+        if not value.isascii() or not value.isdigit() or len(value) > 12:
+            raise PydanticCustomError("whole_number", "is not a whole number")
+        return int(value)
+    return value
+
+
+def _number(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            raise PydanticCustomError("number", "is not a number") from None
+        if not math.isfinite(number):
+            raise PydanticCustomError("number", "is not a finite number")
+        return number
+    return value
+
+
+def query_int(lo: int, hi: int, example: int) -> Any:
+    """A query parameter holding a whole number from `lo` to `hi`."""
+    return Annotated[int, BeforeValidator(_digits), Field(ge=lo, le=hi, description=(
+        f"a whole number from {lo} to {hi}, e.g. {example}"))]
+
+
+Flag = Annotated[Literal["0", "1", "true", "false", "yes", "no"], Field(description='"1"/"true"/"yes" or "0"/"false"/"no"')]
+Short = text(200, 1, description="1 to 200 characters")
+ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+Id = text(128, 1, ID, "an identifier such as tr_0a1b2c3d4e")
+Ref = text(200, 1, r"^[^/]+$", "an id or a name (1 to 200 characters, no slash)")
+Prompt = text(MAX_BODY, description="the text of the work")
+
+
+class Model(BaseModel):
+    """A request part: unknown keys refused, strict JSON types; `hint` is the fix shown with a refusal."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    hint: ClassVar[str] = ""
+    what: ClassVar[str] = "this request"
+
+
+class QueryModel(Model):
+    """Query parameters arrive as text: numbers are parsed here (lax), everything else is still bounded."""
+
+    model_config = ConfigDict(extra="forbid", strict=False, allow_inf_nan=False)
+    what: ClassVar[str] = "this route"
+
+
+class NoQuery(QueryModel):
+    """A route that takes no query parameters."""
+
+
+def flag(value: str | None) -> bool:
+    """Read a Flag query parameter."""
+    return value in ("1", "true", "yes")
+
+
+# --- path parameters -------------------------------------------------------------------------------
+
+class TaskPath(Model):
+    id: Id
+
+
+class SessionPath(Model):
+    ref: Ref
+
+
+class TurnPath(Model):
+    id: Id
+
+
+class MemoryPath(Model):
+    key: text(200, 1, r"^[^/]+$", "a memory key (1 to 200 characters, no slash)")
+
+
+CredName = text(64, 1, r"^[a-z0-9][a-z0-9._-]{0,63}$", "a credential profile name, e.g. anthropic")
+EnvName = text(128, 1, r"^[A-Z_][A-Z0-9_]{0,127}$", "an environment variable name, e.g. ANTHROPIC_API_KEY")
+
+
+class CredentialPath(Model):
+    name: CredName
+
+
+class CredentialEnvPath(Model):
+    name: CredName
+    env: EnvName
+
+
+class RuntimePath(Model):
+    name: Ref
+
+
+class TokenPath(Model):
+    id: Id
+
+
+class SchedulePath(Model):
+    id: Ref
+
+
+class IdentityPath(Model):
+    id: Id
+
+
+class ExplainPath(Model):
+    ref: Ref
+
+
+class IncidentPath(Model):
+    id: Id
+    action: Literal["ack", "snooze", "pause"]
+
+
+class AppPath(Model):
+    app: text(128, 1, r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", "a Feishu app id, e.g. cli_a1b2c3")
+
+
+# --- query parameters ------------------------------------------------------------------------------
+
+class ListQuery(QueryModel):
+    limit: query_int(0, INT32, 50) = 50
+
+
+class CursorQuery(QueryModel):
+    cursor: query_int(0, INT32, 0) = 0
+
+
+class WaitQuery(QueryModel):
+    cursor: query_int(0, INT32, 0) = 0
+    timeout_s: Annotated[float, BeforeValidator(_number), Field(ge=0, le=600, description=(
+        "seconds to wait for new events, from 0 to 600, e.g. 30"))] = 30.0
+
+
+class AllQuery(QueryModel):
+    all: Flag | None = None
+
+
+class ScheduleListQuery(QueryModel):
+    limit: query_int(0, INT32, 100) = 100
+    all: Flag | None = None
+
+
+class HistoryQuery(QueryModel):
+    cursor: query_int(0, INT32, 0) = 0
+    limit: query_int(0, INT32, 50) = 50
+
+
+# --- bodies ----------------------------------------------------------------------------------------
+
+Args = Annotated[list[text(4096)], Field(max_length=256, description="extra engine arguments")]
+Seconds = Annotated[float, Field(gt=0, le=7 * 86400, description="seconds, e.g. 600")]
+
+
+class TaskSubmit(Model):
+    """A Task to run (omitted choices are resolved at admission)."""
+
+    hint: ClassVar[str] = 'send {"prompt": "...", "profile": "scripted"}'
+    what: ClassVar[str] = "a task"
+    prompt: Prompt
+    profile: Short | None = None
+    runtime: Short | None = None
+    model: Short | None = None
+    extra_args: Args | None = None
+    timeout_s: Seconds | None = None
+    name: Short | None = None
+    reasoning_effort: Short | None = None
+    permission_policy: Short | None = None
+    credential_profile: Short | None = None
+
+
+class SessionCreate(Model):
+    """A Session: its engine, model and effort are resolved like a Task's."""
+
+    hint: ClassVar[str] = 'send {"name": "...", "profile": "..."}'
+    what: ClassVar[str] = "a session"
+    name: Short | None = None
+    profile: Short | None = None
+    model: Short | None = None
+    reasoning_effort: Short | None = None
+    runtime: Short | None = None
+    permission_policy: Short | None = None
+    extra_args: Args | None = None
+
+
+class TurnSend(Model):
+    """A prompt for a Session; `wait` blocks up to `timeout_s` for its outcome."""
+
+    hint: ClassVar[str] = 'send {"text": "...", "wait": false}; timeout_s is a number of seconds from 1 to 3600, e.g. 600'
+    what: ClassVar[str] = "a turn"
+    text: Prompt
+    wait: bool = False
+    timeout_s: Annotated[float, Field(gt=0, le=3600, description="seconds from 1 to 3600, e.g. 600")] = 600
+
+
+class MemoryPut(Model):
+    hint: ClassVar[str] = 'send {"value": "..."}'
+    what: ClassVar[str] = "a memory entry"
+    value: text(64 * 1024, description="text of at most 64 KiB")
+
+
+class PermissionAnswer(Model):
+    hint: ClassVar[str] = 'send {"request_id": "...", "allow": true|false, "message": "optional"}'
+    what: ClassVar[str] = "a permission answer"
+    request_id: Id
+    allow: bool
+    message: text(4000) | None = None
+
+
+class CredentialDeclare(Model):
+    hint: ClassVar[str] = 'send {"env": ["VAR", ...]}'
+    what: ClassVar[str] = "a credential profile"
+    env: Annotated[list[EnvName], Field(min_length=1, max_length=64)]
+
+
+class CredentialSet(Model):
+    hint: ClassVar[str] = 'send {"value": "..."}'
+    what: ClassVar[str] = "a credential value"
+    value: text(64 * 1024, description="the secret value")
+
+
+class TokenCreate(Model):
+    hint: ClassVar[str] = 'send {"principal": "alice", "label": "laptop", "admin": false, "runner": false}'
+    what: ClassVar[str] = "a token"
+    principal: Short | None = None
+    label: Short | None = None
+    admin: bool = False
+    runner: bool = False
+
+
+class ScheduleFields(Model):
+    """The fields of a schedule; on update every field may be omitted (omitted = keep)."""
+
+    hint: ClassVar[str] = 'send {"name": "...", "prompt": "...", "rule": "every 1h"}'
+    what: ClassVar[str] = "a schedule"
+    name: Short | None = None
+    prompt: Prompt | None = None
+    rule: text(500) | None = None
+    timezone: text(64) | None = None
+    schedule_type: Literal["subtask", "session-prompt"] | None = None
+    session_ref: Short | None = None
+    profile: Short | None = None
+    runtime: Short | None = None
+    model: Short | None = None
+    reasoning_effort: Short | None = None
+    extra_args: Args | None = None
+    permission_policy: Short | None = None
+    credential_profile: Short | None = None
+    timeout_s: Seconds | None = None
+    notify: Literal["failures", "all", "none"] | None = None
+
+
+class ScheduleCreate(ScheduleFields):
+    source: Literal["rest", "cli"] = "rest"
+
+
+def error_response(e: AmuxError, request: web.Request | None = None) -> web.Response:
+    """Render a refusal as JSON with its status: `error` (code), `fix` (what to do; also as `message`), `request_id`."""
+    body = {"error": e.code, "fix": e.message, "message": e.message}
+    if request is not None and REQUEST_ID in request:
+        body["request_id"] = request[REQUEST_ID]
+    return web.json_response(body, status=e.status)
+
+
+# --- parsing ---------------------------------------------------------------------------------------
+
+def refusal_message(model: type[Model], err: ValidationError, part: str) -> str:
+    """Say which field is wrong and how to mend it (all unknown keys at once)."""
+    errors = err.errors(include_url=False)
+    unknown = sorted(str(e["loc"][-1]) for e in errors if e["type"] == "extra_forbidden")
+    noun = "query parameters" if part == "query" else "fields"
+    if unknown:
+        return f"unknown {noun} {unknown}; {model.what} takes {sorted(model.model_fields)}"
+    e = errors[0]
+    name = ".".join(str(x) for x in e["loc"]) or part
+    label = {"query": f"query parameter {name}", "path": f"path parameter {name}"}.get(part, name)
+    if e["type"] == "bad_text":
+        return str(e["msg"]) if part == "body" else str(e["msg"]).replace(f"`{e['loc'][0]}`", label, 1)
+    if e["type"] == "missing":
+        return f"{label} is required; {model.hint}".rstrip("; ")
+    desc = _description(model, str(e["loc"][0])) if e["loc"] else ""
+    fix = f"it must be {desc}" if desc else model.hint
+    return f"{label} {_lower(e['msg'])}; {fix}".rstrip("; ")
+
+
+def _lower(msg: str) -> str:
+    return msg[:1].lower() + msg[1:]
+
+
+def _description(model: type[Model], name: str) -> str:
+    info = model.model_fields.get(name)
+    if info is None:
+        return ""
+    if info.description:
+        return info.description
+    for meta in info.metadata:
+        if getattr(meta, "description", None):
+            return meta.description
+    return ""
+
+
+def validate(model: type[Model], data: Any, part: str) -> Any:
+    """Validate one request part, raising Invalid that names the field and the fix."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise Invalid(refusal_message(model, e, part)) from None
+
+
+async def parse(request: web.Request, model: type[Model]) -> Any:
+    """Read and validate the JSON object body of `request` (an empty body is `{}`)."""
+    if request.content_length and request.content_length > MAX_BODY:
+        raise TooLarge(f"the request body is larger than {MAX_BODY} bytes; send less")
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise TooLarge(f"the request body is larger than {MAX_BODY} bytes; send less") from None
+    if len(raw) > MAX_BODY:
+        raise TooLarge(f"the request body is larger than {MAX_BODY} bytes; send less")
+    try:
+        data = loads(raw or b"{}")
+    except BadText as e:
+        raise Invalid(str(e)) from e
+    if not isinstance(data, dict):
+        raise Invalid(f"request body must be a JSON object; {model.hint}".rstrip("; "))
+    return validate(model, data, "body")
+
+
+async def parse_text(request: web.Request) -> str:
+    """Read a text body (a profile manifest): bounded, storable."""
+    raw = await request.read()
+    if len(raw) > MAX_BODY:
+        raise TooLarge(f"the request body is larger than {MAX_BODY} bytes; send less")
+    body = raw.decode(errors="replace")
+    try:
+        check_text(body, "the body")
+    except BadText as e:
+        raise Invalid(str(e)) from e
+    return body
+
+
+class TooLarge(AmuxError):
+    """The body is past the route's limit."""
+
+    status = 413
+    code = "too_large"
+
+
+# --- the route table -------------------------------------------------------------------------------
+
+@dataclass
+class Call:
+    """What a handler receives: the parsed path, query and body (None when the route takes none)."""
+
+    request: web.Request
+    path: Any = None
+    query: Any = None
+    body: Any = None
+
+    @property
+    def caller(self) -> Caller:
+        """The authenticated caller."""
+        return self.request[CALLER]
+
+
+ERRORS = (400, 401, 403, 404, 409, 413, 429, 500)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One `/api/v1` operation: its inputs and answers (the OpenAPI spec is built from these)."""
+
+    method: str
+    path: str
+    id: str
+    summary: str
+    path_model: type[Model] | None = None
+    query: type[QueryModel] = NoQuery
+    body: type[Model] | None = None
+    text_body: bool = False
+    ok: tuple[int, ...] = (200,)
+    admin: str | None = None   # the 403 fix when a non-admin calls an admin-only operation
+    tag: str = "tasks"
+    public: bool = False
+
+
+Handler = Callable[[Call], Awaitable[Any]]
+OPS: list[Op] = []
+
+
+def op(*args: Any, **kwargs: Any) -> Op:
+    """Declare an operation in the route table."""
+    o = Op(*args, **kwargs)
+    OPS.append(o)
+    return o
+
+
+def register(app: web.Application, o: Op, fn: Handler) -> None:
+    """Add `o` to the router: admin gate, then path, query and body parsing, then `fn`; refusals as JSON."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        try:
+            if o.admin and not request[CALLER].admin:
+                raise Forbidden(o.admin)
+            call = Call(request)
+            if o.path_model is not None:
+                call.path = validate(o.path_model, dict(request.match_info), "path")
+            call.query = validate(o.query, {k: request.query.getall(k)[-1] for k in request.query}, "query")
+            if o.body is not None:
+                call.body = await parse(request, o.body)
+            elif o.text_body:
+                call.body = await parse_text(request)
+            result = await fn(call)
+        except AmuxError as e:
+            return error_response(e, request)
+        if isinstance(result, web.StreamResponse):
+            return result
+        return web.json_response(result, status=o.ok[0])
+
+    app.router.add_route(o.method, o.path, handler, name=o.id)
+
+
+# Declared in one place so the spec, the router and the CLI check agree. Handlers live in rest.py & co.
+T, S, A, I = "tasks", "schedules", "alerts", "identity"
+PROFILE_ADMIN = "adding profiles needs an admin token (amux token create --admin)"
+CRED_ADMIN = ("declaring credential profiles needs an admin token; ask an operator, who makes one with "
+              "`amux token create --principal NAME --admin`")
+ALERT_ADMIN = "the alert center needs an admin token; create one with `amux token create --admin`"
+
+WHOAMI = op("GET", "/api/v1/whoami", "whoami", "Who the token belongs to", tag="tokens")
+PROFILE_LIST = op("GET", "/api/v1/profiles", "profile_list", "List launch profiles", tag="profiles")
+PROFILE_ADD = op("POST", "/api/v1/profiles", "profile_add", "Store a v2 profile manifest (TOML text)", text_body=True,
+                 ok=(201,), admin=PROFILE_ADMIN, tag="profiles")
+CREDENTIAL_LIST = op("GET", "/api/v1/credentials", "credential_list", "List credential profiles", tag="credentials")
+CREDENTIAL_DECLARE = op("PUT", "/api/v1/credentials/{name}", "credential_declare", "Declare a credential profile",
+                        CredentialPath, body=CredentialDeclare, ok=(201,), admin=CRED_ADMIN, tag="credentials")
+CREDENTIAL_SET = op("PUT", "/api/v1/credentials/{name}/{env}", "credential_set", "Store your value for one variable",
+                    CredentialEnvPath, body=CredentialSet, tag="credentials")
+PERMISSION = op("POST", "/api/v1/tasks/{id}/permission", "permission_respond", "Answer a task's permission request",
+                TaskPath, body=PermissionAnswer)
+MEMORY_LIST = op("GET", "/api/v1/memory", "memory_list", "List memory keys", tag="memory")
+MEMORY_GET = op("GET", "/api/v1/memory/{key}", "memory_get", "Read a memory entry", MemoryPath, tag="memory")
+MEMORY_PUT = op("PUT", "/api/v1/memory/{key}", "memory_put", "Store a memory entry", MemoryPath, body=MemoryPut,
+                tag="memory")
+MEMORY_DELETE = op("DELETE", "/api/v1/memory/{key}", "memory_delete", "Delete a memory entry", MemoryPath, tag="memory")
+SESSION_CREATE = op("POST", "/api/v1/sessions", "session_create", "Create a session", body=SessionCreate, ok=(201,),
+                    tag="sessions")
+SESSION_GET = op("GET", "/api/v1/sessions/{ref}", "session_get", "Show a session and its turns", SessionPath,
+                 tag="sessions")
+SESSION_SEND = op("POST", "/api/v1/sessions/{ref}/turns", "session_send",
+                  "Send a prompt (201 queued; 200 with the outcome when wait is true)", SessionPath, body=TurnSend,
+                  ok=(201, 200), tag="sessions")
+TURN_GET = op("GET", "/api/v1/turns/{id}", "turn_get", "Show a turn", TurnPath, tag="sessions")
+TASK_SUBMIT = op("POST", "/api/v1/tasks", "task_submit", "Submit a task", body=TaskSubmit, ok=(201,))
+TASK_LIST = op("GET", "/api/v1/tasks", "task_list", "List your tasks", query=ListQuery)
+TASK_GET = op("GET", "/api/v1/tasks/{id}", "task_get", "Show a task", TaskPath)
+TASK_EVENTS = op("GET", "/api/v1/tasks/{id}/events", "task_events", "Read a task's events after a cursor", TaskPath,
+                 query=CursorQuery)
+TASK_WAIT = op("GET", "/api/v1/tasks/{id}/wait", "task_wait", "Wait for a task's events after a cursor", TaskPath,
+               query=WaitQuery)
+TASK_CANCEL = op("POST", "/api/v1/tasks/{id}/cancel", "task_cancel", "Cancel a task", TaskPath)
+RUNTIME_LIST = op("GET", "/api/v1/runtimes", "runtime_list", "List runtimes", tag="runtimes")
+RUNTIME_DEREGISTER = op("DELETE", "/api/v1/runtimes/{name}", "runtime_deregister", "Free a runtime name you own",
+                        RuntimePath, tag="runtimes")
+TOKEN_LIST = op("GET", "/api/v1/tokens", "token_list", "List your tokens (all=1: everyone's, admin)", query=AllQuery,
+                tag="tokens")
+TOKEN_CREATE = op("POST", "/api/v1/tokens", "token_create", "Create a token", body=TokenCreate, ok=(201,), tag="tokens")
+TOKEN_REVOKE = op("DELETE", "/api/v1/tokens/{id}", "token_revoke", "Revoke a token", TokenPath, tag="tokens")
+SCHEDULE_CREATE = op("POST", "/api/v1/schedules", "schedule_create", "Create a schedule", body=ScheduleCreate,
+                     ok=(201,), tag=S)
+SCHEDULE_LIST = op("GET", "/api/v1/schedules", "schedule_list", "List schedules", query=ScheduleListQuery, tag=S)
+SCHEDULE_GET = op("GET", "/api/v1/schedules/{id}", "schedule_get", "Show a schedule", SchedulePath, tag=S)
+SCHEDULE_UPDATE = op("PATCH", "/api/v1/schedules/{id}", "schedule_update", "Change a schedule", SchedulePath,
+                     body=ScheduleFields, tag=S)
+SCHEDULE_PAUSE = op("POST", "/api/v1/schedules/{id}/pause", "schedule_pause", "Pause a schedule", SchedulePath, tag=S)
+SCHEDULE_RESUME = op("POST", "/api/v1/schedules/{id}/resume", "schedule_resume", "Resume a schedule", SchedulePath,
+                     tag=S)
+SCHEDULE_DELETE = op("DELETE", "/api/v1/schedules/{id}", "schedule_delete", "Delete a schedule", SchedulePath, tag=S)
+SCHEDULE_HISTORY = op("GET", "/api/v1/schedules/{id}/history", "schedule_history", "A schedule's firings",
+                      SchedulePath, query=HistoryQuery, tag=S)
+ALERT_LIST = op("GET", "/api/v1/alerts", "alert_list", "Open incidents and delivery diagnostics (all=1: closed too)",
+                query=AllQuery, admin=ALERT_ADMIN, tag=A)
+ALERT_EXPLAIN = op("GET", "/api/v1/alerts/explain/{ref}", "alert_explain", "The decision log of an incident or firing",
+                   ExplainPath, admin=ALERT_ADMIN, tag=A)
+ALERT_CONTROL = op("POST", "/api/v1/alerts/incidents/{id}/{action}", "alert_control",
+                   "Acknowledge, snooze or pause an incident", IncidentPath, admin=ALERT_ADMIN, tag=A)
+FEISHU_RECHECK = op("POST", "/api/v1/feishu/apps/{app}/recheck", "feishu_recheck",
+                    "Lift a delivery suspension of a Feishu app", AppPath, admin=ALERT_ADMIN, tag=A)
+LINK_CODE = op("POST", "/api/v1/identity/link-codes", "identity_link_code", "Create a one-time link code", ok=(201,),
+               tag=I)
+IDENTITY_LIST = op("GET", "/api/v1/identities", "identity_list", "List identity bindings (all=1: everyone's, admin)",
+                   query=AllQuery, tag=I)
+IDENTITY_UNLINK = op("DELETE", "/api/v1/identities/{id}", "identity_unlink", "Unlink an identity binding",
+                     IdentityPath, tag=I)
