@@ -52,14 +52,15 @@ async def pg_database() -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def hub_process(db_url: str | None, *, slots: int = 8, with_runner: bool = True) -> AsyncIterator[tuple[str, str]]:
+async def hub_process(db_url: str | None, *, slots: int = 8, with_runner: bool = True,
+                      env: dict[str, str] | None = None) -> AsyncIterator[tuple[str, str]]:
     """Run `amux up` (hub + in-process runner) in a subprocess; yield (url, admin token)."""
     home = Path(tempfile.mkdtemp(prefix="amux-bench-"))
     port = free_port()
     args = ["up", "--slots", str(slots)] if with_runner else ["hub", "serve"]
     args += ["--listen", f"127.0.0.1:{port}"] + (["--db", db_url] if db_url else [])
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "hub.cli", *args, cwd=REPO, env={**os.environ, "AMUX_HOME": str(home)},
+        sys.executable, "-m", "hub.cli", *args, cwd=REPO, env={**os.environ, "AMUX_HOME": str(home), **(env or {})},
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
