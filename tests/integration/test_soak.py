@@ -408,7 +408,7 @@ async def test_three_replicas_survive_kill_9_of_a_hub_and_a_runner_and_a_postgre
         # -- bring up: three replicas race the migrations on an empty database -----------------------------
         for i in range(3):
             await fleet.start_hub(i)
-        await until(lambda: _all_ready(fleet), 120)
+        await until(lambda: _all_ready(fleet), 300)  # three interpreters importing at once on a busy machine
         await until(lambda: asyncio.sleep(0, (tmp_path / "hub0" / "admin.token").exists()), 30)
         fleet.token = (tmp_path / "hub0" / "admin.token").read_text().strip()
         await proxy.start()
