@@ -147,3 +147,16 @@ async def test_the_install_script_builds_installs_migrates_and_serves_as_an_unpr
                 proc.wait()
         await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_dockerignore_lets_in_exactly_what_the_dockerfile_copies():
+    text = (REPO / "deploy" / "Dockerfile").read_text()
+    sources = set()
+    for line in text.splitlines():
+        parts = line.split()
+        if parts[:1] == ["COPY"] and not any(p.startswith("--from") for p in parts):
+            sources.update(p.rstrip("/").removeprefix("./") for p in parts[1:-1])
+    ignore = (REPO / ".dockerignore").read_text().splitlines()
+    allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    assert "**" in ignore, "the build context starts from nothing"
+    assert sources == allowed, (sources, allowed)
