@@ -70,7 +70,10 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
 
     from .cli_discovery import remove_hub_file, write_hub_file
 
+    from .files import private_dir
+
     settings = _settings(args, create_home=True)
+    private_dir(settings.home)  # 0700: the database, tokens and secret key live here
     host, port = listen_address(settings.listen)
     await upgrade(settings.db_url())
     hub = Hub(settings)

@@ -170,5 +170,7 @@ async def test_a_dispatch_carries_the_credentials_but_the_snapshot_does_not(core
     rt, conn_id, _ = await core.runtimes.register(core.admin, p.Register(name="cpu", slots=2, capabilities=CAPS))
     await core.dispatcher.place_once()
     out = await core.runtimes.outgoing(rt, conn_id, set())
-    assert out[0]["task_id"] == tid and out[0]["env"] == {"ANTHROPIC_API_KEY": "sk-ant-in-transit"}
+    env = out[0]["env"]
+    assert out[0]["task_id"] == tid and env.pop("ANTHROPIC_API_KEY") == "sk-ant-in-transit"
+    assert set(env) == {"AMUX_HUB_URL", "AMUX_TOKEN"}  # plus the run's coordination variables, nothing else
     assert "sk-ant-in-transit" not in json.dumps(await snapshot_of(core, tid))
