@@ -425,7 +425,11 @@ async def test_three_replicas_survive_kill_9_of_a_hub_and_a_runner_and_a_postgre
         try:
             took = await until(lambda: _is_superset(online(), expected), 90)
         except AssertionError:
-            raise AssertionError(f"runners not online: {sorted(expected - await online())}") from None
+            async with engine.connect() as conn:
+                st = dict((await conn.execute(sa.select(runtimes.c.name, runtimes.c.status))).all())
+            late = sorted(expected - await online())
+            raise AssertionError(f"{len(late)} runners not online after 90 s: "
+                                 f"{[(n, st.get(n, 'never registered')) for n in late[:20]]}") from None
         stats.note(f"{len(expected)} runners online after {took:.1f}s")
 
         async with mcp(url, fleet.token, "soak-setup") as c:
