@@ -331,7 +331,7 @@ async def lease_racer(url: str, token: str, stats: Stats, stop: asyncio.Event, w
 
 
 async def faults(fleet: Fleet, pg: Postgres, proxy_url: str, stats: Stats, duration: float) -> None:
-    """One cycle per CYCLE_S of load: kill -9 a hub (restart it 5 s later), kill -9 a runner, restart PostgreSQL."""
+    """One cycle per CYCLE_S of load: kill -9 a hub (restart it 3 s later), kill -9 a runner (restart it later), restart PostgreSQL."""
     cycle = min(duration, CYCLE_S)
     start = time.monotonic()
     watchers: list[asyncio.Task] = []
