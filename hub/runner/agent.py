@@ -17,9 +17,17 @@ import aiohttp
 from ..domain.policy import normalize_native_args
 from ..engines.base import Engine, EngineResult, Job, PermissionReply
 from ..engines.environment import base_env
+from ..errors import AmuxError
 from . import protocol as p
 
 log = logging.getLogger("amux.runner")
+
+
+class RunnerRefused(AmuxError):
+    """The hub will not take this runner (token refused or revoked, name owned by another): reconnecting cannot help."""
+
+    status = 403
+    code = "runner_refused"
 REVOKED_CLOSE = 4401  # the hub's close code for a revoked token
 
 QUESTION_DIAGNOSTIC = (
@@ -177,23 +185,30 @@ class Runner:
                     delay = 0.1
                 except aiohttp.WSServerHandshakeError as e:
                     if e.status in (401, 403):  # a revoked or wrong token: retrying cannot help
-                        raise PermissionError(f"hub refused the runner's token ({e.status}: revoked or invalid); "
-                                              "create a new one with `amux token create --runner`") from e
+                        self._give_up()
+                        raise RunnerRefused(f"hub refused the runner's token ({e.status}: revoked or invalid); "
+                                            "create a new one with `amux token create --principal NAME --runner`") from e
                     log.info("hub refused the connection (%s); retrying in %.1fs", e.status, delay)
+                except RunnerRefused as e:
+                    log.error("%s", e.message)
+                    self._give_up()
+                    raise
                 except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
                     log.info("hub unreachable (%s); retrying in %.1fs", e, delay)
-                except PermissionError as e:
-                    log.error("%s", e)
-                    for h in self.held.values():  # nothing it runs can report any more
-                        if h.task and not h.task.done():
-                            h.task.cancel()
-                    raise
+                except Exception as e:  # a protocol surprise (say, a proxy's error page mid-stream): reconnect
+                    log.warning("connection to the hub failed (%s: %s); retrying in %.1fs", type(e).__name__, e, delay)
                 self.ws = None
                 self.registered.clear()
                 if self._stop.is_set():
                     break
                 await asyncio.sleep(delay + random.random() * delay / 2)
                 delay = min(delay * 2, 2.0)
+
+    def _give_up(self) -> None:
+        """Cancel what this runner runs: nothing it runs could report any more."""
+        for h in self.held.values():
+            if h.task and not h.task.done():
+                h.task.cancel()
 
     async def stop(self) -> None:
         """Stop connecting and cancel held work."""
@@ -212,7 +227,9 @@ class Runner:
             await ws.send_json(reg.model_dump())
             first = await ws.receive_json(timeout=30)
             if first.get("type") == "error":
-                raise PermissionError(f"hub refused the runner: {first.get('message')}")
+                if first.get("code") == "retry":  # the hub could not register it just now (its database): reconnect
+                    raise ConnectionError(f"hub could not register the runner yet: {first.get('message')}")
+                raise RunnerRefused(f"hub refused the runner: {first.get('message')}")
             registered = p.Registered.model_validate(first)
             self.runtime_id, self.heartbeat_s = registered.runtime_id, registered.heartbeat_s
             for task_id in registered.drop:
@@ -233,8 +250,8 @@ class Runner:
                 beat.cancel()
                 self.ws = None
             if ws.close_code == REVOKED_CLOSE or self._revoked:
-                raise PermissionError("hub closed the connection: this runner's token was revoked; "
-                                      "create a new one with `amux token create --runner`")
+                raise RunnerRefused("hub closed the connection: this runner's token was revoked; "
+                                    "create a new one with `amux token create --principal NAME --runner`")
 
     async def _heartbeat(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         while not ws.closed:

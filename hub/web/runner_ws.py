@@ -18,6 +18,10 @@ log = logging.getLogger("amux.runner_ws")
 REVOKED_CLOSE = 4401  # application close code: the runner's token was revoked (the runner stops; no retry helps)
 
 
+INBOX_FRAMES = 1024      # frames read ahead of the applier before the socket stops being read
+APPLY_ATTEMPTS = 3       # tries of one batch before the socket is closed for the runner to reconnect and resend
+
+
 class RunnerEndpoint:
     """Accept runner connections; one pump per connection sends dispatches and cancels."""
 
@@ -65,12 +69,20 @@ class RunnerEndpoint:
             runtime_id, conn_id, drop = await self.runtimes.register(caller, reg)
         except (AmuxError, ValidationError, ValueError, TypeError, asyncio.TimeoutError) as e:
             msg = e.message if isinstance(e, AmuxError) else f"bad register message ({e}); upgrade the runner to this hub's version"
-            await ws.send_json(p.ErrorMsg(message=msg).model_dump())
+            code = e.code if isinstance(e, AmuxError) else "invalid"
+            await ws.send_json(p.ErrorMsg(message=msg, code=code).model_dump())
             await ws.close()
+            return ws
+        except Exception as e:  # the database, most likely: the socket is already upgraded, so answer in-protocol
+            log.warning("runner registration failed (%s); the runner will retry", type(e).__name__)
+            with contextlib.suppress(Exception):
+                await ws.send_json(p.ErrorMsg(message="the hub could not register this runner just now; retrying",
+                                              code="retry").model_dump())
+            await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"retry")
             return ws
         await ws.send_json(p.Registered(runtime_id=runtime_id, heartbeat_s=self.heartbeat_s, drop=drop).model_dump())
         pump = asyncio.create_task(self._pump(ws, runtime_id, conn_id, caller.token_id))
-        inbox: asyncio.Queue = asyncio.Queue()
+        inbox: asyncio.Queue = asyncio.Queue(maxsize=INBOX_FRAMES)  # full: stop reading, the runner waits
         applier = asyncio.create_task(self._apply_loop(ws, runtime_id, conn_id, inbox))
         self.open.add(ws)
         self.by_token.setdefault(caller.token_id, set()).add(ws)
@@ -78,9 +90,12 @@ class RunnerEndpoint:
             async for raw in ws:
                 if raw.type != WSMsgType.TEXT:
                     break
-                inbox.put_nowait(raw.json())
-            inbox.put_nowait(None)
-            await applier  # apply what arrived before the connection closed
+                if applier.done():  # it could not apply reports and closed the socket: stop reading
+                    break
+                await inbox.put(raw.json())
+            if not applier.done():
+                await inbox.put(None)
+                await applier  # apply what arrived before the connection closed
         finally:
             self.open.discard(ws)
             peers = self.by_token.get(caller.token_id, set())
@@ -104,11 +119,24 @@ class RunnerEndpoint:
             done = frames[-1] is None
             frames = [f for f in frames if f is not None]
             if frames:
-                try:
-                    await self._on_message(ws, runtime_id, conn_id, {"type": "batch", "messages": [
-                        m for f in frames for m in (f.get("messages", []) if f.get("type") == "batch" else [f])]})
-                except (ConnectionError, RuntimeError):
-                    return
+                batch = {"type": "batch", "messages": [
+                    m for f in frames for m in (f.get("messages", []) if f.get("type") == "batch" else [f])]}
+                for attempt in range(APPLY_ATTEMPTS):
+                    try:
+                        await self._on_message(ws, runtime_id, conn_id, batch)
+                        break
+                    except (ConnectionError, RuntimeError):
+                        return  # the socket is gone
+                    except Exception as e:  # a transient database error (deadlock, restart): retry, then hand back
+                        if attempt + 1 < APPLY_ATTEMPTS:
+                            await asyncio.sleep(0.2 * 2 ** attempt)
+                            continue
+                        # The runner keeps what was not acknowledged and resends it after reconnecting (to this
+                        # replica or another), so closing loses nothing; a silent dead applier would lose it all.
+                        log.warning("could not apply a runner's reports (%s); closing its socket so it reconnects",
+                                    type(e).__name__)
+                        await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"reconnect")
+                        return
             if done:
                 return
 

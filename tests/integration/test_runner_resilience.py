@@ -1,0 +1,81 @@
+"""Runner connections survive the store's bad moments and give up only when reconnecting cannot help."""
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from sqlalchemy.exc import OperationalError
+
+from hub.services.admission import SubmitRequest
+from tests.helpers import REPO
+
+
+class FailingFirst:
+    """Fault injection at the store boundary: the first `n` calls raise what a restarting database raises."""
+
+    def __init__(self, real, n: int) -> None:  # noqa: ANN001
+        self.real, self.left, self.calls = real, n, 0
+
+    async def __call__(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN204
+        self.calls += 1
+        if self.left > 0:
+            self.left -= 1
+            raise OperationalError("UPDATE runtimes …", {}, ConnectionResetError("connection reset by peer"))
+        return await self.real(*args, **kwargs)
+
+
+async def test_a_store_error_while_applying_reports_is_retried_and_the_task_still_finishes(any_hub):
+    runner = await any_hub.start_runner()
+    flaky = FailingFirst(any_hub.hub.runtimes.apply, 2)  # fewer failures than the applier's attempts
+    any_hub.hub.runtimes.apply = flaky
+    caller = await any_hub.hub.auth.authenticate(any_hub.admin_token)
+    task_id = (await any_hub.hub.tasks.submit(caller, SubmitRequest(prompt="say hi\nsay done", profile="scripted")))["task_id"]
+    view = await any_hub.hub.tasks.wait_terminal(caller, task_id, 30)
+    assert view["status"] == "succeeded" and view["result"]["text"] == "hi\ndone"
+    assert flaky.calls > 2 and runner.registered.is_set()
+
+
+async def test_a_store_error_that_persists_closes_the_socket_and_the_runner_reconnects_and_resends(any_hub):
+    runner = await any_hub.start_runner()
+    caller = await any_hub.hub.auth.authenticate(any_hub.admin_token)
+    flaky = FailingFirst(any_hub.hub.runtimes.apply, 3)  # every attempt of one batch fails: the socket is closed
+    any_hub.hub.runtimes.apply = flaky
+    first_ws = runner.ws
+    task_id = (await any_hub.hub.tasks.submit(caller, SubmitRequest(prompt="say hi\nsay done", profile="scripted")))["task_id"]
+    view = await any_hub.hub.tasks.wait_terminal(caller, task_id, 30)
+    assert view["status"] == "succeeded" and view["result"]["text"] == "hi\ndone"  # resent after reconnecting
+    assert runner.ws is not first_ws and runner.registered.is_set()
+    events = (await any_hub.hub.tasks.events(caller, task_id))["events"]
+    assert [e["text"] for e in events if e["type"] == "text"] == ["hi", "done"]  # once each
+
+
+async def test_a_store_error_during_registration_makes_the_runner_retry_not_stop(any_hub):
+    any_hub.hub.runtimes.register = FailingFirst(any_hub.hub.runtimes.register, 2)
+    runner = await any_hub.start_runner()  # registers on the third try
+    assert runner.registered.is_set()
+
+
+async def test_amux_runner_with_a_refused_token_exits_non_zero_with_one_line_naming_the_fix(hub):
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "hub.cli", "runner", "--hub", hub.url, "--token", "amux.nope.wrong", "--name", "x",
+        cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    lines = [line for line in err.decode().splitlines() if line.startswith("amux:")]
+    assert proc.returncode == 2, err.decode()[-2000:]
+    assert len(lines) == 1 and "amux token create" in lines[0] and "--runner" in lines[0]
+    assert "Traceback" not in err.decode()
+
+
+async def test_a_runner_that_is_refused_by_name_stops_and_says_why(any_hub):
+    bob = await any_hub.hub.auth.create_token("bob", runner=True)
+    await any_hub.start_runner(name="gpu-box")  # the admin's runner owns the name first
+    from hub.runner.agent import Runner, RunnerRefused
+    from hub.engines.scripted import ScriptedEngine
+
+    squatter = Runner(any_hub.url, bob, name="gpu-box", slots=1, workspace_root=any_hub.hub.settings.home / "b",
+                      engines={"scripted": ScriptedEngine()})
+    try:
+        await asyncio.wait_for(squatter.run_forever(), 20)
+        raise AssertionError("the squatter kept running")
+    except RunnerRefused as e:
+        assert "gpu-box" in e.message
