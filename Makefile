@@ -112,3 +112,16 @@ SOAK_SIM_RUNNERS ?= 60
 soak: venv
 	AMUX_SOAK_DURATION_S=$(SOAK_S) AMUX_SOAK_SIM_RUNNERS=$(SOAK_SIM_RUNNERS) \
 	  $(VENV_PY) -m pytest -q -s tests/integration/test_soak.py $(PYTEST_ARGS)
+
+## fuzz: schemathesis against a live hub on SQLite and PostgreSQL, every /api/v1 operation, many more examples than
+##       the suite's run (make fuzz FUZZ_EXAMPLES=500 FUZZ_SEED=7); zero 5xx and zero answers outside the schema
+FUZZ_EXAMPLES ?= 200
+FUZZ_SEED     ?= $(shell date +%s)
+.PHONY: fuzz
+fuzz: venv
+	@url="$${AMUX_TEST_DATABASE_URL:-}"; \
+	if [ -z "$$url" ]; then url="$$($(VENV_PY) scripts/ensure_postgres.py)" || { echo "make fuzz: no PostgreSQL" >&2; exit 1; }; fi; \
+	echo "make fuzz: seed $(FUZZ_SEED), $(FUZZ_EXAMPLES) examples per operation" >&2; \
+	AMUX_TEST_DATABASE_URL="$$url" AMUX_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) AMUX_FUZZ_SEED=$(FUZZ_SEED) AMUX_FUZZ_PHASES=examples,coverage,fuzzing \
+	  $(VENV_PY) -m pytest -q -s tests/integration/test_openapi_fuzz.py -k schemathesis $(PYTEST_ARGS); \
+	AMUX_PROPERTY_EXAMPLES=$$(( $(FUZZ_EXAMPLES) * 25 )) $(VENV_PY) -m pytest -q tests/unit/test_parsers_property.py $(PYTEST_ARGS)

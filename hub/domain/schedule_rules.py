@@ -88,12 +88,16 @@ def parse(text: str, tz_name: str) -> Rule:
             when = datetime.fromisoformat(s[3:].strip())
         except ValueError as e:
             raise Invalid(f"rule {text!r} has no valid ISO time after `at`; write one of: {EXAMPLES}") from e
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=tz)
-            if not _exists(when.replace(tzinfo=None), tz):
-                raise Invalid(f"rule {text!r} names a local time that does not exist in {tz_name} (DST gap); pick another time")
-        DateTrigger(when, timezone=tz)  # the same validation APScheduler applies
-        return Rule(s, "at", tz, at=when.astimezone(timezone.utc))
+        try:
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=tz)
+                if not _exists(when.replace(tzinfo=None), tz):
+                    raise Invalid(f"rule {text!r} names a local time that does not exist in {tz_name} (DST gap); "
+                                  "pick another time")
+            DateTrigger(when, timezone=tz)  # the same validation APScheduler applies
+            return Rule(s, "at", tz, at=when.astimezone(timezone.utc))
+        except OverflowError as e:  # year 1 or 9999 shifted across UTC
+            raise Invalid(f"rule {text!r} is out of the range of dates; pick a time between years 2 and 9998") from e
     fields = s.split(" ")
     if len(fields) != 5:
         raise Invalid(f"rule {text!r} is not a rule; write one of: {EXAMPLES}")

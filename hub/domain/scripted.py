@@ -58,7 +58,7 @@ def parse_line(line: str, lineno: int) -> Step | None:
         nums = []
         for item in _split(rest, lineno):
             key, eq, val = item.partition("=")
-            if not eq or not val.isdigit():
+            if not eq or not val.isascii() or not val.isdigit():  # `²`.isdigit() is True, int('²') fails
                 raise Invalid(f"scripted line {lineno}: `usage` takes key=N pairs with N ≥ 0, e.g. usage input=10 output=5")
             nums.append((key, int(val)))
         return Step(op, (), numbers=tuple(nums))
