@@ -11,7 +11,7 @@ import json
 import logging
 import re
 from datetime import timedelta
-from typing import Any, Awaitable
+from typing import TYPE_CHECKING, Any, Awaitable
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -22,12 +22,14 @@ from hub.store.tables import bot_inbound
 
 from .cards.actions import BadPayload
 from .cards.identity import LINK_REFUSED, render_link_result
-from .feishu.messenger import LarkMessenger, Outgoing
 from .handlers.context import Answer, Ctx
 from .handlers.conversation import converse
 from .handlers.overview import overview
 from .i18n import Catalogs, _, catalogs
 from .identity import IdentityBindings, Viewer
+
+if TYPE_CHECKING:  # lark-oapi (thousands of modules) loads only when a Feishu app needs it
+    from .feishu.messenger import Outgoing
 from .router import check, is_command, link_argument
 
 log = logging.getLogger(__name__)
@@ -44,9 +46,18 @@ class FeishuBot:
         self.tr = tr or catalogs()
         self.apps = {a.app_id: a for a in hub.settings.feishu.apps}
         self.identity = IdentityBindings(hub.db, hub.clock, hub.auth)
-        self.messenger: Outgoing = messenger or LarkMessenger(self.apps.values(), hub.settings.feishu.timeout_s)
+        self._messenger = messenger
         self.background: set[asyncio.Task] = set()
         self.turn_wait_s = 600.0
+
+    @property
+    def messenger(self) -> Outgoing:
+        """Where replies go by default: Feishu through lark-oapi, loaded on first use."""
+        if self._messenger is None:
+            from .feishu.messenger import LarkMessenger
+
+            self._messenger = LarkMessenger(self.apps.values(), self.hub.settings.feishu.timeout_s)
+        return self._messenger
 
     # ------------------------------------------------------------ plumbing
 
