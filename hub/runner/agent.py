@@ -343,7 +343,7 @@ class Runner:
         workspace = self.workspace_root / (d.snapshot.get("workspace_key") or d.task_id)
         workspace.mkdir(parents=True, exist_ok=True)
         home, own_home = run_home(self.home_root, d)
-        before = snapshot_tree(workspace)
+        before = await asyncio.to_thread(snapshot_tree, workspace)  # a big tree must not stall the loop
         engine = self.engines.get(d.snapshot.get("engine", ""))
         last_usage: dict | None = None
         asked = False
@@ -389,11 +389,12 @@ class Runner:
         if own_home:
             shutil.rmtree(home, ignore_errors=True)
         await self._flush(h)
+        changed = diff_trees(before, await asyncio.to_thread(snapshot_tree, workspace))
         h.rseq += 1
         fin = p.Finished(
             task_id=d.task_id, attempt=d.attempt, rseq=h.rseq, outcome=outcome, result_text=redact.scrub(result.text or ""),
             result_json=redact.scrub(result.json), error=redact.scrub(result.error), usage=last_usage,
-            changed_files=diff_trees(before, snapshot_tree(workspace)), resume_handle=result.resume_handle,
+            changed_files=changed, resume_handle=result.resume_handle,
         )
         h.steering = None
         h.finished = True
