@@ -327,6 +327,10 @@ def refusal_message(model: type[Model], err: ValidationError, part: str) -> str:
 
 
 def _lower(msg: str) -> str:
+    """Pydantic's "Input should be …" reads as "<field> should be …"."""
+    for lead in ("Input ", "String ", "Value ", "List "):
+        if msg.startswith(lead + "should"):
+            return msg[len(lead):]
     return msg[:1].lower() + msg[1:]
 
 
