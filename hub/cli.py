@@ -51,6 +51,9 @@ async def _token_file(hub, path: Path, principal: str, label: str, *, runner: bo
                 if path.stat().st_mode & 0o077:
                     path.chmod(0o600)
                 return token
+            if runner and caller.admin:  # an older runner.token was an admin token: retire it with the file
+                from .services.auth import TokenAdmin
+                await TokenAdmin(hub.auth).revoke(caller, caller.token_id)
         except AmuxError:
             pass
     token = await hub.auth.create_token(principal, label=label, admin=True, runner=runner)

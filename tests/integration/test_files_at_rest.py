@@ -76,3 +76,19 @@ def test_the_embedded_secret_key_is_0600_in_a_0700_home_even_when_the_home_exist
     home.chmod(0o755)
     key = embedded_secret_key(home)
     assert key and mode(home) == 0o700 and mode(home / "secret.key") == 0o600
+
+
+async def test_an_older_admin_runner_token_file_is_replaced_by_a_runner_token_and_revoked(hub, tmp_path):
+    from hub.cli import _token_file
+    from hub.errors import Unauthorized
+    import pytest
+
+    old = await hub.hub.auth.create_token("local-runner", label="runner", admin=True)
+    path = tmp_path / "runner.token"
+    path.write_text(old + "\n")
+    path.chmod(0o644)
+    new = await _token_file(hub.hub, path, "local-runner", "runner", runner=True)
+    assert new != old and mode(path) == 0o600
+    assert (await hub.hub.auth.authenticate(new, surface="runner")).kind == "runner"
+    with pytest.raises(Unauthorized):
+        await hub.hub.auth.authenticate(old)
