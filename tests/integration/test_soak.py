@@ -167,6 +167,7 @@ class Stats:
     lease_races: int = 0
     lease_double_live: int = 0
     lease_errors: int = 0
+    startup_exits: int = 0  # replicas that died while starting (e.g. their migration hit the PostgreSQL restart)
     events: list[str] = field(default_factory=list)
     recovery: dict[str, list[float]] = field(default_factory=dict)
 
@@ -372,7 +373,20 @@ async def faults(fleet: Fleet, pg: Postgres, proxy_url: str, stats: Stats, durat
 
 
 async def _record_ready(fleet: Fleet, i: int, stats: Stats) -> None:
-    took = await until(lambda: fleet.ready(i), 240, 0.5)
+    """Wait for a restarted replica; if it exits while starting, start it again, as an orchestrator would."""
+    t0 = time.monotonic()
+
+    async def up() -> bool:
+        proc = fleet.hubs[i]
+        if proc is not None and proc.returncode is not None:
+            stats.startup_exits += 1
+            stats.note(f"hub replica {i} exited with {proc.returncode} while starting; starting it again")
+            await fleet.start_hub(i)
+            return False
+        return await fleet.ready(i)
+
+    await until(up, 300, 0.5)
+    took = time.monotonic() - t0
     stats.recovery.setdefault("replica restart to ready (s)", []).append(took)
     stats.note(f"hub replica {i} ready {took:.1f}s after its restart")
 
@@ -538,7 +552,8 @@ async def test_three_replicas_survive_kill_9_of_a_hub_and_a_runner_and_a_postgre
               f"schedules behind at the end {len(due_late)}; one task fired for two firings {fired_twice}")
         print(f"leases: {stats.lease_races} takeover races, {stats.lease_double_live} with two live handles, "
               f"{stats.lease_errors} calls failed during faults")
-        print(f"replicas ready {ready}; runners online {len(back_online & expected)}/{len(expected)}")
+        print(f"replicas ready {ready}; runners online {len(back_online & expected)}/{len(expected)}; "
+              f"{stats.startup_exits} replica starts died and were restarted")
         for k, v in stats.recovery.items():
             print(f"recovery: {k}: " + ", ".join(f"{x:.1f}" for x in v))
         for e in stats.events:
