@@ -10,6 +10,9 @@ from tests.integration.test_cli_rest import amux
 def fast(handle) -> None:  # noqa: ANN001
     handle.hub.settings.schedules.reconcile_s = 0.05
     handle.hub.settings.schedules.poll_s = 0.05
+    # These tests jump the clock by minutes; the runner's real heartbeats (every few seconds) must not make its
+    # runtime look lost meanwhile (that rule has tests of its own).
+    handle.hub.settings.hub.runtime_lost_s = 3600
 
 
 async def ledger_of(c, sid: str) -> list[dict]:  # noqa: ANN001
