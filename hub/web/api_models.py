@@ -18,6 +18,7 @@ from pydantic_core import PydanticCustomError
 
 from ..domain.text import BadText, check_text, loads
 from ..errors import AmuxError, Forbidden, Invalid
+from ..services.admission import MAX_TIMEOUT_S
 from ..services.auth import Caller
 from .edge import REQUEST_ID
 
@@ -192,7 +193,7 @@ class HistoryQuery(QueryModel):
 # --- bodies ----------------------------------------------------------------------------------------
 
 Args = Annotated[list[text(4096)], Field(max_length=256, description="extra engine arguments")]
-Seconds = Annotated[float, Field(gt=0, le=7 * 86400, description="seconds, e.g. 600")]
+Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, description=f"seconds, at most {MAX_TIMEOUT_S}, e.g. 600")]
 
 
 class TaskSubmit(Model):
@@ -245,7 +246,7 @@ class MemoryPut(Model):
 class PermissionAnswer(Model):
     hint: ClassVar[str] = 'send {"request_id": "...", "allow": true|false, "message": "optional"}'
     what: ClassVar[str] = "a permission answer"
-    request_id: Id
+    request_id: Short
     allow: bool
     message: text(4000) | None = None
 
@@ -303,6 +304,65 @@ def error_response(e: AmuxError, request: web.Request | None = None) -> web.Resp
     if request is not None and REQUEST_ID in request:
         body["request_id"] = request[REQUEST_ID]
     return web.json_response(body, status=e.status)
+
+
+# --- answers (documented in the spec and checked by the fuzzing; more keys may be present) ---------------
+
+class Reply(BaseModel):
+    """An answer's guaranteed keys; the hub may add others."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class WhoamiReply(Reply):
+    principal: str
+    label: str | None
+    admin: bool
+
+
+class TaskStatusReply(Reply):
+    task_id: str
+    status: str
+
+
+class TaskListReply(Reply):
+    tasks: list[TaskStatusReply]
+
+
+class EventsReply(Reply):
+    events: list[dict[str, Any]]
+    cursor: int
+    done: bool
+
+
+class SessionReply(Reply):
+    session_id: str
+    name: str | None
+
+
+class ScheduleReply(Reply):
+    schedule_id: str
+    name: str | None
+    rule: str
+    paused: bool
+    next_fire_at: str | None
+
+
+class ScheduleListReply(Reply):
+    schedules: list[dict[str, Any]]
+
+
+class TokenReply(Reply):
+    id: str
+    kind: str
+
+
+class TokenListReply(Reply):
+    tokens: list[TokenReply]
+
+
+class RuntimeListReply(Reply):
+    runtimes: list[dict[str, Any]]
 
 
 # --- parsing ---------------------------------------------------------------------------------------
@@ -428,7 +488,7 @@ class Op:
     ok: tuple[int, ...] = (200,)
     admin: str | None = None   # the 403 fix when a non-admin calls an admin-only operation
     tag: str = "tasks"
-    public: bool = False
+    reply: type[Reply] | None = None   # the success answer's guaranteed keys (None: a JSON object)
 
 
 Handler = Callable[[Call], Awaitable[Any]]
@@ -473,7 +533,7 @@ CRED_ADMIN = ("declaring credential profiles needs an admin token; ask an operat
               "`amux token create --principal NAME --admin`")
 ALERT_ADMIN = "the alert center needs an admin token; create one with `amux token create --admin`"
 
-WHOAMI = op("GET", "/api/v1/whoami", "whoami", "Who the token belongs to", tag="tokens")
+WHOAMI = op("GET", "/api/v1/whoami", "whoami", "Who the token belongs to", tag="tokens", reply=WhoamiReply)
 PROFILE_LIST = op("GET", "/api/v1/profiles", "profile_list", "List launch profiles", tag="profiles")
 PROFILE_ADD = op("POST", "/api/v1/profiles", "profile_add", "Store a v2 profile manifest (TOML text)", text_body=True,
                  ok=(201,), admin=PROFILE_ADMIN, tag="profiles")
@@ -490,37 +550,42 @@ MEMORY_PUT = op("PUT", "/api/v1/memory/{key}", "memory_put", "Store a memory ent
                 tag="memory")
 MEMORY_DELETE = op("DELETE", "/api/v1/memory/{key}", "memory_delete", "Delete a memory entry", MemoryPath, tag="memory")
 SESSION_CREATE = op("POST", "/api/v1/sessions", "session_create", "Create a session", body=SessionCreate, ok=(201,),
-                    tag="sessions")
+                    tag="sessions", reply=SessionReply)
 SESSION_GET = op("GET", "/api/v1/sessions/{ref}", "session_get", "Show a session and its turns", SessionPath,
-                 tag="sessions")
+                 tag="sessions", reply=SessionReply)
 SESSION_SEND = op("POST", "/api/v1/sessions/{ref}/turns", "session_send",
                   "Send a prompt (201 queued; 200 with the outcome when wait is true)", SessionPath, body=TurnSend,
                   ok=(201, 200), tag="sessions")
 TURN_GET = op("GET", "/api/v1/turns/{id}", "turn_get", "Show a turn", TurnPath, tag="sessions")
-TASK_SUBMIT = op("POST", "/api/v1/tasks", "task_submit", "Submit a task", body=TaskSubmit, ok=(201,))
-TASK_LIST = op("GET", "/api/v1/tasks", "task_list", "List your tasks", query=ListQuery)
-TASK_GET = op("GET", "/api/v1/tasks/{id}", "task_get", "Show a task", TaskPath)
+TASK_SUBMIT = op("POST", "/api/v1/tasks", "task_submit", "Submit a task", body=TaskSubmit, ok=(201,), reply=TaskStatusReply)
+TASK_LIST = op("GET", "/api/v1/tasks", "task_list", "List your tasks", query=ListQuery, reply=TaskListReply)
+TASK_GET = op("GET", "/api/v1/tasks/{id}", "task_get", "Show a task", TaskPath, reply=TaskStatusReply)
 TASK_EVENTS = op("GET", "/api/v1/tasks/{id}/events", "task_events", "Read a task's events after a cursor", TaskPath,
-                 query=CursorQuery)
+                 query=CursorQuery, reply=EventsReply)
 TASK_WAIT = op("GET", "/api/v1/tasks/{id}/wait", "task_wait", "Wait for a task's events after a cursor", TaskPath,
-               query=WaitQuery)
-TASK_CANCEL = op("POST", "/api/v1/tasks/{id}/cancel", "task_cancel", "Cancel a task", TaskPath)
-RUNTIME_LIST = op("GET", "/api/v1/runtimes", "runtime_list", "List runtimes", tag="runtimes")
+               query=WaitQuery, reply=EventsReply)
+TASK_CANCEL = op("POST", "/api/v1/tasks/{id}/cancel", "task_cancel", "Cancel a task", TaskPath, reply=TaskStatusReply)
+RUNTIME_LIST = op("GET", "/api/v1/runtimes", "runtime_list", "List runtimes", tag="runtimes",
+                  reply=RuntimeListReply)
 RUNTIME_DEREGISTER = op("DELETE", "/api/v1/runtimes/{name}", "runtime_deregister", "Free a runtime name you own",
                         RuntimePath, tag="runtimes")
 TOKEN_LIST = op("GET", "/api/v1/tokens", "token_list", "List your tokens (all=1: everyone's, admin)", query=AllQuery,
-                tag="tokens")
-TOKEN_CREATE = op("POST", "/api/v1/tokens", "token_create", "Create a token", body=TokenCreate, ok=(201,), tag="tokens")
+                tag="tokens", reply=TokenListReply)
+TOKEN_CREATE = op("POST", "/api/v1/tokens", "token_create", "Create a token", body=TokenCreate, ok=(201,), tag="tokens",
+                  reply=TokenReply)
 TOKEN_REVOKE = op("DELETE", "/api/v1/tokens/{id}", "token_revoke", "Revoke a token", TokenPath, tag="tokens")
 SCHEDULE_CREATE = op("POST", "/api/v1/schedules", "schedule_create", "Create a schedule", body=ScheduleCreate,
-                     ok=(201,), tag=S)
-SCHEDULE_LIST = op("GET", "/api/v1/schedules", "schedule_list", "List schedules", query=ScheduleListQuery, tag=S)
-SCHEDULE_GET = op("GET", "/api/v1/schedules/{id}", "schedule_get", "Show a schedule", SchedulePath, tag=S)
+                     ok=(201,), tag=S, reply=ScheduleReply)
+SCHEDULE_LIST = op("GET", "/api/v1/schedules", "schedule_list", "List schedules", query=ScheduleListQuery, tag=S,
+                   reply=ScheduleListReply)
+SCHEDULE_GET = op("GET", "/api/v1/schedules/{id}", "schedule_get", "Show a schedule", SchedulePath, tag=S,
+                   reply=ScheduleReply)
 SCHEDULE_UPDATE = op("PATCH", "/api/v1/schedules/{id}", "schedule_update", "Change a schedule", SchedulePath,
-                     body=ScheduleFields, tag=S)
-SCHEDULE_PAUSE = op("POST", "/api/v1/schedules/{id}/pause", "schedule_pause", "Pause a schedule", SchedulePath, tag=S)
+                     body=ScheduleFields, tag=S, reply=ScheduleReply)
+SCHEDULE_PAUSE = op("POST", "/api/v1/schedules/{id}/pause", "schedule_pause", "Pause a schedule", SchedulePath, tag=S,
+                     reply=ScheduleReply)
 SCHEDULE_RESUME = op("POST", "/api/v1/schedules/{id}/resume", "schedule_resume", "Resume a schedule", SchedulePath,
-                     tag=S)
+                     tag=S, reply=ScheduleReply)
 SCHEDULE_DELETE = op("DELETE", "/api/v1/schedules/{id}", "schedule_delete", "Delete a schedule", SchedulePath, tag=S)
 SCHEDULE_HISTORY = op("GET", "/api/v1/schedules/{id}/history", "schedule_history", "A schedule's firings",
                       SchedulePath, query=HistoryQuery, tag=S)

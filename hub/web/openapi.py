@@ -49,15 +49,16 @@ class _Schemas:
     def __init__(self) -> None:
         self.components: dict[str, Any] = {"Error": ERROR_SCHEMA}
 
-    def ref(self, model: type[m.Model]) -> dict[str, Any]:
+    def ref(self, model: type[m.Model] | type[m.Reply]) -> dict[str, Any]:
         """Return a `$ref` to `model`, adding it (and its definitions) to the components."""
         schema = self.inline(model)
         self.components[model.__name__] = schema
         return {"$ref": REF.format(model=model.__name__)}
 
-    def inline(self, model: type[m.Model]) -> dict[str, Any]:
+    def inline(self, model: type[m.Model] | type[m.Reply]) -> dict[str, Any]:
         """Return `model`'s JSON schema, its nested definitions moved into the components."""
-        schema = model.model_json_schema(ref_template=REF)
+        mode = "serialization" if issubclass(model, m.Reply) else "validation"
+        schema = model.model_json_schema(ref_template=REF, mode=mode)
         self.components.update(schema.pop("$defs", {}))
         return schema
 
@@ -100,9 +101,10 @@ def _operation(schemas: _Schemas, o: m.Op) -> dict[str, Any]:
         op["requestBody"] = {"required": True, "content": {"text/plain": {"schema": {
             "type": "string", "maxLength": m.MAX_BODY, "description": "a v2 profile manifest (TOML)"}}}}
     responses: dict[str, Any] = {}
+    reply = schemas.ref(o.reply) if o.reply is not None else {"type": "object"}
     for status in o.ok:
-        responses[str(status)] = {"description": STATUS_TEXT[status],
-                                  "content": {"application/json": {"schema": {"type": "object"}}}}
+        responses[str(status)] = {"description": STATUS_TEXT[status], "content": {"application/json": {
+            "schema": reply if status == o.ok[0] else {"type": "object"}}}}
     for status in m.ERRORS:
         responses[str(status)] = {"description": STATUS_TEXT[status], "content": {"application/json": {
             "schema": {"$ref": REF.format(model="Error")}}}}
