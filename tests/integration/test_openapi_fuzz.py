@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx2
 import pytest
 
+from hub.errors import Invalid
+from hub.web import api_models as m
 from hub.web.api_models import OPS
 from hub.web.openapi import build_spec, path_matches
 
@@ -77,6 +79,48 @@ def test_the_cli_uses_only_operations_the_spec_describes():
 def test_every_operation_is_registered_once():
     keys = [(o.method, o.path) for o in OPS]
     assert len(keys) == len(set(keys)) and len({o.id for o in OPS}) == len(OPS)
+
+
+REFUSALS = [  # (model, input, part, a fragment the refusal must carry)
+    (m.TaskSubmit, {"prompt": "x", "colour": "red"}, "body", "unknown fields ['colour']; a task takes"),
+    (m.TaskSubmit, {}, "body", 'prompt is required; send {"prompt"'),
+    (m.TaskSubmit, {"prompt": 5}, "body", "prompt should be a valid string"),
+    (m.TaskSubmit, {"prompt": "a\x00b"}, "body", "`prompt` contains a NUL byte"),
+    (m.TurnSend, {"text": "x", "timeout_s": "abc"}, "body", "timeout_s should be a valid number"),
+    (m.TurnSend, {"text": "x", "wait": 1}, "body", "wait should be a valid boolean"),
+    (m.SessionCreate, {"name": ["a"]}, "body", "name should be a valid string"),
+    (m.ListQuery, {"limit": "1e20"}, "query", "query parameter limit is not a whole number; it must be a whole number"),
+    (m.ListQuery, {"limit": "²"}, "query", "query parameter limit is not a whole number"),
+    (m.WaitQuery, {"timeout_s": "nan"}, "query", "query parameter timeout_s is not a finite number"),
+    (m.AllQuery, {"everyone": "1"}, "query", "unknown query parameters ['everyone']"),
+    (m.TaskPath, {"id": "a b"}, "path", "path parameter id should match pattern"),
+    (m.MemoryPath, {"key": "k\x00"}, "path", "path parameter key contains a NUL byte"),
+    (m.IncidentPath, {"id": "inc_1", "action": "explode"}, "path", "path parameter action should be 'ack'"),
+]
+
+
+@pytest.mark.parametrize("model,data,part,fragment", REFUSALS, ids=[f"{r[0].__name__}-{r[3][:25]}" for r in REFUSALS])
+def test_a_refusal_names_the_field_and_the_fix(model, data, part, fragment):
+    with pytest.raises(Invalid) as e:
+        m.validate(model, data, part)
+    assert fragment in e.value.message, e.value.message
+
+
+async def test_admin_operations_answer_403_before_reading_input_and_unknown_query_parameters_400(hub):
+    alice = await hub.token("alice")
+    async with httpx2.AsyncClient(base_url=f"{hub.url}/api/v1", timeout=10) as http:
+        h = {"Authorization": f"Bearer {alice}"}
+        bad_body = await http.put("/credentials/BAD NAME", content=b"[1]", headers=h)
+        assert bad_body.status_code == 403 and "admin" in bad_body.json()["fix"], bad_body.text
+        manifest = await http.post("/profiles", content=b"x\x00", headers=h)
+        assert manifest.status_code == 403, manifest.text
+        alerts = await http.get("/alerts?bogus=1", headers=h)
+        assert alerts.status_code == 403, alerts.text
+        h = {"Authorization": f"Bearer {hub.admin_token}"}
+        extra = await http.get("/tasks", params={"limit": 5, "status": "queued"}, headers=h)
+        assert extra.status_code == 400 and "unknown query parameters ['status']" in extra.json()["fix"], extra.text
+        made = await http.post("/tokens", json={"principal": "bob", "admin": "yes"}, headers=h)
+        assert made.status_code == 400 and "admin should be a valid boolean" in made.json()["fix"], made.text
 
 
 def _schemathesis() -> str:
