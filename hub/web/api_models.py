@@ -24,7 +24,8 @@ from .edge import REQUEST_ID
 
 CALLER = web.RequestKey("caller", Caller)
 
-MAX_BODY = 1024 * 1024
+MAX_BODY = 1024 * 1024     # a body carrying a prompt or a manifest
+SMALL_BODY = 128 * 1024    # every other body (memory and credential values are at most 64 KiB)
 INT32 = 2**31 - 1
 
 
@@ -68,7 +69,8 @@ def query_int(lo: int, hi: int, example: int) -> Any:
         f"a whole number from {lo} to {hi}, e.g. {example}"))]
 
 
-Flag = Annotated[Literal["0", "1", "true", "false", "yes", "no"], Field(description='"1"/"true"/"yes" or "0"/"false"/"no"')]
+Flag = Annotated[Literal["0", "1", "true", "false", "yes", "no"],
+                 Field(description='"1"/"true"/"yes" or "0"/"false"/"no"')]
 Short = text(200, 1, description="1 to 200 characters")
 ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 Id = text(128, 1, ID, "an identifier such as tr_0a1b2c3d4e")
@@ -230,7 +232,8 @@ class SessionCreate(Model):
 class TurnSend(Model):
     """A prompt for a Session; `wait` blocks up to `timeout_s` for its outcome."""
 
-    hint: ClassVar[str] = 'send {"text": "...", "wait": false}; timeout_s is a number of seconds from 1 to 3600, e.g. 600'
+    hint: ClassVar[str] = ('send {"text": "...", "wait": false}; '
+                           'timeout_s is a number of seconds from 1 to 3600, e.g. 600')
     what: ClassVar[str] = "a turn"
     text: Prompt
     wait: bool = False
@@ -414,18 +417,26 @@ def validate(model: type[Model], data: Any, part: str) -> Any:
         raise Invalid(refusal_message(model, e, part)) from None
 
 
-async def parse(request: web.Request, model: type[Model]) -> Any:
-    """Read and validate the JSON object body of `request` (an empty body is `{}`)."""
-    if request.content_length and request.content_length > MAX_BODY:
-        raise TooLarge(f"the request body is larger than {MAX_BODY} bytes; send less")
+def _too_large(limit: int) -> TooLarge:
+    return TooLarge(f"the request body is larger than {limit} bytes, this operation's limit; send less")
+
+
+async def _read(request: web.Request, limit: int) -> bytes:
+    if request.content_length and request.content_length > limit:
+        raise _too_large(limit)
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise TooLarge(f"the request body is larger than {MAX_BODY} bytes; send less") from None
-    if len(raw) > MAX_BODY:
-        raise TooLarge(f"the request body is larger than {MAX_BODY} bytes; send less")
+        raise _too_large(limit) from None
+    if len(raw) > limit:
+        raise _too_large(limit)
+    return raw
+
+
+async def parse(request: web.Request, model: type[Model], limit: int = MAX_BODY) -> Any:
+    """Read and validate the JSON object body of `request` (an empty body is `{}`), at most `limit` bytes."""
     try:
-        data = loads(raw or b"{}")
+        data = loads(await _read(request, limit) or b"{}")
     except BadText as e:
         raise Invalid(str(e)) from e
     if not isinstance(data, dict):
@@ -433,12 +444,9 @@ async def parse(request: web.Request, model: type[Model]) -> Any:
     return validate(model, data, "body")
 
 
-async def parse_text(request: web.Request) -> str:
+async def parse_text(request: web.Request, limit: int = MAX_BODY) -> str:
     """Read a text body (a profile manifest): bounded, storable."""
-    raw = await request.read()
-    if len(raw) > MAX_BODY:
-        raise TooLarge(f"the request body is larger than {MAX_BODY} bytes; send less")
-    body = raw.decode(errors="replace")
+    body = (await _read(request, limit)).decode(errors="replace")
     try:
         check_text(body, "the body")
     except BadText as e:
@@ -485,6 +493,7 @@ class Op:
     query: type[QueryModel] = NoQuery
     body: type[Model] | None = None
     text_body: bool = False
+    max_body: int = SMALL_BODY   # bytes; operations that carry a prompt or a manifest take MAX_BODY
     ok: tuple[int, ...] = (200,)
     admin: str | None = None   # the 403 fix when a non-admin calls an admin-only operation
     tag: str = "tasks"
@@ -513,9 +522,9 @@ def register(app: web.Application, o: Op, fn: Handler) -> None:
                 call.path = validate(o.path_model, dict(request.match_info), "path")
             call.query = validate(o.query, {k: request.query.getall(k)[-1] for k in request.query}, "query")
             if o.body is not None:
-                call.body = await parse(request, o.body)
+                call.body = await parse(request, o.body, o.max_body)
             elif o.text_body:
-                call.body = await parse_text(request)
+                call.body = await parse_text(request, o.max_body)
             result = await fn(call)
         except AmuxError as e:
             return error_response(e, request)
@@ -536,7 +545,7 @@ ALERT_ADMIN = "the alert center needs an admin token; create one with `amux toke
 WHOAMI = op("GET", "/api/v1/whoami", "whoami", "Who the token belongs to", tag="tokens", reply=WhoamiReply)
 PROFILE_LIST = op("GET", "/api/v1/profiles", "profile_list", "List launch profiles", tag="profiles")
 PROFILE_ADD = op("POST", "/api/v1/profiles", "profile_add", "Store a v2 profile manifest (TOML text)", text_body=True,
-                 ok=(201,), admin=PROFILE_ADMIN, tag="profiles")
+                 ok=(201,), admin=PROFILE_ADMIN, tag="profiles", max_body=MAX_BODY)
 CREDENTIAL_LIST = op("GET", "/api/v1/credentials", "credential_list", "List credential profiles", tag="credentials")
 CREDENTIAL_DECLARE = op("PUT", "/api/v1/credentials/{name}", "credential_declare", "Declare a credential profile",
                         CredentialPath, body=CredentialDeclare, ok=(201,), admin=CRED_ADMIN, tag="credentials")
@@ -555,9 +564,10 @@ SESSION_GET = op("GET", "/api/v1/sessions/{ref}", "session_get", "Show a session
                  tag="sessions", reply=SessionReply)
 SESSION_SEND = op("POST", "/api/v1/sessions/{ref}/turns", "session_send",
                   "Send a prompt (201 queued; 200 with the outcome when wait is true)", SessionPath, body=TurnSend,
-                  ok=(201, 200), tag="sessions")
+                  ok=(201, 200), tag="sessions", max_body=MAX_BODY)
 TURN_GET = op("GET", "/api/v1/turns/{id}", "turn_get", "Show a turn", TurnPath, tag="sessions")
-TASK_SUBMIT = op("POST", "/api/v1/tasks", "task_submit", "Submit a task", body=TaskSubmit, ok=(201,), reply=TaskStatusReply)
+TASK_SUBMIT = op("POST", "/api/v1/tasks", "task_submit", "Submit a task", body=TaskSubmit, ok=(201,),
+                 reply=TaskStatusReply, max_body=MAX_BODY)
 TASK_LIST = op("GET", "/api/v1/tasks", "task_list", "List your tasks", query=ListQuery, reply=TaskListReply)
 TASK_GET = op("GET", "/api/v1/tasks/{id}", "task_get", "Show a task", TaskPath, reply=TaskStatusReply)
 TASK_EVENTS = op("GET", "/api/v1/tasks/{id}/events", "task_events", "Read a task's events after a cursor", TaskPath,
@@ -575,13 +585,13 @@ TOKEN_CREATE = op("POST", "/api/v1/tokens", "token_create", "Create a token", bo
                   reply=TokenReply)
 TOKEN_REVOKE = op("DELETE", "/api/v1/tokens/{id}", "token_revoke", "Revoke a token", TokenPath, tag="tokens")
 SCHEDULE_CREATE = op("POST", "/api/v1/schedules", "schedule_create", "Create a schedule", body=ScheduleCreate,
-                     ok=(201,), tag=S, reply=ScheduleReply)
+                     ok=(201,), tag=S, reply=ScheduleReply, max_body=MAX_BODY)
 SCHEDULE_LIST = op("GET", "/api/v1/schedules", "schedule_list", "List schedules", query=ScheduleListQuery, tag=S,
                    reply=ScheduleListReply)
 SCHEDULE_GET = op("GET", "/api/v1/schedules/{id}", "schedule_get", "Show a schedule", SchedulePath, tag=S,
                    reply=ScheduleReply)
 SCHEDULE_UPDATE = op("PATCH", "/api/v1/schedules/{id}", "schedule_update", "Change a schedule", SchedulePath,
-                     body=ScheduleFields, tag=S, reply=ScheduleReply)
+                     body=ScheduleFields, tag=S, reply=ScheduleReply, max_body=MAX_BODY)
 SCHEDULE_PAUSE = op("POST", "/api/v1/schedules/{id}/pause", "schedule_pause", "Pause a schedule", SchedulePath, tag=S,
                      reply=ScheduleReply)
 SCHEDULE_RESUME = op("POST", "/api/v1/schedules/{id}/resume", "schedule_resume", "Resume a schedule", SchedulePath,

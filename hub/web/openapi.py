@@ -96,10 +96,11 @@ def _operation(schemas: _Schemas, o: m.Op) -> dict[str, Any]:
     if params:
         op["parameters"] = params
     if o.body is not None:
-        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": schemas.ref(o.body)}}}
+        op["requestBody"] = {"required": True, "description": f"at most {o.max_body} bytes",
+                             "content": {"application/json": {"schema": schemas.ref(o.body)}}}
     elif o.text_body:
         op["requestBody"] = {"required": True, "content": {"text/plain": {"schema": {
-            "type": "string", "maxLength": m.MAX_BODY, "description": "a v2 profile manifest (TOML)"}}}}
+            "type": "string", "maxLength": o.max_body, "description": "a v2 profile manifest (TOML)"}}}}
     responses: dict[str, Any] = {}
     reply = schemas.ref(o.reply) if o.reply is not None else {"type": "object"}
     for status in o.ok:
@@ -200,7 +201,8 @@ def render_docs(spec: dict[str, Any]) -> str:
     parts.append(f"<section><h2>Error</h2>{_fields_table(comps['Error'])}</section>")
     style = ("body{font:14px/1.45 system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}"
              "table{border-collapse:collapse;margin:.3rem 0}td,th{border:1px solid #ccc;padding:.2rem .5rem;"
-             "text-align:left;vertical-align:top}section{border-top:1px solid #ddd;margin-top:1rem}code{font-size:13px}")
+             "text-align:left;vertical-align:top}section{border-top:1px solid #ddd;margin-top:1rem}"
+             "code{font-size:13px}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>amux hub API</title><style>{style}</style>"
             f"</head><body>{''.join(parts)}</body></html>")
 

@@ -26,7 +26,8 @@ def auth_middleware(auth: AuthService) -> Callable:
     """Authenticate every `/api/` request (the spec and its page are public); 401 names the fix."""
 
     @web.middleware
-    async def middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    async def middleware(request: web.Request,
+                         handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         if not request.path.startswith("/api/") or request.path in PUBLIC:
             return await handler(request)
         try:

@@ -106,7 +106,7 @@ def test_a_refusal_names_the_field_and_the_fix(model, data, part, fragment):
     assert fragment in e.value.message, e.value.message
 
 
-async def test_admin_operations_answer_403_before_reading_input_and_unknown_query_parameters_400(hub):
+async def test_admin_operations_answer_403_before_reading_input_unknown_query_parameters_400_big_bodies_413(hub):
     alice = await hub.token("alice")
     async with httpx2.AsyncClient(base_url=f"{hub.url}/api/v1", timeout=10) as http:
         h = {"Authorization": f"Bearer {alice}"}
@@ -121,6 +121,8 @@ async def test_admin_operations_answer_403_before_reading_input_and_unknown_quer
         assert extra.status_code == 400 and "unknown query parameters ['status']" in extra.json()["fix"], extra.text
         made = await http.post("/tokens", json={"principal": "bob", "admin": "yes"}, headers=h)
         assert made.status_code == 400 and "admin should be a valid boolean" in made.json()["fix"], made.text
+        big = await http.put("/memory/k", json={"value": "x" * (200 * 1024)}, headers=h)
+        assert big.status_code == 413 and big.json()["error"] == "too_large", big.text
 
 
 def _schemathesis() -> str:
