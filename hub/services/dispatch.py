@@ -81,8 +81,11 @@ class Dispatcher:
         now = self.clock.now()
         placed: list[tuple[str, str]] = []
         async with self.db.write() as conn:
-            online = (await conn.execute(self.db.for_update(
-                sa.select(runtimes).where(runtimes.c.status == "online").order_by(runtimes.c.id)))).all()
+            # One placement at a time across replicas; an advisory lock, since row locks on every runtime
+            # deadlocked with runners' heartbeats and reports under load (the soak, docs/deploy.md).
+            await self.db.serialize(conn, "placement")
+            online = (await conn.execute(
+                sa.select(runtimes).where(runtimes.c.status == "online").order_by(runtimes.c.id))).all()
             if not online:
                 return 0
             used = dict((await conn.execute(
@@ -176,6 +179,7 @@ class Dispatcher:
         counts = {"expired": 0, "lost": 0, "timed_out": 0}
         touched: list[str] = []
         async with self.db.write() as conn:
+            await self.db.serialize(conn, "placement")  # the reaper moves what placement reads
             expired = (await conn.execute(
                 sa.select(reservations.c.id, reservations.c.task_id)
                 .where(reservations.c.state == "pending", reservations.c.expires_at < now))).all()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -94,6 +95,15 @@ class Database:
         with self.sync_engine.connect() as conn:
             yield LoopConnection(conn)
 
+    async def serialize(self, conn: AsyncConnection, name: str) -> None:
+        """Serialize this transaction with every other one that names `name`, on every replica, until it ends.
+
+        A PostgreSQL transaction-level advisory lock: unlike row locks on shared rows (say, every runtime),
+        it cannot deadlock with the writers of those rows. SQLite's writers are serialized already.
+        """
+        if not self.is_sqlite:
+            await conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:name))"), {"name": f"amux:{name}"})
+
     def for_update(self, stmt: sa.Select, *, skip_locked: bool = False) -> sa.Select:
         """Add row locks on PostgreSQL (SQLite relies on the in-process writer lock)."""
         if self.is_sqlite:
@@ -163,6 +173,17 @@ def upgrade_sync(url: str, revision: str = "heads") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
-async def upgrade(url: str, revision: str = "heads") -> None:
-    """Apply migrations without blocking the running event loop."""
-    await asyncio.to_thread(upgrade_sync, url, revision)
+async def upgrade(url: str, revision: str = "heads", attempts: int = 10) -> None:
+    """Apply migrations without blocking the running event loop; retry while the database cannot be reached
+    (a replica starting while PostgreSQL restarts waits for it instead of dying)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            await asyncio.to_thread(upgrade_sync, url, revision)
+            return
+        except (sa.exc.OperationalError, sa.exc.InterfaceError, OSError) as e:
+            if attempt == attempts or normalize_url(url).startswith("sqlite"):
+                raise
+            wait = min(0.5 * 2 ** attempt, 8.0)
+            logging.getLogger("amux.db").warning("migration could not reach the database (%s); retry %d in %.1fs",
+                                                 type(e).__name__, attempt, wait)
+            await asyncio.sleep(wait)
