@@ -536,7 +536,7 @@ def register(app: web.Application, o: Op, fn: Handler) -> None:
 
 
 # Declared in one place so the spec, the router and the CLI check agree. Handlers live in rest.py & co.
-T, S, A, I = "tasks", "schedules", "alerts", "identity"
+S, A, IDENT = "schedules", "alerts", "identity"
 PROFILE_ADMIN = "adding profiles needs an admin token (amux token create --admin)"
 CRED_ADMIN = ("declaring credential profiles needs an admin token; ask an operator, who makes one with "
               "`amux token create --principal NAME --admin`")
@@ -608,8 +608,8 @@ ALERT_CONTROL = op("POST", "/api/v1/alerts/incidents/{id}/{action}", "alert_cont
 FEISHU_RECHECK = op("POST", "/api/v1/feishu/apps/{app}/recheck", "feishu_recheck",
                     "Lift a delivery suspension of a Feishu app", AppPath, admin=ALERT_ADMIN, tag=A)
 LINK_CODE = op("POST", "/api/v1/identity/link-codes", "identity_link_code", "Create a one-time link code", ok=(201,),
-               tag=I)
+               tag=IDENT)
 IDENTITY_LIST = op("GET", "/api/v1/identities", "identity_list", "List identity bindings (all=1: everyone's, admin)",
-                   query=AllQuery, tag=I)
+                   query=AllQuery, tag=IDENT)
 IDENTITY_UNLINK = op("DELETE", "/api/v1/identities/{id}", "identity_unlink", "Unlink an identity binding",
-                     IdentityPath, tag=I)
+                     IdentityPath, tag=IDENT)

@@ -160,10 +160,15 @@ def _schema_text(schema: dict[str, Any]) -> str:
     return ", ".join(bits)
 
 
+def _described(schema: dict[str, Any]) -> str:
+    branches = (b["description"] for b in schema.get("anyOf", []) if "description" in b)
+    return schema.get("description") or next(branches, "")
+
+
 def _fields_table(schema: dict[str, Any]) -> str:
     required = set(schema.get("required", []))
     rows = "".join(f"<tr><td><code>{html.escape(k)}</code>{' *' if k in required else ''}</td>"
-                   f"<td>{html.escape(_schema_text(v))}</td><td>{html.escape(v.get('description', ''))}</td></tr>"
+                   f"<td>{html.escape(_schema_text(v))}</td><td>{html.escape(_described(v))}</td></tr>"
                    for k, v in schema.get("properties", {}).items())
     return f"<table><tr><th>field</th><th>type</th><th></th></tr>{rows}</table>" if rows else ""
 
@@ -195,9 +200,9 @@ def render_docs(spec: dict[str, Any]) -> str:
                     schema = comps[schema["$ref"].rsplit("/", 1)[-1]]
                 parts.append(f"<h3>body ({html.escape(ctype)})</h3>"
                              + (_fields_table(schema) or f"<p>{html.escape(_schema_text(schema))}</p>"))
-            answers = ", ".join(f"<span title='{html.escape(r['description'])}'>{code}</span>"
-                                for code, r in op["responses"].items())
-            parts.append(f"<p>answers: {answers}</p></section>")
+            answers = "".join(f"<tr><td>{code}</td><td>{html.escape(r['description'])}</td></tr>"
+                              for code, r in op["responses"].items())
+            parts.append(f"<h3>answers</h3><table>{answers}</table></section>")
     parts.append(f"<section><h2>Error</h2>{_fields_table(comps['Error'])}</section>")
     style = ("body{font:14px/1.45 system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}"
              "table{border-collapse:collapse;margin:.3rem 0}td,th{border:1px solid #ccc;padding:.2rem .5rem;"
