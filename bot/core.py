@@ -30,7 +30,8 @@ from .identity import IdentityBindings, Viewer
 
 if TYPE_CHECKING:  # lark-oapi (thousands of modules) loads only when a Feishu app needs it
     from .feishu.messenger import Outgoing
-from .router import check, is_command, link_argument
+from .cards.base import card, check_limits, esc, markdown
+from .router import check, is_command, is_login, link_argument
 
 log = logging.getLogger(__name__)
 ACTION_BUDGET_S = 2.5          # Feishu wants the callback answer within 3 s
@@ -141,6 +142,9 @@ class FeishuBot:
         if viewer is None:
             return  # a revoked binding gets no answer at all
         ctx = Ctx(viewer, self.hub, self.tr)
+        if is_login(text):
+            await self.login(viewer, msg, mid, out)
+            return
         if is_command(text):
             answer = await overview(ctx)
             await out.reply(app_id, mid, "interactive", answer.card, f"amux-{mid}")
@@ -168,6 +172,20 @@ class FeishuBot:
                 _("This Feishu identity was already linked to **{principal}**.")
             card = render_link_result(self.tr, msg, ok=True, principal=linked.principal)
         await out.reply(app_id, mid, "interactive", card, f"amux-{mid}")
+
+    async def login(self, viewer: Viewer, msg: dict, mid: str, out: Outgoing) -> None:
+        """Answer `/amux login` with a one-time link (10 minutes) that signs this principal in on the hub's OAuth
+        approval page, so a hosted MCP client can be approved without pasting a token. Only in a private chat:
+        anyone in a group could use the link."""
+        if msg.get("chat_type") not in (None, "p2p"):
+            text = self.tr.text(_("Send `/amux login` to me in a private chat: a sign-in link must not be seen by others."))
+        else:
+            base = self.hub.settings.public_url or self.hub.runtimes.hub_url
+            link = await self.hub.oauth.issue_login_link(viewer.principal_id, base)
+            text = self.tr.text(_("Sign in as **{principal}** on the hub's approval page (one use, 10 minutes): "
+                                  "[open the link]({link})"), principal=esc(viewer.name), link=link)
+        doc = check_limits(card(self.tr.text(_("Sign in")), [markdown(text)], template="blue"))
+        await out.reply(viewer.app_id, mid, "interactive", doc, f"amux-{mid}")
 
     async def on_action(self, app_id: str, event: dict, out: Outgoing) -> dict:
         """Answer a card click within the budget: a toast and/or the refreshed card; finish late work by PATCH."""

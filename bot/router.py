@@ -36,6 +36,12 @@ def link_argument(text: str) -> str | None:
     return None
 
 
+def is_login(text: str) -> bool:
+    """Return whether a chat message is `/amux login` (a one-time sign-in link for the hub's OAuth approval page)."""
+    words = text.strip().lower().split()
+    return len(words) == 2 and words[0] in ("/amux", "amux") and words[1] == "login"
+
+
 def is_command(text: str) -> bool:
     """Return whether a chat message asks for the overview."""
     words = text.strip().split()
