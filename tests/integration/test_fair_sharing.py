@@ -12,7 +12,7 @@ from hub.domain import schedule_rules as rules
 from hub.errors import Invalid
 from hub.services.admission import SubmitRequest
 from hub.store.tables import runtimes, task_runs
-from tests.helpers import mcp_client, start_hub
+from tests.helpers import eventually, mcp_client, start_hub
 
 LONG = "sleep 30\nsay done"
 
@@ -124,6 +124,11 @@ async def test_a_queued_task_waiting_only_for_a_slot_is_never_failed_by_the_queu
     alice = await hub.hub.auth.authenticate(hub.admin_token)
     ids = [(await hub.hub.tasks.submit(alice, SubmitRequest(prompt=LONG, profile="scripted")))["task_id"] for _ in range(2)]
     await hub.hub.dispatcher.place_once()
+
+    async def started() -> bool:  # the runner committed its reservation: nothing of it can expire any more
+        return (await statuses(hub, ids[:1]))[0] == "running"
+
+    await eventually(started)
     view = await hub.hub.tasks.get(alice, ids[1])
     assert view["waiting_for"] == "waiting for a free slot (1 eligible runtime(s) online, all busy)"
     now = hub.clock.advance(hub.hub.settings.hub.queue_timeout_s + 60)
