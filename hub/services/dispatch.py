@@ -184,11 +184,13 @@ class Dispatcher:
                 sa.select(reservations.c.id, reservations.c.task_id)
                 .where(reservations.c.state == "pending", reservations.c.expires_at < now))).all()
             for res in expired:
-                await conn.execute(reservations.update().where(reservations.c.id == res.id, reservations.c.state == "pending")
-                                   .values(state="released", released_at=now))
+                # The task row first, then its reservation: the order a runner's report takes them in
+                # (accepting a dispatch marks the task running, then commits the reservation), so no deadlock.
                 moved = await conn.execute(task_runs.update().where(
                     task_runs.c.id == res.task_id, task_runs.c.status == Status.DISPATCHED.value)
                     .values(status=Status.QUEUED.value, runtime_id=None))
+                await conn.execute(reservations.update().where(reservations.c.id == res.id, reservations.c.state == "pending")
+                                   .values(state="released", released_at=now))
                 counts["expired"] += moved.rowcount
                 touched.append(res.task_id)
             lost_before = now - timedelta(seconds=self.settings.runtime_lost_s)
