@@ -69,25 +69,13 @@ def test_only_the_migration_and_the_hubs_reach_postgres_in_compose(compose):
     assert "ports" not in s["db"] and list(s) and [n for n, svc in s.items() if "ports" in svc] == ["proxy"]
 
 
-def test_docker_compose_config_accepts_the_file_where_a_compose_client_exists(tmp_path):
-    docker = shutil.which("docker")
-    if not docker or subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
-        pytest.skip("no `docker compose` client here; the structure tests above stand in for it")
-    env = tmp_path / ".env"
-    env.write_text("\n".join(f"{k}=x" for k in ("AMUX_SECRET_KEY", "POSTGRES_PASSWORD", "AMUX_RUNNER_TOKEN",
-                                                 "FEISHU_APP_ID", "FEISHU_APP_SECRET", "FEISHU_ADMIN_OPEN_ID")))
-    out = subprocess.run([docker, "compose", "--env-file", str(env), "-f", str(DEPLOY / "compose.yaml"), "config", "-q"],
-                         capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-
-
 # --- Kubernetes ------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def rendered() -> list[dict]:
     kubectl = shutil.which("kubectl")
     if not kubectl:
-        pytest.skip("kubectl is missing")
+        pytest.fail("kubectl is missing: install it (it carries kustomize) to render deploy/k8s")
     out = subprocess.run([kubectl, "kustomize", str(DEPLOY / "k8s" / "overlays" / "example")],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
