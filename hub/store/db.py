@@ -5,12 +5,13 @@ import asyncio
 import contextlib
 import logging
 from pathlib import Path
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ..errors import Invalid
 from ..files import private_file
@@ -27,45 +28,43 @@ def normalize_url(url: str) -> str:
     return url
 
 
-class LoopConnection:
-    """The async connection interface over a synchronous SQLite connection used in the loop thread.
+# One connection type on both stores: SQLite runs through aiosqlite in its own thread, so no statement blocks
+# the event loop (a backlog of due schedules once starved every timer and HTTP handler of the embedded hub).
+Connection = AsyncConnection
+T = TypeVar("T")
 
-    Embedded SQLite answers in microseconds from the page cache; hopping to a worker thread for every
-    statement (aiosqlite) costs more than the statement and, with writers serialized, caps throughput.
-    """
+log = logging.getLogger("amux.db")
 
-    def __init__(self, conn: sa.Connection) -> None:
-        self.sync_connection = conn
 
-    async def execute(self, statement, parameters=None):  # noqa: ANN001, ANN201
-        """Execute a statement and return its (buffered-on-demand) result."""
-        return self.sync_connection.execute(statement, parameters)
-
-    async def run_sync(self, fn, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN201
-        """Call `fn(sync_connection, ...)`."""
-        return fn(self.sync_connection, *args, **kw)
+def is_transient(exc: BaseException) -> bool:
+    """Say whether a PostgreSQL error is worth running the transaction again: connection loss, serialization
+    failure, deadlock."""
+    if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)):
+        return True
+    code = getattr(getattr(exc, "orig", None), "sqlstate", None) or getattr(getattr(exc, "orig", None), "pgcode", None)
+    return code in ("40001", "40P01")
 
 
 class Database:
     """One engine plus the rules for transactions on its dialect."""
 
-    def __init__(self, url: str, *, echo: bool = False) -> None:
+    def __init__(self, url: str, *, echo: bool = False, retry_attempts: int = 3) -> None:
         self.url = normalize_url(url)
         parsed = make_url(self.url)
         backend = parsed.get_backend_name()
         if backend not in ("sqlite", "postgresql"):
             raise Invalid(f"unsupported database {backend!r}; use sqlite+aiosqlite:///PATH or postgresql+asyncpg://HOST/DB")
         self.is_sqlite = backend == "sqlite"
-        self.engine: AsyncEngine | None = None
-        self.sync_engine: sa.Engine | None = None
+        self.retry_attempts = retry_attempts
+        # hide_parameters: an error's message and log line never carry a prompt, memory value or secret.
         if self.is_sqlite:
             prepare_sqlite_file(self.url)
-            # hide_parameters: an error's message and log line never carry a prompt, memory value or secret.
-            self.sync_engine = sa.create_engine(parsed.set(drivername="sqlite+pysqlite"), echo=echo,
-                                                hide_parameters=True,
-                                                pool_size=8, max_overflow=24)
-            event.listen(self.sync_engine, "connect", _sqlite_connect)
-            event.listen(self.sync_engine, "begin", _sqlite_begin)
+            self.engine: AsyncEngine = create_async_engine(parsed.set(drivername="sqlite+aiosqlite"), echo=echo,
+                                                           hide_parameters=True, pool_size=8, max_overflow=24)
+            event.listen(self.engine.sync_engine, "connect", _sqlite_connect)
+            event.listen(self.engine.sync_engine, "begin", _sqlite_begin)
         else:
             self.engine = create_async_engine(self.url, echo=echo, pool_size=10, max_overflow=20, hide_parameters=True)
         # SQLite is the single-process embedded store: writers are serialized in-process (and take the
@@ -74,28 +73,44 @@ class Database:
         self._write_lock = asyncio.Lock() if self.is_sqlite else None
 
     @contextlib.asynccontextmanager
-    async def write(self) -> AsyncIterator[AsyncConnection]:
-        """Open a write transaction; commits on success, rolls back on error."""
+    async def write(self) -> AsyncIterator[Connection]:
+        """Open a write transaction; commits on success, rolls back on error (no retry: see `transaction`)."""
         if self._write_lock is None:
             async with self.engine.begin() as conn:
                 yield conn
             return
         async with self._write_lock:
-            with self.sync_engine.connect().execution_options(amux_write=True) as conn:
-                with conn.begin():
-                    yield LoopConnection(conn)
+            async with self.engine.connect() as conn:
+                conn = await conn.execution_options(amux_write=True)
+                async with conn.begin():
+                    yield conn
 
     @contextlib.asynccontextmanager
-    async def read(self) -> AsyncIterator[AsyncConnection]:
+    async def read(self) -> AsyncIterator[Connection]:
         """Open a connection for reads."""
-        if self.sync_engine is None:
-            async with self.engine.connect() as conn:
-                yield conn
-            return
-        with self.sync_engine.connect() as conn:
-            yield LoopConnection(conn)
+        async with self.engine.connect() as conn:
+            yield conn
 
-    async def serialize(self, conn: AsyncConnection, name: str) -> None:
+    async def transaction(self, fn: Callable[[Connection], Awaitable[T]]) -> T:
+        """Run `fn` in one write transaction; on PostgreSQL run it again (bounded, with backoff) when it failed
+        for a transient reason (connection loss, serialization failure, deadlock). `fn` must be safe to re-run:
+        it sees nothing of the failed attempt."""
+        if self.is_sqlite:
+            async with self.write() as conn:
+                return await fn(conn)
+        retrying = AsyncRetrying(stop=stop_after_attempt(self.retry_attempts), reraise=True,
+                                 wait=wait_exponential(multiplier=0.05, max=1.0),
+                                 retry=retry_if_exception(is_transient),
+                                 before_sleep=lambda rs: log.warning("transaction retried after %s (attempt %d)",
+                                                                     type(rs.outcome.exception()).__name__,
+                                                                     rs.attempt_number))
+        async for attempt in retrying:
+            with attempt:
+                async with self.write() as conn:
+                    return await fn(conn)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def serialize(self, conn: Connection, name: str) -> None:
         """Serialize this transaction with every other one that names `name`, on every replica, until it ends.
 
         A PostgreSQL transaction-level advisory lock: unlike row locks on shared rows (say, every runtime),
@@ -104,18 +119,16 @@ class Database:
         if not self.is_sqlite:
             await conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:name))"), {"name": f"amux:{name}"})
 
-    def for_update(self, stmt: sa.Select, *, skip_locked: bool = False) -> sa.Select:
+    def for_update(self, stmt: sa.Select, *, skip_locked: bool = False,
+                   of: sa.FromClause | None = None) -> sa.Select:
         """Add row locks on PostgreSQL (SQLite relies on the in-process writer lock)."""
         if self.is_sqlite:
             return stmt
-        return stmt.with_for_update(skip_locked=skip_locked)
+        return stmt.with_for_update(skip_locked=skip_locked, of=of)
 
     async def close(self) -> None:
         """Dispose of the pool."""
-        if self.engine is not None:
-            await self.engine.dispose()
-        if self.sync_engine is not None:
-            self.sync_engine.dispose()
+        await self.engine.dispose()
 
 
 def prepare_sqlite_file(url: str) -> None:
@@ -136,16 +149,16 @@ def prepare_sqlite_file(url: str) -> None:
             private_file(side)
 
 
-def _sqlite_connect(dbapi_conn, _record) -> None:  # noqa: ANN001
+def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
     dbapi_conn.isolation_level = None  # SQLAlchemy's begin event issues BEGIN itself
-    _sqlite_pragmas(dbapi_conn, _record)
+    _sqlite_pragmas(dbapi_conn)
 
 
 def _sqlite_begin(conn: sa.Connection) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("amux_write") else "BEGIN")
 
 
-def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001
+def _sqlite_pragmas(dbapi_conn: Any) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
