@@ -56,16 +56,13 @@ async def durable(url: str, n: int, window: float) -> dict:
     async with hub.db.write() as conn:
         for k in range(0, n, 2000):
             await conn.execute(schedules.insert(), rows[k:k + 2000])
-    loop_task = asyncio.create_task(hub.schedule_firing.run_firing())
+    hub.loops.start("schedule-firing", hub.schedule_firing.firing_step, interval_s=hub.settings.schedules.poll_s,
+                    wake=hub.schedule_firing.kicked)
     await asyncio.sleep(max(0.0, (start - datetime.now(timezone.utc)).total_seconds()))
     cpu0, fired0 = time.process_time(), hub.schedule_firing.fired
     await asyncio.sleep(window)
     cpu, fired = time.process_time() - cpu0, hub.schedule_firing.fired - fired0
-    loop_task.cancel()
-    try:
-        await loop_task
-    except asyncio.CancelledError:
-        pass
+    await hub.loops.stop()
     async with hub.db.read() as conn:
         got = (await conn.execute(sa.select(firings.c.nominal_time, firings.c.fired_at, firings.c.admission))).all()
     await hub.db.close()

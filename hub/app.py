@@ -1,8 +1,6 @@
 """Composition root: the only module that wires concrete adapters together."""
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import secrets
 from pathlib import Path
 from typing import AsyncIterator
@@ -13,6 +11,7 @@ from .boxes.local import LocalBoxDriver
 from .clock import Clock, SystemClock
 from .config import Settings
 from .files import private_dir, write_private
+from .loops import Loops
 from .mcp.instance_tools import instance_tools
 from .mcp.lease_tools import lease_tools
 from .mcp.schedule_tools import schedule_tools
@@ -71,6 +70,7 @@ class Hub:
         self.clock = clock or SystemClock()
         self.notifier = Notifier()
         self.metrics = health.Metrics()
+        self.loops = Loops(self.metrics.registry)
         hs = settings.hub
         self.auth = AuthService(self.db, self.clock)
         self.oauth = OAuthService(self.db, self.clock, self.auth)  # hosted MCP clients (issue 19 item 4)
@@ -119,7 +119,7 @@ class Hub:
         app = web.Application(middlewares=[edge.edge_middleware(self.settings.hub.body_timeout_s),
                                              rest.auth_middleware(self.auth)], client_max_size=2 * 1024 * 1024)
         app[HUB] = self
-        health.add_routes(app, self.db, self.metrics)
+        health.add_routes(app, self.db, self.metrics, self.loops)
         rest.add_routes(app, self)
         schedules_api.add_routes(app, self)
         alerts_api.add_routes(app, self)
@@ -148,13 +148,16 @@ class Hub:
             yield
 
     async def _loops_ctx(self, _app: web.Application) -> AsyncIterator[None]:
-        loops = [asyncio.create_task(self.dispatcher.run_placement()), asyncio.create_task(self.dispatcher.run_reaper())]
-        loops.append(asyncio.create_task(self.leases.run_reaper()))
-        loops.append(asyncio.create_task(self.alerts.run()))
-        loops += [asyncio.create_task(self.schedule_firing.run_firing()), asyncio.create_task(self.schedule_firing.run_reconciler())]
-        yield
-        for t in loops:
-            t.cancel()
-        for t in loops:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        loops, hs = self.loops, self.settings.hub
+        loops.start("placement", self.dispatcher.placement_step, interval_s=hs.poll_s * 2, wake=self.dispatcher.kicked)
+        loops.start("reaper", self.dispatcher.reaper_step, interval_s=1.0)
+        loops.start("lease-reaper", self.leases.reaper_step, interval_s=30.0)
+        loops.start("alerts", self.alerts.step, interval_s=self.settings.alerts.poll_s, wake=self.alerts.kicked)
+        loops.start("schedule-firing", self.schedule_firing.firing_step, interval_s=self.settings.schedules.poll_s,
+                    wake=self.schedule_firing.kicked)
+        loops.start("schedule-reconciler", self.schedule_firing.reconciler_step,
+                    interval_s=self.settings.schedules.reconcile_s)
+        try:
+            yield
+        finally:
+            await loops.stop()

@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from ..clock import Clock, sleep_until, utc
+from ..clock import Clock, utc
 from ..config import AlertSettings, FeishuSettings
 from ..domain import alerts as rules
 from ..errors import Invalid, NotFound
@@ -387,18 +387,9 @@ class AlertService:
         work += await self.worker.deliver_once()
         return work
 
-    async def run(self) -> None:
-        """Run rounds until cancelled (sleeps at most `alerts.poll_s` between idle rounds)."""
-        while True:
-            self.kicked.clear()
-            try:
-                if await self.tick():
-                    continue
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 — a bad round must not stop alerting
-                log.exception("alert round failed; retrying")
-            await sleep_until(self.kicked, self.settings.poll_s)
+    async def step(self) -> float:
+        """Run one round; again at once while it found work, else after `alerts.poll_s` (cut short by `kicked`)."""
+        return 0.0 if await self.tick() else self.settings.poll_s
 
     async def aclose(self) -> None:
         """Close the channel."""

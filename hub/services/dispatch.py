@@ -238,26 +238,11 @@ class Dispatcher:
                 touched.append(task.id)
         return failed
 
-    async def run_placement(self) -> None:
-        """Place on every kick, and at least every few poll intervals for work other replicas admitted."""
-        while True:
-            try:
-                await asyncio.wait_for(self.kicked.wait(), self.settings.poll_s * 2)
-            except asyncio.TimeoutError:
-                pass
-            self.kicked.clear()
-            try:
-                while await self.place_once() > 0:
-                    pass
-            except Exception:  # keep the loop alive; the next pass retries
-                log.exception("placement pass failed")
-                await asyncio.sleep(self.settings.poll_s)
+    async def placement_step(self) -> float:
+        """Place one batch; run again at once while there was work, else wait for a kick or a few poll intervals
+        (work other replicas admitted). Run under the loop supervisor, woken by `kicked`."""
+        return 0.0 if await self.place_once() > 0 else self.settings.poll_s * 2
 
-    async def run_reaper(self, interval: float = 1.0) -> None:
-        """Reap once a second (the rules compare against the injected clock)."""
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.reap_once()
-            except Exception:
-                log.exception("reaper pass failed")
+    async def reaper_step(self) -> None:
+        """Reap once (the rules compare against the injected clock); the supervisor runs it every second."""
+        await self.reap_once()

@@ -1,7 +1,6 @@
 """Lease tasks and their boxes: open, attach, release, close; boxes inside; the reaper that closes quiet tasks."""
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import logging
@@ -397,15 +396,10 @@ class LeaseService:
         stuck = await self.recover_stuck()
         return {"closed": closed, "destroyed": len(destroyed) + len(stuck)}
 
-    async def run_reaper(self, interval_s: float = 30.0) -> None:
-        """Reap at start (boxes a crash left behind) and then every `interval_s` real seconds (the rules compare
-        against the injected clock)."""
-        while True:
-            try:
-                await self.reap_once()
-            except Exception:
-                log.exception("lease reaper pass failed")
-            await asyncio.sleep(interval_s)
+    async def reaper_step(self) -> None:
+        """Reap once: the supervisor runs it at start (boxes a crash left behind) and then every 30 real seconds
+        (the rules compare against the injected clock)."""
+        await self.reap_once()
 
     # --- the Boxes page ------------------------------------------------------------------------
 

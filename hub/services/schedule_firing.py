@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import sqlalchemy as sa
 
-from ..clock import Clock, sleep_until, utc
+from ..clock import Clock, utc
 from ..config import SchedulesSettings
 from ..domain import schedule_rules as rules
 from ..domain.tasks import OUTCOMES as TASK_OUTCOMES, Status
@@ -303,30 +303,13 @@ class ScheduleFiring:
             return self.settings.poll_s
         return max(0.0, min(self.settings.poll_s, (utc(nxt) - self.clock.now()).total_seconds()))
 
-    async def run_firing(self) -> None:
-        """Fire due schedules until cancelled; sleeps until the next fire time (at most `poll_s`)."""
-        while True:
-            self.kicked.clear()
-            try:
-                claimed = await self.fire_due()
-                if claimed >= self.settings.claim_batch:
-                    continue
-                wait = await self._sleep_s()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 — a bad batch must not stop the scheduler
-                log.exception("schedule firing failed; retrying")
-                wait = self.settings.poll_s
-            if wait > 0:
-                await sleep_until(self.kicked, wait)
+    async def firing_step(self) -> float:
+        """Fire one batch of due schedules; run again at once while the batch was full (the supervisor yields
+        between batches), else sleep until the next fire time (at most `poll_s`, cut short by `kicked`)."""
+        if await self.fire_due() >= self.settings.claim_batch:
+            return 0.0
+        return await self._sleep_s()
 
-    async def run_reconciler(self) -> None:
-        """Reconcile outcomes every `reconcile_s` until cancelled."""
-        while True:
-            try:
-                await self.reconcile()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001
-                log.exception("schedule reconciliation failed; retrying")
-            await asyncio.sleep(self.settings.reconcile_s)
+    async def reconciler_step(self) -> None:
+        """Reconcile outcomes once; the supervisor runs it every `reconcile_s`."""
+        await self.reconcile()

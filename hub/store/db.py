@@ -31,6 +31,8 @@ def normalize_url(url: str) -> str:
 # One connection type on both stores: SQLite runs through aiosqlite in its own thread, so no statement blocks
 # the event loop (a backlog of due schedules once starved every timer and HTTP handler of the embedded hub).
 Connection = AsyncConnection
+Row = sa.Row[Any]
+"""A row a store method returns: attribute access by column name (store modules may return their own records)."""
 T = TypeVar("T")
 
 log = logging.getLogger("amux.db")

@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from ..domain.tasks import Status
+from ..loops import Loops
 from ..store.db import Database
 from ..store.tables import runtimes, task_runs
 
@@ -42,7 +43,7 @@ class Metrics:
                 sa.select(runtimes.c.status, sa.func.count()).group_by(runtimes.c.status))).all())
 
 
-def add_routes(app: web.Application, db: Database, metrics: Metrics) -> None:
+def add_routes(app: web.Application, db: Database, metrics: Metrics, loops: Loops) -> None:
     """Register the health and metrics endpoints."""
 
     async def healthz(_: web.Request) -> web.Response:
@@ -53,8 +54,11 @@ def add_routes(app: web.Application, db: Database, metrics: Metrics) -> None:
             async with db.read() as conn:
                 await conn.execute(sa.text("SELECT 1"))
         except Exception as e:  # the point is to report it
-            return web.json_response({"ok": False, "database": str(e)[:200]}, status=503)
-        return web.json_response({"ok": True})
+            return web.json_response({"ok": False, "database": str(e)[:200], "loops": loops.views()}, status=503)
+        problems = loops.problems()
+        if problems:
+            return web.json_response({"ok": False, "problems": problems, "loops": loops.views()}, status=503)
+        return web.json_response({"ok": True, "loops": loops.views()})
 
     async def metrics_view(_: web.Request) -> web.Response:
         await metrics.refresh(db)
