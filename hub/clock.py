@@ -55,3 +55,9 @@ async def sleep_until(event: asyncio.Event, timeout: float) -> bool:
         return True
     except asyncio.TimeoutError:
         return False
+
+
+def iso(dt: datetime | None) -> str | None:
+    """Format a stored time as ISO 8601 in UTC (`…+00:00`), or None; the one formatter every view uses."""
+    value = utc(dt)
+    return value.isoformat() if value is not None else None
