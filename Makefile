@@ -67,7 +67,7 @@ test: venv clients
 	fi
 	@url="$${AMUX_TEST_DATABASE_URL:-}"; \
 	if [ -z "$$url" ]; then \
-	  url="$$($(VENV_PY) scripts/ensure_postgres.py)" \
+	  url="$$($(VENV_PY) .ci/ensure_postgres.py)" \
 	    || { echo "make test: no PostgreSQL available (see above); set AMUX_TEST_DATABASE_URL to override" >&2; exit 1; }; \
 	fi; \
 	echo "make test: AMUX_TEST_DATABASE_URL=$$url" >&2; \
@@ -120,7 +120,7 @@ FUZZ_SEED     ?= $(shell date +%s)
 .PHONY: fuzz
 fuzz: venv
 	@url="$${AMUX_TEST_DATABASE_URL:-}"; \
-	if [ -z "$$url" ]; then url="$$($(VENV_PY) scripts/ensure_postgres.py)" || { echo "make fuzz: no PostgreSQL" >&2; exit 1; }; fi; \
+	if [ -z "$$url" ]; then url="$$($(VENV_PY) .ci/ensure_postgres.py)" || { echo "make fuzz: no PostgreSQL" >&2; exit 1; }; fi; \
 	echo "make fuzz: seed $(FUZZ_SEED), $(FUZZ_EXAMPLES) examples per operation" >&2; \
 	AMUX_TEST_DATABASE_URL="$$url" AMUX_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) AMUX_FUZZ_SEED=$(FUZZ_SEED) AMUX_FUZZ_PHASES=examples,coverage,fuzzing \
 	  $(VENV_PY) -m pytest -q -s tests/integration/test_openapi_fuzz.py -k schemathesis $(PYTEST_ARGS); \

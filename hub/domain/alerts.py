@@ -149,6 +149,7 @@ def on_outcome(inc: Incident | None, o: Outcome, now: datetime, n: Numbers) -> S
     if kind == "success":
         if not active:
             return Step(inc, ("receipt",), "receipt_all") if o.notify == "all" else Step(inc, (), "quiet_success")
+        assert inc is not None  # active implies an incident
         if inc.state == "pending" and inc.failures == 0 and inc.missed == 0:
             return Step(replace(inc, state="withdrawn", closed_at=now, notify_at=None), (), "withdrawn")
         if inc.recovering_since is not None:
@@ -161,8 +162,10 @@ def on_outcome(inc: Incident | None, o: Outcome, now: datetime, n: Numbers) -> S
     wait = n.unknown_wait_s if kind == "unknown" else n.aggregation_s
     if not active:
         fresh = Incident(state="pending", opened_at=now, notify_at=now + timedelta(seconds=wait),
-                         last_outcome=_label(o), **add)
+                         last_outcome=_label(o), failures=add["failures"], missed=add["missed"],
+                         unknowns=add["unknowns"])
         return Step(fresh, (), "waiting_unknown" if kind == "unknown" else "aggregated")
+    assert inc is not None  # active implies an incident
     counts = {k: getattr(inc, k) + v for k, v in add.items()}
     if inc.state == "pending":
         due = min(inc.notify_at or now, now + timedelta(seconds=wait))
@@ -286,7 +289,8 @@ def backoff_s(attempts: int, n: Numbers) -> float:
     class _State:  # tenacity's wait strategies read only the attempt number
         attempt_number = max(1, attempts)
 
-    return float(wait_exponential(multiplier=n.retry_base_s, min=n.retry_base_s, max=n.retry_max_s)(_State()))
+    state: Any = _State()
+    return float(wait_exponential(multiplier=n.retry_base_s, min=n.retry_base_s, max=n.retry_max_s)(state))
 
 
 def after_failure(verdict: str, attempts: int, first_attempt_at: datetime, now: datetime,

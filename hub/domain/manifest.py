@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from ..errors import Invalid
-from .policy import POLICIES
+from .policy import POLICIES, PolicyName
 
 ENGINES = ("claude", "codex", "pi", "scripted")
 UPGRADE_HINT = ("set manifest_version = 2; launch choices (model, runtime, effort) no longer belong in a profile — "
@@ -27,7 +27,7 @@ class ProfilePolicy(BaseModel):
     """What explicit overrides the profile allows."""
 
     allow_model_override: bool = True
-    permission_policies: list[Literal["policy-allow", "escalate-to-main", "deny-all"]] = list(POLICIES)
+    permission_policies: list[PolicyName] = Field(default_factory=lambda: list(POLICIES))
 
 
 class ManifestV2(BaseModel):

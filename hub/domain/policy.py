@@ -8,11 +8,12 @@ engine's approval requests (`APPROVAL_REPLIES`). Native permission flags a calle
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Literal, Mapping, Sequence
 
 from ..errors import Invalid
 
-POLICIES = ("policy-allow", "escalate-to-main", "deny-all")
+PolicyName = Literal["policy-allow", "escalate-to-main", "deny-all"]
+POLICIES: tuple[PolicyName, ...] = ("policy-allow", "escalate-to-main", "deny-all")
 DEFAULT_POLICY = "policy-allow"
 
 # How the runner answers an approval request the engine raises: allow it, ask the main session, deny it.

@@ -45,7 +45,7 @@ def _aware(dt: datetime | None) -> datetime | None:
 
 def is_agent_label(label: str | None) -> bool:
     """Return whether a token label names an agent, runtime or child session rather than a person."""
-    return bool(label) and label.lower().startswith(AGENT_LABEL_PREFIXES)
+    return label is not None and label.lower().startswith(AGENT_LABEL_PREFIXES)
 
 
 def _unbound(reason: str) -> Verdict:
@@ -60,8 +60,9 @@ def in_scope(schedule: Any, cutoff: datetime) -> Verdict | None:
         return Verdict(IGNORED, "deleted schedule: nothing to show in a personal view")
     if schedule.creator_binding_id is not None:
         return Verdict(IGNORED, "already has a creator binding")
-    if _aware(schedule.created_at) > _aware(cutoff):
-        return Verdict(IGNORED, f"created after the upgrade cutoff {_aware(cutoff).isoformat()}; "
+    created, cut = _aware(schedule.created_at), _aware(cutoff)
+    if created is not None and cut is not None and created > cut:
+        return Verdict(IGNORED, f"created after the upgrade cutoff {cut.isoformat()}; "
                                 "new schedules take their binding from the creating request")
     return None
 

@@ -64,7 +64,7 @@ MAX_INTERVAL_S = 3650 * 86400  # ten years: longer intervals are one-offs in dis
 
 def check_min_interval(rule: Rule, min_interval_s: float) -> None:
     """Refuse an interval rule shorter than `schedules.min_interval_s`, naming the setting."""
-    if rule.kind == "interval" and rule.interval.total_seconds() < min_interval_s:
+    if rule.kind == "interval" and rule.interval is not None and rule.interval.total_seconds() < min_interval_s:
         raise Invalid(f"rule {rule.text!r} fires more often than every {min_interval_s:g}s, the shortest this hub "
                       f"accepts (schedules.min_interval_s, env AMUX_SCHEDULES__MIN_INTERVAL_S); pick a longer interval")
 
@@ -120,11 +120,14 @@ def next_after(rule: Rule, after: datetime, anchor: datetime | None = None) -> d
     `anchor` is the instant interval rules count from (the schedule's creation).
     """
     if rule.kind == "at":
+        assert rule.at is not None
         return rule.at if rule.at > after else None
     if rule.kind == "interval":
+        assert rule.interval is not None
         trig = IntervalTrigger(seconds=rule.interval.total_seconds(), start_date=anchor or after, timezone=timezone.utc)
         return trig.get_next_fire_time(None, after + _TICK)
     # cron: match fields on the local wall clock, then map each wall time to one real instant
+    assert rule.cron is not None
     wall = after.astimezone(rule.tz).replace(tzinfo=None)
     for _ in range(SCAN_LIMIT):
         cand = rule.cron.get_next_fire_time(None, wall.replace(tzinfo=timezone.utc) + _TICK)

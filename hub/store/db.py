@@ -5,7 +5,7 @@ import asyncio
 import contextlib
 import logging
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -14,6 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ..errors import Invalid
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 from ..files import private_file
 
 MIGRATIONS = Path(__file__).resolve().parent.parent.parent / "migrations"
@@ -103,9 +106,9 @@ class Database:
         retrying = AsyncRetrying(stop=stop_after_attempt(self.retry_attempts), reraise=True,
                                  wait=wait_exponential(multiplier=0.05, max=1.0),
                                  retry=retry_if_exception(is_transient),
-                                 before_sleep=lambda rs: log.warning("transaction retried after %s (attempt %d)",
-                                                                     type(rs.outcome.exception()).__name__,
-                                                                     rs.attempt_number))
+                                 before_sleep=lambda rs: log.warning(
+                                     "transaction retried after %s (attempt %d)",
+                                     type(rs.outcome.exception()).__name__ if rs.outcome else "?", rs.attempt_number))
         async for attempt in retrying:
             with attempt:
                 async with self.write() as conn:
@@ -169,7 +172,7 @@ def _sqlite_pragmas(dbapi_conn: Any) -> None:
     cur.close()
 
 
-def alembic_config(url: str):  # noqa: ANN201
+def alembic_config(url: str) -> "Config":
     """Return an Alembic config pointing at our migrations and `url`."""
     from alembic.config import Config
 

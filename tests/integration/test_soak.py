@@ -71,7 +71,7 @@ def free_port() -> int:
 
 
 def _ensure_postgres_module():  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location("ensure_postgres", REPO / "scripts" / "ensure_postgres.py")
+    spec = importlib.util.spec_from_file_location("ensure_postgres", REPO / ".ci" / "ensure_postgres.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
