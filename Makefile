@@ -95,13 +95,16 @@ i18n-update: i18n-extract
 i18n-compile: venv
 	$(VENV)/bin/pybabel compile -D messages -d $(I18N) --statistics
 
-## lint: hadolint on deploy/Dockerfile, sh -n on deploy/install.sh, kustomize renders the example overlay
+## lint: ruff over the tree, mypy over hub/domain and hub/store, hadolint on deploy/Dockerfile, sh -n on
+##       deploy/install.sh, kustomize renders the example overlay (.ci/run runs it before the tests)
 .PHONY: lint
 lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy hub/domain hub/store hub/loops.py hub/clock.py
 	$(VENV)/bin/hadolint deploy/Dockerfile
 	sh -n deploy/install.sh
-	@if command -v kubectl >/dev/null 2>&1; then kubectl kustomize deploy/k8s/overlays/example >/dev/null && echo "kustomize: deploy/k8s/overlays/example renders"; \
-	else echo "make lint: kubectl missing; skipped rendering deploy/k8s" >&2; fi
+	@command -v kubectl >/dev/null 2>&1 || { echo "make lint: kubectl is missing; install it to render deploy/k8s" >&2; exit 1; }
+	kubectl kustomize deploy/k8s/overlays/example >/dev/null && echo "kustomize: deploy/k8s/overlays/example renders"
 
 ## soak: three hub replicas, real and simulated runners, faults (kill -9, PostgreSQL restart) for 10 minutes
 ##       (make soak SOAK_S=120 SOAK_SIM_RUNNERS=200); prints counts, throughput, p99 latencies, recovery times
