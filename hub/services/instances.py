@@ -3,16 +3,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
-
-import sqlalchemy as sa
+from typing import Callable
 
 from ..clock import Clock
 from ..domain.tasks import Status, is_terminal
 from ..errors import Conflict, Invalid, NotFound
 from ..ids import new_id
-from ..store.db import Database
-from ..store.tables import instances, mailbox, runtimes, sessions, task_runs
+from ..store.db import Connection, Database, Row
+from ..store.instances import SqlInstanceStore
+from ..store.sessions import SqlSessionStore
 from .auth import Caller
 from .notify import Notifier
 from .sessions import SessionService
@@ -25,8 +24,10 @@ class InstanceService:
     """Create, follow up, message, steer, interrupt, wait on and archive Agent Instances."""
 
     def __init__(self, db: Database, clock: Clock, notifier: Notifier, sessions_: SessionService, tasks: TaskService,
-                 steer_wait_s: float = 5.0, on_admitted=None) -> None:  # noqa: ANN001
+                 steer_wait_s: float = 5.0, on_admitted: Callable[[], None] | None = None) -> None:
         self.db = db
+        self.store = SqlInstanceStore(db)
+        self.session_store = SqlSessionStore(db)
         self.clock = clock
         self.notifier = notifier
         self.sessions = sessions_
@@ -42,20 +43,19 @@ class InstanceService:
         now = self.clock.now()
         async with self.db.write() as conn:
             ses = await self.sessions.create(caller, profile=profile, model=model, reasoning_effort=reasoning_effort,
-                                             runtime=runtime, permission_policy=permission_policy, extra_args=extra_args,
-                                             source="instance", kind="child", conn=conn)
-            snapshot = (await conn.execute(sa.select(sessions.c.snapshot).where(sessions.c.id == ses["session_id"]))).scalar()
+                                             runtime=runtime, permission_policy=permission_policy,
+                                             extra_args=extra_args, source="instance", kind="child", conn=conn)
+            child = await self.session_store.get(conn, ses["session_id"])
             iid = new_id("ai")
-            await conn.execute(instances.insert().values(id=iid, owner_id=caller.principal_id, name=name,
-                                                         session_id=ses["session_id"], snapshot=snapshot,
-                                                         created_at=now, updated_at=now))
+            await self.store.create(conn, instance_id=iid, owner_id=caller.principal_id, name=name,
+                                    session_id=ses["session_id"], snapshot=child.snapshot, now=now)
         view = await self.get(caller, iid)
         if prompt:
             view["task_id"] = (await self.followup(caller, iid, prompt, timeout_s=timeout_s))["task_id"]
         return view
 
-    async def _instance(self, conn, caller: Caller, iid: str) -> Any:  # noqa: ANN001
-        row = (await conn.execute(self.db.for_update(sa.select(instances).where(instances.c.id == iid)))).first()
+    async def _instance(self, conn: Connection, caller: Caller, iid: str) -> Row:
+        row = await self.store.get(conn, iid)
         if row is None or (row.owner_id != caller.principal_id and not caller.admin):
             raise NotFound(f"instance {iid!r} does not exist or is not yours; instance_create makes one")
         return row
@@ -79,17 +79,14 @@ class InstanceService:
                 if not 0 < float(timeout_s) <= 7 * 86400:
                     raise Invalid("timeout_s must be a number of seconds between 0 and 604800")
                 snap["timeout_s"] = float(timeout_s)
-            s = (await conn.execute(sa.select(sessions).where(sessions.c.id == inst.session_id))).first()
-            queued = (await conn.execute(sa.select(mailbox.c.id, mailbox.c.text).where(
-                mailbox.c.instance_id == iid, mailbox.c.state == "queued").order_by(mailbox.c.created_at))).all()
+            s = await self.session_store.get(conn, inst.session_id)
+            queued = await self.store.queued_mail(conn, iid)
             full = "\n".join([m.text for m in queued] + [prompt])
             self.sessions.admission.check_prompt(snap["engine"], full)
-            task_id = await self.sessions.add_run(conn, s, full, kind="task", source="instance", instance_id=iid, snapshot=snap)
-            if queued:
-                await conn.execute(mailbox.update().where(mailbox.c.id.in_([m.id for m in queued]))
-                                   .values(state="delivered", task_id=task_id, settled_at=self.clock.now()))
-            await conn.execute(instances.update().where(instances.c.id == iid)
-                               .values(current_task_id=task_id, updated_at=self.clock.now()))
+            task_id = await self.sessions.add_run(conn, s, full, kind="task", source="instance", instance_id=iid,
+                                                  snapshot=snap)
+            await self.store.deliver(conn, [m.id for m in queued], task_id, self.clock.now())
+            await self.store.set_current_run(conn, iid, task_id, self.clock.now())
         self.on_admitted()
         return {"instance_id": iid, "task_id": task_id, "status": Status.QUEUED.value, "mailbox_delivered": len(queued)}
 
@@ -116,8 +113,8 @@ class InstanceService:
             if inst.archived_at is not None:
                 raise Conflict(f"instance {iid} is archived; create a new instance with instance_create")
             mid = new_id("mb")
-            await conn.execute(mailbox.insert().values(id=mid, instance_id=iid, text=text, kind="queued",
-                                                       state="queued", created_at=self.clock.now()))
+            await self.store.add_mail(conn, message_id=mid, instance_id=iid, text=text, kind="queued", state="queued",
+                                      now=self.clock.now())
         return {"instance_id": iid, "message_id": mid, "state": "queued"}
 
     async def steer(self, caller: Caller, iid: str, text: str) -> dict:
@@ -128,21 +125,19 @@ class InstanceService:
             inst = await self._instance(conn, caller, iid)
             if inst.archived_at is not None:
                 raise Conflict(f"instance {iid} is archived; create a new instance with instance_create")
-            current = None
-            if inst.current_task_id:
-                current = (await conn.execute(sa.select(task_runs.c.status, task_runs.c.runtime_id)
-                                              .where(task_runs.c.id == inst.current_task_id))).first()
+            current = await self.store.current_run(conn, inst.current_task_id)
             if current is None or is_terminal(current.status):
                 raise Conflict(f"instance {iid} is idle: there is no running turn to steer; "
                                "use instance_send to queue input or instance_followup to start work")
             mid = new_id("mb")
             running = current.status == Status.RUNNING.value
-            await conn.execute(mailbox.insert().values(
-                id=mid, instance_id=iid, text=text, kind="steer", state="pending" if running else "queued",
-                task_id=inst.current_task_id if running else None, created_at=self.clock.now()))
+            await self.store.add_mail(conn, message_id=mid, instance_id=iid, text=text, kind="steer",
+                                      state="pending" if running else "queued",
+                                      task_id=inst.current_task_id if running else None, now=self.clock.now())
         if not running:
             return {"instance_id": iid, "delivery": "queued",
-                    "note": "the turn has not started yet, so it could not take the correction; it is queued in the mailbox"}
+                    "note": "the turn has not started yet, so it could not take the correction; "
+                            "it is queued in the mailbox"}
         self.notifier.notify(f"runtime:{current.runtime_id}")
         return await self._settle(iid, mid)
 
@@ -150,7 +145,7 @@ class InstanceService:
         deadline = time.monotonic() + self.steer_wait_s
         while time.monotonic() < deadline:
             async with self.db.read() as conn:
-                state = (await conn.execute(sa.select(mailbox.c.state).where(mailbox.c.id == mid))).scalar()
+                state = await self.store.mail_state(conn, mid)
             if state == "delivered":
                 return {"instance_id": iid, "delivery": "delivered", "note": "the running turn took the correction"}
             if state == "queued":
@@ -158,12 +153,12 @@ class InstanceService:
                         "note": "no turn could take the correction; it is queued in the mailbox for the next wake"}
             await asyncio.sleep(0.05)
         async with self.db.write() as conn:
-            done = await conn.execute(mailbox.update().where(mailbox.c.id == mid, mailbox.c.state == "pending")
-                                      .values(state="unknown", settled_at=self.clock.now()))
-        if done.rowcount == 0:
+            gave_up = await self.store.give_up_steer(conn, mid, self.clock.now())
+        if not gave_up:
             return await self._settle(iid, mid)
         return {"instance_id": iid, "delivery": "unknown",
-                "note": "the runner did not confirm delivery; the correction was not queued — check the turn, then steer again if needed"}
+                "note": "the runner did not confirm delivery; the correction was not queued — check the turn, "
+                        "then steer again if needed"}
 
     async def interrupt(self, caller: Caller, iid: str) -> dict:
         """Cancel the current owner TaskRun; the instance stays, resumable."""
@@ -180,7 +175,8 @@ class InstanceService:
             inst = await self._instance(conn, caller, iid)
         if not inst.current_task_id:
             return await self.get(caller, iid)
-        view = await self.tasks.wait_terminal(caller, inst.current_task_id, timeout_s=max(0.0, min(float(timeout_s), 600.0)))
+        view = await self.tasks.wait_terminal(caller, inst.current_task_id,
+                                              timeout_s=max(0.0, min(float(timeout_s), 600.0)))
         out = await self.get(caller, iid)
         out["task"] = view
         out["timed_out"] = not is_terminal(view["status"])
@@ -190,30 +186,28 @@ class InstanceService:
         """Archive an idle instance; it takes no more work."""
         async with self.db.write() as conn:
             inst = await self._instance(conn, caller, iid)
-            if inst.current_task_id:
-                status = (await conn.execute(sa.select(task_runs.c.status).where(task_runs.c.id == inst.current_task_id))).scalar()
-                if status and not is_terminal(status):
-                    raise Conflict(f"instance {iid} is active; interrupt it (instance_interrupt) or wait before archiving")
-            await conn.execute(instances.update().where(instances.c.id == iid).values(archived_at=self.clock.now()))
+            current = await self.store.current_run(conn, inst.current_task_id)
+            if current is not None and current.status and not is_terminal(current.status):
+                raise Conflict(f"instance {iid} is active; interrupt it (instance_interrupt) or wait before archiving")
+            await self.store.archive(conn, iid, self.clock.now())
         return await self.get(caller, iid)
 
     async def get(self, caller: Caller, iid: str) -> dict:
         """Return the instance: status (active/idle/archived), sticky runtime, refs, resume handle, policy."""
         async with self.db.read() as conn:
             inst = await self._instance(conn, caller, iid)
-            s = (await conn.execute(sa.select(sessions).where(sessions.c.id == inst.session_id))).first()
-            current = None
-            if inst.current_task_id:
-                current = (await conn.execute(sa.select(task_runs.c.status).where(task_runs.c.id == inst.current_task_id))).scalar()
-            runtime = (await conn.execute(sa.select(runtimes.c.name).where(runtimes.c.id == s.runtime_id))).scalar() if s.runtime_id else None
-            queued = (await conn.execute(sa.select(sa.func.count()).select_from(mailbox).where(
-                mailbox.c.instance_id == iid, mailbox.c.state == "queued"))).scalar()
+            s = await self.session_store.get(conn, inst.session_id)
+            run = await self.store.current_run(conn, inst.current_task_id)
+            current = run.status if run is not None else None
+            runtime = await self.session_store.runtime_name(conn, s.runtime_id)
+            queued = await self.store.count_queued(conn, iid)
         status = "archived" if inst.archived_at else ("active" if current and not is_terminal(current) else "idle")
         snap = inst.snapshot
         return {"instance_id": iid, "name": inst.name, "status": status, "session_id": inst.session_id,
                 "profile": snap["profile"]["ref"], "engine": snap["engine"], "model": snap.get("model"),
                 "permission_policy": snap.get("permission_policy"), "runtime": runtime,
-                "workspace_ref": f"{runtime or '?'}:{inst.session_id}", "home_ref": f"{runtime or '?'}:{inst.session_id}/.home",
-                "resume_handle": s.resume_handle, "current_task_id": inst.current_task_id, "current_task_status": current,
+                "workspace_ref": f"{runtime or '?'}:{inst.session_id}",
+                "home_ref": f"{runtime or '?'}:{inst.session_id}/.home", "resume_handle": s.resume_handle,
+                "current_task_id": inst.current_task_id, "current_task_status": current,
                 "mailbox_queued": queued, "created_at": _iso(inst.created_at)}
 

@@ -1,14 +1,12 @@
 """Hub memory by scope: the store behind `amux memory`, the CLI task children use."""
 from __future__ import annotations
 
-import sqlalchemy as sa
-
 from ..clock import Clock
 from ..config import MemorySettings
 from ..domain import memory as rules
 from ..errors import Conflict, Invalid, NotFound
-from ..store.db import Database
-from ..store.tables import memory, sessions
+from ..store.db import Connection, Database
+from ..store.memory import SqlMemoryStore
 from .auth import Caller
 from .delegation import SESSION_LABEL
 
@@ -20,14 +18,14 @@ class MemoryService:
 
     def __init__(self, db: Database, clock: Clock, settings: MemorySettings) -> None:
         self.db = db
+        self.store = SqlMemoryStore(db)
         self.clock = clock
         self.settings = settings
 
-    async def scope(self, conn, caller: Caller) -> str:  # noqa: ANN001
-        """A child session's bound scope; otherwise the caller's principal or global scope per isolation."""
+    async def scope(self, conn: Connection, caller: Caller) -> str:
+        """Return a child session's bound scope; otherwise the caller's principal or global scope per isolation."""
         if caller.label and caller.label.startswith(SESSION_LABEL):
-            stored = (await conn.execute(sa.select(sessions.c.memory_scope).where(
-                sessions.c.id == caller.label[len(SESSION_LABEL):]))).scalar()
+            stored = await self.store.session_scope(conn, caller.label[len(SESSION_LABEL):])
             scope = stored[len(rules.PENDING):] if stored and stored.startswith(rules.PENDING) else stored
             if scope in (None, rules.NONE):
                 raise Conflict("this conversation has no amux memory: capability discovery failed on its runtime "
@@ -45,8 +43,7 @@ class MemoryService:
         """Return one entry."""
         async with self.db.read() as conn:
             scope = await self.scope(conn, caller)
-            value = (await conn.execute(sa.select(memory.c.value).where(
-                memory.c.scope == scope, memory.c.key == self._key(key)))).scalar()
+            value = await self.store.get(conn, scope, self._key(key))
         if value is None:
             raise NotFound(f"no memory {key!r} in scope {scope}; `amux memory list` shows the keys")
         return {"scope": scope, "key": key, "value": value}
@@ -57,22 +54,19 @@ class MemoryService:
             raise Invalid(f"memory value must be text of at most {VALUE_MAX} bytes")
         async with self.db.write() as conn:
             scope = await self.scope(conn, caller)
-            where = (memory.c.scope == scope) & (memory.c.key == self._key(key))
-            done = await conn.execute(memory.update().where(where).values(value=value, updated_at=self.clock.now()))
-            if done.rowcount == 0:
-                await conn.execute(memory.insert().values(scope=scope, key=key, value=value, updated_at=self.clock.now()))
+            await self.store.put(conn, scope, self._key(key), value, self.clock.now())
         return {"scope": scope, "key": key, "stored": True}
 
     async def delete(self, caller: Caller, key: str) -> dict:
         """Delete one entry."""
         async with self.db.write() as conn:
             scope = await self.scope(conn, caller)
-            await conn.execute(memory.delete().where(memory.c.scope == scope, memory.c.key == self._key(key)))
+            await self.store.delete(conn, scope, self._key(key))
         return {"scope": scope, "key": key, "deleted": True}
 
     async def list(self, caller: Caller) -> dict:
         """List the keys of the caller's scope."""
         async with self.db.read() as conn:
             scope = await self.scope(conn, caller)
-            keys = [r.key for r in await conn.execute(sa.select(memory.c.key).where(memory.c.scope == scope).order_by(memory.c.key))]
+            keys = await self.store.keys(conn, scope)
         return {"scope": scope, "keys": keys}

@@ -1,30 +1,28 @@
 """Interactive Sessions and their Turns (conversation submissions: not TaskRuns, not in Task history)."""
 from __future__ import annotations
 
-from typing import Any
-
-import sqlalchemy as sa
+from typing import Callable
 
 from ..clock import Clock
 from ..domain import memory as memory_rules
-from ..domain.tasks import Status, is_terminal
+from ..domain.tasks import is_terminal
 from ..errors import Invalid, NotFound
 from ..ids import new_id
-from ..store.db import Database
-from ..store.tables import runtimes, sessions, task_runs
+from ..store.db import Connection, Database, Row
+from ..store.sessions import NewRun, NewSession, SqlSessionStore
 from .admission import Admission, SubmitRequest
 from .auth import Caller
 from .notify import Notifier
 from .tasks import TaskService, _iso, task_key
 
 
-
 class SessionService:
     """Create Sessions, submit Turns into them and read their outcomes."""
 
     def __init__(self, db: Database, clock: Clock, notifier: Notifier, admission: Admission, tasks: TaskService,
-                 on_admitted=None, user_isolation: bool = False) -> None:  # noqa: ANN001
+                 on_admitted: Callable[[], None] | None = None, user_isolation: bool = False) -> None:
         self.db = db
+        self.store = SqlSessionStore(db)
         self.clock = clock
         self.notifier = notifier
         self.admission = admission
@@ -35,7 +33,7 @@ class SessionService:
     async def create(self, caller: Caller, *, name: str | None = None, profile: str | None = None,
                      model: str | None = None, reasoning_effort: str | None = None, runtime: str | None = None,
                      permission_policy: str | None = None, extra_args: list[str] | None = None,
-                     source: str = "cli", kind: str = "interactive", conn=None) -> dict:  # noqa: ANN001
+                     source: str = "cli", kind: str = "interactive", conn: Connection | None = None) -> dict:
         """Create a Session with its engine, current model and effort resolved like a Task's."""
         if name is not None and (not isinstance(name, str) or not name.strip() or len(name) > 200
                                  or name.startswith("ses_")):
@@ -46,23 +44,20 @@ class SessionService:
         async with self.db.write() as c:
             return await self._create(c, caller, req, name, source, kind)
 
-    async def _create(self, conn, caller: Caller, req: SubmitRequest, name, source: str, kind: str) -> dict:  # noqa: ANN001
+    async def _create(self, conn: Connection, caller: Caller, req: SubmitRequest, name: str | None, source: str,
+                      kind: str) -> dict:
         if name is not None:
-            taken = (await conn.execute(sa.select(sessions.c.id).where(
-                sessions.c.owner_id == caller.principal_id, sessions.c.name == name))).first()
+            taken = await self.store.id_by_name(conn, caller.principal_id, name)
             if taken:
-                raise Invalid(f"you already have a session named {name!r} ({taken.id}); pick another name or use it")
+                raise Invalid(f"you already have a session named {name!r} ({taken}); pick another name or use it")
         snapshot = await self.admission.freeze(conn, caller, req, origin="session")
-        now = self.clock.now()
         sid = new_id("ses")
-        runtime_id = None
-        if snapshot.get("runtime"):
-            runtime_id = (await conn.execute(sa.select(runtimes.c.id).where(runtimes.c.name == snapshot["runtime"]))).scalar()
-        await conn.execute(sessions.insert().values(
+        runtime_id = await self.store.runtime_id(conn, snapshot["runtime"]) if snapshot.get("runtime") else None
+        await self.store.create(conn, NewSession(
             id=sid, name=name, owner_id=caller.principal_id, kind=kind, source=source, engine=snapshot["engine"],
             model=snapshot["model"], reasoning_effort=snapshot["reasoning_effort"], snapshot=snapshot,
-            runtime_id=runtime_id, turns=0, created_at=now, updated_at=now,
-            memory_scope=memory_rules.precondition(caller.principal_id, self.user_isolation)))
+            runtime_id=runtime_id, memory_scope=memory_rules.precondition(caller.principal_id, self.user_isolation)),
+            self.clock.now())
         return {"session_id": sid, "name": name, "engine": snapshot["engine"], "model": snapshot["model"],
                 "reasoning_effort": snapshot["reasoning_effort"]}
 
@@ -72,16 +67,15 @@ class SessionService:
         if not ref:
             raise Invalid("no session-ref: pass a session id or name, or set AMUX_SESSION_ID")
         async with self.db.read() as conn:
-            rows = (await conn.execute(sa.select(sessions.c.id).where(
-                sessions.c.owner_id == caller.principal_id, sa.or_(sessions.c.id == ref, sessions.c.name == ref)))).all()
-        if not rows:
+            ids = await self.store.ids_by_ref(conn, caller.principal_id, ref)
+        if not ids:
             raise NotFound(f"no session {ref!r} of yours; create one with `amux session create --name {ref}`")
-        if len(rows) > 1:
-            raise Invalid(f"session-ref {ref!r} names {len(rows)} sessions ({', '.join(r.id for r in rows)}); use the id")
-        return rows[0].id
+        if len(ids) > 1:
+            raise Invalid(f"session-ref {ref!r} names {len(ids)} sessions ({', '.join(ids)}); use the id")
+        return ids[0]
 
-    async def _session(self, conn, caller: Caller, session_id: str) -> Any:  # noqa: ANN001
-        row = (await conn.execute(self.db.for_update(sa.select(sessions).where(sessions.c.id == session_id)))).first()
+    async def _session(self, conn: Connection, caller: Caller, session_id: str) -> Row:
+        row = await self.store.get(conn, session_id, lock=True)
         if row is None or (row.owner_id != caller.principal_id and not caller.admin):
             raise NotFound(f"no session {session_id!r} of yours; `amux session create` makes one")
         return row
@@ -103,40 +97,38 @@ class SessionService:
         self.on_admitted()
         return turn_id
 
-    async def add_run(self, conn, s: Any, prompt: str, *, kind: str, source: str,  # noqa: ANN001
+    async def add_run(self, conn: Connection, s: Row, prompt: str, *, kind: str, source: str,
                       instance_id: str | None = None, snapshot: dict | None = None, name: str | None = None,
                       receipt: dict | None = None) -> str:
-        """Queue a run in session `s` (a Turn, or an instance's TaskRun) on its frozen identity and sticky runtime."""
-        now = self.clock.now()
-        seq = s.turns + 1
+        """Queue a run in session `s` (a Turn, or an instance's TaskRun) on its frozen identity and sticky runtime.
+
+        `s` is the session row read locked in this transaction (`_session`, or the instance's lock).
+        """
         snap = dict(snapshot or s.snapshot)
         if s.runtime_id:
-            snap["runtime"] = (await conn.execute(sa.select(runtimes.c.name).where(runtimes.c.id == s.runtime_id))).scalar()
+            snap["runtime"] = await self.store.runtime_name(conn, s.runtime_id)
         snap["resume_handle"] = s.resume_handle
         snap["workspace_key"] = s.id
         if receipt is not None:
             snap["receipt"] = receipt
         run_id = new_id("turn" if kind == "turn" else "tr")
-        await conn.execute(task_runs.insert().values(
-            id=run_id, owner_id=s.owner_id, name=name, prompt=prompt, snapshot=snap, status=Status.QUEUED.value,
-            attempt=0, event_seq=0, last_rseq=0, created_at=now, kind="turn" if kind == "turn" else "task",
-            session_id=s.id, turn_seq=seq, instance_id=instance_id,
-            parent_session_id=s.parent_session_id, result_json=None))
-        await conn.execute(sessions.update().where(sessions.c.id == s.id).values(turns=seq, updated_at=now))
+        await self.store.queue_run(conn, s, NewRun(id=run_id, kind="turn" if kind == "turn" else "task", prompt=prompt,
+                                                   snapshot=snap, name=name, instance_id=instance_id),
+                                   self.clock.now())
         return run_id
 
     async def turn_outcome(self, turn_id: str) -> str | None:
         """Return the Turn's canonical terminal outcome, or None while it runs."""
         async with self.db.read() as conn:
-            row = (await conn.execute(sa.select(task_runs.c.status).where(task_runs.c.id == turn_id))).first()
-        if row is None:
+            status = await self.store.run_status(conn, turn_id)
+        if status is None:
             raise NotFound(f"turn {turn_id!r} does not exist")
-        return row.status if is_terminal(row.status) else None
+        return status if is_terminal(status) else None
 
     async def get_turn(self, caller: Caller, turn_id: str) -> dict:
         """Return a Turn's view (status, outcome, result, events cursor)."""
         async with self.db.read() as conn:
-            row = (await conn.execute(sa.select(task_runs).where(task_runs.c.id == turn_id, task_runs.c.kind == "turn"))).first()
+            row = await self.store.turn(conn, turn_id)
             if row is None or (row.owner_id != caller.principal_id and not caller.admin):
                 raise NotFound(f"turn {turn_id!r} does not exist or is not yours")
             view = await self.tasks._view(conn, row)
@@ -159,14 +151,11 @@ class SessionService:
     async def show(self, caller: Caller, session_id: str, turns: int = 20) -> dict:
         """Return a Session with its most recent Turns."""
         async with self.db.read() as conn:
-            s = (await conn.execute(sa.select(sessions).where(sessions.c.id == session_id))).first()
+            s = await self.store.get(conn, session_id)
             if s is None or (s.owner_id != caller.principal_id and not caller.admin):
                 raise NotFound(f"no session {session_id!r} of yours")
-            rows = (await conn.execute(sa.select(task_runs.c.id, task_runs.c.turn_seq, task_runs.c.status,
-                                                 task_runs.c.result_text, task_runs.c.kind)
-                                       .where(task_runs.c.session_id == session_id)
-                                       .order_by(task_runs.c.turn_seq.desc()).limit(turns))).all()
-            runtime = (await conn.execute(sa.select(runtimes.c.name).where(runtimes.c.id == s.runtime_id))).scalar() if s.runtime_id else None
+            rows = await self.store.recent_runs(conn, session_id, turns)
+            runtime = await self.store.runtime_name(conn, s.runtime_id)
         return {"session_id": s.id, "name": s.name, "kind": s.kind, "engine": s.engine, "model": s.model,
                 "reasoning_effort": s.reasoning_effort, "runtime": runtime, "resume_handle": s.resume_handle,
                 "turns": [{"id": r.id, "seq": r.turn_seq, "kind": r.kind, "status": r.status, "result": r.result_text}
