@@ -107,7 +107,8 @@ class FeishuBot:
         app = self.apps.get(app_id)
         if app is None or not ids.get("open_id"):
             return None
-        return await self.identity.bind(app_id, ids["open_id"], app.admin_open_id, ids.get("union_id"), ids.get("user_id"))
+        return await self.identity.bind(app_id, ids["open_id"], app.admin_open_id, ids.get("union_id"),
+                                        ids.get("user_id"))
 
     async def on_message(self, app_id: str, event: dict, out: Outgoing) -> None:
         """Answer a chat message: `/amux` → the overview card; anything else → a Turn of the chat's Session."""
@@ -149,7 +150,8 @@ class FeishuBot:
         if app_id not in self.apps or not ids.get("open_id"):
             return
         try:
-            linked = await self.hub.identity.redeem(code, app_id, ids["open_id"], ids.get("union_id"), ids.get("user_id"))
+            linked = await self.hub.identity.redeem(code, app_id, ids["open_id"], ids.get("union_id"),
+                                                    ids.get("user_id"))
         except LinkRefused as e:
             card = render_link_result(self.tr, LINK_REFUSED[e.reason], ok=False)
         else:
@@ -164,7 +166,8 @@ class FeishuBot:
         approval page, so a hosted MCP client can be approved without pasting a token. Only in a private chat:
         anyone in a group could use the link."""
         if msg.get("chat_type") not in (None, "p2p"):
-            text = self.tr.text(_("Send `/amux login` to me in a private chat: a sign-in link must not be seen by others."))
+            text = self.tr.text(_("Send `/amux login` to me in a private chat: a sign-in link must not be seen "
+                                  "by others."))
         else:
             base = self.hub.settings.public_url or self.hub.runtimes.hub_url
             link = await self.hub.oauth.issue_login_link(viewer.principal_id, base)

@@ -93,7 +93,8 @@ class AuthService:
         return await self.store.ensure_principal(conn, name, kind, self.clock.now(), new_id("pr"))
 
     async def mint_in(self, conn: Connection, principal_id: str, label: str, *, replace: bool = False) -> str:
-        """Mint a token for an existing principal inside the caller's transaction (replace: revoke others with the label)."""
+        """Mint a token for an existing principal inside the caller's transaction (replace: revoke the others that
+        carry the label)."""
         now = self.clock.now()
         if replace:
             await self.store.revoke_labelled(conn, label, now)

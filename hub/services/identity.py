@@ -109,10 +109,12 @@ class IdentityService:
                      user_id: str | None = None) -> Linked:
         """Bind (app_id, open_id) to the code's principal and spend the code; raise LinkRefused naming the fix."""
         if not code or not code.strip():
-            raise LinkRefused("missing", "no link code: run `amux identity link` and send `/amux link CODE` with the code it prints")
+            raise LinkRefused("missing", "no link code: run `amux identity link` and send `/amux link CODE` "
+                                         "with the code it prints")
         norm = normalize(code)
         if norm is None:
-            raise LinkRefused("malformed", "that is not a link code: run `amux identity link` and send the code it prints")
+            raise LinkRefused("malformed",
+                              "that is not a link code: run `amux identity link` and send the code it prints")
         now = self.clock.now()
         async with self.db.write() as conn:
             return await self._redeem(conn, norm, app_id, open_id, union_id, user_id, now)
@@ -121,11 +123,13 @@ class IdentityService:
                       user_id: str | None, now: datetime) -> Linked:
         row = await self.store.link_code_to_redeem(conn, code_hash(norm))
         if row is None:
-            raise LinkRefused("unknown", "this link code is not known; check it, or run `amux identity link` for a new one")
+            raise LinkRefused("unknown",
+                              "this link code is not known; check it, or run `amux identity link` for a new one")
         if row.used_at is not None:
             raise LinkRefused("used", "this link code was already used; run `amux identity link` for a new one")
         if utc(row.expires_at) <= now:
-            raise LinkRefused("expired", "this link code expired (codes last 10 minutes); run `amux identity link` again")
+            raise LinkRefused("expired",
+                              "this link code expired (codes last 10 minutes); run `amux identity link` again")
         name = await self.principals.principal_name(conn, row.principal_id)
         if name is None:
             raise LinkRefused("principal_gone", "the account this code was made for no longer exists; "

@@ -106,7 +106,8 @@ class LeaseService:
         if row.secret_hash is None:
             raise Conflict(rules.released(row.id))
         if not hmac.compare_digest(row.secret_hash, _hash(handle.secret)):
-            raise Conflict(rules.held_by(row.holder_label or "another agent", utc(row.attached_at) or utc(row.created_at)))
+            raise Conflict(rules.held_by(row.holder_label or "another agent",
+                                         utc(row.attached_at) or utc(row.created_at)))
         return row
 
     async def _touch(self, conn: Connection, row: Row, now: datetime) -> None:
@@ -169,7 +170,8 @@ class LeaseService:
             last = utc(row.last_activity_at)
             if not takeover and not rules.may_attach_without_takeover(held, last, now, self.settings.takeover_quiet_s):
                 raise Conflict(rules.attach_refused(row.id, row.holder_label or "another agent",
-                                                    utc(row.attached_at) or last, last, now, self.settings.takeover_quiet_s))
+                                                    utc(row.attached_at) or last, last, now,
+                                                    self.settings.takeover_quiet_s))
             new_row = await self.store.attach(conn, tid, secret_hash=_hash(secret), holder_label=holder_of(caller),
                                               holder_token_id=caller.token_id, now=now)
             box_ids = await self.store.live_box_ids(conn, tid)
@@ -259,8 +261,8 @@ class LeaseService:
         if not isinstance(command, str) or not command.strip():
             raise Invalid("command is empty; pass a shell command, e.g. command=\"ls -la\"")
         if len(command.encode()) > MAX_COMMAND_BYTES or "\0" in command:
-            raise Invalid(f"command must be at most {MAX_COMMAND_BYTES} bytes without NUL; write long scripts to a file "
-                          f"in the box first")
+            raise Invalid(f"command must be at most {MAX_COMMAND_BYTES} bytes without NUL; write long scripts "
+                          f"to a file in the box first")
         timeout = DEFAULT_EXEC_TIMEOUT_S if timeout_s is None else timeout_s
         if not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_EXEC_TIMEOUT_S:
             raise Invalid(f"timeout_s must be between 0 and {MAX_EXEC_TIMEOUT_S:g} seconds; run longer work in the "
@@ -270,7 +272,8 @@ class LeaseService:
         except BoxError as e:
             raise Conflict(str(e)) from e
         return {"vm_id": box.id, "task_id": row.id, "exit_code": res.exit_code, "stdout": res.stdout,
-                "stderr": res.stderr, "stdout_truncated": res.stdout_truncated, "stderr_truncated": res.stderr_truncated,
+                "stderr": res.stderr, "stdout_truncated": res.stdout_truncated,
+                "stderr_truncated": res.stderr_truncated,
                 "timed_out": res.timed_out, "duration_s": res.duration_s}
 
     async def vm_destroy(self, caller: Caller, handle: str | None, vm_id: str | None) -> dict[str, Any]:

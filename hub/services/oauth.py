@@ -111,9 +111,11 @@ def check_redirect_uri(uri: str) -> None:
     parts = urlsplit(uri)
     scheme = parts.scheme.lower()
     if len(uri) > 2000 or not scheme or parts.fragment or scheme in BAD_SCHEMES:
-        raise OAuthError("invalid_redirect_uri", f"redirect URI {uri[:200]!r} is not an absolute URI without a fragment")
+        raise OAuthError("invalid_redirect_uri",
+                         f"redirect URI {uri[:200]!r} is not an absolute URI without a fragment")
     if scheme == "http" and (parts.hostname or "") not in LOOPBACK:
-        raise OAuthError("invalid_redirect_uri", f"redirect URI {uri[:200]!r} uses plain http off the loopback interface; use https")
+        raise OAuthError("invalid_redirect_uri",
+                         f"redirect URI {uri[:200]!r} uses plain http off the loopback interface; use https")
     if scheme in ("http", "https") and not parts.hostname:
         raise OAuthError("invalid_redirect_uri", f"redirect URI {uri[:200]!r} has no host")
 
@@ -155,10 +157,12 @@ class OAuthService:
             check_redirect_uri(uri)
         method = meta.token_endpoint_auth_method or "client_secret_basic"  # RFC 7591 §2 default
         if method not in AUTH_METHODS:
-            raise OAuthError("invalid_client_metadata", f"token_endpoint_auth_method must be one of {', '.join(AUTH_METHODS)}")
+            raise OAuthError("invalid_client_metadata",
+                             f"token_endpoint_auth_method must be one of {', '.join(AUTH_METHODS)}")
         grants = list(meta.grant_types)
         if "authorization_code" not in grants or any(g not in GRANT_TYPES for g in grants):
-            raise OAuthError("invalid_client_metadata", "grant_types must include authorization_code and may add refresh_token only")
+            raise OAuthError("invalid_client_metadata",
+                             "grant_types must include authorization_code and may add refresh_token only")
         if meta.response_types and "code" not in meta.response_types:
             raise OAuthError("invalid_client_metadata", "response_types must be [\"code\"]")
         scopes = known_scopes(meta.scope) or list(SCOPES)
@@ -185,7 +189,8 @@ class OAuthService:
             row = await self.store.client(conn, client_id)
         if row is None:
             return None
-        return Client(row.id, row.name, tuple(row.redirect_uris), tuple(row.scope.split()), row.auth_method, row.secret_hash)
+        return Client(row.id, row.name, tuple(row.redirect_uris), tuple(row.scope.split()), row.auth_method,
+                      row.secret_hash)
 
     async def authenticate_client(self, client_id: str | None, secret: str | None) -> Client:
         """Return the client a token request names, checking its secret when it has one (RFC 6749 §2.3)."""
@@ -193,7 +198,8 @@ class OAuthService:
         if client is None:
             raise OAuthError("invalid_client", f"client {str(client_id)[:64]!r} is not registered: {RESTART}", 401)
         if client.secret_hash and not (secret and hmac.compare_digest(client.secret_hash, hash_secret(secret))):
-            raise OAuthError("invalid_client", "client authentication failed: send the client_secret issued at registration", 401)
+            raise OAuthError("invalid_client",
+                             "client authentication failed: send the client_secret issued at registration", 401)
         return client
 
     # ------------------------------------------------------------------ authorization requests
@@ -202,12 +208,14 @@ class OAuthService:
         """Validate an authorization request; PageError when no redirect is safe, RedirectError otherwise."""
         client = await self.client(q.get("client_id", ""))
         if client is None:
-            raise PageError(f"This application is not registered with the hub (unknown client_id). In the application, {RESTART}.")
+            raise PageError("This application is not registered with the hub (unknown client_id). "
+                            f"In the application, {RESTART}.")
         redirect = q.get("redirect_uri")
         explicit = redirect is not None
         if redirect is None:
             if len(client.redirect_uris) != 1:
-                raise PageError("The request names no redirect_uri and the application registered several; it must name one.")
+                raise PageError("The request names no redirect_uri and the application registered several; "
+                                "it must name one.")
             redirect = client.redirect_uris[0]
         elif redirect not in client.redirect_uris:
             raise PageError("The redirect_uri of this request was not registered by the application, so the hub "
@@ -225,10 +233,13 @@ class OAuthService:
         if q.get("code_challenge_method") != "S256":
             raise fail("invalid_request", "code_challenge_method must be S256")
         if not CHALLENGE.fullmatch(challenge):
-            raise fail("invalid_request", "code_challenge must be the base64url SHA-256 of the code verifier (43 characters)")
-        scopes = [s for s in known_scopes(q.get("scope")) if s in client.scopes] if q.get("scope") else list(client.scopes)
+            raise fail("invalid_request",
+                       "code_challenge must be the base64url SHA-256 of the code verifier (43 characters)")
+        scopes = ([s for s in known_scopes(q.get("scope")) if s in client.scopes] if q.get("scope")
+                  else list(client.scopes))
         if not scopes:
-            raise fail("invalid_scope", f"request at least one of the scopes this client registered: {' '.join(client.scopes)}")
+            raise fail("invalid_scope",
+                       f"request at least one of the scopes this client registered: {' '.join(client.scopes)}")
         resource = q.get("resource") or None
         if resource and not same_resource(resource, resources):
             raise fail("invalid_target", f"resource must be this hub's MCP endpoint {resources[0]}")
@@ -264,7 +275,8 @@ class OAuthService:
             if row is None or row.client_id != client.id:
                 failure = "authorization code is unknown: start the authorization again"
             elif row.used_at is not None:
-                failure = "authorization code was already used; what it issued is now revoked: start the authorization again"
+                failure = ("authorization code was already used; what it issued is now revoked: "
+                           "start the authorization again")
                 if row.grant_id:
                     await self._revoke_grant(conn, row.grant_id, now, "authorization code replayed")
             else:
@@ -373,7 +385,8 @@ class OAuthService:
         return caller.principal_id, caller.principal
 
     async def issue_login_link(self, principal_id: str, base_url: str) -> str:
-        """Return a one-time sign-in link for the approval page (10 minutes); the Feishu bot sends it to a bound user."""
+        """Return a one-time sign-in link for the approval page (10 minutes); the Feishu bot sends it to a bound
+        user."""
         code = secrets.token_urlsafe(24)
         now = self.clock.now()
         async with self.db.write() as conn:
@@ -393,7 +406,8 @@ class OAuthService:
                 await self.store.add_login(conn, hash_secret(session), "session", row.principal_id,
                                            expires_at=now + self.session_ttl, now=now)
         if not ok:
-            raise Unauthorized("this sign-in link is unknown, already used or expired: ask the amux bot for a new one (`/amux login`)")
+            raise Unauthorized("this sign-in link is unknown, already used or expired: "
+                               "ask the amux bot for a new one (`/amux login`)")
         return session, row.name
 
     async def session_principal(self, session: str | None) -> tuple[str, str] | None:

@@ -180,8 +180,9 @@ class SqlLeaseStore:
 
     async def stuck_boxes(self, conn: Connection, cutoff: datetime, limit: int) -> list[Row]:
         """Return up to `limit` boxes left `creating` since `cutoff` or before (their maker is gone), oldest first."""
-        return list((await conn.execute(sa.select(boxes).where(boxes.c.state == "creating", boxes.c.created_at <= cutoff)
-                                        .order_by(boxes.c.created_at).limit(limit))).all())
+        return list((await conn.execute(
+            sa.select(boxes).where(boxes.c.state == "creating", boxes.c.created_at <= cutoff)
+            .order_by(boxes.c.created_at).limit(limit))).all())
 
     async def closed_tasks_with_live_boxes(self, conn: Connection, limit: int) -> list[str]:
         """Return up to `limit` closed tasks that still have boxes holding resources (a closer died before

@@ -196,7 +196,8 @@ class SqlOAuthStore:
 
     async def revoke_grant(self, conn: Connection, grant_id: str, now: datetime, reason: str) -> None:
         """Revoke a grant, which ends every token of it; a revoked grant keeps its first time and reason."""
-        await conn.execute(oauth_grants.update().where(oauth_grants.c.id == grant_id, oauth_grants.c.revoked_at.is_(None))
+        await conn.execute(oauth_grants.update()
+                           .where(oauth_grants.c.id == grant_id, oauth_grants.c.revoked_at.is_(None))
                            .values(revoked_at=now, revoked_reason=reason))
 
     async def access_token(self, conn: Connection, token_hash: str) -> Row | None:
