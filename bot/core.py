@@ -10,15 +10,10 @@ import asyncio
 import json
 import logging
 import re
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Awaitable
-
-import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
 
 from hub.errors import AmuxError
 from hub.services.identity import LinkRefused
-from hub.store.tables import bot_inbound
 
 from .cards.actions import BadPayload
 from .cards.identity import LINK_REFUSED, render_link_result
@@ -35,7 +30,6 @@ from .router import check, is_command, is_login, link_argument
 
 log = logging.getLogger(__name__)
 ACTION_BUDGET_S = 2.5          # Feishu wants the callback answer within 3 s
-DEDUP_TTL = timedelta(days=2)  # Feishu retries an event for a few hours at most
 MENTION = re.compile(r"@_user_\d+\s*")
 
 
@@ -46,7 +40,7 @@ class FeishuBot:
         self.hub = hub
         self.tr = tr or catalogs()
         self.apps = {a.app_id: a for a in hub.settings.feishu.apps}
-        self.identity = IdentityBindings(hub.db, hub.clock, hub.auth)
+        self.identity = IdentityBindings(hub.identity)
         self._messenger = messenger
         self.background: set[asyncio.Task] = set()
         self.turn_wait_s = 600.0
@@ -82,15 +76,7 @@ class FeishuBot:
 
     async def first_seen(self, app_id: str, key: str) -> bool:
         """Record an inbound key; False when it was seen before (a redelivery or a replay)."""
-        now = self.hub.clock.now()
-        try:
-            async with self.hub.db.write() as conn:
-                await conn.execute(bot_inbound.insert().values(key=key[:250], app_id=app_id, received_at=now))
-                if hash(key) % 64 == 0:  # prune now and then; keys outlive Feishu's retry window
-                    await conn.execute(bot_inbound.delete().where(bot_inbound.c.received_at < now - DEDUP_TTL))
-            return True
-        except IntegrityError:
-            return False
+        return await self.hub.identity.first_seen(app_id, key)
 
     def toast(self, msgid: str, kind: str = "success", **values: Any) -> dict:
         """Return a callback toast with `i18n` texts."""
@@ -121,7 +107,8 @@ class FeishuBot:
         app = self.apps.get(app_id)
         if app is None or not ids.get("open_id"):
             return None
-        return await self.identity.bind(app_id, ids["open_id"], app.admin_open_id, ids.get("union_id"), ids.get("user_id"))
+        return await self.identity.bind(app_id, ids["open_id"], app.admin_open_id, ids.get("union_id"),
+                                        ids.get("user_id"))
 
     async def on_message(self, app_id: str, event: dict, out: Outgoing) -> None:
         """Answer a chat message: `/amux` → the overview card; anything else → a Turn of the chat's Session."""
@@ -163,7 +150,8 @@ class FeishuBot:
         if app_id not in self.apps or not ids.get("open_id"):
             return
         try:
-            linked = await self.hub.identity.redeem(code, app_id, ids["open_id"], ids.get("union_id"), ids.get("user_id"))
+            linked = await self.hub.identity.redeem(code, app_id, ids["open_id"], ids.get("union_id"),
+                                                    ids.get("user_id"))
         except LinkRefused as e:
             card = render_link_result(self.tr, LINK_REFUSED[e.reason], ok=False)
         else:
@@ -178,7 +166,8 @@ class FeishuBot:
         approval page, so a hosted MCP client can be approved without pasting a token. Only in a private chat:
         anyone in a group could use the link."""
         if msg.get("chat_type") not in (None, "p2p"):
-            text = self.tr.text(_("Send `/amux login` to me in a private chat: a sign-in link must not be seen by others."))
+            text = self.tr.text(_("Send `/amux login` to me in a private chat: a sign-in link must not be seen "
+                                  "by others."))
         else:
             base = self.hub.settings.public_url or self.hub.runtimes.hub_url
             link = await self.hub.oauth.issue_login_link(viewer.principal_id, base)

@@ -10,10 +10,14 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .cli_discovery import DEFAULT_HUB, HomeError, check_home, listen_address, url_of
 from .errors import AmuxError
+
+if TYPE_CHECKING:  # the server side loads only for the commands that run it
+    from .app import Hub
+    from .config import Settings
 
 
 def _print(args: argparse.Namespace, data: Any, human: str | None = None) -> None:
@@ -25,7 +29,7 @@ def _print(args: argparse.Namespace, data: Any, human: str | None = None) -> Non
 
 # ---------------------------------------------------------------- server side
 
-def _settings(args: argparse.Namespace, *, create_home: bool = False):  # noqa: ANN202
+def _settings(args: argparse.Namespace, *, create_home: bool = False) -> Settings:
     """Load settings; the home must exist (or is created by `create_home`) unless --db names another database."""
     from .config import load_settings
 
@@ -36,7 +40,7 @@ def _settings(args: argparse.Namespace, *, create_home: bool = False):  # noqa: 
     return settings
 
 
-async def _token_file(hub, path: Path, principal: str, label: str, *, runner: bool = False) -> str:  # noqa: ANN001
+async def _token_file(hub: Hub, path: Path, principal: str, label: str, *, runner: bool = False) -> str:
     """Reuse a stored token of the right kind that still works, else mint one and store it (mode 0600).
 
     `runner`: a shared runner token (made by the operator, so an admin's), for the in-process runner.

@@ -6,19 +6,16 @@ import hmac
 import secrets
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Callable
 from typing import Protocol
-
-import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
 
 from ..clock import Clock, utc
 from ..domain.tasks import is_terminal
 from ..errors import Forbidden, Invalid, NotFound, Unauthorized
 from ..ids import new_id
-from ..store.db import Database
-from ..store.tables import api_tokens, principals, task_runs
+from ..store.db import Connection, Database, Row
+from ..store.tokens import SqlTokenStore
 
 TOKEN_PREFIX = "amux"
 MISSING = (
@@ -85,35 +82,31 @@ class AuthService:
         self.db = db
         self.clock = clock
         self.cache_s = cache_s
+        self.store = SqlTokenStore(db)
         self._verified: dict[str, tuple[float, Caller]] = {}
         # Called with a token id after a revocation made through this replica (the runner endpoint closes its sockets).
         self.revocation_listeners: list[Callable[[str], Any]] = []
         self.oauth: OAuthVerifier | None = None  # set by the composition root (hub/services/oauth.py)
 
-    async def ensure_principal(self, conn, name: str, kind: str = "user") -> str:  # noqa: ANN001
+    async def ensure_principal(self, conn: Connection, name: str, kind: str = "user") -> str:
         """Return the id of principal `name`, creating it."""
-        row = (await conn.execute(sa.select(principals.c.id).where(principals.c.name == name))).first()
-        if row:
-            return row.id
-        pid = new_id("pr")
-        await conn.execute(principals.insert().values(id=pid, kind=kind, name=name, created_at=self.clock.now()))
-        return pid
+        return await self.store.ensure_principal(conn, name, kind, self.clock.now(), new_id("pr"))
 
-    async def mint_in(self, conn, principal_id: str, label: str, *, replace: bool = False) -> str:  # noqa: ANN001
-        """Mint a token for an existing principal inside the caller's transaction (replace: revoke others with the label)."""
+    async def mint_in(self, conn: Connection, principal_id: str, label: str, *, replace: bool = False) -> str:
+        """Mint a token for an existing principal inside the caller's transaction (replace: revoke the others that
+        carry the label)."""
         now = self.clock.now()
         if replace:
-            await conn.execute(api_tokens.update().where(api_tokens.c.label == label, api_tokens.c.revoked_at.is_(None))
-                               .values(revoked_at=now))
+            await self.store.revoke_labelled(conn, label, now)
         token_id = new_id("tok")
         secret = secrets.token_urlsafe(32)
-        await conn.execute(api_tokens.insert().values(
-            id=token_id, principal_id=principal_id, label=label, token_hash=hash_secret(secret), admin=False, created_at=now))
+        await self.store.add_token(conn, token_id=token_id, principal_id=principal_id, label=label,
+                                   token_hash=hash_secret(secret), admin=False, kind="user", now=now)
         return f"{TOKEN_PREFIX}.{token_id.split('_', 1)[1]}.{secret}"
 
     # ------------------------------------------------------------ run tokens (one per task run)
 
-    async def mint_run(self, conn, principal_id: str, task_id: str, label: str) -> str:  # noqa: ANN001
+    async def mint_run(self, conn: Connection, principal_id: str, task_id: str, label: str) -> str:
         """Mint the run token of `task_id` inside the caller's transaction; earlier tokens of that run are revoked.
 
         A run token acts as the run's principal for memory and coordination calls only, and stops
@@ -123,21 +116,16 @@ class AuthService:
         await self.revoke_run(conn, task_id)
         token_id = new_id("tok")
         secret = secrets.token_urlsafe(32)
-        await conn.execute(api_tokens.insert().values(
-            id=token_id, principal_id=principal_id, label=label, token_hash=hash_secret(secret), admin=False,
-            created_at=now, kind="run", task_id=task_id))
+        await self.store.add_token(conn, token_id=token_id, principal_id=principal_id, label=label,
+                                   token_hash=hash_secret(secret), admin=False, kind="run", now=now, task_id=task_id)
         return f"{TOKEN_PREFIX}.{token_id.split('_', 1)[1]}.{secret}"
 
-    async def revoke_run(self, conn, task_id: str) -> None:  # noqa: ANN001
+    async def revoke_run(self, conn: Connection, task_id: str) -> None:
         """Revoke every live token of a task run (its end, or a new attempt's dispatch)."""
         if not task_id:
             return
-        ids = (await conn.execute(sa.select(api_tokens.c.id).where(
-            api_tokens.c.task_id == task_id, api_tokens.c.revoked_at.is_(None)))).scalars().all()
-        if ids:
-            await conn.execute(api_tokens.update().where(api_tokens.c.id.in_(ids)).values(revoked_at=self.clock.now()))
-            for token_id in ids:
-                self._forget(token_id)
+        for token_id in await self.store.revoke_run_tokens(conn, task_id, self.clock.now()):
+            self._forget(token_id)
 
     async def create_token(self, principal: str, label: str | None = None, admin: bool = False, kind: str = "user",
                            *, runner: bool = False) -> str:
@@ -152,19 +140,13 @@ class AuthService:
             raise Invalid("principal kind must be user, service or runtime")
         token_id = new_id("tok")
         secret = secrets.token_urlsafe(32)
-        for attempt in (1, 2):  # another replica may create the same principal at the same moment: then use its row
-            try:
-                async with self.db.write() as conn:
-                    pid = await self.ensure_principal(conn, principal, kind)
-                    await conn.execute(api_tokens.insert().values(
-                        id=token_id, principal_id=pid, label=label or ("runner" if runner else None),
-                        token_hash=hash_secret(secret), admin=admin, created_at=self.clock.now(),
-                        kind="runner" if runner else "admin" if admin else "user",
-                    ))
-                break
-            except IntegrityError:
-                if attempt == 2:
-                    raise
+        async with self.db.write() as conn:
+            # Another replica may create the same principal at the same moment: then its row is used.
+            pid = await self.ensure_principal(conn, principal, kind)
+            await self.store.add_token(conn, token_id=token_id, principal_id=pid,
+                                       label=label or ("runner" if runner else None), token_hash=hash_secret(secret),
+                                       admin=admin, kind="runner" if runner else "admin" if admin else "user",
+                                       now=self.clock.now())
         return f"{TOKEN_PREFIX}.{token_id.split('_', 1)[1]}.{secret}"
 
     async def authenticate(self, header: str | None, *, surface: str = "api", fresh: bool = False) -> Caller:
@@ -190,12 +172,7 @@ class AuthService:
         if hit is not None and hit[0] > time.monotonic() and hit[1].token_id == token_id:
             return hit[1]
         async with self.db.read() as conn:
-            row = (await conn.execute(
-                sa.select(api_tokens, principals.c.name, task_runs.c.status.label("run_status"))
-                .join(principals, principals.c.id == api_tokens.c.principal_id)
-                .outerjoin(task_runs, task_runs.c.id == api_tokens.c.task_id)
-                .where(api_tokens.c.id == token_id)
-            )).first()
+            row = await self.store.token_to_verify(conn, token_id)
         if row is None or not hmac.compare_digest(row.token_hash, digest) or row.revoked_at is not None:
             raise Unauthorized(WRONG)
         if row.kind == "run" and row.task_id is not None and (row.run_status is None or is_terminal(row.run_status)):
@@ -204,7 +181,7 @@ class AuthService:
         last = utc(row.last_used_at)
         if last is None or now - last >= LAST_USED_GRANULARITY:
             async with self.db.write() as conn:
-                await conn.execute(api_tokens.update().where(api_tokens.c.id == token_id).values(last_used_at=now))
+                await self.store.record_use(conn, token_id, now)
         caller = caller_of_row(row)
         if len(self._verified) > 10_000:
             self._verified.clear()
@@ -217,14 +194,9 @@ class AuthService:
         if caller.label or not name:
             return caller.label
         async with self.db.write() as conn:
-            await conn.execute(
-                api_tokens.update()
-                .where(api_tokens.c.id == caller.token_id, api_tokens.c.label.is_(None))
-                .values(label=f"mcp:{name}")
-            )
-            row = (await conn.execute(sa.select(api_tokens.c.label).where(api_tokens.c.id == caller.token_id))).first()
+            label = await self.store.claim_label(conn, caller.token_id, f"mcp:{name}")
         self._forget(caller.token_id)
-        return row.label if row else None
+        return label
 
     def _forget(self, token_id: str) -> None:
         for digest, (_, cached) in list(self._verified.items()):
@@ -234,7 +206,7 @@ class AuthService:
     async def token_label(self, token_id: str) -> str | None:
         """Return a token's current label."""
         async with self.db.read() as conn:
-            row = (await conn.execute(sa.select(api_tokens.c.label).where(api_tokens.c.id == token_id))).first()
+            row = await self.store.token(conn, token_id)
         if row is None:
             raise NotFound(f"token {token_id} does not exist")
         return row.label
@@ -250,7 +222,7 @@ class AuthService:
 # ---------------------------------------------------------------- token kinds and lifecycle
 
 
-def caller_of_row(row: Any) -> Caller:
+def caller_of_row(row: Row) -> Caller:
     """Build the Caller of a token row (joined with its principal's name)."""
     kind = row.kind or ("admin" if row.admin else "user")
     if kind == "runner":  # the admin flag of a runner token means "shared runtime", never admin rights
@@ -308,16 +280,9 @@ class TokenAdmin:
         self._may_manage(caller)
         if all_ and not caller.admin:
             raise Forbidden("only an admin lists every token; drop --all to list your own")
-        q = (sa.select(api_tokens.c.id, api_tokens.c.kind, api_tokens.c.label, api_tokens.c.admin, api_tokens.c.task_id,
-                       api_tokens.c.created_at, api_tokens.c.last_used_at, api_tokens.c.revoked_at,
-                       principals.c.name.label("principal"))
-             .join(principals, principals.c.id == api_tokens.c.principal_id).order_by(api_tokens.c.created_at))
-        if not all_:
-            q = q.where(api_tokens.c.principal_id == caller.principal_id)
-        if not include_revoked:
-            q = q.where(api_tokens.c.revoked_at.is_(None))
         async with self.auth.db.read() as conn:
-            rows = (await conn.execute(q)).all()
+            rows = await self.auth.store.list_tokens(conn, None if all_ else caller.principal_id,
+                                                     include_revoked=include_revoked)
         return [token_view(r) for r in rows]
 
     async def create(self, caller: Caller, principal: str | None = None, *, label: str | None = None,
@@ -338,13 +303,10 @@ class TokenAdmin:
         """Revoke a token (idempotent): your own, or anyone's as an admin."""
         self._may_manage(caller)
         async with self.auth.db.write() as conn:
-            row = (await conn.execute(sa.select(api_tokens.c.principal_id, api_tokens.c.revoked_at)
-                                      .where(api_tokens.c.id == token_id))).first()
+            row = await self.auth.store.token(conn, token_id)
             if row is None or (row.principal_id != caller.principal_id and not caller.admin):
                 raise NotFound(f"token {token_id} does not exist or is not yours; list yours with `amux token list`")
-            if row.revoked_at is None:
-                await conn.execute(api_tokens.update().where(api_tokens.c.id == token_id)
-                                   .values(revoked_at=self.auth.clock.now()))
+            await self.auth.store.revoke_token(conn, token_id, self.auth.clock.now())
         self.auth._forget(token_id)
         for fn in self.auth.revocation_listeners:
             fn(token_id)
@@ -354,15 +316,19 @@ class TokenAdmin:
     async def is_live(self, token_id: str) -> bool:
         """Return whether the token is still unrevoked, from the database (no cache)."""
         async with self.auth.db.read() as conn:
-            row = (await conn.execute(sa.select(api_tokens.c.revoked_at).where(api_tokens.c.id == token_id))).first()
+            row = await self.auth.store.token(conn, token_id)
         return row is not None and row.revoked_at is None
 
 
-def token_view(r: Any) -> dict:
+def _iso(v: datetime | None) -> str | None:
+    dt = utc(v)
+    return dt.isoformat() if dt is not None else None
+
+
+def token_view(r: Row) -> dict:
     """Show a token as id/kind/label/created/last_used/revoked (never its hash)."""
-    iso = lambda v: utc(v).isoformat() if v is not None else None  # noqa: E731
     out = {"id": r.id, "principal": r.principal, "kind": r.kind, "label": r.label,
-           "created": iso(r.created_at), "last_used": iso(r.last_used_at), "revoked": iso(r.revoked_at)}
+           "created": _iso(r.created_at), "last_used": _iso(r.last_used_at), "revoked": _iso(r.revoked_at)}
     if r.kind == "runner":
         out["shared"] = bool(r.admin)
     if r.task_id:

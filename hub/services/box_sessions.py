@@ -7,12 +7,10 @@ import re
 import secrets
 from datetime import timedelta
 
-import sqlalchemy as sa
-
 from ..clock import Clock, utc
 from ..ids import short_id
 from ..store.db import Database
-from ..store.tables import api_tokens, box_sessions, principals
+from ..store.leases import SqlLeaseStore
 from .auth import Caller
 
 SESSION_TTL_S = 12 * 3600
@@ -35,6 +33,7 @@ class BoxSessionService:
         self.db = db
         self.clock = clock
         self.ttl_s = ttl_s
+        self.store = SqlLeaseStore(db)
 
     async def open(self, caller: Caller) -> str | None:
         """Open a session for a caller that signed in with a user or admin token; return the cookie value (shown
@@ -43,9 +42,9 @@ class BoxSessionService:
             return None
         now, sid, secret = self.clock.now(), short_id("bxs", 16), secrets.token_urlsafe(32)
         async with self.db.write() as conn:
-            await conn.execute(box_sessions.insert().values(
-                id=sid, principal_id=caller.principal_id, token_id=caller.token_id, session_hash=_hash(secret),
-                created_at=now, expires_at=now + timedelta(seconds=self.ttl_s)))
+            await self.store.open_box_session(conn, session_id=sid, principal_id=caller.principal_id,
+                                              token_id=caller.token_id, session_hash=_hash(secret), now=now,
+                                              expires_at=now + timedelta(seconds=self.ttl_s))
         return f"{sid}.{secret}"
 
     async def resolve(self, cookie: str | None) -> Caller | None:
@@ -54,12 +53,7 @@ class BoxSessionService:
         if not m:
             return None
         async with self.db.read() as conn:
-            row = (await conn.execute(
-                sa.select(box_sessions, principals.c.name, api_tokens.c.label, api_tokens.c.admin, api_tokens.c.kind,
-                          api_tokens.c.revoked_at.label("token_revoked_at"))
-                .join(principals, principals.c.id == box_sessions.c.principal_id)
-                .join(api_tokens, api_tokens.c.id == box_sessions.c.token_id)
-                .where(box_sessions.c.id == m.group(1)))).first()
+            row = await self.store.box_session(conn, m.group(1))
         if (row is None or not hmac.compare_digest(row.session_hash, _hash(m.group(2)))
                 or row.revoked_at is not None or row.token_revoked_at is not None
                 or utc(row.expires_at) <= self.clock.now() or row.kind not in ("user", "admin")):
@@ -73,15 +67,9 @@ class BoxSessionService:
         if not m:
             return False
         async with self.db.write() as conn:
-            res = await conn.execute(box_sessions.update().where(
-                box_sessions.c.id == m.group(1), box_sessions.c.session_hash == _hash(m.group(2)),
-                box_sessions.c.revoked_at.is_(None)).values(revoked_at=self.clock.now()))
-        return res.rowcount == 1
+            return await self.store.revoke_box_session(conn, m.group(1), _hash(m.group(2)), self.clock.now())
 
     async def revoke_all(self, principal_id: str) -> int:
         """End every open session of a principal; return how many."""
         async with self.db.write() as conn:
-            res = await conn.execute(box_sessions.update().where(
-                box_sessions.c.principal_id == principal_id, box_sessions.c.revoked_at.is_(None))
-                .values(revoked_at=self.clock.now()))
-        return res.rowcount
+            return await self.store.revoke_box_sessions_of(conn, principal_id, self.clock.now())

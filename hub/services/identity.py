@@ -11,19 +11,17 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
-
-import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
 
 from ..clock import Clock, utc
 from ..errors import Forbidden, Invalid, NotFound
 from ..ids import new_id
-from ..store.db import Database
-from ..store.tables import identity_bindings, identity_link_codes, principals
+from ..store.db import Connection, Database, Row
+from ..store.identities import SqlIdentityStore
+from ..store.tokens import SqlTokenStore
 from .auth import Caller
 
 CODE_TTL_S = 600
+INBOUND_TTL = timedelta(days=2)  # Feishu retries an event for a few hours at most
 ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"   # no 0/O, 1/I: read aloud or retyped from a terminal
 CODE_LEN = 12
 
@@ -56,7 +54,7 @@ def _iso(dt: datetime | None) -> str | None:
     return dt.isoformat() if dt else None
 
 
-def binding_view(row: Any, principal_name: str | None = None) -> dict:
+def binding_view(row: Row, principal_name: str | None = None) -> dict:
     """Return one identity binding as the CLI and REST show it."""
     return {"binding_id": row.id, "principal_id": row.principal_id, "principal": principal_name,
             "app_id": row.app_id, "open_id": row.open_id, "union_id": row.union_id, "user_id": row.user_id,
@@ -73,13 +71,24 @@ class Linked:
     changed: bool
 
 
+@dataclass(frozen=True)
+class Contact:
+    """A Feishu identity's active binding and the principal it acts as."""
+
+    binding_id: str
+    principal_id: str
+    name: str
+
+
 class IdentityService:
-    """Mint and redeem link codes; list and unlink identity bindings."""
+    """Mint and redeem link codes; list and unlink identity bindings; bind a Feishu identity on first contact."""
 
     def __init__(self, db: Database, clock: Clock, ttl_s: float = CODE_TTL_S) -> None:
         self.db = db
         self.clock = clock
         self.ttl_s = ttl_s
+        self.store = SqlIdentityStore(db)
+        self.principals = SqlTokenStore(db)
 
     async def create_link_code(self, caller: Caller) -> dict:
         """Mint a one-time code for the caller's principal (valid `ttl_s`); only its hash is stored."""
@@ -89,9 +98,9 @@ class IdentityService:
         now = self.clock.now()
         code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LEN))
         async with self.db.write() as conn:
-            await conn.execute(identity_link_codes.insert().values(
-                id=new_id("ilc"), principal_id=caller.principal_id, code_hash=code_hash(code), created_at=now,
-                expires_at=now + timedelta(seconds=self.ttl_s)))
+            await self.store.add_link_code(conn, code_id=new_id("ilc"), principal_id=caller.principal_id,
+                                           code_hash=code_hash(code), now=now,
+                                           expires_at=now + timedelta(seconds=self.ttl_s))
         shown = "-".join(code[i:i + 4] for i in range(0, CODE_LEN, 4))
         return {"code": shown, "principal": caller.principal, "expires_at": _iso(now + timedelta(seconds=self.ttl_s)),
                 "valid_s": int(self.ttl_s), "how": f"send `/amux link {shown}` to the amux bot in Feishu"}
@@ -100,75 +109,110 @@ class IdentityService:
                      user_id: str | None = None) -> Linked:
         """Bind (app_id, open_id) to the code's principal and spend the code; raise LinkRefused naming the fix."""
         if not code or not code.strip():
-            raise LinkRefused("missing", "no link code: run `amux identity link` and send `/amux link CODE` with the code it prints")
+            raise LinkRefused("missing", "no link code: run `amux identity link` and send `/amux link CODE` "
+                                         "with the code it prints")
         norm = normalize(code)
         if norm is None:
-            raise LinkRefused("malformed", "that is not a link code: run `amux identity link` and send the code it prints")
+            raise LinkRefused("malformed",
+                              "that is not a link code: run `amux identity link` and send the code it prints")
         now = self.clock.now()
-        for _ in range(2):  # a concurrent first contact may insert the binding row between our read and insert
-            try:
-                async with self.db.write() as conn:
-                    return await self._redeem(conn, norm, app_id, open_id, union_id, user_id, now)
-            except IntegrityError:
-                continue
-        raise LinkRefused("used", "this link code was just used; run `amux identity link` for a new one")
+        async with self.db.write() as conn:
+            return await self._redeem(conn, norm, app_id, open_id, union_id, user_id, now)
 
-    async def _redeem(self, conn, norm: str, app_id: str, open_id: str, union_id: str | None,  # noqa: ANN001
+    async def _redeem(self, conn: Connection, norm: str, app_id: str, open_id: str, union_id: str | None,
                       user_id: str | None, now: datetime) -> Linked:
-        row = (await conn.execute(self.db.for_update(sa.select(identity_link_codes).where(
-            identity_link_codes.c.code_hash == code_hash(norm))))).first()
+        row = await self.store.link_code_to_redeem(conn, code_hash(norm))
         if row is None:
-            raise LinkRefused("unknown", "this link code is not known; check it, or run `amux identity link` for a new one")
+            raise LinkRefused("unknown",
+                              "this link code is not known; check it, or run `amux identity link` for a new one")
         if row.used_at is not None:
             raise LinkRefused("used", "this link code was already used; run `amux identity link` for a new one")
         if utc(row.expires_at) <= now:
-            raise LinkRefused("expired", "this link code expired (codes last 10 minutes); run `amux identity link` again")
-        name = (await conn.execute(sa.select(principals.c.name).where(principals.c.id == row.principal_id))).scalar()
+            raise LinkRefused("expired",
+                              "this link code expired (codes last 10 minutes); run `amux identity link` again")
+        name = await self.principals.principal_name(conn, row.principal_id)
         if name is None:
             raise LinkRefused("principal_gone", "the account this code was made for no longer exists; "
                                                 "run `amux identity link` with your current token")
-        binding = (await conn.execute(self.db.for_update(sa.select(identity_bindings).where(
-            identity_bindings.c.app_id == app_id, identity_bindings.c.open_id == open_id)))).first()
+        binding = await self.store.binding(conn, app_id, open_id, lock=True)
+        bid = new_id("ib")
+        if binding is None and not await self.store.add_binding(
+                conn, binding_id=bid, principal_id=row.principal_id, app_id=app_id, open_id=open_id,
+                union_id=union_id, user_id=user_id, now=now):
+            # A concurrent first contact bound the identity between our read and insert: move its binding.
+            binding = await self.store.binding(conn, app_id, open_id, lock=True)
         changed = True
-        fill = {k: v for k, v in (("union_id", union_id), ("user_id", user_id)) if v}
-        if binding is None:
-            bid = new_id("ib")
-            await conn.execute(identity_bindings.insert().values(
-                id=bid, principal_id=row.principal_id, app_id=app_id, open_id=open_id, union_id=union_id or None,
-                user_id=user_id or None, status="active", created_at=now))
-        else:
+        if binding is not None:
             bid = binding.id
             changed = binding.principal_id != row.principal_id or binding.status != "active"
-            await conn.execute(identity_bindings.update().where(identity_bindings.c.id == bid).values(
-                principal_id=row.principal_id, status="active",
-                **{k: v for k, v in fill.items() if not getattr(binding, k)}))
-        await conn.execute(identity_link_codes.update().where(identity_link_codes.c.id == row.id)
-                           .values(used_at=now, binding_id=bid))
+            await self.store.point_binding(conn, binding, row.principal_id, union_id, user_id)
+        await self.store.spend_link_code(conn, row.id, bid, now)
         return Linked(bid, row.principal_id, name, changed)
 
     async def list(self, caller: Caller, all_principals: bool = False) -> list[dict]:
         """Return the caller's bindings (active and revoked); an admin may ask for everyone's."""
         if all_principals and not caller.admin:
             raise Forbidden("listing every identity needs an admin token; drop --all to see your own")
-        stmt = (sa.select(identity_bindings, principals.c.name.label("principal_name"))
-                .outerjoin(principals, principals.c.id == identity_bindings.c.principal_id)
-                .order_by(identity_bindings.c.created_at, identity_bindings.c.id))
-        if not all_principals:
-            stmt = stmt.where(identity_bindings.c.principal_id == caller.principal_id)
         async with self.db.read() as conn:
-            rows = (await conn.execute(stmt)).all()
+            rows = await self.store.list_bindings(conn, None if all_principals else caller.principal_id)
         return [binding_view(r, r.principal_name) for r in rows]
 
     async def unlink(self, caller: Caller, binding_id: str) -> dict:
         """Revoke one of the caller's bindings (an admin: anyone's); idempotent. The identity may link again."""
         async with self.db.write() as conn:
-            row = (await conn.execute(self.db.for_update(sa.select(identity_bindings).where(
-                identity_bindings.c.id == binding_id)))).first()
+            row = await self.store.binding_by_id(conn, binding_id, lock=True)
             if row is None or (row.principal_id != caller.principal_id and not caller.admin):
                 raise NotFound(f"identity binding {binding_id!r} does not exist or is not yours; "
                                "list yours with `amux identity list`")
-            await conn.execute(identity_bindings.update().where(identity_bindings.c.id == binding_id)
-                               .values(status="revoked"))
-            row = (await conn.execute(sa.select(identity_bindings).where(identity_bindings.c.id == binding_id))).first()
-            name = (await conn.execute(sa.select(principals.c.name).where(principals.c.id == row.principal_id))).scalar()
+            await self.store.revoke_binding(conn, binding_id)
+            row = await self.store.binding_by_id(conn, binding_id)
+            name = await self.principals.principal_name(conn, row.principal_id)
         return binding_view(row, name)
+
+    # ------------------------------------------------------------ first contact through the bot
+
+    async def contact(self, app_id: str, open_id: str, union_id: str | None = None,
+                      user_id: str | None = None) -> Contact | None:
+        """Return the active binding of a Feishu identity, creating principal and binding on first contact; None
+        when its binding is revoked (a revoked identity gets no answer until it links again)."""
+        now = self.clock.now()
+        async with self.db.write() as conn:
+            row = await self.store.binding(conn, app_id, open_id)
+            if row is None:
+                principal_id = await self.store.sole_principal_of_union(conn, union_id) if union_id else None
+                if principal_id is None:
+                    principal_id = await self.principals.ensure_principal(
+                        conn, f"feishu:{app_id}:{open_id}", "user", now, new_id("pr"))
+                bid = new_id("ib")
+                if await self.store.add_binding(conn, binding_id=bid, principal_id=principal_id, app_id=app_id,
+                                                open_id=open_id, union_id=union_id, user_id=user_id, now=now):
+                    return await self._contact(conn, bid, principal_id)
+                row = await self.store.binding(conn, app_id, open_id)  # a concurrent first contact bound it first
+                if row is None:
+                    return None
+            if row.status != "active":
+                return None
+            await self.store.fill_ids(conn, row, union_id, user_id)
+            return await self._contact(conn, row.id, row.principal_id)
+
+    async def find_contact(self, app_id: str, open_id: str) -> Contact | None:
+        """Return the active binding of a Feishu identity, or None (never creates one)."""
+        async with self.db.read() as conn:
+            row = await self.store.active_binding(conn, app_id, open_id)
+            if row is None:
+                return None
+            return await self._contact(conn, row.id, row.principal_id)
+
+    async def _contact(self, conn: Connection, binding_id: str, principal_id: str) -> Contact:
+        name = await self.principals.principal_name(conn, principal_id)
+        return Contact(binding_id, principal_id, name or principal_id)
+
+    async def first_seen(self, app_id: str, key: str) -> bool:
+        """Record an inbound Feishu event or message key; False when it was seen before (a redelivery or a
+        replay), on every replica. Keys are kept two days: Feishu retries an event for a few hours at most."""
+        now = self.clock.now()
+        async with self.db.write() as conn:
+            new = await self.store.first_seen(conn, app_id, key, now)
+            if new and hash(key) % 64 == 0:  # prune now and then
+                await self.store.forget_inbound_before(conn, now - INBOUND_TTL)
+        return new

@@ -6,10 +6,7 @@ import hmac
 import logging
 import secrets
 from datetime import datetime
-from types import SimpleNamespace
 from typing import Any, Callable
-
-import sqlalchemy as sa
 
 from ..boxes.base import DEFAULT_EXEC_TIMEOUT_S, MAX_COMMAND_BYTES, MAX_EXEC_TIMEOUT_S, BoxDriver, BoxError
 from ..clock import Clock, utc
@@ -17,23 +14,14 @@ from ..config import BoxSettings, LeaseSettings
 from ..domain import leases as rules
 from ..errors import Conflict, Invalid, NotFound
 from ..ids import short_id
-from ..store.db import Database
-from ..store.tables import boxes, lease_tasks
+from ..store.db import Connection, Database, Row
+from ..store.leases import SqlLeaseStore
 from .auth import Caller
 
 log = logging.getLogger(__name__)
 
-LIVE = ("creating", "live")
 RECENT_CLOSED = 10
 REAP_BATCH = 100
-
-
-_B = boxes.alias("b")
-_LEASE_WITH_BOXES = (
-    sa.select(lease_tasks, *(c.label(f"box_{c.name}") for c in _B.c))
-    .select_from(lease_tasks.outerjoin(_B, (_B.c.task_id == lease_tasks.c.id) & _B.c.state.in_(LIVE)))
-    .where(lease_tasks.c.id == sa.bindparam("task_id")).order_by(_B.c.created_at, _B.c.id)
-)
 
 
 def _hash(secret: str) -> str:
@@ -95,6 +83,7 @@ class LeaseService:
         self.settings = settings
         self.driver = driver
         self.boxes = boxes or BoxSettings()
+        self.store = SqlLeaseStore(db)
         if not getattr(driver, "sandboxed", True):
             log.warning("boxes are NOT sandboxed (boxes.driver = %r): a box's commands run as plain processes of "
                         "this machine and can read the hub's files; set boxes.driver = \"local\" to sandbox them",
@@ -102,14 +91,13 @@ class LeaseService:
 
     # --- the lease gate ------------------------------------------------------------------------
 
-    async def _gate(self, conn: Any, caller: Caller, raw: str | None, *, lock: bool) -> Any:
+    async def _gate(self, conn: Connection, caller: Caller, raw: str | None, *, lock: bool) -> Row:
         """Return the task row a handle holds, or raise the refusal that names the mending tool."""
         handle: rules.Handle = _parse(rules.parse_handle, raw)
-        stmt = sa.select(lease_tasks).where(lease_tasks.c.id == handle.task_id)
-        row = (await conn.execute(self.db.for_update(stmt) if lock else stmt)).first()
+        row = await self.store.task(conn, handle.task_id, lock=lock)
         return self._check(row, caller, handle)
 
-    def _check(self, row: Any, caller: Caller, handle: rules.Handle) -> Any:
+    def _check(self, row: Row | None, caller: Caller, handle: rules.Handle) -> Row:
         """Apply the lease rules to a task row read for `handle`."""
         if row is None or row.owner_id != caller.principal_id:
             raise NotFound(rules.not_yours(handle.task_id))
@@ -118,17 +106,16 @@ class LeaseService:
         if row.secret_hash is None:
             raise Conflict(rules.released(row.id))
         if not hmac.compare_digest(row.secret_hash, _hash(handle.secret)):
-            raise Conflict(rules.held_by(row.holder_label or "another agent", utc(row.attached_at) or utc(row.created_at)))
+            raise Conflict(rules.held_by(row.holder_label or "another agent",
+                                         utc(row.attached_at) or utc(row.created_at)))
         return row
 
-    async def _touch(self, conn: Any, row: Any, now: datetime) -> None:
+    async def _touch(self, conn: Connection, row: Row, now: datetime) -> None:
         """Record activity under the current handle, at most once per granularity."""
         if rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s):
-            await conn.execute(lease_tasks.update().where(
-                lease_tasks.c.id == row.id, lease_tasks.c.secret_hash == row.secret_hash,
-                lease_tasks.c.status == "open").values(last_activity_at=now))
+            await self.store.touch(conn, row.id, row.secret_hash, now)
 
-    async def _held(self, caller: Caller, raw: str | None) -> Any:
+    async def _held(self, caller: Caller, raw: str | None) -> Row:
         """Check a handle on a read connection and record the activity; return the task row."""
         now = self.clock.now()
         async with self.db.read() as conn:
@@ -149,26 +136,17 @@ class LeaseService:
         now, secret = self.clock.now(), secrets.token_urlsafe(24)
         task_id = short_id("task")
         async with self.db.write() as conn:
-            await conn.execute(lease_tasks.insert().values(
-                id=task_id, owner_id=caller.principal_id, name=clean, status="open", holder_label=holder_of(caller),
-                holder_token_id=caller.token_id, secret_hash=_hash(secret), attached_at=now,
-                last_activity_at=now, created_at=now))
-            row = (await conn.execute(sa.select(lease_tasks).where(lease_tasks.c.id == task_id))).one()
+            row = await self.store.open_task(conn, task_id=task_id, owner_id=caller.principal_id, name=clean,
+                                             holder_label=holder_of(caller), holder_token_id=caller.token_id,
+                                             secret_hash=_hash(secret), now=now)
         return {**task_view(row), "handle": rules.format_handle(task_id, secret)}
 
     async def list(self, caller: Caller) -> list[dict[str, Any]]:
         """Return the caller's open tasks and the most recently closed ones, with their live boxes."""
         async with self.db.read() as conn:
-            open_rows = (await conn.execute(
-                sa.select(lease_tasks).where(lease_tasks.c.owner_id == caller.principal_id, lease_tasks.c.status == "open")
-                .order_by(lease_tasks.c.last_activity_at.desc()))).all()
-            closed_rows = (await conn.execute(
-                sa.select(lease_tasks).where(lease_tasks.c.owner_id == caller.principal_id, lease_tasks.c.status == "closed")
-                .order_by(lease_tasks.c.closed_at.desc()).limit(RECENT_CLOSED))).all()
-            box_rows = (await conn.execute(
-                sa.select(boxes.c.id, boxes.c.task_id).join(lease_tasks, lease_tasks.c.id == boxes.c.task_id)
-                .where(lease_tasks.c.owner_id == caller.principal_id, lease_tasks.c.status == "open",
-                       boxes.c.state.in_(LIVE)).order_by(boxes.c.created_at, boxes.c.id))).all()
+            open_rows = await self.store.open_tasks(conn, caller.principal_id)
+            closed_rows = await self.store.recently_closed(conn, caller.principal_id, RECENT_CLOSED)
+            box_rows = await self.store.live_boxes_of_open_tasks(conn, caller.principal_id)
         by_task: dict[str, list[str]] = {}
         for b in box_rows:
             by_task.setdefault(b.task_id, []).append(b.id)
@@ -183,7 +161,7 @@ class LeaseService:
         tid: str = _parse(rules.parse_task_id, task_id)
         now, secret = self.clock.now(), secrets.token_urlsafe(24)
         async with self.db.write() as conn:
-            row = (await conn.execute(self.db.for_update(sa.select(lease_tasks).where(lease_tasks.c.id == tid)))).first()
+            row = await self.store.task(conn, tid, lock=True)
             if row is None or row.owner_id != caller.principal_id:
                 raise NotFound(rules.not_yours(tid))
             if row.status != "open":
@@ -192,13 +170,11 @@ class LeaseService:
             last = utc(row.last_activity_at)
             if not takeover and not rules.may_attach_without_takeover(held, last, now, self.settings.takeover_quiet_s):
                 raise Conflict(rules.attach_refused(row.id, row.holder_label or "another agent",
-                                                    utc(row.attached_at) or last, last, now, self.settings.takeover_quiet_s))
-            await conn.execute(lease_tasks.update().where(lease_tasks.c.id == tid).values(
-                secret_hash=_hash(secret), holder_label=holder_of(caller), holder_token_id=caller.token_id,
-                attached_at=now, last_activity_at=now, released_at=None))
-            new_row = (await conn.execute(sa.select(lease_tasks).where(lease_tasks.c.id == tid))).one()
-            box_ids = [b.id for b in await conn.execute(
-                sa.select(boxes.c.id).where(boxes.c.task_id == tid, boxes.c.state.in_(LIVE)).order_by(boxes.c.created_at))]
+                                                    utc(row.attached_at) or last, last, now,
+                                                    self.settings.takeover_quiet_s))
+            new_row = await self.store.attach(conn, tid, secret_hash=_hash(secret), holder_label=holder_of(caller),
+                                              holder_token_id=caller.token_id, now=now)
+            box_ids = await self.store.live_box_ids(conn, tid)
         return {**task_view(new_row, box_ids), "handle": rules.format_handle(tid, secret),
                 "previous_holder": row.holder_label if held else None, "took_over": held}
 
@@ -207,9 +183,7 @@ class LeaseService:
         now = self.clock.now()
         async with self.db.write() as conn:
             row = await self._gate(conn, caller, handle, lock=True)
-            await conn.execute(lease_tasks.update().where(lease_tasks.c.id == row.id).values(
-                secret_hash=None, released_at=now, last_activity_at=now))
-            new_row = (await conn.execute(sa.select(lease_tasks).where(lease_tasks.c.id == row.id))).one()
+            new_row = await self.store.release(conn, row.id, now)
         return task_view(new_row)
 
     async def close(self, caller: Caller, handle: str | None) -> dict[str, Any]:
@@ -217,11 +191,10 @@ class LeaseService:
         now = self.clock.now()
         async with self.db.write() as conn:
             row = await self._gate(conn, caller, handle, lock=True)
-            await conn.execute(lease_tasks.update().where(lease_tasks.c.id == row.id).values(
-                status="closed", closed_at=now, closed_reason=f"closed by {holder_of(caller)}", secret_hash=None))
+            await self.store.close(conn, row.id, now, f"closed by {holder_of(caller)}")
         destroyed = await self._destroy_boxes_of([row.id])
         async with self.db.read() as conn:
-            new_row = (await conn.execute(sa.select(lease_tasks).where(lease_tasks.c.id == row.id))).one()
+            new_row = await self.store.task(conn, row.id)
         return {**task_view(new_row), "destroyed": destroyed}
 
     # --- boxes ---------------------------------------------------------------------------------
@@ -237,29 +210,24 @@ class LeaseService:
         async with self.db.write() as conn:
             row = await self._gate(conn, caller, handle, lock=True)
             await self._touch(conn, row, now)
-            count = (await conn.execute(sa.select(sa.func.count()).select_from(boxes).where(
-                boxes.c.task_id == row.id, boxes.c.state.in_(LIVE)))).scalar_one()
+            count = await self.store.count_live_boxes(conn, row.id)
             if count >= self.boxes.max_per_task:
                 raise Conflict(rules.too_many_boxes(row.id, count))
             # The provisional handle is stored first, so a box a crash catches half-made is still destroyed.
-            await conn.execute(boxes.insert().values(id=box_id, task_id=row.id, name=clean, driver=self.driver.name,
-                                                     state="creating", handle=self.driver.provisional(box_id),
-                                                     created_at=now))
+            await self.store.add_box(conn, box_id=box_id, task_id=row.id, name=clean, driver=self.driver.name,
+                                     provisional=self.driver.provisional(box_id), now=now)
         try:
             box_handle = await self.driver.create(box_id)
         except BaseException as e:
             await self._destroy_quietly(box_id, self.driver.provisional(box_id))
             async with self.db.write() as conn:
-                await conn.execute(boxes.update().where(boxes.c.id == box_id).values(
-                    state="failed", destroyed_at=self.clock.now()))
+                await self.store.box_failed(conn, box_id, self.clock.now())
             if isinstance(e, BoxError):
                 raise Invalid(f"box could not be created: {e}") from e
             raise
         async with self.db.write() as conn:
-            res = await conn.execute(boxes.update().where(boxes.c.id == box_id, boxes.c.state == "creating")
-                                     .values(state="live", handle=box_handle))
-            claimed = res.rowcount == 1
-            box = (await conn.execute(sa.select(boxes).where(boxes.c.id == box_id))).one()
+            claimed = await self.store.box_made(conn, box_id, box_handle)
+            box = await self.store.box(conn, box_id)
         if not claimed:  # the task closed while the box was being made
             await self._destroy_quietly(box_id, box_handle)
             raise Conflict(rules.closed(row.id, "closed while the box was being made"))
@@ -270,18 +238,17 @@ class LeaseService:
         now = self.clock.now()
         h: rules.Handle = _parse(rules.parse_handle, handle)
         async with self.db.read() as conn:
-            rows = (await conn.execute(_LEASE_WITH_BOXES, {"task_id": h.task_id})).all()
-        row = self._check(rows[0] if rows else None, caller, h)
+            task, live = await self.store.task_with_live_boxes(conn, h.task_id)
+        row = self._check(task, caller, h)
         if rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s):
             async with self.db.write() as conn:
                 await self._touch(conn, row, now)
-        return [box_view(SimpleNamespace(**{c.name: getattr(r, f"box_{c.name}") for c in boxes.c}))
-                for r in rows if r.box_id is not None]
+        return [box_view(b) for b in live]
 
-    async def _box(self, row: Any, vm_id: str | None) -> Any:
+    async def _box(self, row: Row, vm_id: str | None) -> Row:
         bid: str = _parse(rules.parse_box_id, vm_id)
         async with self.db.read() as conn:
-            box = (await conn.execute(sa.select(boxes).where(boxes.c.id == bid, boxes.c.task_id == row.id))).first()
+            box = await self.store.box(conn, bid, row.id)
         if box is None or box.state != "live":
             raise NotFound(rules.box_not_in_task(bid, row.id))
         return box
@@ -294,8 +261,8 @@ class LeaseService:
         if not isinstance(command, str) or not command.strip():
             raise Invalid("command is empty; pass a shell command, e.g. command=\"ls -la\"")
         if len(command.encode()) > MAX_COMMAND_BYTES or "\0" in command:
-            raise Invalid(f"command must be at most {MAX_COMMAND_BYTES} bytes without NUL; write long scripts to a file "
-                          f"in the box first")
+            raise Invalid(f"command must be at most {MAX_COMMAND_BYTES} bytes without NUL; write long scripts "
+                          f"to a file in the box first")
         timeout = DEFAULT_EXEC_TIMEOUT_S if timeout_s is None else timeout_s
         if not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_EXEC_TIMEOUT_S:
             raise Invalid(f"timeout_s must be between 0 and {MAX_EXEC_TIMEOUT_S:g} seconds; run longer work in the "
@@ -305,7 +272,8 @@ class LeaseService:
         except BoxError as e:
             raise Conflict(str(e)) from e
         return {"vm_id": box.id, "task_id": row.id, "exit_code": res.exit_code, "stdout": res.stdout,
-                "stderr": res.stderr, "stdout_truncated": res.stdout_truncated, "stderr_truncated": res.stderr_truncated,
+                "stderr": res.stderr, "stdout_truncated": res.stdout_truncated,
+                "stderr_truncated": res.stderr_truncated,
                 "timed_out": res.timed_out, "duration_s": res.duration_s}
 
     async def vm_destroy(self, caller: Caller, handle: str | None, vm_id: str | None) -> dict[str, Any]:
@@ -318,13 +286,11 @@ class LeaseService:
             raise Conflict(str(e)) from e
         await self._mark_destroyed(box.id)
         async with self.db.read() as conn:
-            return box_view((await conn.execute(sa.select(boxes).where(boxes.c.id == box.id))).one())
+            return box_view(await self.store.box(conn, box.id))
 
     async def _mark_destroyed(self, box_id: str) -> bool:
         async with self.db.write() as conn:
-            res = await conn.execute(boxes.update().where(boxes.c.id == box_id, boxes.c.state.in_(LIVE))
-                                     .values(state="destroyed", destroyed_at=self.clock.now()))
-        return res.rowcount == 1
+            return await self.store.mark_destroyed(conn, box_id, self.clock.now())
 
     async def _destroy_quietly(self, box_id: str, handle: dict[str, Any] | None) -> bool:
         """Destroy a box through the driver; on failure keep it for the reaper's next sweep."""
@@ -342,11 +308,10 @@ class LeaseService:
     async def _destroy_boxes_of(self, task_ids: list[str]) -> list[str]:
         """Destroy the live boxes of closed tasks; return the ids marked destroyed."""
         async with self.db.read() as conn:
-            rows = (await conn.execute(sa.select(boxes).where(boxes.c.task_id.in_(task_ids), boxes.c.state.in_(LIVE))
-                                       .order_by(boxes.c.created_at))).all()
+            rows = await self.store.live_boxes_of(conn, task_ids)
         return await self._destroy_rows(rows)
 
-    async def _destroy_rows(self, rows: list[Any]) -> list[str]:
+    async def _destroy_rows(self, rows: list[Row]) -> list[str]:
         """Destroy boxes through the driver, whatever their state, and mark the ones destroyed.
 
         A box still being made holds its provisional handle: destroying it removes what its maker made so
@@ -363,8 +328,7 @@ class LeaseService:
         """Destroy boxes left `creating` by a crashed hub (older than the grace a live maker needs)."""
         cutoff = rules.stuck_cutoff(self.clock.now())
         async with self.db.read() as conn:
-            rows = (await conn.execute(sa.select(boxes).where(boxes.c.state == "creating", boxes.c.created_at <= cutoff)
-                                       .order_by(boxes.c.created_at).limit(REAP_BATCH))).all()
+            rows = await self.store.stuck_boxes(conn, cutoff, REAP_BATCH)
         return await self._destroy_rows(rows)
 
     # --- reaper --------------------------------------------------------------------------------
@@ -377,21 +341,11 @@ class LeaseService:
         """
         now = self.clock.now()
         cutoff = rules.auto_close_cutoff(now, self.settings.auto_close_quiet_s)
-        due = ((lease_tasks.c.status == "open") & (lease_tasks.c.last_activity_at <= cutoff))
+        reason = f"quiet for {self.settings.auto_close_quiet_s / 3600:g} hours"
         async with self.db.write() as conn:
-            ids = [r.id for r in await conn.execute(self.db.for_update(
-                sa.select(lease_tasks.c.id).where(due).order_by(lease_tasks.c.last_activity_at).limit(REAP_BATCH),
-                skip_locked=True))]
-            closed = 0
-            if ids:
-                res = await conn.execute(lease_tasks.update().where(lease_tasks.c.id.in_(ids), due).values(
-                    status="closed", closed_at=now, secret_hash=None,
-                    closed_reason=f"quiet for {self.settings.auto_close_quiet_s / 3600:g} hours"))
-                closed = res.rowcount
+            closed = await self.store.close_quiet(conn, cutoff, now, reason, REAP_BATCH)
         async with self.db.read() as conn:
-            leftover = [r.task_id for r in await conn.execute(
-                sa.select(boxes.c.task_id).distinct().join(lease_tasks, lease_tasks.c.id == boxes.c.task_id)
-                .where(lease_tasks.c.status == "closed", boxes.c.state.in_(LIVE)).limit(REAP_BATCH))]
+            leftover = await self.store.closed_tasks_with_live_boxes(conn, REAP_BATCH)
         destroyed = await self._destroy_boxes_of(leftover) if leftover else []
         stuck = await self.recover_stuck()
         return {"closed": closed, "destroyed": len(destroyed) + len(stuck)}
@@ -403,16 +357,10 @@ class LeaseService:
 
     # --- the Boxes page ------------------------------------------------------------------------
 
-    async def overview(self, principal_id: str) -> tuple[list[Any], list[Any]]:
+    async def overview(self, principal_id: str) -> tuple[list[Row], list[Row]]:
         """Return a user's open tasks and their live boxes: one query per table."""
         async with self.db.read() as conn:
-            tasks = (await conn.execute(
-                sa.select(lease_tasks).where(lease_tasks.c.owner_id == principal_id, lease_tasks.c.status == "open")
-                .order_by(lease_tasks.c.last_activity_at.desc(), lease_tasks.c.id))).all()
-            box_rows = (await conn.execute(
-                sa.select(boxes.c.id, boxes.c.task_id, boxes.c.name, boxes.c.driver, boxes.c.state, boxes.c.created_at)
-                .join(lease_tasks, lease_tasks.c.id == boxes.c.task_id)
-                .where(lease_tasks.c.owner_id == principal_id, lease_tasks.c.status == "open", boxes.c.state.in_(LIVE))
-                .order_by(boxes.c.created_at, boxes.c.id))).all()
+            tasks = await self.store.open_tasks(conn, principal_id)
+            box_rows = await self.store.live_boxes_of_open_tasks(conn, principal_id)
         return tasks, box_rows
 

@@ -19,19 +19,18 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-import sqlalchemy as sa
 from mcp.shared.auth import OAuthClientMetadata
 from pydantic import ValidationError
 
 from ..clock import Clock, utc
 from ..errors import Unauthorized
 from ..ids import new_id
-from ..store.db import Database
-from ..store.tables import oauth_clients, oauth_codes, oauth_grants, oauth_logins, oauth_tokens, principals
+from ..store.db import Connection, Database
+from ..store.tokens import SqlOAuthStore
 from .auth import AuthService, Caller, hash_secret
 
 SCOPES = ("tasks", "schedules", "leases")
@@ -112,9 +111,11 @@ def check_redirect_uri(uri: str) -> None:
     parts = urlsplit(uri)
     scheme = parts.scheme.lower()
     if len(uri) > 2000 or not scheme or parts.fragment or scheme in BAD_SCHEMES:
-        raise OAuthError("invalid_redirect_uri", f"redirect URI {uri[:200]!r} is not an absolute URI without a fragment")
+        raise OAuthError("invalid_redirect_uri",
+                         f"redirect URI {uri[:200]!r} is not an absolute URI without a fragment")
     if scheme == "http" and (parts.hostname or "") not in LOOPBACK:
-        raise OAuthError("invalid_redirect_uri", f"redirect URI {uri[:200]!r} uses plain http off the loopback interface; use https")
+        raise OAuthError("invalid_redirect_uri",
+                         f"redirect URI {uri[:200]!r} uses plain http off the loopback interface; use https")
     if scheme in ("http", "https") and not parts.hostname:
         raise OAuthError("invalid_redirect_uri", f"redirect URI {uri[:200]!r} has no host")
 
@@ -131,6 +132,7 @@ class OAuthService:
                  refresh_ttl_s: float = 30 * 86400, code_ttl_s: float = 600, login_ttl_s: float = 600,
                  session_ttl_s: float = 3600, cache_s: float = 5.0) -> None:
         self.db, self.clock, self.auth = db, clock, auth
+        self.store = SqlOAuthStore(db)
         self.access_ttl = timedelta(seconds=access_ttl_s)
         self.refresh_ttl = timedelta(seconds=refresh_ttl_s)
         self.code_ttl = timedelta(seconds=code_ttl_s)
@@ -155,10 +157,12 @@ class OAuthService:
             check_redirect_uri(uri)
         method = meta.token_endpoint_auth_method or "client_secret_basic"  # RFC 7591 §2 default
         if method not in AUTH_METHODS:
-            raise OAuthError("invalid_client_metadata", f"token_endpoint_auth_method must be one of {', '.join(AUTH_METHODS)}")
+            raise OAuthError("invalid_client_metadata",
+                             f"token_endpoint_auth_method must be one of {', '.join(AUTH_METHODS)}")
         grants = list(meta.grant_types)
         if "authorization_code" not in grants or any(g not in GRANT_TYPES for g in grants):
-            raise OAuthError("invalid_client_metadata", "grant_types must include authorization_code and may add refresh_token only")
+            raise OAuthError("invalid_client_metadata",
+                             "grant_types must include authorization_code and may add refresh_token only")
         if meta.response_types and "code" not in meta.response_types:
             raise OAuthError("invalid_client_metadata", "response_types must be [\"code\"]")
         scopes = known_scopes(meta.scope) or list(SCOPES)
@@ -170,9 +174,9 @@ class OAuthService:
                 "grant_types": grants, "response_types": ["code"], "token_endpoint_auth_method": method,
                 "client_id": client_id, "client_id_issued_at": int(now.timestamp())}
         async with self.db.write() as conn:
-            await conn.execute(oauth_clients.insert().values(
-                id=client_id, secret_hash=hash_secret(secret) if secret else None, name=name or client_id,
-                redirect_uris=uris, scope=" ".join(scopes), auth_method=method, info=info, created_at=now))
+            await self.store.add_client(conn, client_id=client_id, secret_hash=hash_secret(secret) if secret else None,
+                                        name=name or client_id, redirect_uris=uris, scope=" ".join(scopes),
+                                        auth_method=method, info=info, now=now)
         if secret:
             info |= {"client_secret": secret, "client_secret_expires_at": 0}
         return info
@@ -182,10 +186,11 @@ class OAuthService:
         if not client_id or len(client_id) > 64:
             return None
         async with self.db.read() as conn:
-            row = (await conn.execute(sa.select(oauth_clients).where(oauth_clients.c.id == client_id))).first()
+            row = await self.store.client(conn, client_id)
         if row is None:
             return None
-        return Client(row.id, row.name, tuple(row.redirect_uris), tuple(row.scope.split()), row.auth_method, row.secret_hash)
+        return Client(row.id, row.name, tuple(row.redirect_uris), tuple(row.scope.split()), row.auth_method,
+                      row.secret_hash)
 
     async def authenticate_client(self, client_id: str | None, secret: str | None) -> Client:
         """Return the client a token request names, checking its secret when it has one (RFC 6749 §2.3)."""
@@ -193,7 +198,8 @@ class OAuthService:
         if client is None:
             raise OAuthError("invalid_client", f"client {str(client_id)[:64]!r} is not registered: {RESTART}", 401)
         if client.secret_hash and not (secret and hmac.compare_digest(client.secret_hash, hash_secret(secret))):
-            raise OAuthError("invalid_client", "client authentication failed: send the client_secret issued at registration", 401)
+            raise OAuthError("invalid_client",
+                             "client authentication failed: send the client_secret issued at registration", 401)
         return client
 
     # ------------------------------------------------------------------ authorization requests
@@ -202,12 +208,14 @@ class OAuthService:
         """Validate an authorization request; PageError when no redirect is safe, RedirectError otherwise."""
         client = await self.client(q.get("client_id", ""))
         if client is None:
-            raise PageError(f"This application is not registered with the hub (unknown client_id). In the application, {RESTART}.")
+            raise PageError("This application is not registered with the hub (unknown client_id). "
+                            f"In the application, {RESTART}.")
         redirect = q.get("redirect_uri")
         explicit = redirect is not None
         if redirect is None:
             if len(client.redirect_uris) != 1:
-                raise PageError("The request names no redirect_uri and the application registered several; it must name one.")
+                raise PageError("The request names no redirect_uri and the application registered several; "
+                                "it must name one.")
             redirect = client.redirect_uris[0]
         elif redirect not in client.redirect_uris:
             raise PageError("The redirect_uri of this request was not registered by the application, so the hub "
@@ -225,10 +233,13 @@ class OAuthService:
         if q.get("code_challenge_method") != "S256":
             raise fail("invalid_request", "code_challenge_method must be S256")
         if not CHALLENGE.fullmatch(challenge):
-            raise fail("invalid_request", "code_challenge must be the base64url SHA-256 of the code verifier (43 characters)")
-        scopes = [s for s in known_scopes(q.get("scope")) if s in client.scopes] if q.get("scope") else list(client.scopes)
+            raise fail("invalid_request",
+                       "code_challenge must be the base64url SHA-256 of the code verifier (43 characters)")
+        scopes = ([s for s in known_scopes(q.get("scope")) if s in client.scopes] if q.get("scope")
+                  else list(client.scopes))
         if not scopes:
-            raise fail("invalid_scope", f"request at least one of the scopes this client registered: {' '.join(client.scopes)}")
+            raise fail("invalid_scope",
+                       f"request at least one of the scopes this client registered: {' '.join(client.scopes)}")
         resource = q.get("resource") or None
         if resource and not same_resource(resource, resources):
             raise fail("invalid_target", f"resource must be this hub's MCP endpoint {resources[0]}")
@@ -239,11 +250,11 @@ class OAuthService:
         code = secrets.token_urlsafe(32)
         now = self.clock.now()
         async with self.db.write() as conn:
-            await conn.execute(oauth_codes.insert().values(
-                code_hash=hash_secret(code), client_id=req.client.id, principal_id=principal_id,
-                redirect_uri=req.redirect_uri, redirect_explicit=req.redirect_explicit, code_challenge=req.code_challenge,
-                scope=" ".join(s for s in SCOPES if s in scopes), resource=req.resource, expires_at=now + self.code_ttl,
-                created_at=now))
+            await self.store.add_code(conn, code_hash=hash_secret(code), client_id=req.client.id,
+                                      principal_id=principal_id, redirect_uri=req.redirect_uri,
+                                      redirect_explicit=req.redirect_explicit, code_challenge=req.code_challenge,
+                                      scope=" ".join(s for s in SCOPES if s in scopes), resource=req.resource,
+                                      expires_at=now + self.code_ttl, now=now)
         return code
 
     # ------------------------------------------------------------------ the token endpoint
@@ -260,17 +271,17 @@ class OAuthService:
         now = self.clock.now()
         failure, tokens = None, None
         async with self.db.write() as conn:
-            row = (await conn.execute(self.db.for_update(
-                sa.select(oauth_codes).where(oauth_codes.c.code_hash == hash_secret(code))))).first()
+            row = await self.store.code_to_exchange(conn, hash_secret(code))
             if row is None or row.client_id != client.id:
                 failure = "authorization code is unknown: start the authorization again"
             elif row.used_at is not None:
-                failure = "authorization code was already used; what it issued is now revoked: start the authorization again"
+                failure = ("authorization code was already used; what it issued is now revoked: "
+                           "start the authorization again")
                 if row.grant_id:
                     await self._revoke_grant(conn, row.grant_id, now, "authorization code replayed")
             else:
                 # Any attempt spends the code, so a wrong verifier cannot be retried against it.
-                await conn.execute(oauth_codes.update().where(oauth_codes.c.code_hash == row.code_hash).values(used_at=now))
+                await self.store.spend_code(conn, row.code_hash, now)
                 if utc(row.expires_at) <= now:
                     failure = "authorization code has expired (codes last 10 minutes): start the authorization again"
                 elif (row.redirect_explicit or redirect_uri is not None) and redirect_uri != row.redirect_uri:
@@ -279,11 +290,7 @@ class OAuthService:
                     failure = "code_verifier does not match the code_challenge (PKCE)"
                 else:
                     grant_id = new_id("og")
-                    await conn.execute(oauth_grants.insert().values(
-                        id=grant_id, client_id=client.id, principal_id=row.principal_id, scope=row.scope,
-                        resource=row.resource, created_at=now))
-                    await conn.execute(oauth_codes.update().where(oauth_codes.c.code_hash == row.code_hash)
-                                       .values(grant_id=grant_id))
+                    await self.store.grant_code(conn, row, grant_id, now)
                     tokens = await self._mint(conn, grant_id, row.scope, now)
         if failure:
             raise OAuthError("invalid_grant", failure)
@@ -296,11 +303,7 @@ class OAuthService:
         now = self.clock.now()
         failure, tokens = None, None
         async with self.db.write() as conn:
-            row = (await conn.execute(self.db.for_update(
-                sa.select(oauth_tokens, oauth_grants.c.client_id, oauth_grants.c.revoked_at,
-                          oauth_grants.c.scope.label("grant_scope"))
-                .join(oauth_grants, oauth_grants.c.id == oauth_tokens.c.grant_id)
-                .where(oauth_tokens.c.token_hash == hash_secret(refresh_token), oauth_tokens.c.kind == "refresh")))).first()
+            row = await self.store.refresh_to_rotate(conn, hash_secret(refresh_token))
             if row is None or row.client_id != client.id:
                 failure = ("invalid_grant", "refresh token is unknown: sign in again")
             elif row.revoked_at is not None:
@@ -315,8 +318,7 @@ class OAuthService:
                 if not wanted or any(s not in row.grant_scope.split() for s in wanted):
                     failure = ("invalid_scope", f"scope may only narrow the granted scopes: {row.grant_scope}")
                 else:
-                    await conn.execute(oauth_tokens.update().where(oauth_tokens.c.token_hash == row.token_hash)
-                                       .values(rotated_at=now))
+                    await self.store.rotate(conn, row.token_hash, now)
                     tokens = await self._mint(conn, row.grant_id, " ".join(wanted), now)
         if failure:
             raise OAuthError(*failure)
@@ -326,26 +328,20 @@ class OAuthService:
         """Revoke the grant a token of this client belongs to (RFC 7009: unknown tokens are fine)."""
         now = self.clock.now()
         async with self.db.write() as conn:
-            row = (await conn.execute(
-                sa.select(oauth_tokens.c.grant_id).join(oauth_grants, oauth_grants.c.id == oauth_tokens.c.grant_id)
-                .where(oauth_tokens.c.token_hash == hash_secret(token or ""), oauth_grants.c.client_id == client.id))).first()
-            if row is not None:
-                await self._revoke_grant(conn, row.grant_id, now, "revoked by the client")
+            grant_id = await self.store.grant_of(conn, hash_secret(token or ""), client.id)
+            if grant_id is not None:
+                await self._revoke_grant(conn, grant_id, now, "revoked by the client")
 
-    async def _mint(self, conn, grant_id: str, scope: str, now) -> dict[str, Any]:  # noqa: ANN001
+    async def _mint(self, conn: Connection, grant_id: str, scope: str, now: datetime) -> dict[str, Any]:
         access, refresh = ACCESS_PREFIX + secrets.token_urlsafe(32), REFRESH_PREFIX + secrets.token_urlsafe(32)
-        await conn.execute(oauth_tokens.insert(), [
-            dict(token_hash=hash_secret(access), grant_id=grant_id, kind="access", scope=scope,
-                 expires_at=now + self.access_ttl, created_at=now),
-            dict(token_hash=hash_secret(refresh), grant_id=grant_id, kind="refresh", scope=scope,
-                 expires_at=now + self.refresh_ttl, created_at=now),
-        ])
+        await self.store.add_token_pair(conn, grant_id, scope, access_hash=hash_secret(access),
+                                        access_expires_at=now + self.access_ttl, refresh_hash=hash_secret(refresh),
+                                        refresh_expires_at=now + self.refresh_ttl, now=now)
         return {"access_token": access, "token_type": "Bearer", "expires_in": int(self.access_ttl.total_seconds()),
                 "refresh_token": refresh, "scope": scope}
 
-    async def _revoke_grant(self, conn, grant_id: str, now, reason: str) -> None:  # noqa: ANN001
-        await conn.execute(oauth_grants.update().where(oauth_grants.c.id == grant_id, oauth_grants.c.revoked_at.is_(None))
-                           .values(revoked_at=now, revoked_reason=reason))
+    async def _revoke_grant(self, conn: Connection, grant_id: str, now: datetime, reason: str) -> None:
+        await self.store.revoke_grant(conn, grant_id, now, reason)
         for digest, (_, _, caller) in list(self._verified.items()):
             if caller.token_id == grant_id:
                 self._verified.pop(digest, None)
@@ -368,13 +364,7 @@ class OAuthService:
         if hit is not None and hit[0] > time.monotonic() and hit[1] > now:
             return hit[2]
         async with self.db.read() as conn:
-            row = (await conn.execute(
-                sa.select(oauth_tokens.c.scope, oauth_tokens.c.expires_at, oauth_grants.c.id, oauth_grants.c.revoked_at,
-                          oauth_grants.c.principal_id, principals.c.name, oauth_clients.c.name.label("client_name"))
-                .join(oauth_grants, oauth_grants.c.id == oauth_tokens.c.grant_id)
-                .join(principals, principals.c.id == oauth_grants.c.principal_id)
-                .join(oauth_clients, oauth_clients.c.id == oauth_grants.c.client_id)
-                .where(oauth_tokens.c.token_hash == digest, oauth_tokens.c.kind == "access"))).first()
+            row = await self.store.access_token(conn, digest)
         if row is None or row.revoked_at is not None:
             raise Unauthorized(f"invalid or revoked OAuth access token: {RESTART}")
         expires = utc(row.expires_at)
@@ -395,13 +385,13 @@ class OAuthService:
         return caller.principal_id, caller.principal
 
     async def issue_login_link(self, principal_id: str, base_url: str) -> str:
-        """Return a one-time sign-in link for the approval page (10 minutes); the Feishu bot sends it to a bound user."""
+        """Return a one-time sign-in link for the approval page (10 minutes); the Feishu bot sends it to a bound
+        user."""
         code = secrets.token_urlsafe(24)
         now = self.clock.now()
         async with self.db.write() as conn:
-            await conn.execute(oauth_logins.insert().values(
-                secret_hash=hash_secret(code), kind="link", principal_id=principal_id,
-                expires_at=now + self.login_ttl, created_at=now))
+            await self.store.add_login(conn, hash_secret(code), "link", principal_id, expires_at=now + self.login_ttl,
+                                       now=now)
         return f"{base_url.rstrip('/')}/oauth/login?code={code}"
 
     async def redeem_login(self, code: str) -> tuple[str, str]:
@@ -409,17 +399,15 @@ class OAuthService:
         now = self.clock.now()
         session = secrets.token_urlsafe(32)
         async with self.db.write() as conn:
-            row = (await conn.execute(self.db.for_update(
-                sa.select(oauth_logins, principals.c.name).join(principals, principals.c.id == oauth_logins.c.principal_id)
-                .where(oauth_logins.c.secret_hash == hash_secret(code or ""), oauth_logins.c.kind == "link")))).first()
+            row = await self.store.link_to_redeem(conn, hash_secret(code or ""))
             ok = row is not None and row.used_at is None and utc(row.expires_at) > now
             if ok:
-                await conn.execute(oauth_logins.update().where(oauth_logins.c.secret_hash == row.secret_hash).values(used_at=now))
-                await conn.execute(oauth_logins.insert().values(
-                    secret_hash=hash_secret(session), kind="session", principal_id=row.principal_id,
-                    expires_at=now + self.session_ttl, created_at=now))
+                await self.store.spend_login(conn, row.secret_hash, now)
+                await self.store.add_login(conn, hash_secret(session), "session", row.principal_id,
+                                           expires_at=now + self.session_ttl, now=now)
         if not ok:
-            raise Unauthorized("this sign-in link is unknown, already used or expired: ask the amux bot for a new one (`/amux login`)")
+            raise Unauthorized("this sign-in link is unknown, already used or expired: "
+                               "ask the amux bot for a new one (`/amux login`)")
         return session, row.name
 
     async def session_principal(self, session: str | None) -> tuple[str, str] | None:
@@ -427,10 +415,7 @@ class OAuthService:
         if not session or len(session) > 100:
             return None
         async with self.db.read() as conn:
-            row = (await conn.execute(
-                sa.select(oauth_logins.c.principal_id, oauth_logins.c.expires_at, principals.c.name)
-                .join(principals, principals.c.id == oauth_logins.c.principal_id)
-                .where(oauth_logins.c.secret_hash == hash_secret(session), oauth_logins.c.kind == "session"))).first()
+            row = await self.store.session(conn, hash_secret(session))
         if row is None or utc(row.expires_at) <= self.clock.now():
             return None
         return row.principal_id, row.name

@@ -1,0 +1,224 @@
+"""Lease tasks, the boxes inside them, and the Boxes page's sign-in sessions.
+
+A task is held by whoever presents the secret whose SHA-256 is its `secret_hash`: minting a new hash is
+how a lease changes hands, and dropping it (release, close) leaves the task unheld.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from .db import Connection, Database, Row
+from .tables import api_tokens, box_sessions, boxes, lease_tasks, principals
+
+LIVE = ("creating", "live")  # box states that still hold resources
+
+_B = boxes.alias("b")
+_LEASE_WITH_BOXES = (
+    sa.select(lease_tasks, *(c.label(f"box_{c.name}") for c in _B.c))
+    .select_from(lease_tasks.outerjoin(_B, (_B.c.task_id == lease_tasks.c.id) & _B.c.state.in_(LIVE)))
+    .where(lease_tasks.c.id == sa.bindparam("task_id")).order_by(_B.c.created_at, _B.c.id)
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Box:
+    """One box row, read together with its task."""
+
+    id: str
+    task_id: str
+    name: str | None
+    driver: str
+    state: str
+    handle: dict[str, Any] | None
+    created_at: datetime
+    destroyed_at: datetime | None
+
+
+class SqlLeaseStore:
+    """Lease tasks and boxes; box sessions of the Boxes page."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    # --- lease tasks -----------------------------------------------------------------------------
+
+    async def task(self, conn: Connection, task_id: str, *, lock: bool = False) -> Row | None:
+        """Return a lease task; `lock` holds it for this transaction, so attaches, releases and closes of one task
+        run one after the other."""
+        stmt = sa.select(lease_tasks).where(lease_tasks.c.id == task_id)
+        return (await conn.execute(self.db.for_update(stmt) if lock else stmt)).first()
+
+    async def task_with_live_boxes(self, conn: Connection, task_id: str) -> tuple[Row | None, list[Box]]:
+        """Return a lease task and its live boxes, oldest first, in one query (the hot path of every box call)."""
+        rows = (await conn.execute(_LEASE_WITH_BOXES, {"task_id": task_id})).all()
+        found = [Box(**{c.name: getattr(r, f"box_{c.name}") for c in boxes.c}) for r in rows if r.box_id is not None]
+        return (rows[0] if rows else None), found
+
+    async def open_task(self, conn: Connection, *, task_id: str, owner_id: str, name: str, holder_label: str,
+                        holder_token_id: str, secret_hash: str, now: datetime) -> Row:
+        """Open a task held by the handle whose secret hashes to `secret_hash`; its clocks start at `now`."""
+        await conn.execute(lease_tasks.insert().values(
+            id=task_id, owner_id=owner_id, name=name, status="open", holder_label=holder_label,
+            holder_token_id=holder_token_id, secret_hash=secret_hash, attached_at=now, last_activity_at=now,
+            created_at=now))
+        return (await conn.execute(sa.select(lease_tasks).where(lease_tasks.c.id == task_id))).one()
+
+    async def touch(self, conn: Connection, task_id: str, secret_hash: str, now: datetime) -> None:
+        """Move the task's activity clock to `now`, only while it is open and still held by the handle hashing to
+        `secret_hash` (a stale handle is not activity; the caller decides how often a move is worth a write)."""
+        await conn.execute(lease_tasks.update().where(
+            lease_tasks.c.id == task_id, lease_tasks.c.secret_hash == secret_hash,
+            lease_tasks.c.status == "open").values(last_activity_at=now))
+
+    async def attach(self, conn: Connection, task_id: str, *, secret_hash: str, holder_label: str,
+                     holder_token_id: str, now: datetime) -> Row:
+        """Mint a new secret hash for the task, so the previous handle stops working; the new holder's clocks
+        start at `now` and a release is forgotten."""
+        await conn.execute(lease_tasks.update().where(lease_tasks.c.id == task_id).values(
+            secret_hash=secret_hash, holder_label=holder_label, holder_token_id=holder_token_id,
+            attached_at=now, last_activity_at=now, released_at=None))
+        return (await conn.execute(sa.select(lease_tasks).where(lease_tasks.c.id == task_id))).one()
+
+    async def release(self, conn: Connection, task_id: str, now: datetime) -> Row:
+        """Drop the task's secret hash: its handle stops working and any of the owner's agents may attach without
+        takeover; a release counts as activity."""
+        await conn.execute(lease_tasks.update().where(lease_tasks.c.id == task_id).values(
+            secret_hash=None, released_at=now, last_activity_at=now))
+        return (await conn.execute(sa.select(lease_tasks).where(lease_tasks.c.id == task_id))).one()
+
+    async def close(self, conn: Connection, task_id: str, now: datetime, reason: str) -> None:
+        """Close the task for good and drop its secret hash (its boxes are destroyed after, by the caller or the
+        reaper)."""
+        await conn.execute(lease_tasks.update().where(lease_tasks.c.id == task_id).values(
+            status="closed", closed_at=now, closed_reason=reason, secret_hash=None))
+
+    async def close_quiet(self, conn: Connection, cutoff: datetime, now: datetime, reason: str, limit: int) -> int:
+        """Close up to `limit` open tasks quiet since `cutoff`, quietest first, skipping rows other replicas hold;
+        a task touched meanwhile stays open. Return how many closed."""
+        due = (lease_tasks.c.status == "open") & (lease_tasks.c.last_activity_at <= cutoff)
+        ids = [r.id for r in await conn.execute(self.db.for_update(
+            sa.select(lease_tasks.c.id).where(due).order_by(lease_tasks.c.last_activity_at).limit(limit),
+            skip_locked=True))]
+        if not ids:
+            return 0
+        res = await conn.execute(lease_tasks.update().where(lease_tasks.c.id.in_(ids), due).values(
+            status="closed", closed_at=now, secret_hash=None, closed_reason=reason))
+        return res.rowcount
+
+    async def open_tasks(self, conn: Connection, owner_id: str) -> list[Row]:
+        """Return an owner's open tasks, most recently active first."""
+        return list((await conn.execute(
+            sa.select(lease_tasks).where(lease_tasks.c.owner_id == owner_id, lease_tasks.c.status == "open")
+            .order_by(lease_tasks.c.last_activity_at.desc(), lease_tasks.c.id))).all())
+
+    async def recently_closed(self, conn: Connection, owner_id: str, limit: int) -> list[Row]:
+        """Return an owner's `limit` most recently closed tasks, newest first."""
+        return list((await conn.execute(
+            sa.select(lease_tasks).where(lease_tasks.c.owner_id == owner_id, lease_tasks.c.status == "closed")
+            .order_by(lease_tasks.c.closed_at.desc()).limit(limit))).all())
+
+    # --- boxes -----------------------------------------------------------------------------------
+
+    async def live_boxes_of_open_tasks(self, conn: Connection, owner_id: str) -> list[Row]:
+        """Return the live boxes (`id`, `task_id`, `name`, `driver`, `state`, `created_at`) of an owner's open tasks,
+        oldest first."""
+        return list((await conn.execute(
+            sa.select(boxes.c.id, boxes.c.task_id, boxes.c.name, boxes.c.driver, boxes.c.state, boxes.c.created_at)
+            .join(lease_tasks, lease_tasks.c.id == boxes.c.task_id)
+            .where(lease_tasks.c.owner_id == owner_id, lease_tasks.c.status == "open", boxes.c.state.in_(LIVE))
+            .order_by(boxes.c.created_at, boxes.c.id))).all())
+
+    async def live_box_ids(self, conn: Connection, task_id: str) -> list[str]:
+        """Return the ids of a task's live boxes, oldest first."""
+        return list((await conn.execute(sa.select(boxes.c.id).where(boxes.c.task_id == task_id, boxes.c.state.in_(LIVE))
+                                        .order_by(boxes.c.created_at, boxes.c.id))).scalars().all())
+
+    async def count_live_boxes(self, conn: Connection, task_id: str) -> int:
+        """Return how many boxes of a task still hold resources (being made or live)."""
+        return (await conn.execute(sa.select(sa.func.count()).select_from(boxes).where(
+            boxes.c.task_id == task_id, boxes.c.state.in_(LIVE)))).scalar_one()
+
+    async def add_box(self, conn: Connection, *, box_id: str, task_id: str, name: str | None, driver: str,
+                      provisional: dict[str, Any], now: datetime) -> None:
+        """Record a box as `creating` with its provisional handle before the driver makes it, so a box a crash
+        catches half-made is still destroyed."""
+        await conn.execute(boxes.insert().values(id=box_id, task_id=task_id, name=name, driver=driver,
+                                                 state="creating", handle=provisional, created_at=now))
+
+    async def box_made(self, conn: Connection, box_id: str, handle: dict[str, Any]) -> bool:
+        """Mark a box live with the driver's handle, only while it is still `creating`; False when it stopped being
+        (its task closed while the box was being made)."""
+        res = await conn.execute(boxes.update().where(boxes.c.id == box_id, boxes.c.state == "creating")
+                                 .values(state="live", handle=handle))
+        return res.rowcount == 1
+
+    async def box_failed(self, conn: Connection, box_id: str, now: datetime) -> None:
+        """Mark a box the driver could not make as failed (it holds nothing any more)."""
+        await conn.execute(boxes.update().where(boxes.c.id == box_id).values(state="failed", destroyed_at=now))
+
+    async def mark_destroyed(self, conn: Connection, box_id: str, now: datetime) -> bool:
+        """Mark a box destroyed while it is being made or live; False when it was not (another sweep was first)."""
+        res = await conn.execute(boxes.update().where(boxes.c.id == box_id, boxes.c.state.in_(LIVE))
+                                 .values(state="destroyed", destroyed_at=now))
+        return res.rowcount == 1
+
+    async def box(self, conn: Connection, box_id: str, task_id: str | None = None) -> Row | None:
+        """Return a box, in any state; with `task_id`, only when it belongs to that task."""
+        stmt = sa.select(boxes).where(boxes.c.id == box_id)
+        if task_id is not None:
+            stmt = stmt.where(boxes.c.task_id == task_id)
+        return (await conn.execute(stmt)).first()
+
+    async def live_boxes_of(self, conn: Connection, task_ids: list[str]) -> list[Row]:
+        """Return the boxes of these tasks that still hold resources, oldest first."""
+        return list((await conn.execute(sa.select(boxes).where(boxes.c.task_id.in_(task_ids), boxes.c.state.in_(LIVE))
+                                        .order_by(boxes.c.created_at))).all())
+
+    async def stuck_boxes(self, conn: Connection, cutoff: datetime, limit: int) -> list[Row]:
+        """Return up to `limit` boxes left `creating` since `cutoff` or before (their maker is gone), oldest first."""
+        return list((await conn.execute(
+            sa.select(boxes).where(boxes.c.state == "creating", boxes.c.created_at <= cutoff)
+            .order_by(boxes.c.created_at).limit(limit))).all())
+
+    async def closed_tasks_with_live_boxes(self, conn: Connection, limit: int) -> list[str]:
+        """Return up to `limit` closed tasks that still have boxes holding resources (a closer died before
+        destroying them)."""
+        return list((await conn.execute(
+            sa.select(boxes.c.task_id).distinct().join(lease_tasks, lease_tasks.c.id == boxes.c.task_id)
+            .where(lease_tasks.c.status == "closed", boxes.c.state.in_(LIVE)).limit(limit))).scalars().all())
+
+    # --- Boxes page sessions ---------------------------------------------------------------------
+
+    async def open_box_session(self, conn: Connection, *, session_id: str, principal_id: str, token_id: str,
+                               session_hash: str, now: datetime, expires_at: datetime) -> None:
+        """Store a Boxes page session by the hash of its secret, tied to the API token that opened it."""
+        await conn.execute(box_sessions.insert().values(
+            id=session_id, principal_id=principal_id, token_id=token_id, session_hash=session_hash,
+            created_at=now, expires_at=expires_at))
+
+    async def box_session(self, conn: Connection, session_id: str) -> Row | None:
+        """Return a session with its principal's `name` and its token's `label`, `admin`, `kind` and
+        `token_revoked_at` (revoking the token ends the session); hash included, for a constant-time compare."""
+        return (await conn.execute(
+            sa.select(box_sessions, principals.c.name, api_tokens.c.label, api_tokens.c.admin, api_tokens.c.kind,
+                      api_tokens.c.revoked_at.label("token_revoked_at"))
+            .join(principals, principals.c.id == box_sessions.c.principal_id)
+            .join(api_tokens, api_tokens.c.id == box_sessions.c.token_id)
+            .where(box_sessions.c.id == session_id))).first()
+
+    async def revoke_box_session(self, conn: Connection, session_id: str, session_hash: str, now: datetime) -> bool:
+        """End a session when the secret's hash matches and it is still open; return whether it ended now."""
+        res = await conn.execute(box_sessions.update().where(
+            box_sessions.c.id == session_id, box_sessions.c.session_hash == session_hash,
+            box_sessions.c.revoked_at.is_(None)).values(revoked_at=now))
+        return res.rowcount == 1
+
+    async def revoke_box_sessions_of(self, conn: Connection, principal_id: str, now: datetime) -> int:
+        """End every open session of a principal; return how many ended now."""
+        res = await conn.execute(box_sessions.update().where(
+            box_sessions.c.principal_id == principal_id, box_sessions.c.revoked_at.is_(None)).values(revoked_at=now))
+        return res.rowcount
