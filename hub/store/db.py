@@ -5,7 +5,7 @@ import asyncio
 import contextlib
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, TypeVar, Unpack
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -34,7 +34,7 @@ def normalize_url(url: str) -> str:
 # One connection type on both stores: SQLite runs through aiosqlite in its own thread, so no statement blocks
 # the event loop (a backlog of due schedules once starved every timer and HTTP handler of the embedded hub).
 Connection = AsyncConnection
-Row = sa.Row[Any]
+Row = sa.Row[Unpack[tuple[Any, ...]]]
 """A row a store method returns: attribute access by column name (store modules may return their own records)."""
 T = TypeVar("T")
 

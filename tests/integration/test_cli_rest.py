@@ -87,8 +87,12 @@ async def test_health_readiness_and_prometheus_metrics(hub):
     async with httpx2.AsyncClient(base_url=hub.url, headers={"Authorization": f"Bearer {hub.admin_token}"}) as http:
         await http.post("/api/v1/tasks", json={"prompt": "say m", "profile": "scripted"})
         assert (await http.get("/healthz")).json() == {"ok": True}
-        assert (await http.get("/readyz")).json() == {"ok": True}
+        ready = (await http.get("/readyz")).json()
+        assert ready["ok"] is True
+        assert {loop["name"] for loop in ready["loops"] if loop["running"]} == {
+            "placement", "reaper", "lease-reaper", "alerts", "schedule-firing", "schedule-reconciler"}
         text = (await http.get("/metrics")).text
     assert 'amux_tasks{status="queued"}' in text or 'amux_tasks{status="dispatched"}' in text or 'amux_tasks{status="running"}' in text
     assert "amux_dispatch_latency_seconds_bucket" in text
     assert 'amux_runtimes{status="online"} 1.0' in text
+    assert 'amux_loop_up{loop="placement"} 1.0' in text and 'amux_loop_steps_total{loop="placement"}' in text
