@@ -1,7 +1,6 @@
 """`/healthz`, `/readyz` and `/metrics` (Prometheus text format)."""
 from __future__ import annotations
 
-import sqlalchemy as sa
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -9,7 +8,8 @@ from prometheus_client.core import GaugeMetricFamily
 from ..domain.tasks import Status
 from ..loops import Loops
 from ..store.db import Database
-from ..store.tables import runtimes, task_runs
+from ..store.runtimes import SqlRuntimeStore
+from ..store.tasks import SqlTaskStore
 
 
 class Metrics:
@@ -37,14 +37,13 @@ class Metrics:
     async def refresh(self, db: Database) -> None:
         """Read current counts from the store."""
         async with db.read() as conn:
-            self.counts["tasks"] = dict((await conn.execute(
-                sa.select(task_runs.c.status, sa.func.count()).group_by(task_runs.c.status))).all())
-            self.counts["runtimes"] = dict((await conn.execute(
-                sa.select(runtimes.c.status, sa.func.count()).group_by(runtimes.c.status))).all())
+            self.counts["tasks"] = await SqlTaskStore(db).count_by_status(conn)
+            self.counts["runtimes"] = await SqlRuntimeStore(db).count_by_status(conn)
 
 
 def add_routes(app: web.Application, db: Database, metrics: Metrics, loops: Loops) -> None:
     """Register the health and metrics endpoints."""
+    store = SqlTaskStore(db)
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"ok": True})
@@ -52,7 +51,7 @@ def add_routes(app: web.Application, db: Database, metrics: Metrics, loops: Loop
     async def readyz(_: web.Request) -> web.Response:
         try:
             async with db.read() as conn:
-                await conn.execute(sa.text("SELECT 1"))
+                await store.ping(conn)
         except Exception as e:  # the point is to report it
             return web.json_response({"ok": False, "database": str(e)[:200], "loops": loops.views()}, status=503)
         problems = loops.problems()
