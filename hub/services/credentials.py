@@ -33,7 +33,8 @@ class SecretBox:
         try:
             return self._fernet.decrypt(token.encode()).decode()
         except InvalidToken as e:
-            raise Invalid("a stored credential cannot be decrypted with this AMUX_SECRET_KEY; use the key it was stored with, or set the value again") from e
+            raise Invalid("a stored credential cannot be decrypted with this AMUX_SECRET_KEY; use the key it was "
+                          "stored with, or set the value again") from e
 
 
 class CredentialService:
@@ -63,7 +64,8 @@ class CredentialService:
     async def _declared(self, conn: Connection, name: str) -> list[str]:
         declared = await self.store.declared_env(conn, name)
         if declared is None:
-            raise NotFound(f"credential profile {name!r} does not exist; declare it with `amux credential declare {name} --env VAR`")
+            raise NotFound(f"credential profile {name!r} does not exist; "
+                           f"declare it with `amux credential declare {name} --env VAR`")
         return declared
 
     async def set_value(self, caller: Caller, name: str, env_name: str, value: str) -> dict:
@@ -77,7 +79,8 @@ class CredentialService:
         async def store_value(conn: Connection) -> None:
             declared = await self._declared(conn, name)
             if env_name not in declared:
-                raise Invalid(f"{env_name} is not declared by credential profile {name!r} (declared: {', '.join(declared)})")
+                raise Invalid(f"{env_name} is not declared by credential profile {name!r} "
+                              f"(declared: {', '.join(declared)})")
             await self.store.set_value(conn, name, caller.principal_id, env_name, box.seal(value), self.clock.now())
 
         await self.db.transaction(store_value)

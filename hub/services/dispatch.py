@@ -183,7 +183,8 @@ class Dispatcher:
         for task in stale:
             if any(r.status == "online" and eligible(task, r) for r in known):
                 continue  # it can run: it only waits for a slot
-            if await self.tasks.finish(conn, task.id, Status.FAILED, now, error=f"not placed: {waiting_for(task, known)}"):
+            why = f"not placed: {waiting_for(task, known)}"
+            if await self.tasks.finish(conn, task.id, Status.FAILED, now, error=why):
                 failed += 1
                 touched.append(task.id)
         return failed

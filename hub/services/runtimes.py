@@ -34,17 +34,19 @@ class _Effects:
     changed: set[str] = field(default_factory=set)
     started: list[tuple[str, float]] = field(default_factory=list)
     freed: bool = False
-TAKEN = ("runtime name {name!r} belongs to {owner!r}, who registered it first; start the runner with another --name, "
-         "or have {owner!r} deregister it (`DELETE /api/v1/runtimes/{name}` with their token) while its runner is stopped")
-REVOKED = "this runner's token was revoked; the connection is closed: create a new one with `amux token create --runner`"
+TAKEN = ("runtime name {name!r} belongs to {owner!r}, who registered it first; start the runner with another "
+         "--name, or have {owner!r} deregister it (`DELETE /api/v1/runtimes/{name}` with their token) while its "
+         "runner is stopped")
+REVOKED = ("this runner's token was revoked; the connection is closed: create a new one with "
+           "`amux token create --runner`")
 
 
 class TokenRevoked(Forbidden):
     """The connection's token was revoked: send nothing more on it."""
 
 
-NOT_YOURS = ("runner reported task {task}, which this runtime does not hold; the report was refused and nothing changed — "
-             "the runner drops the task (it was reassigned, finished or never dispatched here)")
+NOT_YOURS = ("runner reported task {task}, which this runtime does not hold; the report was refused and nothing "
+             "changed — the runner drops the task (it was reassigned, finished or never dispatched here)")
 
 
 class RuntimeService:
@@ -72,8 +74,10 @@ class RuntimeService:
         token (or an admin token) are shared.
         """
         if msg.protocol != p.PROTOCOL_VERSION:
-            raise Invalid(f"runner protocol {msg.protocol} is not supported (hub speaks {p.PROTOCOL_VERSION}); upgrade amux on the runner")
-        for attempt in (1, 2):  # two first registrations of one name race on PostgreSQL: the loser sees the winner's row
+            raise Invalid(f"runner protocol {msg.protocol} is not supported (hub speaks {p.PROTOCOL_VERSION}); "
+                          "upgrade amux on the runner")
+        # Two first registrations of one name race on PostgreSQL: the loser registers again and sees the winner's row.
+        for attempt in (1, 2):
             try:
                 registered = await self.db.transaction(lambda conn: self._register(conn, caller, msg))
                 break
@@ -106,8 +110,8 @@ class RuntimeService:
             else:  # dispatched but never started: send it again on this connection
                 await self.store.resend_dispatch(conn, t.id)
         for task_id, attempt in held.items():
-            t = await self.store.placement_of(conn, task_id)
-            if t is None or t.runtime_id != rt_id or t.attempt != attempt:
+            placed = await self.store.placement_of(conn, task_id)
+            if placed is None or placed.runtime_id != rt_id or placed.attempt != attempt:
                 drop.append(task_id)
         return rt_id, conn_id, drop
 
@@ -122,7 +126,8 @@ class RuntimeService:
                 raise Conflict(f"runtime {name!r} is online; stop its runner first, then deregister it")
             busy = await self.store.open_reservations(conn, row.id)
             if busy:
-                raise Conflict(f"runtime {name!r} still holds {busy} reservation(s); wait for its tasks to end or expire")
+                raise Conflict(f"runtime {name!r} still holds {busy} reservation(s); "
+                               "wait for its tasks to end or expire")
             await self.store.delete(conn, row.id)
 
         await self.db.transaction(deregister)
@@ -291,7 +296,8 @@ class RuntimeService:
                 "text": "memory capability discovery failed on this runtime (no `amux memory` CLI); "
                         "this conversation runs without amux memory"}, now)
 
-    async def outgoing(self, runtime_id: str, conn_id: str, cancels_sent: set[str], token_id: str | None = None) -> list[dict]:
+    async def outgoing(self, runtime_id: str, conn_id: str, cancels_sent: set[str],
+                       token_id: str | None = None) -> list[dict]:
         """Return dispatches and cancels this connection should send now (and mark dispatches sent).
 
         With `token_id` (the connection's token), a revoked token raises TokenRevoked before anything

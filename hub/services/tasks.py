@@ -22,6 +22,7 @@ from .notify import Notifier
 QUIET_FOR_COORDINATION = ("tool", "usage")
 
 __all__ = ["PermissionService", "SubmitRequest", "TaskService", "finish_task", "task_key"]
+NOT_YOURS = "task {task_id!r} does not exist or is not yours; list your tasks with `amux task list`"
 
 
 def task_key(task_id: str) -> str:
@@ -70,13 +71,14 @@ class TaskService:
         await self.store.lock_principal(conn, caller.principal_id)
         queued = await self.store.count_queued(conn, caller.principal_id)
         if queued >= limit:
-            raise TooMany(f"you already have {queued} queued tasks, the limit (hub.max_queued_per_principal = {limit}); "
+            raise TooMany(f"you already have {queued} queued tasks, the limit "
+                          f"(hub.max_queued_per_principal = {limit}); "
                           "wait for some to start or cancel them with `task_cancel`, or ask the operator to raise it")
 
     async def _row(self, conn: Connection, caller: Caller, task_id: str) -> Row:
         row = await self.store.get(conn, task_id)
         if row is None or (row.owner_id != caller.principal_id and not caller.admin) or row.kind != "task":
-            raise NotFound(f"task {task_id!r} does not exist or is not yours; list your tasks with `amux task list`")
+            raise NotFound(NOT_YOURS.format(task_id=task_id))
         return row
 
     async def get(self, caller: Caller, task_id: str) -> dict:
@@ -153,7 +155,9 @@ class TaskService:
             view = await self.get(caller, task_id)
             if is_terminal(view["status"]) or (deadline is not None and _monotonic() >= deadline):
                 return view
-            wait = self.settings.poll_s * 4 if deadline is None else min(self.settings.poll_s * 4, max(0.0, deadline - _monotonic()))
+            wait = self.settings.poll_s * 4
+            if deadline is not None:
+                wait = min(wait, max(0.0, deadline - _monotonic()))
             await self.notifier.wait(task_key(task_id), wait)
 
     async def cancel(self, caller: Caller, task_id: str) -> dict:
@@ -163,7 +167,7 @@ class TaskService:
         async def cancel(conn: Connection) -> tuple[Row, Status | None]:
             row = await self.store.get_for_update(conn, task_id)
             if row is None or (row.owner_id != caller.principal_id and not caller.admin):
-                raise NotFound(f"task {task_id!r} does not exist or is not yours; list your tasks with `amux task list`")
+                raise NotFound(NOT_YOURS.format(task_id=task_id))
             if is_terminal(row.status):
                 return row, None
             if row.status == Status.RUNNING:
@@ -178,7 +182,8 @@ class TaskService:
         self.notifier.notify(task_key(task_id))
         if row.runtime_id:
             self.notifier.notify(f"runtime:{row.runtime_id}")
-        return {"task_id": task_id, "status": status.value, "outcome": status.value if status == Status.CANCELLED else None}
+        return {"task_id": task_id, "status": status.value,
+                "outcome": status.value if status == Status.CANCELLED else None}
 
     async def list(self, caller: Caller, limit: int = 50) -> list[dict]:
         """Return the caller's most recent tasks."""
@@ -189,7 +194,8 @@ class TaskService:
 
 async def finish_task(conn: Connection, task_id: str, status: Status, now: datetime, *, error: str | None = None,
                       result_text: str | None = None, result_json: Any = None, usage: Any = None,
-                      changed_files: Any = None, last_rseq: int | None = None, resume_handle: str | None = None) -> bool:
+                      changed_files: Any = None, last_rseq: int | None = None,
+                      resume_handle: str | None = None) -> bool:
     """Move an active task to a terminal status and release its reservation; False if it was already terminal."""
     return await SqlTaskStore.finish(conn, task_id, status, now, error=error, result_text=result_text,
                                      result_json=result_json, usage=usage, changed_files=changed_files,
@@ -222,18 +228,21 @@ class PermissionService:
         async def answer(conn: Connection) -> Row:
             row = await self.store.get_for_update(conn, task_id)
             if row is None or (row.owner_id != caller.principal_id and not caller.admin):
-                raise NotFound(f"task {task_id!r} does not exist or is not yours; list your tasks with `amux task list`")
+                raise NotFound(NOT_YOURS.format(task_id=task_id))
             if row.snapshot.get("permission_policy") != "escalate-to-main":
-                raise Conflict(f"task {task_id} runs under {row.snapshot.get('permission_policy')}; only escalate-to-main tasks ask for permission")
+                raise Conflict(f"task {task_id} runs under {row.snapshot.get('permission_policy')}; "
+                               "only escalate-to-main tasks ask for permission")
             if row.status != Status.RUNNING.value:
                 raise Conflict(f"task {task_id} is {row.status}; there is nothing left to answer")
             asked = await self.store.permission_requests(conn, task_id)
             if not any(p.get("request_id") == request_id for p in asked):
                 known = ", ".join(sorted({str(p.get("request_id")) for p in asked})) or "none yet"
-                raise NotFound(f"task {task_id} has no permission request {request_id!r} (requests: {known}); see task_events")
+                raise NotFound(f"task {task_id} has no permission request {request_id!r} (requests: {known}); "
+                               "see task_events")
             done = await self.store.permission_answer(conn, task_id, request_id)
             if done is not None:
-                raise Conflict(f"permission request {request_id} of task {task_id} was already answered ({'allow' if done else 'deny'})")
+                raise Conflict(f"permission request {request_id} of task {task_id} was already answered "
+                               f"({'allow' if done else 'deny'})")
             await self.store.record_permission_answer(conn, task_id, request_id, bool(allow), message[:2000], now)
             await self.store.append_event(conn, task_id, "permission_answer",
                                           {"request_id": request_id, "allow": bool(allow)}, now)

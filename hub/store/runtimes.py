@@ -216,7 +216,8 @@ class SqlRuntimeStore:
     async def claim_steers(self, conn: Connection, runtime_id: str, now: datetime) -> list[Row]:
         """Return the pending, unsent steer messages for runs on the runtime (id, task_id, text) and mark them sent."""
         steers = list((await conn.execute(
-            sa.select(mailbox.c.id, mailbox.c.task_id, mailbox.c.text).join(task_runs, task_runs.c.id == mailbox.c.task_id)
+            sa.select(mailbox.c.id, mailbox.c.task_id, mailbox.c.text)
+            .join(task_runs, task_runs.c.id == mailbox.c.task_id)
             .where(mailbox.c.kind == "steer", mailbox.c.state == "pending", mailbox.c.sent_at.is_(None),
                    task_runs.c.runtime_id == runtime_id))).all())
         for st in steers:
@@ -327,7 +328,8 @@ class SqlRuntimeStore:
             moved = await conn.execute(task_runs.update().where(
                 task_runs.c.id == res.task_id, task_runs.c.status == Status.DISPATCHED.value)
                 .values(status=Status.QUEUED.value, runtime_id=None))
-            await conn.execute(reservations.update().where(reservations.c.id == res.id, reservations.c.state == "pending")
+            await conn.execute(reservations.update()
+                               .where(reservations.c.id == res.id, reservations.c.state == "pending")
                                .values(state="released", released_at=now))
             out.append(ExpiredReservation(res.task_id, moved.rowcount > 0))
         return out
@@ -339,7 +341,8 @@ class SqlRuntimeStore:
 
     async def mark_lost(self, conn: Connection, runtime_id: str) -> None:
         """Mark the runtime lost and forget its connection."""
-        await conn.execute(runtimes.update().where(runtimes.c.id == runtime_id).values(status="lost", connection_id=None))
+        await conn.execute(runtimes.update().where(runtimes.c.id == runtime_id)
+                           .values(status="lost", connection_id=None))
 
     async def active_run_ids(self, conn: Connection, runtime_id: str) -> list[str]:
         """Return the ids of runs dispatched to or running on the runtime."""

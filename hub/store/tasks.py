@@ -71,7 +71,8 @@ class SqlTaskStore:
                            now: datetime) -> int:
         """Append one event numbered right after the run's `event_seq` and advance it; return the new seq
         (the (task, seq) pair is unique, so a concurrent append with the same number fails instead of doubling)."""
-        seq = int((await conn.execute(sa.select(task_runs.c.event_seq).where(task_runs.c.id == task_id))).scalar_one()) + 1
+        current = (await conn.execute(sa.select(task_runs.c.event_seq).where(task_runs.c.id == task_id))).scalar_one()
+        seq = int(current) + 1
         await conn.execute(task_events.insert().values(task_id=task_id, seq=seq, type=type_, payload=payload,
                                                        created_at=now))
         await conn.execute(task_runs.update().where(task_runs.c.id == task_id).values(event_seq=seq))

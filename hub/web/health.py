@@ -1,6 +1,8 @@
 """`/healthz`, `/readyz` and `/metrics` (Prometheus text format)."""
 from __future__ import annotations
 
+from typing import Iterator
+
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -23,15 +25,15 @@ class Metrics:
         self.counts: dict[str, dict[str, int]] = {"tasks": {}, "runtimes": {}}
         self.registry.register(self)
 
-    def collect(self):  # noqa: ANN201
+    def collect(self) -> Iterator[GaugeMetricFamily]:
         """Yield gauges from the last refresh."""
         g = GaugeMetricFamily("amux_tasks", "Tasks by status", labels=["status"])
         for status in Status:
             g.add_metric([status.value], self.counts["tasks"].get(status.value, 0))
         yield g
         r = GaugeMetricFamily("amux_runtimes", "Runtimes by status", labels=["status"])
-        for status in ("online", "offline", "lost"):
-            r.add_metric([status], self.counts["runtimes"].get(status, 0))
+        for state in ("online", "offline", "lost"):
+            r.add_metric([state], self.counts["runtimes"].get(state, 0))
         yield r
 
     async def refresh(self, db: Database) -> None:
@@ -52,7 +54,7 @@ def add_routes(app: web.Application, db: Database, metrics: Metrics, loops: Loop
         try:
             async with db.read() as conn:
                 await store.ping(conn)
-        except Exception as e:  # the point is to report it
+        except Exception as e:  # noqa: BLE001 — any failure makes the replica unready: the point is to report it
             return web.json_response({"ok": False, "database": str(e)[:200], "loops": loops.views()}, status=503)
         problems = loops.problems()
         if problems:
