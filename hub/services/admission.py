@@ -4,14 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
-
 from ..config import HubSettings, ProfileSettings
 from ..domain import scripted
 from ..domain.policy import DEFAULT_POLICY, POLICIES, normalize_native_args
 from ..domain.resolution import Choices, Preset, SessionContext, resolve
 from ..errors import Invalid
-from ..store.tables import runtimes
+from ..store.db import Connection, Row
+from ..store.runtimes import SqlRuntimeStore
 from .auth import Caller
 from .credentials import CredentialService
 from .profiles import ProfileService
@@ -44,6 +43,7 @@ class Admission:
         self.credentials = credentials
         self.hub = hub
         self.ps = profile_settings
+        self.runtimes = SqlRuntimeStore(profiles.db)  # the constructor keeps its signature: the profiles' database
 
     def presets(self) -> dict[str, Preset]:
         """Return configured builtin launch presets."""
@@ -56,11 +56,15 @@ class Admission:
             raise Invalid("prompt is empty; pass the work to do as `prompt`")
         size = len(req.prompt.encode())
         if size > self.hub.max_prompt_bytes:
-            raise Invalid(f"prompt is {size} bytes; the limit is {self.hub.max_prompt_bytes} — put large inputs in files and reference them")
+            raise Invalid(f"prompt is {size} bytes; the limit is {self.hub.max_prompt_bytes} — "
+                          "put large inputs in files and reference them")
         args = req.extra_args if req.extra_args is not None else []
-        if not isinstance(args, list) or len(args) > self.hub.max_extra_args or any(not isinstance(a, str) or len(a) > 4096 for a in args):
-            raise Invalid(f"extra_args must be a list of at most {self.hub.max_extra_args} strings of at most 4096 characters each")
-        for key in ("model", "runtime", "name", "profile", "reasoning_effort", "permission_policy", "credential_profile"):
+        if not isinstance(args, list) or len(args) > self.hub.max_extra_args \
+                or any(not isinstance(a, str) or len(a) > 4096 for a in args):
+            raise Invalid(f"extra_args must be a list of at most {self.hub.max_extra_args} strings "
+                          "of at most 4096 characters each")
+        for key in ("model", "runtime", "name", "profile", "reasoning_effort", "permission_policy",
+                    "credential_profile"):
             value = getattr(req, key)
             if value is not None and (not isinstance(value, str) or not value.strip() or len(value) > 200):
                 raise Invalid(f"{key} must be a non-empty string of at most 200 characters, or omitted")
@@ -69,14 +73,15 @@ class Admission:
             raise Invalid(f"timeout_s must be a number of seconds between 0 and {MAX_TIMEOUT_S}")
         return list(args), float(timeout)
 
-    async def _runtime(self, conn, ref: str) -> Any:  # noqa: ANN001
-        row = (await conn.execute(sa.select(runtimes).where(sa.or_(runtimes.c.id == ref, runtimes.c.name == ref)))).first()
+    async def _runtime(self, conn: Connection, ref: str) -> Row:
+        row = await self.runtimes.find(conn, ref)
         if row is None:
-            names = [r.name for r in await conn.execute(sa.select(runtimes.c.name).order_by(runtimes.c.name).limit(20))]
-            raise Invalid(f"unknown runtime {ref!r}; registered runtimes: {', '.join(names) or 'none — start one with `amux runner`'}")
+            names = await self.runtimes.names(conn, 20)
+            raise Invalid(f"unknown runtime {ref!r}; registered runtimes: "
+                          f"{', '.join(names) or 'none — start one with `amux runner`'}")
         return row
 
-    async def freeze(self, conn, caller: Caller, req: SubmitRequest, *, origin: str = "submit",  # noqa: ANN001
+    async def freeze(self, conn: Connection, caller: Caller, req: SubmitRequest, *, origin: str = "submit",
                      session: SessionContext | None = None) -> dict[str, Any]:
         """Return the resolved execution snapshot for `req` (origin: submit | run | schedule)."""
         args, timeout = self._shape(req, origin)
@@ -89,17 +94,19 @@ class Admission:
             raise Invalid(f"escalate-to-main is unavailable for {what}: nobody could answer its permission requests; "
                           "use task_submit and answer with permission_respond, or choose policy-allow / deny-all")
         if profile.manifest and policy not in profile.manifest.policy.permission_policies:
-            raise Invalid(f"profile {profile.name!r} allows permission_policy {', '.join(profile.manifest.policy.permission_policies)} only")
+            allowed = ", ".join(profile.manifest.policy.permission_policies)
+            raise Invalid(f"profile {profile.name!r} allows permission_policy {allowed} only")
         native = normalize_native_args(profile.engine, policy, args, as_root=False)
         resolved = resolve(profile.view(), Choices(req.runtime, req.model, req.reasoning_effort),
                            self.presets(), self.ps.default_preset, session)
         runtime = await self._runtime(conn, resolved.runtime) if resolved.runtime else None
         if runtime is not None:
-            self._admit_runtime(runtime, profile.engine, resolved.model if resolved.sources["model"] == "explicit" else None)
+            explicit = resolved.model if resolved.sources["model"] == "explicit" else None
+            self._admit_runtime(runtime, profile.engine, explicit)
         else:
-            caps = [r.capabilities for r in await conn.execute(sa.select(runtimes.c.capabilities))]
-            if not any(profile.engine in c.get("engines", []) for c in caps):
-                raise Invalid(f"no registered runtime offers engine {profile.engine!r}; start `amux runner` on a machine that has it")
+            if not await self.runtimes.engine_offered(conn, profile.engine):
+                raise Invalid(f"no registered runtime offers engine {profile.engine!r}; "
+                              "start `amux runner` on a machine that has it")
         if profile.manifest and profile.manifest.expert.authoring == "local":
             await self._require_authoring(conn, profile.name)
         self.check_prompt(profile.engine, req.prompt)
@@ -138,20 +145,24 @@ class Admission:
             raise Invalid(f"runtime {runtime.name!r} cannot launch engine {engine!r}; it offers "
                           f"{', '.join(caps.get('engines', [])) or 'none'} — pick another runtime or omit it")
         if caps.get("platform") not in ("linux", "darwin"):
-            raise Invalid(f"runtime {runtime.name!r} runs on {caps.get('platform')!r}, which amux cannot launch agents on; pick a linux or macOS runtime")
+            raise Invalid(f"runtime {runtime.name!r} runs on {caps.get('platform')!r}, which amux cannot launch agents "
+                          "on; pick a linux or macOS runtime")
         if not caps.get("workspace_writable", False):
-            raise Invalid(f"runtime {runtime.name!r} cannot write its workspace root {caps.get('workspace_root')!r}; fix its permissions or pass --workspace-root")
+            raise Invalid(f"runtime {runtime.name!r} cannot write its workspace root {caps.get('workspace_root')!r}; "
+                          "fix its permissions or pass --workspace-root")
         fixed = (caps.get("fixed_models") or {}).get(engine)
         if explicit_model is not None and fixed is not None and explicit_model != fixed:
-            raise Invalid(f"runtime {runtime.name!r} serves only model {fixed!r} for {engine}; omit model or pick another runtime")
+            raise Invalid(f"runtime {runtime.name!r} serves only model {fixed!r} for {engine}; "
+                          "omit model or pick another runtime")
 
-    async def _require_authoring(self, conn, profile_name: str) -> None:  # noqa: ANN001
+    async def _require_authoring(self, conn: Connection, profile_name: str) -> None:
         """Local expert authoring fails closed without an explicitly configured compatible runtime."""
         name = self.ps.authoring_runtime
         if not name:
-            raise Invalid(f"profile {profile_name!r} uses local expert authoring, but no authoring runtime is configured; "
-                          "set profiles.authoring_runtime to a runner that offers authoring (builtin profiles still run)")
-        row = (await conn.execute(sa.select(runtimes).where(runtimes.c.name == name))).first()
+            raise Invalid(f"profile {profile_name!r} uses local expert authoring, but no authoring runtime is "
+                          "configured; set profiles.authoring_runtime to a runner that offers authoring "
+                          "(builtin profiles still run)")
+        row = await self.runtimes.by_name(conn, name)
         if row is None or row.status != "online" or not row.capabilities.get("authoring"):
-            raise Invalid(f"profile {profile_name!r} needs the authoring runtime {name!r}, which is not online with the authoring "
-                          "capability; start it, or use a builtin profile")
+            raise Invalid(f"profile {profile_name!r} needs the authoring runtime {name!r}, which is not online with "
+                          "the authoring capability; start it, or use a builtin profile")

@@ -5,13 +5,12 @@ import base64
 import hashlib
 import re
 
-import sqlalchemy as sa
 from cryptography.fernet import Fernet, InvalidToken
 
 from ..clock import Clock
 from ..errors import Forbidden, Invalid, NotFound
-from ..store.db import Database
-from ..store.tables import credential_profiles, credential_values
+from ..store.db import Connection, Database
+from ..store.profiles import SqlProfileStore
 from .auth import Caller
 
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
@@ -34,7 +33,8 @@ class SecretBox:
         try:
             return self._fernet.decrypt(token.encode()).decode()
         except InvalidToken as e:
-            raise Invalid("a stored credential cannot be decrypted with this AMUX_SECRET_KEY; use the key it was stored with, or set the value again") from e
+            raise Invalid("a stored credential cannot be decrypted with this AMUX_SECRET_KEY; use the key it was "
+                          "stored with, or set the value again") from e
 
 
 class CredentialService:
@@ -44,6 +44,7 @@ class CredentialService:
         self.db = db
         self.clock = clock
         self.box = box
+        self.store = SqlProfileStore(db)
 
     async def declare(self, caller: Caller, name: str, env_names: list[str]) -> dict:
         """Create or redeclare a credential profile (admin)."""
@@ -55,21 +56,17 @@ class CredentialService:
         bad = [n for n in env_names if not ENV_NAME.match(n)]
         if not env_names or bad:
             raise Invalid(f"declare at least one environment variable name like ANTHROPIC_API_KEY; bad: {bad}")
-        async with self.db.write() as conn:
-            exists = (await conn.execute(sa.select(credential_profiles.c.name).where(credential_profiles.c.name == name))).first()
-            if exists:
-                await conn.execute(credential_profiles.update().where(credential_profiles.c.name == name)
-                                   .values(env_names=sorted(set(env_names))))
-            else:
-                await conn.execute(credential_profiles.insert().values(
-                    name=name, env_names=sorted(set(env_names)), created_by=caller.principal_id, created_at=self.clock.now()))
+        now = self.clock.now()
+        await self.db.transaction(lambda conn: self.store.declare(conn, name, sorted(set(env_names)),
+                                                                  caller.principal_id, now))
         return {"name": name, "env": sorted(set(env_names))}
 
-    async def _declared(self, conn, name: str) -> list[str]:  # noqa: ANN001
-        row = (await conn.execute(sa.select(credential_profiles.c.env_names).where(credential_profiles.c.name == name))).first()
-        if row is None:
-            raise NotFound(f"credential profile {name!r} does not exist; declare it with `amux credential declare {name} --env VAR`")
-        return list(row.env_names)
+    async def _declared(self, conn: Connection, name: str) -> list[str]:
+        declared = await self.store.declared_env(conn, name)
+        if declared is None:
+            raise NotFound(f"credential profile {name!r} does not exist; "
+                           f"declare it with `amux credential declare {name} --env VAR`")
+        return declared
 
     async def set_value(self, caller: Caller, name: str, env_name: str, value: str) -> dict:
         """Store the caller's own value for one declared variable (encrypted)."""
@@ -77,42 +74,38 @@ class CredentialService:
             raise Invalid(NO_KEY)
         if not value:
             raise Invalid("credential value is empty; pass the value on stdin")
-        async with self.db.write() as conn:
+        box = self.box
+
+        async def store_value(conn: Connection) -> None:
             declared = await self._declared(conn, name)
             if env_name not in declared:
-                raise Invalid(f"{env_name} is not declared by credential profile {name!r} (declared: {', '.join(declared)})")
-            sealed = self.box.seal(value)
-            key = (credential_values.c.profile_name == name) & (credential_values.c.principal_id == caller.principal_id) \
-                & (credential_values.c.env_name == env_name)
-            done = await conn.execute(credential_values.update().where(key).values(ciphertext=sealed, updated_at=self.clock.now()))
-            if done.rowcount == 0:
-                await conn.execute(credential_values.insert().values(
-                    profile_name=name, principal_id=caller.principal_id, env_name=env_name,
-                    ciphertext=sealed, updated_at=self.clock.now()))
+                raise Invalid(f"{env_name} is not declared by credential profile {name!r} "
+                              f"(declared: {', '.join(declared)})")
+            await self.store.set_value(conn, name, caller.principal_id, env_name, box.seal(value), self.clock.now())
+
+        await self.db.transaction(store_value)
         return {"name": name, "env": env_name, "stored": True}
 
-    async def check_complete(self, conn, name: str, principal_id: str, principal: str) -> list[str]:  # noqa: ANN001
+    async def check_complete(self, conn: Connection, name: str, principal_id: str, principal: str) -> list[str]:
         """Return the declared names, refusing when the principal lacks any value."""
         declared = await self._declared(conn, name)
-        have = {r.env_name for r in await conn.execute(sa.select(credential_values.c.env_name).where(
-            credential_values.c.profile_name == name, credential_values.c.principal_id == principal_id))}
+        have = await self.store.stored_env(conn, name, principal_id)
         missing = [n for n in declared if n not in have]
         if missing:
             raise Invalid(f"credential profile {name!r} is missing {', '.join(missing)} for {principal}; "
                           f"set it with `amux credential set {name} {missing[0]}` (value on stdin)")
         return declared
 
-    async def materialize(self, conn, name: str, principal_id: str) -> dict[str, str]:  # noqa: ANN001
+    async def materialize(self, conn: Connection, name: str, principal_id: str) -> dict[str, str]:
         """Decrypt the declared variables of the effective principal, for one launch only."""
         if self.box is None:
             raise Invalid(NO_KEY)
         declared = set(await self._declared(conn, name))
-        rows = (await conn.execute(sa.select(credential_values).where(
-            credential_values.c.profile_name == name, credential_values.c.principal_id == principal_id))).all()
-        return {r.env_name: self.box.open(r.ciphertext) for r in rows if r.env_name in declared}
+        sealed = await self.store.sealed_values(conn, name, principal_id)
+        return {env: self.box.open(text) for env, text in sealed.items() if env in declared}
 
     async def list(self) -> list[dict]:
         """Return declared profiles (names and variable names only)."""
         async with self.db.read() as conn:
-            rows = (await conn.execute(sa.select(credential_profiles).order_by(credential_profiles.c.name))).all()
+            rows = await self.store.credential_profiles(conn)
         return [{"name": r.name, "env": r.env_names} for r in rows]

@@ -3,15 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import sqlalchemy as sa
-
 from ..clock import Clock
 from ..domain.manifest import ManifestV2, parse_manifest
 from ..domain.resolution import ProfileView
 from ..errors import Forbidden, Invalid
 from ..profiles import BUILTINS
-from ..store.db import Database
-from ..store.tables import profiles
+from ..store.db import Connection, Database
+from ..store.profiles import SqlProfileStore
 from .auth import Caller
 
 
@@ -37,6 +35,7 @@ class ProfileService:
     def __init__(self, db: Database, clock: Clock) -> None:
         self.db = db
         self.clock = clock
+        self.store = SqlProfileStore(db)
 
     async def add(self, caller: Caller, text: str) -> dict:
         """Store (or replace) a v2 manifest; admin only; builtin names are reserved."""
@@ -46,20 +45,18 @@ class ProfileService:
         if manifest.name in BUILTINS:
             raise Invalid(f"{manifest.name!r} is a builtin shortcut; give the profile another name")
         now = self.clock.now()
-        values = dict(engine=manifest.engine, manifest=manifest.model_dump(), digest=manifest.digest(), updated_at=now)
-        async with self.db.write() as conn:
-            done = await conn.execute(profiles.update().where(profiles.c.name == manifest.name).values(**values))
-            if done.rowcount == 0:
-                await conn.execute(profiles.insert().values(name=manifest.name, created_by=caller.principal_id,
-                                                            created_at=now, **values))
-        return {"name": manifest.name, "engine": manifest.engine, "digest": values["digest"]}
+        digest = manifest.digest()
+        await self.db.transaction(lambda conn: self.store.save(
+            conn, name=manifest.name, engine=manifest.engine, manifest=manifest.model_dump(), digest=digest,
+            created_by=caller.principal_id, now=now))
+        return {"name": manifest.name, "engine": manifest.engine, "digest": digest}
 
-    async def get(self, conn, name: str) -> ResolvedProfile:  # noqa: ANN001
+    async def get(self, conn: Connection, name: str) -> ResolvedProfile:
         """Return a builtin or stored profile, refusing unknown names with where to look."""
         builtin = BUILTINS.get(name)
         if builtin is not None:
             return ResolvedProfile(builtin.name, builtin.engine, "builtin", builtin.digest(), None)
-        row = (await conn.execute(sa.select(profiles).where(profiles.c.name == name))).first()
+        row = await self.store.get(conn, name)
         if row is None:
             raise Invalid(f"unknown profile {name!r}; choose a builtin ({', '.join(sorted(BUILTINS))}) "
                           f"or a stored profile (see profile_list)")
@@ -70,7 +67,7 @@ class ProfileService:
         """Return builtins, then stored profiles."""
         out = [p.public() for p in BUILTINS.values()]
         async with self.db.read() as conn:
-            for r in await conn.execute(sa.select(profiles).order_by(profiles.c.name)):
+            for r in await self.store.list_all(conn):
                 out.append({"name": r.name, "engine": r.engine, "kind": "manifest",
                             "description": r.manifest.get("description", ""), "digest": r.digest})
         return out

@@ -2,17 +2,17 @@
 from __future__ import annotations
 
 import time
-from typing import Any
-
-import sqlalchemy as sa
+from datetime import datetime
+from typing import Any, Callable
 
 from ..clock import Clock, utc
 from ..config import HubSettings
-from ..domain.tasks import ACTIVE, Status, is_terminal
+from ..domain.tasks import Status, is_terminal
 from ..errors import Conflict, Invalid, NotFound, TooMany
 from ..ids import new_id
-from ..store.db import Database
-from ..store.tables import permission_replies, principals, reservations, runtimes, task_events, task_runs
+from ..store.db import Connection, Database, Row
+from ..store.runtimes import SqlRuntimeStore
+from ..store.tasks import SqlTaskStore
 from .admission import Admission, SubmitRequest
 from .auth import Caller
 from .delegation import SESSION_LABEL, delegation_parent
@@ -22,6 +22,7 @@ from .notify import Notifier
 QUIET_FOR_COORDINATION = ("tool", "usage")
 
 __all__ = ["PermissionService", "SubmitRequest", "TaskService", "finish_task", "task_key"]
+NOT_YOURS = "task {task_id!r} does not exist or is not yours; list your tasks with `amux task list`"
 
 
 def task_key(task_id: str) -> str:
@@ -33,8 +34,10 @@ class TaskService:
     """Admit Tasks (freezing their snapshot) and answer questions about them."""
 
     def __init__(self, db: Database, clock: Clock, notifier: Notifier, settings: HubSettings,
-                 admission: Admission, on_admitted=None) -> None:  # noqa: ANN001
+                 admission: Admission, on_admitted: Callable[[], None] | None = None) -> None:
         self.db = db
+        self.store = SqlTaskStore(db)
+        self.runtimes = SqlRuntimeStore(db)
         self.clock = clock
         self.notifier = notifier
         self.settings = settings
@@ -48,33 +51,34 @@ class TaskService:
             snapshot = await self.admission.freeze(conn, caller, req, origin=origin, session=context)
         now = self.clock.now()
         task_id = new_id("tr")
-        async with self.db.write() as conn:
+
+        async def admit(conn: Connection) -> None:
             await self._check_queue_limit(conn, caller)
-            await conn.execute(task_runs.insert().values(
-                id=task_id, owner_id=caller.principal_id, name=req.name, prompt=req.prompt, snapshot=snapshot,
-                status=Status.QUEUED, attempt=0, event_seq=0, last_rseq=0, created_at=now,
-                parent_session_id=parent, parent_turn_id=parent_turn,
-            ))
+            await self.store.insert_queued(conn, task_id=task_id, owner_id=caller.principal_id, name=req.name,
+                                           prompt=req.prompt, snapshot=snapshot, now=now,
+                                           parent_session_id=parent, parent_turn_id=parent_turn)
+
+        await self.db.transaction(admit)
         self.on_admitted()
         return {"task_id": task_id, "status": Status.QUEUED.value}
 
-    async def _check_queue_limit(self, conn, caller: Caller) -> None:  # noqa: ANN001
+    async def _check_queue_limit(self, conn: Connection, caller: Caller) -> None:
         """Refuse a principal's task beyond `hub.max_queued_per_principal` queued ones (admin tokens are exempt)."""
         limit = self.settings.max_queued_per_principal
         if not limit or caller.admin:
             return
         # Lock the principal's row so concurrent submissions on PostgreSQL count one after another.
-        await conn.execute(self.db.for_update(sa.select(principals.c.id).where(principals.c.id == caller.principal_id)))
-        queued = (await conn.execute(sa.select(sa.func.count()).select_from(task_runs).where(
-            task_runs.c.owner_id == caller.principal_id, task_runs.c.status == Status.QUEUED.value))).scalar_one()
+        await self.store.lock_principal(conn, caller.principal_id)
+        queued = await self.store.count_queued(conn, caller.principal_id)
         if queued >= limit:
-            raise TooMany(f"you already have {queued} queued tasks, the limit (hub.max_queued_per_principal = {limit}); "
+            raise TooMany(f"you already have {queued} queued tasks, the limit "
+                          f"(hub.max_queued_per_principal = {limit}); "
                           "wait for some to start or cancel them with `task_cancel`, or ask the operator to raise it")
 
-    async def _row(self, conn, caller: Caller, task_id: str) -> Any:  # noqa: ANN001
-        row = (await conn.execute(sa.select(task_runs).where(task_runs.c.id == task_id))).first()
+    async def _row(self, conn: Connection, caller: Caller, task_id: str) -> Row:
+        row = await self.store.get(conn, task_id)
         if row is None or (row.owner_id != caller.principal_id and not caller.admin) or row.kind != "task":
-            raise NotFound(f"task {task_id!r} does not exist or is not yours; list your tasks with `amux task list`")
+            raise NotFound(NOT_YOURS.format(task_id=task_id))
         return row
 
     async def get(self, caller: Caller, task_id: str) -> dict:
@@ -82,10 +86,10 @@ class TaskService:
         async with self.db.read() as conn:
             return await self._view(conn, await self._row(conn, caller, task_id))
 
-    async def _view(self, conn, row) -> dict:  # noqa: ANN001
+    async def _view(self, conn: Connection, row: Row) -> dict:
         runtime_name = None
         if row.runtime_id:
-            runtime_name = (await conn.execute(sa.select(runtimes.c.name).where(runtimes.c.id == row.runtime_id))).scalar()
+            runtime_name = await self.runtimes.name_of(conn, row.runtime_id)
         done = is_terminal(row.status)
         return {
             "task_id": row.id,
@@ -104,10 +108,10 @@ class TaskService:
             "finished_at": _iso(row.finished_at),
         }
 
-    async def _waiting_for(self, conn, row) -> str:  # noqa: ANN001
+    async def _waiting_for(self, conn: Connection, row: Row) -> str:
         from .dispatch import waiting_for  # dispatch imports this module
 
-        return waiting_for(row, (await conn.execute(sa.select(runtimes))).all())
+        return waiting_for(row, await self.runtimes.list_all(conn))
 
     async def events(self, caller: Caller, task_id: str, cursor: int = 0, limit: int = 500) -> dict:
         """Return events after `cursor` and the next cursor."""
@@ -116,11 +120,7 @@ class TaskService:
         limit = max(1, min(int(limit), 1000))
         async with self.db.read() as conn:
             row = await self._row(conn, caller, task_id)
-            evs = (await conn.execute(
-                sa.select(task_events.c.seq, task_events.c.type, task_events.c.payload, task_events.c.created_at)
-                .where(task_events.c.task_id == task_id, task_events.c.seq > cursor)
-                .order_by(task_events.c.seq).limit(limit)
-            )).all()
+            evs = await self.store.events_after(conn, task_id, cursor, limit)
         out = [{"seq": e.seq, "type": e.type, **e.payload, "at": _iso(e.created_at)} for e in evs]
         return {"task_id": task_id, "status": row.status, "outcome": row.outcome,
                 "events": out, "cursor": out[-1]["seq"] if out else cursor, "done": is_terminal(row.status)}
@@ -155,63 +155,54 @@ class TaskService:
             view = await self.get(caller, task_id)
             if is_terminal(view["status"]) or (deadline is not None and _monotonic() >= deadline):
                 return view
-            wait = self.settings.poll_s * 4 if deadline is None else min(self.settings.poll_s * 4, max(0.0, deadline - _monotonic()))
+            wait = self.settings.poll_s * 4
+            if deadline is not None:
+                wait = min(wait, max(0.0, deadline - _monotonic()))
             await self.notifier.wait(task_key(task_id), wait)
 
     async def cancel(self, caller: Caller, task_id: str) -> dict:
         """Cancel a task: at once when not yet running, else through its runner."""
         now = self.clock.now()
-        async with self.db.write() as conn:
-            row = (await conn.execute(self.db.for_update(sa.select(task_runs).where(task_runs.c.id == task_id)))).first()
+
+        async def cancel(conn: Connection) -> tuple[Row, Status | None]:
+            row = await self.store.get_for_update(conn, task_id)
             if row is None or (row.owner_id != caller.principal_id and not caller.admin):
-                raise NotFound(f"task {task_id!r} does not exist or is not yours; list your tasks with `amux task list`")
+                raise NotFound(NOT_YOURS.format(task_id=task_id))
             if is_terminal(row.status):
-                return {"task_id": task_id, "status": row.status, "outcome": row.outcome, "note": "already finished"}
+                return row, None
             if row.status == Status.RUNNING:
-                await conn.execute(task_runs.update().where(task_runs.c.id == task_id).values(cancel_requested_at=now))
-                status = Status.RUNNING
-            else:
-                await finish_task(conn, task_id, Status.CANCELLED, now, error="cancelled before it started")
-                status = Status.CANCELLED
+                await self.store.request_cancel(conn, task_id, now)
+                return row, Status.RUNNING
+            await self.store.finish(conn, task_id, Status.CANCELLED, now, error="cancelled before it started")
+            return row, Status.CANCELLED
+
+        row, status = await self.db.transaction(cancel)
+        if status is None:
+            return {"task_id": task_id, "status": row.status, "outcome": row.outcome, "note": "already finished"}
         self.notifier.notify(task_key(task_id))
         if row.runtime_id:
             self.notifier.notify(f"runtime:{row.runtime_id}")
-        return {"task_id": task_id, "status": status.value, "outcome": status.value if status == Status.CANCELLED else None}
+        return {"task_id": task_id, "status": status.value,
+                "outcome": status.value if status == Status.CANCELLED else None}
 
     async def list(self, caller: Caller, limit: int = 50) -> list[dict]:
         """Return the caller's most recent tasks."""
         async with self.db.read() as conn:
-            rows = (await conn.execute(
-                sa.select(task_runs.c.id, task_runs.c.name, task_runs.c.status, task_runs.c.created_at)
-                .where(task_runs.c.owner_id == caller.principal_id, task_runs.c.kind == "task")
-                .order_by(task_runs.c.created_at.desc()).limit(max(1, min(limit, 500)))
-            )).all()
+            rows = await self.store.list_tasks(conn, caller.principal_id, max(1, min(limit, 500)))
         return [{"task_id": r.id, "name": r.name, "status": r.status, "created_at": _iso(r.created_at)} for r in rows]
 
 
-async def finish_task(conn, task_id: str, status: Status, now, *, error: str | None = None,  # noqa: ANN001
+async def finish_task(conn: Connection, task_id: str, status: Status, now: datetime, *, error: str | None = None,
                       result_text: str | None = None, result_json: Any = None, usage: Any = None,
-                      changed_files: Any = None, last_rseq: int | None = None, resume_handle: str | None = None) -> bool:
+                      changed_files: Any = None, last_rseq: int | None = None,
+                      resume_handle: str | None = None) -> bool:
     """Move an active task to a terminal status and release its reservation; False if it was already terminal."""
-    values: dict[str, Any] = {"status": status.value, "outcome": status.value, "finished_at": now}
-    for key, val in (("error", error), ("result_text", result_text), ("result_json", result_json),
-                     ("usage_json", usage), ("changed_files", changed_files), ("last_rseq", last_rseq),
-                     ("resume_handle", resume_handle)):
-        if val is not None:
-            values[key] = val
-    res = await conn.execute(
-        task_runs.update().where(task_runs.c.id == task_id, task_runs.c.status.in_([s.value for s in ACTIVE])).values(**values)
-    )
-    if res.rowcount == 0:
-        return False
-    await conn.execute(
-        reservations.update().where(reservations.c.task_id == task_id, reservations.c.state != "released")
-        .values(state="released", released_at=now)
-    )
-    return True
+    return await SqlTaskStore.finish(conn, task_id, status, now, error=error, result_text=result_text,
+                                     result_json=result_json, usage=usage, changed_files=changed_files,
+                                     last_rseq=last_rseq, resume_handle=resume_handle)
 
 
-def _iso(dt) -> str | None:  # noqa: ANN001
+def _iso(dt: datetime | None) -> str | None:
     dt = utc(dt)
     return dt.isoformat() if dt else None
 
@@ -228,34 +219,36 @@ class PermissionService:
         self.db = db
         self.clock = clock
         self.notifier = notifier
+        self.store = SqlTaskStore(db)
 
     async def respond(self, caller: Caller, task_id: str, request_id: str, allow: bool, message: str = "") -> dict:
         """Record the answer to one request; the runner holding the task delivers it to the engine."""
         now = self.clock.now()
-        async with self.db.write() as conn:
-            row = (await conn.execute(self.db.for_update(sa.select(task_runs).where(task_runs.c.id == task_id)))).first()
+
+        async def answer(conn: Connection) -> Row:
+            row = await self.store.get_for_update(conn, task_id)
             if row is None or (row.owner_id != caller.principal_id and not caller.admin):
-                raise NotFound(f"task {task_id!r} does not exist or is not yours; list your tasks with `amux task list`")
+                raise NotFound(NOT_YOURS.format(task_id=task_id))
             if row.snapshot.get("permission_policy") != "escalate-to-main":
-                raise Conflict(f"task {task_id} runs under {row.snapshot.get('permission_policy')}; only escalate-to-main tasks ask for permission")
+                raise Conflict(f"task {task_id} runs under {row.snapshot.get('permission_policy')}; "
+                               "only escalate-to-main tasks ask for permission")
             if row.status != Status.RUNNING.value:
                 raise Conflict(f"task {task_id} is {row.status}; there is nothing left to answer")
-            asked = [e.payload for e in await conn.execute(sa.select(task_events.c.payload).where(
-                task_events.c.task_id == task_id, task_events.c.type == "permission"))]
+            asked = await self.store.permission_requests(conn, task_id)
             if not any(p.get("request_id") == request_id for p in asked):
                 known = ", ".join(sorted({str(p.get("request_id")) for p in asked})) or "none yet"
-                raise NotFound(f"task {task_id} has no permission request {request_id!r} (requests: {known}); see task_events")
-            done = (await conn.execute(sa.select(permission_replies.c.allow).where(
-                permission_replies.c.task_id == task_id, permission_replies.c.request_id == request_id))).first()
+                raise NotFound(f"task {task_id} has no permission request {request_id!r} (requests: {known}); "
+                               "see task_events")
+            done = await self.store.permission_answer(conn, task_id, request_id)
             if done is not None:
-                raise Conflict(f"permission request {request_id} of task {task_id} was already answered ({'allow' if done.allow else 'deny'})")
-            await conn.execute(permission_replies.insert().values(
-                task_id=task_id, request_id=request_id, allow=bool(allow), message=message[:2000], created_at=now))
-            seq = row.event_seq + 1
-            await conn.execute(task_events.insert().values(
-                task_id=task_id, seq=seq, type="permission_answer", created_at=now,
-                payload={"request_id": request_id, "allow": bool(allow)}))
-            await conn.execute(task_runs.update().where(task_runs.c.id == task_id).values(event_seq=seq))
+                raise Conflict(f"permission request {request_id} of task {task_id} was already answered "
+                               f"({'allow' if done else 'deny'})")
+            await self.store.record_permission_answer(conn, task_id, request_id, bool(allow), message[:2000], now)
+            await self.store.append_event(conn, task_id, "permission_answer",
+                                          {"request_id": request_id, "allow": bool(allow)}, now)
+            return row
+
+        row = await self.db.transaction(answer)
         self.notifier.notify(f"runtime:{row.runtime_id}")
         self.notifier.notify(task_key(task_id))
         return {"task_id": task_id, "request_id": request_id, "allow": bool(allow), "status": "sent"}

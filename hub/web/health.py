@@ -1,7 +1,8 @@
 """`/healthz`, `/readyz` and `/metrics` (Prometheus text format)."""
 from __future__ import annotations
 
-import sqlalchemy as sa
+from typing import Iterator
+
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -9,7 +10,8 @@ from prometheus_client.core import GaugeMetricFamily
 from ..domain.tasks import Status
 from ..loops import Loops
 from ..store.db import Database
-from ..store.tables import runtimes, task_runs
+from ..store.runtimes import SqlRuntimeStore
+from ..store.tasks import SqlTaskStore
 
 
 class Metrics:
@@ -23,28 +25,27 @@ class Metrics:
         self.counts: dict[str, dict[str, int]] = {"tasks": {}, "runtimes": {}}
         self.registry.register(self)
 
-    def collect(self):  # noqa: ANN201
+    def collect(self) -> Iterator[GaugeMetricFamily]:
         """Yield gauges from the last refresh."""
         g = GaugeMetricFamily("amux_tasks", "Tasks by status", labels=["status"])
         for status in Status:
             g.add_metric([status.value], self.counts["tasks"].get(status.value, 0))
         yield g
         r = GaugeMetricFamily("amux_runtimes", "Runtimes by status", labels=["status"])
-        for status in ("online", "offline", "lost"):
-            r.add_metric([status], self.counts["runtimes"].get(status, 0))
+        for state in ("online", "offline", "lost"):
+            r.add_metric([state], self.counts["runtimes"].get(state, 0))
         yield r
 
     async def refresh(self, db: Database) -> None:
         """Read current counts from the store."""
         async with db.read() as conn:
-            self.counts["tasks"] = dict((await conn.execute(
-                sa.select(task_runs.c.status, sa.func.count()).group_by(task_runs.c.status))).all())
-            self.counts["runtimes"] = dict((await conn.execute(
-                sa.select(runtimes.c.status, sa.func.count()).group_by(runtimes.c.status))).all())
+            self.counts["tasks"] = await SqlTaskStore(db).count_by_status(conn)
+            self.counts["runtimes"] = await SqlRuntimeStore(db).count_by_status(conn)
 
 
 def add_routes(app: web.Application, db: Database, metrics: Metrics, loops: Loops) -> None:
     """Register the health and metrics endpoints."""
+    store = SqlTaskStore(db)
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"ok": True})
@@ -52,8 +53,8 @@ def add_routes(app: web.Application, db: Database, metrics: Metrics, loops: Loop
     async def readyz(_: web.Request) -> web.Response:
         try:
             async with db.read() as conn:
-                await conn.execute(sa.text("SELECT 1"))
-        except Exception as e:  # the point is to report it
+                await store.ping(conn)
+        except Exception as e:  # noqa: BLE001 — any failure makes the replica unready: the point is to report it
             return web.json_response({"ok": False, "database": str(e)[:200], "loops": loops.views()}, status=503)
         problems = loops.problems()
         if problems:

@@ -7,14 +7,11 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable
 
-import sqlalchemy as sa
 from aiohttp import web
 
 from ..errors import AmuxError, Forbidden, NotFound
 from ..services.auth import RUN_REFUSED, AuthService, TokenAdmin, run_token_may
 from ..services.tasks import SubmitRequest, TaskService
-from ..store.db import Database
-from ..store.tables import runtimes
 from . import api_models as m
 from .api_models import CALLER, Call, error_response, flag, register
 
@@ -54,7 +51,6 @@ def auth_middleware(auth: AuthService) -> Callable:
 def add_routes(app: web.Application, hub: Any) -> None:
     """Register the REST endpoints over the hub's services."""
     tasks: TaskService = hub.tasks
-    db: Database = hub.db
 
     async def whoami(c: Call) -> dict:
         return {"principal": c.caller.principal, "label": c.caller.label, "admin": c.caller.admin}
@@ -124,10 +120,7 @@ def add_routes(app: web.Application, hub: Any) -> None:
         return await tasks.cancel(c.caller, c.path.id)
 
     async def runtime_list(_: Call) -> dict:
-        async with db.read() as conn:
-            rows = (await conn.execute(sa.select(runtimes).order_by(runtimes.c.name))).all()
-        return {"runtimes": [{"id": x.id, "name": x.name, "status": x.status, "slots": x.slots,
-                              "capabilities": x.capabilities} for x in rows]}
+        return {"runtimes": await hub.runtimes.list_runtimes()}
 
     async def runtime_deregister(c: Call) -> dict:
         return await hub.runtimes.deregister(c.caller, c.path.name)

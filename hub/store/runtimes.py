@@ -1,0 +1,360 @@
+"""Runtimes and reservations: registration, placement, the reaper and the runner protocol's queries."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from ..domain.tasks import Status
+from ..ids import new_id
+from .db import Connection, Database, Row
+from .tables import api_tokens, mailbox, permission_replies, principals, reservations, runtimes, sessions, task_runs
+
+ACTIVE_RES = ("pending", "committed")
+ON_RUNTIME = [Status.DISPATCHED.value, Status.RUNNING.value]
+
+
+class RegistrationRace(Exception):
+    """Another transaction registered the same runtime name first (PostgreSQL); register again to see its row."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """One queued task placed on a runtime by this round of placement."""
+
+    task_id: str
+    runtime_id: str
+    attempt: int
+    deadline_at: datetime
+
+
+@dataclass(frozen=True)
+class ExpiredReservation:
+    """A pending reservation the reaper released, and whether its task went back to the queue."""
+
+    task_id: str
+    requeued: bool
+
+
+class SqlRuntimeStore:
+    """Runtimes (`runtimes`), capacity (`reservations`) and what placement, the reaper and runners read."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    # --- runtimes -------------------------------------------------------------------------------------------
+
+    async def list_all(self, conn: Connection) -> list[Row]:
+        """Return every known runtime (any status), by name."""
+        return list((await conn.execute(sa.select(runtimes).order_by(runtimes.c.name))).all())
+
+    async def online(self, conn: Connection) -> list[Row]:
+        """Return the online runtimes, by id."""
+        return list((await conn.execute(
+            sa.select(runtimes).where(runtimes.c.status == "online").order_by(runtimes.c.id))).all())
+
+    async def find(self, conn: Connection, ref: str) -> Row | None:
+        """Return the runtime whose id or name is `ref`, or None."""
+        return (await conn.execute(sa.select(runtimes).where(
+            sa.or_(runtimes.c.id == ref, runtimes.c.name == ref)))).first()
+
+    async def by_name(self, conn: Connection, name: str, *, lock: bool = False) -> Row | None:
+        """Return the runtime called `name` (locked until the transaction ends when `lock`), or None."""
+        stmt = sa.select(runtimes).where(runtimes.c.name == name)
+        return (await conn.execute(self.db.for_update(stmt) if lock else stmt)).first()
+
+    async def name_of(self, conn: Connection, runtime_id: str) -> str | None:
+        """Return the runtime's name, or None when it is unknown (deregistered)."""
+        return (await conn.execute(sa.select(runtimes.c.name).where(runtimes.c.id == runtime_id))).scalar()
+
+    async def names(self, conn: Connection, limit: int = 20) -> list[str]:
+        """Return up to `limit` runtime names, sorted (to list in a refusal)."""
+        return list((await conn.execute(
+            sa.select(runtimes.c.name).order_by(runtimes.c.name).limit(limit))).scalars())
+
+    async def engine_offered(self, conn: Connection, engine: str) -> bool:
+        """Say whether any registered runtime (any status) lists `engine` in its capabilities."""
+        caps = (await conn.execute(sa.select(runtimes.c.capabilities))).scalars()
+        return any(engine in c.get("engines", []) for c in caps)
+
+    async def owner_name(self, conn: Connection, principal_id: str) -> str | None:
+        """Return the name of the principal that owns a runtime (to say who holds a name)."""
+        return (await conn.execute(sa.select(principals.c.name).where(principals.c.id == principal_id))).scalar()
+
+    async def register(self, conn: Connection, *, runtime_id: str | None, name: str, principal_id: str,
+                       capabilities: dict[str, Any], slots: int, shared: bool, connection_id: str,
+                       now: datetime) -> str:
+        """Mark the runtime online under `connection_id` with its latest capabilities and slots, inserting it when
+        `runtime_id` is None; return its id. A concurrent first registration of `name` raises RegistrationRace."""
+        values = dict(capabilities=capabilities, slots=slots, status="online", connection_id=connection_id,
+                      last_seen_at=now, shared=shared)
+        if runtime_id is not None:
+            await conn.execute(runtimes.update().where(runtimes.c.id == runtime_id).values(**values))
+            return runtime_id
+        new = new_id("rt")
+        try:
+            await conn.execute(runtimes.insert().values(id=new, name=name, principal_id=principal_id,
+                                                        registered_at=now, **values))
+        except IntegrityError as e:
+            raise RegistrationRace(name) from e
+        return new
+
+    async def heartbeat(self, conn: Connection, runtime_id: str, connection_id: str, now: datetime) -> None:
+        """Record that the runtime is alive and online — only while `connection_id` is its current connection."""
+        await conn.execute(runtimes.update().where(runtimes.c.id == runtime_id,
+                                                   runtimes.c.connection_id == connection_id)
+                           .values(last_seen_at=now, status="online"))
+
+    async def mark_offline(self, conn: Connection, runtime_id: str, connection_id: str) -> None:
+        """Mark the runtime offline — only if `connection_id` is still its current connection (a newer one wins)."""
+        await conn.execute(runtimes.update().where(runtimes.c.id == runtime_id,
+                                                   runtimes.c.connection_id == connection_id)
+                           .values(status="offline", connection_id=None))
+
+    async def connection(self, conn: Connection, runtime_id: str) -> tuple[str | None, dict[str, Any]]:
+        """Return the runtime's current connection id and capabilities (the runtime must exist)."""
+        current, caps = (await conn.execute(sa.select(runtimes.c.connection_id, runtimes.c.capabilities)
+                                            .where(runtimes.c.id == runtime_id))).one()
+        return current, caps
+
+    async def open_reservations(self, conn: Connection, runtime_id: str) -> int:
+        """Count the runtime's reservations not yet released."""
+        return int((await conn.execute(sa.select(sa.func.count()).select_from(reservations).where(
+            reservations.c.runtime_id == runtime_id, reservations.c.state != "released"))).scalar_one())
+
+    async def delete(self, conn: Connection, runtime_id: str) -> None:
+        """Delete the runtime and its (released) reservations, freeing its name."""
+        await conn.execute(reservations.delete().where(reservations.c.runtime_id == runtime_id))
+        await conn.execute(runtimes.delete().where(runtimes.c.id == runtime_id))
+
+    async def count_by_status(self, conn: Connection) -> dict[str, int]:
+        """Count runtimes per status; statuses without runtimes are absent."""
+        return {status: int(n) for status, n in (await conn.execute(
+            sa.select(runtimes.c.status, sa.func.count()).group_by(runtimes.c.status))).all()}
+
+    # --- runs a runtime holds --------------------------------------------------------------------------------
+
+    async def runs_on(self, conn: Connection, runtime_id: str) -> list[Row]:
+        """Return the runs dispatched to or running on the runtime: id, status, attempt."""
+        return list((await conn.execute(sa.select(task_runs.c.id, task_runs.c.status, task_runs.c.attempt).where(
+            task_runs.c.runtime_id == runtime_id, task_runs.c.status.in_(ON_RUNTIME)))).all())
+
+    async def placement_of(self, conn: Connection, task_id: str) -> Row | None:
+        """Return where a run is placed: runtime_id, attempt, status; None for an unknown run."""
+        return (await conn.execute(sa.select(task_runs.c.runtime_id, task_runs.c.attempt, task_runs.c.status)
+                                   .where(task_runs.c.id == task_id))).first()
+
+    async def held_run(self, conn: Connection, runtime_id: str, task_id: str, attempt: int) -> Row | None:
+        """Return the run, locked until the transaction ends, only when this runtime holds this attempt of it."""
+        row = (await conn.execute(self.db.for_update(sa.select(task_runs).where(task_runs.c.id == task_id)))).first()
+        if row is None or row.runtime_id != runtime_id or row.attempt != attempt:
+            return None
+        return row
+
+    async def resend_dispatch(self, conn: Connection, task_id: str) -> None:
+        """Forget that the run's pending dispatch was sent, so the runtime's next connection sends it again."""
+        await conn.execute(reservations.update().where(
+            reservations.c.task_id == task_id, reservations.c.state == "pending").values(sent_at=None))
+
+    async def start_run(self, conn: Connection, task_id: str, attempt: int, now: datetime) -> None:
+        """Mark a dispatched run running, then commit its pending reservation of `attempt` — the task row first,
+        then the reservation: the reaper takes them in this order too (the opposite deadlocked on PostgreSQL)."""
+        await conn.execute(task_runs.update().where(task_runs.c.id == task_id)
+                           .values(status=Status.RUNNING.value, started_at=now))
+        await conn.execute(reservations.update().where(
+            reservations.c.task_id == task_id, reservations.c.attempt == attempt,
+            reservations.c.state == "pending").values(state="committed"))
+
+    async def current_run_of_session(self, conn: Connection, session_id: str) -> str | None:
+        """Return the session's latest dispatched or running run (its running turn), or None."""
+        return (await conn.execute(sa.select(task_runs.c.id).where(
+            task_runs.c.session_id == session_id, task_runs.c.status.in_(ON_RUNTIME))
+            .order_by(task_runs.c.turn_seq.desc()).limit(1))).scalar()
+
+    # --- what a connection sends -------------------------------------------------------------------------------
+
+    async def runner_token_live(self, conn: Connection, token_id: str) -> bool:
+        """Say whether the connection's token still exists unrevoked (a revocation on any replica counts)."""
+        row = (await conn.execute(sa.select(api_tokens.c.revoked_at).where(api_tokens.c.id == token_id))).first()
+        return row is not None and row.revoked_at is None
+
+    async def claim_dispatches(self, conn: Connection, runtime_id: str, now: datetime) -> list[Row]:
+        """Return the runtime's pending, unsent reservations of dispatched runs (reservation id, task_id, attempt,
+        prompt, snapshot, owner_id, session_id) and mark them sent, so each is sent once per connection."""
+        pending = list((await conn.execute(
+            sa.select(reservations.c.id, task_runs.c.id.label("task_id"), task_runs.c.attempt,
+                      task_runs.c.prompt, task_runs.c.snapshot, task_runs.c.owner_id, task_runs.c.session_id)
+            .join(task_runs, task_runs.c.id == reservations.c.task_id)
+            .where(reservations.c.runtime_id == runtime_id, reservations.c.state == "pending",
+                   reservations.c.sent_at.is_(None), task_runs.c.status == Status.DISPATCHED.value))).all())
+        if pending:
+            await conn.execute(reservations.update().where(reservations.c.id.in_([r.id for r in pending]))
+                               .values(sent_at=now))
+        return pending
+
+    async def cancels_due(self, conn: Connection, runtime_id: str) -> list[str]:
+        """Return the runtime's running runs whose cancellation was requested."""
+        return list((await conn.execute(sa.select(task_runs.c.id).where(
+            task_runs.c.runtime_id == runtime_id, task_runs.c.status == Status.RUNNING.value,
+            task_runs.c.cancel_requested_at.is_not(None)))).scalars())
+
+    async def claim_permission_answers(self, conn: Connection, runtime_id: str, now: datetime) -> list[Row]:
+        """Return the unsent permission answers for the runtime's running runs and mark them sent."""
+        answers = list((await conn.execute(
+            sa.select(permission_replies).join(task_runs, task_runs.c.id == permission_replies.c.task_id).where(
+                task_runs.c.runtime_id == runtime_id, task_runs.c.status == Status.RUNNING.value,
+                permission_replies.c.sent_at.is_(None)))).all())
+        for a in answers:
+            await conn.execute(permission_replies.update().where(
+                permission_replies.c.task_id == a.task_id, permission_replies.c.request_id == a.request_id)
+                .values(sent_at=now))
+        return answers
+
+    async def claim_steers(self, conn: Connection, runtime_id: str, now: datetime) -> list[Row]:
+        """Return the pending, unsent steer messages for runs on the runtime (id, task_id, text) and mark them sent."""
+        steers = list((await conn.execute(
+            sa.select(mailbox.c.id, mailbox.c.task_id, mailbox.c.text)
+            .join(task_runs, task_runs.c.id == mailbox.c.task_id)
+            .where(mailbox.c.kind == "steer", mailbox.c.state == "pending", mailbox.c.sent_at.is_(None),
+                   task_runs.c.runtime_id == runtime_id))).all())
+        for st in steers:
+            await conn.execute(mailbox.update().where(mailbox.c.id == st.id).values(sent_at=now))
+        return steers
+
+    async def settle_steer(self, conn: Connection, steer_id: str, task_id: str, delivered: bool,
+                           now: datetime) -> None:
+        """Settle a pending steer: taken by the running turn `task_id`, or back to the mailbox (queued, no task)
+        for a later wake; a steer settled already stays as it is."""
+        await conn.execute(mailbox.update().where(mailbox.c.id == steer_id, mailbox.c.state == "pending")
+                           .values(state="delivered" if delivered else "queued", settled_at=now,
+                                   task_id=task_id if delivered else None))
+
+    # --- sessions a runtime serves -----------------------------------------------------------------------------
+
+    async def stick_session(self, conn: Connection, session_id: str, runtime_id: str) -> None:
+        """Make the session's runtime the one of its first run; a session that has one keeps it."""
+        await conn.execute(sessions.update().where(sessions.c.id == session_id, sessions.c.runtime_id.is_(None))
+                           .values(runtime_id=runtime_id))
+
+    async def record_resume_handle(self, conn: Connection, session_id: str, handle: str, now: datetime) -> None:
+        """Store the provider's resume handle a session's run reported, for its next turn."""
+        await conn.execute(sessions.update().where(sessions.c.id == session_id)
+                           .values(resume_handle=handle, updated_at=now))
+
+    async def memory_scope(self, conn: Connection, session_id: str) -> str | None:
+        """Return the session's bound memory scope (None before its first launch)."""
+        return (await conn.execute(sa.select(sessions.c.memory_scope).where(sessions.c.id == session_id))).scalar()
+
+    async def bind_memory_scope(self, conn: Connection, session_id: str, scope: str | None) -> None:
+        """Store the memory scope the session's first launch bound."""
+        await conn.execute(sessions.update().where(sessions.c.id == session_id).values(memory_scope=scope))
+
+    # --- placement -----------------------------------------------------------------------------------------------
+
+    async def used_slots(self, conn: Connection) -> dict[str, int]:
+        """Count active (pending or committed) reservations per runtime; runtimes without any are absent."""
+        return {rt: int(n) for rt, n in (await conn.execute(
+            sa.select(reservations.c.runtime_id, sa.func.count())
+            .where(reservations.c.state.in_(ACTIVE_RES)).group_by(reservations.c.runtime_id))).all()}
+
+    async def active_runs_by_owner(self, conn: Connection) -> dict[str, int]:
+        """Count dispatched and running runs per owner; owners without any are absent."""
+        return {owner: int(n) for owner, n in (await conn.execute(
+            sa.select(task_runs.c.owner_id, sa.func.count())
+            .where(task_runs.c.status.in_(ON_RUNTIME)).group_by(task_runs.c.owner_id))).all()}
+
+    async def queue_heads(self, conn: Connection, per_owner: int) -> list[Row]:
+        """Return each owner's `per_owner` oldest queued runs: id, owner_id, created_at and `place`, the run's
+        position in its owner's own queue (1 = oldest)."""
+        place = sa.func.row_number().over(partition_by=task_runs.c.owner_id, order_by=task_runs.c.created_at)
+        ranked = (sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.created_at, place.label("place"))
+                  .where(task_runs.c.status == Status.QUEUED.value).subquery())
+        return list((await conn.execute(sa.select(ranked).where(ranked.c.place <= per_owner))).all())
+
+    async def lock_queued(self, conn: Connection, task_ids: list[str]) -> list[Row]:
+        """Lock those of `task_ids` still queued, skipping rows another replica holds (PostgreSQL SKIP LOCKED):
+        id, owner_id, snapshot, attempt, session_id, created_at, in no set order."""
+        return list((await conn.execute(self.db.for_update(
+            sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.snapshot, task_runs.c.attempt,
+                      task_runs.c.session_id, task_runs.c.created_at)
+            .where(task_runs.c.id.in_(task_ids), task_runs.c.status == Status.QUEUED.value),
+            skip_locked=True))).all())
+
+    async def admin_holders(self, conn: Connection, principal_ids: set[str]) -> set[str]:
+        """Return those of `principal_ids` holding a live (unrevoked) admin token."""
+        if not principal_ids:
+            return set()
+        return set((await conn.execute(sa.select(api_tokens.c.principal_id).distinct().where(
+            api_tokens.c.principal_id.in_(principal_ids), api_tokens.c.admin.is_(True),
+            api_tokens.c.revoked_at.is_(None)))).scalars())
+
+    async def busy_sessions(self, conn: Connection) -> set[str]:
+        """Return the sessions that have a run dispatched or running (one run at a time per session)."""
+        return set((await conn.execute(sa.select(task_runs.c.session_id).where(
+            task_runs.c.status.in_(ON_RUNTIME), task_runs.c.session_id.is_not(None)))).scalars())
+
+    async def reserve(self, conn: Connection, placements: list[Placement], now: datetime,
+                      expires_at: datetime) -> None:
+        """Insert a pending reservation per placement (expiring at `expires_at` unless committed) and mark each
+        task dispatched to its runtime with its new attempt, deadline and runner sequence reset to 0."""
+        if not placements:
+            return
+        await conn.execute(reservations.insert(), [
+            {"id": new_id("res"), "runtime_id": pl.runtime_id, "task_id": pl.task_id, "attempt": pl.attempt,
+             "state": "pending", "created_at": now, "expires_at": expires_at} for pl in placements])
+        await conn.execute(
+            task_runs.update().where(task_runs.c.id == sa.bindparam("tid")).values(
+                status=Status.DISPATCHED.value, runtime_id=sa.bindparam("rt"), attempt=sa.bindparam("n"),
+                last_rseq=0, dispatched_at=now, deadline_at=sa.bindparam("deadline")),
+            [{"tid": pl.task_id, "rt": pl.runtime_id, "n": pl.attempt, "deadline": pl.deadline_at}
+             for pl in placements])
+
+    # --- the reaper ----------------------------------------------------------------------------------------------
+
+    async def release_expired(self, conn: Connection, now: datetime) -> list[ExpiredReservation]:
+        """Release every pending reservation past its TTL and requeue its task while it is still dispatched.
+
+        Per reservation the task row first, then the reservation: the order a runner's acceptance takes them in
+        (`start_run`), so the two never deadlock on PostgreSQL.
+        """
+        expired = (await conn.execute(
+            sa.select(reservations.c.id, reservations.c.task_id)
+            .where(reservations.c.state == "pending", reservations.c.expires_at < now))).all()
+        out = []
+        for res in expired:
+            moved = await conn.execute(task_runs.update().where(
+                task_runs.c.id == res.task_id, task_runs.c.status == Status.DISPATCHED.value)
+                .values(status=Status.QUEUED.value, runtime_id=None))
+            await conn.execute(reservations.update()
+                               .where(reservations.c.id == res.id, reservations.c.state == "pending")
+                               .values(state="released", released_at=now))
+            out.append(ExpiredReservation(res.task_id, moved.rowcount > 0))
+        return out
+
+    async def silent_since(self, conn: Connection, before: datetime) -> list[str]:
+        """Return the online or offline runtimes last seen before `before`."""
+        return list((await conn.execute(sa.select(runtimes.c.id).where(
+            runtimes.c.status.in_(["online", "offline"]), runtimes.c.last_seen_at < before))).scalars())
+
+    async def mark_lost(self, conn: Connection, runtime_id: str) -> None:
+        """Mark the runtime lost and forget its connection."""
+        await conn.execute(runtimes.update().where(runtimes.c.id == runtime_id)
+                           .values(status="lost", connection_id=None))
+
+    async def active_run_ids(self, conn: Connection, runtime_id: str) -> list[str]:
+        """Return the ids of runs dispatched to or running on the runtime."""
+        return list((await conn.execute(sa.select(task_runs.c.id).where(
+            task_runs.c.runtime_id == runtime_id, task_runs.c.status.in_(ON_RUNTIME)))).scalars())
+
+    async def overdue(self, conn: Connection, before: datetime) -> list[str]:
+        """Return the dispatched or running runs whose deadline passed before `before`."""
+        return list((await conn.execute(sa.select(task_runs.c.id).where(
+            task_runs.c.status.in_(ON_RUNTIME), task_runs.c.deadline_at < before))).scalars())
+
+    async def queued_since(self, conn: Connection, before: datetime, limit: int = 500) -> list[Row]:
+        """Return up to `limit` runs queued since before `before`: id, owner_id, snapshot."""
+        return list((await conn.execute(sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.snapshot).where(
+            task_runs.c.status == Status.QUEUED.value, task_runs.c.created_at < before).limit(limit))).all())

@@ -1,0 +1,139 @@
+"""Task runs, their event logs and permission replies: the queries the task rules run."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from ..domain.tasks import ACTIVE, Status
+from .db import Connection, Database, Row
+from .tables import permission_replies, principals, reservations, task_events, task_runs
+
+ACTIVE_VALUES = [s.value for s in ACTIVE]
+
+
+class SqlTaskStore:
+    """Task runs (`task_runs`), their events (`task_events`) and answered permission requests."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def ping(self, conn: Connection) -> None:
+        """Answer a trivial query, or raise: readiness means the store answers."""
+        await conn.execute(sa.text("SELECT 1"))
+
+    async def lock_principal(self, conn: Connection, principal_id: str) -> None:
+        """Hold the principal's row until the transaction ends, so its concurrent submissions count one after
+        another on PostgreSQL (SQLite's writers are serialized already)."""
+        await conn.execute(self.db.for_update(sa.select(principals.c.id).where(principals.c.id == principal_id)))
+
+    async def count_queued(self, conn: Connection, owner_id: str) -> int:
+        """Count the principal's runs still queued (tasks and turns alike)."""
+        return int((await conn.execute(sa.select(sa.func.count()).select_from(task_runs).where(
+            task_runs.c.owner_id == owner_id, task_runs.c.status == Status.QUEUED.value))).scalar_one())
+
+    async def insert_queued(self, conn: Connection, *, task_id: str, owner_id: str, name: str | None, prompt: str,
+                            snapshot: dict[str, Any], now: datetime, parent_session_id: str | None,
+                            parent_turn_id: str | None) -> None:
+        """Insert a queued task with its frozen snapshot: attempt 0, no events yet (event_seq and last_rseq 0)."""
+        await conn.execute(task_runs.insert().values(
+            id=task_id, owner_id=owner_id, name=name, prompt=prompt, snapshot=snapshot,
+            status=Status.QUEUED.value, attempt=0, event_seq=0, last_rseq=0, created_at=now,
+            parent_session_id=parent_session_id, parent_turn_id=parent_turn_id,
+        ))
+
+    async def get(self, conn: Connection, task_id: str) -> Row | None:
+        """Return the run (task or turn) with every column, or None."""
+        return (await conn.execute(sa.select(task_runs).where(task_runs.c.id == task_id))).first()
+
+    async def get_for_update(self, conn: Connection, task_id: str) -> Row | None:
+        """Return the run locked until the transaction ends (PostgreSQL), or None."""
+        return (await conn.execute(self.db.for_update(sa.select(task_runs).where(task_runs.c.id == task_id)))).first()
+
+    async def list_tasks(self, conn: Connection, owner_id: str, limit: int) -> list[Row]:
+        """Return the owner's `limit` most recent tasks (never turns), newest first: id, name, status, created_at."""
+        return list((await conn.execute(
+            sa.select(task_runs.c.id, task_runs.c.name, task_runs.c.status, task_runs.c.created_at)
+            .where(task_runs.c.owner_id == owner_id, task_runs.c.kind == "task")
+            .order_by(task_runs.c.created_at.desc()).limit(limit)
+        )).all())
+
+    async def events_after(self, conn: Connection, task_id: str, cursor: int, limit: int) -> list[Row]:
+        """Return up to `limit` events with `seq` > `cursor`, in sequence order: seq, type, payload, created_at."""
+        return list((await conn.execute(
+            sa.select(task_events.c.seq, task_events.c.type, task_events.c.payload, task_events.c.created_at)
+            .where(task_events.c.task_id == task_id, task_events.c.seq > cursor)
+            .order_by(task_events.c.seq).limit(limit)
+        )).all())
+
+    async def append_event(self, conn: Connection, task_id: str, type_: str, payload: dict[str, Any],
+                           now: datetime) -> int:
+        """Append one event numbered right after the run's `event_seq` and advance it; return the new seq
+        (the (task, seq) pair is unique, so a concurrent append with the same number fails instead of doubling)."""
+        current = (await conn.execute(sa.select(task_runs.c.event_seq).where(task_runs.c.id == task_id))).scalar_one()
+        seq = int(current) + 1
+        await conn.execute(task_events.insert().values(task_id=task_id, seq=seq, type=type_, payload=payload,
+                                                       created_at=now))
+        await conn.execute(task_runs.update().where(task_runs.c.id == task_id).values(event_seq=seq))
+        return seq
+
+    async def append_runner_events(self, conn: Connection, task_id: str, events: list[tuple[str, dict[str, Any]]],
+                                   now: datetime, *, event_seq: int, last_rseq: int, usage: Any) -> None:
+        """Append `events` (type, payload) numbered after `event_seq`, then store the run's new event_seq, the last
+        runner sequence applied (`last_rseq`: resends at or below it are skipped) and its usage snapshot."""
+        if events:
+            await conn.execute(task_events.insert(), [
+                {"task_id": task_id, "seq": event_seq + i, "type": type_, "payload": payload, "created_at": now}
+                for i, (type_, payload) in enumerate(events, start=1)])
+        await conn.execute(task_runs.update().where(task_runs.c.id == task_id)
+                           .values(event_seq=event_seq + len(events), last_rseq=last_rseq, usage_json=usage))
+
+    async def request_cancel(self, conn: Connection, task_id: str, now: datetime) -> None:
+        """Mark a running task's cancellation as requested; its runner is told on its next outgoing round."""
+        await conn.execute(task_runs.update().where(task_runs.c.id == task_id).values(cancel_requested_at=now))
+
+    @staticmethod  # static: `finish_task` callers hold only a connection, and this rule needs no dialect switch
+    async def finish(conn: Connection, task_id: str, status: Status, now: datetime, *, error: str | None = None,
+                     result_text: str | None = None, result_json: Any = None, usage: Any = None,
+                     changed_files: Any = None, last_rseq: int | None = None,
+                     resume_handle: str | None = None) -> bool:
+        """Move an active run to terminal `status` (outcome = status; only the fields given are written), then
+        release its reservation — the task row first, the order every writer takes the two in; False, with
+        nothing written, when it was already terminal."""
+        values: dict[str, Any] = {"status": status.value, "outcome": status.value, "finished_at": now}
+        for key, val in (("error", error), ("result_text", result_text), ("result_json", result_json),
+                         ("usage_json", usage), ("changed_files", changed_files), ("last_rseq", last_rseq),
+                         ("resume_handle", resume_handle)):
+            if val is not None:
+                values[key] = val
+        res = await conn.execute(
+            task_runs.update().where(task_runs.c.id == task_id, task_runs.c.status.in_(ACTIVE_VALUES)).values(**values))
+        if res.rowcount == 0:
+            return False
+        await conn.execute(reservations.update().where(reservations.c.task_id == task_id,
+                                                       reservations.c.state != "released")
+                           .values(state="released", released_at=now))
+        return True
+
+    async def permission_requests(self, conn: Connection, task_id: str) -> list[dict[str, Any]]:
+        """Return the payloads of the run's `permission` events (what its engine asked), in no set order."""
+        return [r.payload for r in await conn.execute(sa.select(task_events.c.payload).where(
+            task_events.c.task_id == task_id, task_events.c.type == "permission"))]
+
+    async def permission_answer(self, conn: Connection, task_id: str, request_id: str) -> bool | None:
+        """Return whether request `request_id` of the run was allowed, or None while it is unanswered."""
+        row = (await conn.execute(sa.select(permission_replies.c.allow).where(
+            permission_replies.c.task_id == task_id, permission_replies.c.request_id == request_id))).first()
+        return None if row is None else bool(row.allow)
+
+    async def record_permission_answer(self, conn: Connection, task_id: str, request_id: str, allow: bool,
+                                       message: str, now: datetime) -> None:
+        """Store the one answer to a permission request, unsent (a second answer to it violates the key)."""
+        await conn.execute(permission_replies.insert().values(
+            task_id=task_id, request_id=request_id, allow=allow, message=message, created_at=now))
+
+    async def count_by_status(self, conn: Connection) -> dict[str, int]:
+        """Count runs (tasks and turns) per status; statuses without runs are absent."""
+        return {status: int(n) for status, n in (await conn.execute(
+            sa.select(task_runs.c.status, sa.func.count()).group_by(task_runs.c.status))).all()}
