@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any, Callable
 
 from ..clock import Clock, utc
-from ..config import SchedulesSettings
+from ..config import FeishuSettings, SchedulesSettings
 from ..domain import schedule_rules as rules
 from ..errors import Invalid
 from ..ids import new_id
@@ -83,9 +83,9 @@ class ScheduleService:
 
     def __init__(self, db: Database, clock: Clock, settings: SchedulesSettings, admission: Admission,
                  sessions: SessionPort | None = None, on_changed: Callable[[], None] | None = None,
-                 feishu: Any = None) -> None:
+                 feishu: FeishuSettings | None = None) -> None:
         self.db = db
-        self.feishu = feishu  # FeishuSettings: the configured applications decide where notices go
+        self.feishu = feishu  # the configured applications decide where notices go
         self.clock = clock
         self.settings = settings
         self.admission = admission
