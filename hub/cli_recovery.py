@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from .config import Settings
 
 
-def add_parser(db_sub: argparse._SubParsersAction, server_opts) -> None:  # noqa: ANN001
+def add_parser(db_sub: argparse._SubParsersAction,
+               server_opts: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add `amux db recover-creators`; `server_opts` adds --db/--config/--listen."""
     rc = db_sub.add_parser("recover-creators", help="bind existing subtask schedules to their creators' Feishu "
                                                     "alias where provenance is unambiguous (idempotent)")
@@ -29,7 +34,8 @@ def render(res: dict) -> str:
     return "\n".join(lines)
 
 
-async def run(args: argparse.Namespace, settings, emit) -> None:  # noqa: ANN001
+async def run(args: argparse.Namespace, settings: Settings,
+              emit: Callable[[argparse.Namespace, Any, str], None]) -> None:
     """Upgrade the database, run recovery (or a dry run) and print the report with `emit(args, data, human)`."""
     from .clock import SystemClock
     from .services.recovery import RecoveryService

@@ -13,17 +13,14 @@ Rules (see docs/recovery.md and `hub.domain.recovery`):
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
-
-import sqlalchemy as sa
 
 from ..clock import Clock, utc
 from ..domain import recovery as rules
 from ..ids import new_id
-from ..store.db import Database
-from ..store.tables import (api_tokens, decisions, firings, identity_bindings, incidents, principals,
-                            recovery_results, recovery_runs, schedules)
-from .schedule_access import FeishuScope, for_identity as visible_to_identity
+from ..store.db import Connection, Database, Row
+from ..store.recovery import RecoveryResult, SqlRecoveryStore
+from ..store.schedules import SqlScheduleStore
+from .schedule_access import FeishuScope, ScheduleAccess
 
 HYDRATED = "recovered_history"
 HYDRATED_DETAIL = "historical outcome hydrated by creator recovery: never notified"
@@ -40,6 +37,9 @@ class RecoveryService:
     def __init__(self, db: Database, clock: Clock) -> None:
         self.db = db
         self.clock = clock
+        self.store = SqlRecoveryStore(db)
+        self.schedule_store = SqlScheduleStore(db)
+        self.access = ScheduleAccess(db)
 
     # ------------------------------------------------------------ the operation
 
@@ -52,11 +52,11 @@ class RecoveryService:
         async with self.db.write() as conn:
             return await self._run(conn, now, dry_run=False)
 
-    async def _run(self, conn, now: datetime, *, dry_run: bool) -> dict:  # noqa: ANN001
-        first = (await conn.execute(sa.select(recovery_runs).order_by(recovery_runs.c.started_at).limit(1))).first()
+    async def _run(self, conn: Connection, now: datetime, *, dry_run: bool) -> dict:
+        first = await self.store.first_run(conn)
         cutoff = utc(first.cutoff) if first is not None else now
-        recorded = {r.schedule_id: r for r in (await conn.execute(sa.select(recovery_results))).all()}
-        rows = (await conn.execute(sa.select(schedules).order_by(schedules.c.created_at, schedules.c.id))).all()
+        recorded = await self.store.results(conn)
+        rows = await self.store.every_schedule(conn)
         ctx = await self._context(conn, rows)
         report, new = [], []
         for row in rows:
@@ -66,7 +66,8 @@ class RecoveryService:
                 report.append(self._entry(row, principal, r.outcome, r.reason, r.binding_id, r.app_id, recorded=True))
                 continue
             token_id = (row.provenance or {}).get("token_id") if isinstance(row.provenance, dict) else None
-            v = rules.decide(row, principal, ctx["tokens"].get(token_id), ctx["bindings"].get(row.creator_id, []), cutoff)
+            v = rules.decide(row, principal, ctx["tokens"].get(token_id), ctx["bindings"].get(row.creator_id, []),
+                             cutoff)
             report.append(self._entry(row, principal, v.outcome, v.reason, v.binding_id, v.app_id, recorded=False))
             if v.outcome != rules.IGNORED:
                 new.append((row, v))
@@ -75,58 +76,40 @@ class RecoveryService:
         run_id = first.id if first is not None else None
         if not dry_run and (first is None or new):
             run_id = new_id("rcv")
-            await conn.execute(recovery_runs.insert().values(id=run_id, cutoff=cutoff, started_at=now, finished_at=now,
-                                                             dry_run=False, counts=counts))
+            await self.store.insert_run(conn, run_id, cutoff, now, counts)
             for row, v in new:
                 await self._record(conn, run_id, row, v, now)
         return {"cutoff": _iso(cutoff), "cutoff_recorded": first is not None, "dry_run": dry_run, "run_id": run_id,
                 "counts": counts, "schedules": report}
 
-    async def _context(self, conn, rows: list[Any]) -> dict:  # noqa: ANN001
+    async def _context(self, conn: Connection, rows: list[Row]) -> dict:
         """Load creators, receipt tokens and every binding of those creators (all applications, any status)."""
         creators = {r.creator_id for r in rows if r.creator_id}
         tokens = {r.provenance.get("token_id") for r in rows if isinstance(r.provenance, dict)} - {None}
-        out: dict[str, dict] = {"principals": {}, "tokens": {}, "bindings": {}}
-        if creators:
-            out["principals"] = {p.id: p for p in (await conn.execute(
-                sa.select(principals).where(principals.c.id.in_(creators)))).all()}
-            for b in (await conn.execute(sa.select(identity_bindings).where(
-                    identity_bindings.c.principal_id.in_(creators)).order_by(identity_bindings.c.id))).all():
-                out["bindings"].setdefault(b.principal_id, []).append(b)
-        if tokens:
-            out["tokens"] = {t.id: t for t in (await conn.execute(
-                sa.select(api_tokens.c.id, api_tokens.c.principal_id).where(api_tokens.c.id.in_(tokens)))).all()}
-        return out
+        return {"principals": await self.store.principals(conn, creators),
+                "tokens": await self.store.tokens(conn, tokens),
+                "bindings": await self.store.bindings_of(conn, creators)}
 
     @staticmethod
-    def _entry(row: Any, principal: Any, outcome: str, reason: str, binding_id: str | None, app_id: str | None,
+    def _entry(row: Row, principal: Row | None, outcome: str, reason: str, binding_id: str | None, app_id: str | None,
                *, recorded: bool) -> dict:
         return {"schedule_id": row.id, "name": row.name, "schedule_type": row.type,
                 "creator": principal.name if principal is not None else None, "created_at": _iso(row.created_at),
                 "outcome": outcome, "reason": reason, "binding_id": binding_id, "app_id": app_id, "recorded": recorded}
 
-    async def _record(self, conn, run_id: str, row: Any, v: rules.Verdict, now: datetime) -> None:  # noqa: ANN001
-        await conn.execute(recovery_results.insert().values(
+    async def _record(self, conn: Connection, run_id: str, row: Row, v: rules.Verdict, now: datetime) -> None:
+        await self.store.insert_result(conn, RecoveryResult(
             schedule_id=row.id, run_id=run_id, outcome=v.outcome, reason=v.reason, binding_id=v.binding_id,
             app_id=v.app_id, creator_id=row.creator_id, recorded_at=now))
         await self._mark_history(conn, row.id, now)
-        if v.outcome != rules.BOUND:
-            return
-        await conn.execute(schedules.update().where(schedules.c.id == row.id, schedules.c.creator_binding_id.is_(None))
-                           .values(creator_binding_id=v.binding_id, app_id=v.app_id))
-        await conn.execute(incidents.update().where(incidents.c.schedule_id == row.id)
-                           .values(app_id=v.app_id, creator_id=row.creator_id))
+        if v.outcome == rules.BOUND:
+            await self.store.bind(conn, row.id, row.creator_id, v.binding_id, v.app_id)
 
-    async def _mark_history(self, conn, schedule_id: str, now: datetime) -> None:  # noqa: ANN001
+    async def _mark_history(self, conn: Connection, schedule_id: str, now: datetime) -> None:
         """Mark reconciled, never-decided firings as decided, so past outcomes are never notified."""
-        key = firings.c.id + sa.literal(":") + sa.cast(firings.c.missed_count, sa.String)
-        rows = (await conn.execute(
-            sa.select(firings.c.id, firings.c.outcome, firings.c.admission, firings.c.missed_count)
-            .outerjoin(decisions, decisions.c.ingest_key == key)
-            .where(firings.c.schedule_id == schedule_id, firings.c.reconciled_at.is_not(None),
-                   decisions.c.id.is_(None)))).all()
+        rows = await self.store.undecided_history(conn, schedule_id)
         if rows:
-            await conn.execute(decisions.insert(), [
+            await self.store.insert_decisions(conn, [
                 {"id": new_id("dec"), "at": now, "ingest_key": f"{f.id}:{f.missed_count}", "firing_id": f.id,
                  "schedule_id": schedule_id, "incident_id": None, "notice_id": None,
                  "outcome": f.outcome or f.admission, "decision": HYDRATED, "detail": HYDRATED_DETAIL} for f in rows])
@@ -138,17 +121,8 @@ class RecoveryService:
 
         With `app_id`, only those whose creator has (or had) an alias in that application, or none anywhere.
         """
-        stmt = (sa.select(recovery_results, schedules.c.name, schedules.c.deleted_at, principals.c.name.label("creator"))
-                .join(schedules, schedules.c.id == recovery_results.c.schedule_id)
-                .outerjoin(principals, principals.c.id == recovery_results.c.creator_id)
-                .where(recovery_results.c.outcome == rules.UNBOUND, schedules.c.deleted_at.is_(None))
-                .order_by(recovery_results.c.recorded_at, recovery_results.c.schedule_id))
-        if app_id is not None:
-            any_alias = sa.select(identity_bindings.c.id).where(identity_bindings.c.principal_id == recovery_results.c.creator_id)
-            stmt = stmt.where(sa.or_(sa.exists(any_alias.where(identity_bindings.c.app_id == app_id)),
-                                     ~sa.exists(any_alias)))
         async with self.db.read() as conn:
-            rows = (await conn.execute(stmt)).all()
+            rows = await self.store.unbound(conn, app_id)
         return [{"schedule_id": r.schedule_id, "name": r.name, "creator": r.creator, "creator_id": r.creator_id,
                  "reason": r.reason, "recorded_at": _iso(r.recorded_at)} for r in rows]
 
@@ -159,8 +133,7 @@ class RecoveryService:
     async def is_unbound(self, schedule_id: str) -> bool:
         """Return whether recovery left this schedule unbound (it then gets no proactive notifications)."""
         async with self.db.read() as conn:
-            return (await conn.execute(sa.select(recovery_results.c.outcome).where(
-                recovery_results.c.schedule_id == schedule_id))).scalar() == rules.UNBOUND
+            return await self.store.outcome(conn, schedule_id) == rules.UNBOUND
 
     async def personal(self, app_id: str, open_id: str) -> list[dict]:
         """Return this Feishu user's personal view: the hub's one schedule policy (`schedule_access`), checked now.
@@ -169,16 +142,11 @@ class RecoveryService:
         the alias's principal is not shown: a past binding grants nothing by itself.
         """
         async with self.db.read() as conn:
-            b = (await conn.execute(sa.select(identity_bindings).where(
-                identity_bindings.c.app_id == app_id, identity_bindings.c.open_id == open_id,
-                identity_bindings.c.status == "active"))).first()
+            b = await self.schedule_store.active_binding_of(conn, app_id, open_id)
             if b is None:
                 return []
-            rows = (await conn.execute(
-                sa.select(schedules, recovery_results.c.outcome.label("recovery"))
-                .outerjoin(recovery_results, recovery_results.c.schedule_id == schedules.c.id)
-                .where(visible_to_identity(b.principal_id, FeishuScope(app_id, b.id)), schedules.c.deleted_at.is_(None))
-                .order_by(schedules.c.created_at.desc()))).all()
+            v = await self.access.for_identity(conn, b.principal_id, FeishuScope(app_id, b.id))
+            rows = await self.store.visible_with_outcome(conn, v)
         return [{"schedule_id": r.id, "name": r.name, "rule": r.rule, "timezone": r.timezone, "paused": r.paused,
                  "next_fire_at": _iso(r.next_fire_at), "app_id": r.app_id, "recovered": r.recovery == rules.BOUND}
                 for r in rows]

@@ -1,7 +1,7 @@
 """One authorization policy for schedules: who may read and control which schedule.
 
-Used by every reader: REST and MCP (`ScheduleService`), the Feishu bot's personal views and card actions,
-and upgrade recovery's personal view — none of them keeps visibility rules of its own.
+Used by every reader: REST and MCP (`ScheduleService`), the Feishu bot's personal views and card actions
+(through `ScheduleService`), and upgrade recovery's personal view — none of them keeps visibility rules of its own.
 
 - The frozen creator: only schedules whose `creator_id` is the caller's principal (an admin token sees
   everyone's over REST/MCP/CLI, as before; a Feishu operator never acts as admin).
@@ -9,17 +9,24 @@ and upgrade recovery's personal view — none of them keeps visibility rules of 
   its own binding still active (current access), the application scope (a schedule frozen to another
   application is not shown; one frozen to no application is visible only through the creator principal's own
   linked identities), and the schedule's creator binding, if it has one, still active.
+
+The decision is a `Visibility` value; the store applies it as a filter, so lists and pages stay in the database.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
-
-from ..store.tables import identity_bindings, schedules
+from ..errors import NotFound
+from ..store.db import Connection, Database, Row
+from ..store.schedules import SqlScheduleStore, Visibility
 
 FEISHU = "feishu:"
+
+
+def not_yours(schedule_id: str) -> NotFound:
+    """Return the refusal for a schedule the caller may not see (the same whether absent or someone else's)."""
+    return NotFound(f"schedule {schedule_id!r} does not exist or is not yours; list yours with schedule_list")
 
 
 @dataclass(frozen=True)
@@ -31,35 +38,47 @@ class FeishuScope:
 
 
 def feishu_scope(caller: Any) -> FeishuScope | None:
-    """Return the identity a bot-made Caller acts through (label `feishu:<app>`, token `feishu:<binding>`), else None."""
+    """Return the identity a bot-made Caller acts through (label `feishu:<app>`, token `feishu:<binding>`), else
+    None."""
     label, token = getattr(caller, "label", None) or "", getattr(caller, "token_id", None) or ""
     if label.startswith(FEISHU) and token.startswith(FEISHU):
         return FeishuScope(label[len(FEISHU):], token[len(FEISHU):])
     return None
 
 
-def visible(caller: Any, *, include_deleted: bool = False, everyone: bool = False) -> Any:
-    """Return the WHERE clause of the schedules `caller` may read and control (the one decision).
+class ScheduleAccess:
+    """Decide which schedules a caller may see and act on (the one decision)."""
 
-    `everyone` widens an admin token's view to every principal's schedules; it never widens a Feishu operator's.
-    """
-    scope = feishu_scope(caller)
-    if scope is None:
-        clause = sa.true() if everyone and caller.admin else schedules.c.creator_id == caller.principal_id
-    else:
-        clause = for_identity(caller.principal_id, scope)
-    return clause if include_deleted else sa.and_(clause, schedules.c.deleted_at.is_(None))
+    def __init__(self, db: Database) -> None:
+        self.store = SqlScheduleStore(db)
 
+    async def visibility(self, conn: Connection, caller: Any, *, include_deleted: bool = False,
+                         everyone: bool = False) -> Visibility:
+        """Return the schedules `caller` may read and control.
 
-def for_identity(principal_id: str, scope: FeishuScope) -> Any:
-    """Return the clause for a Feishu identity of `principal_id` in `scope.app_id` (see the module rules)."""
-    active = sa.select(identity_bindings.c.id).where(identity_bindings.c.status == "active",
-                                                     identity_bindings.c.principal_id == principal_id)
-    own_binding_active = sa.exists().where(identity_bindings.c.id == scope.binding_id,
-                                           identity_bindings.c.principal_id == principal_id,
-                                           identity_bindings.c.app_id == scope.app_id,
-                                           identity_bindings.c.status == "active")
-    return sa.and_(schedules.c.creator_id == principal_id, own_binding_active,
-                   sa.or_(schedules.c.app_id == scope.app_id,
-                          sa.and_(schedules.c.app_id.is_(None), schedules.c.creator_binding_id.is_(None))),
-                   sa.or_(schedules.c.creator_binding_id.is_(None), schedules.c.creator_binding_id.in_(active)))
+        `everyone` widens an admin token's view to every principal's schedules; it never widens a Feishu operator's.
+        """
+        scope = feishu_scope(caller)
+        if scope is None:
+            creator = None if everyone and caller.admin else caller.principal_id
+            return Visibility(creator_id=creator, include_deleted=include_deleted)
+        return await self.for_identity(conn, caller.principal_id, scope, include_deleted=include_deleted)
+
+    async def for_identity(self, conn: Connection, principal_id: str, scope: FeishuScope, *,
+                           include_deleted: bool = False) -> Visibility:
+        """Return what a Feishu identity of `principal_id` in `scope.app_id` may see, checked now (module rules)."""
+        active = {b.id: b.app_id for b in await self.store.active_bindings(conn, principal_id)}
+        if active.get(scope.binding_id) != scope.app_id:  # its own binding was revoked (or is not this app's)
+            return Visibility(creator_id=principal_id, nothing=True)
+        return Visibility(creator_id=principal_id, app_id=scope.app_id, creator_bindings=frozenset(active),
+                          include_deleted=include_deleted)
+
+    async def schedule(self, conn: Connection, caller: Any, schedule_id: str, *, lock: bool = False,
+                       include_deleted: bool = False) -> Row:
+        """Return a schedule the caller may read and control (an admin token: anyone's), or refuse with NotFound;
+        `lock` holds its row until the transaction ends."""
+        v = await self.visibility(conn, caller, include_deleted=include_deleted, everyone=True)
+        row = await self.store.get(conn, schedule_id, v, lock=lock)
+        if row is None:
+            raise not_yours(schedule_id)
+        return row

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import Any, Callable
-
-import sqlalchemy as sa
+from typing import Callable
 
 from ..clock import Clock, utc
 from ..config import SchedulesSettings
@@ -23,16 +20,14 @@ from ..domain import schedule_rules as rules
 from ..domain.tasks import OUTCOMES as TASK_OUTCOMES, Status
 from ..errors import AmuxError
 from ..ids import new_id
-from ..store.db import Database
-from ..store.tables import firings, principals, runtimes, schedules, task_runs
+from ..store.db import Connection, Database, Row
+from ..store.firings import DispatchResult, NewFiring, SqlFiringStore
 from .admission import Admission
 from .auth import Caller
 from .schedule_ports import FiringOutcome, NullOutcomeSink, OutcomeSink, SessionPort
 from .schedules import submit_request
 
 log = logging.getLogger(__name__)
-# Test-only: exit the process right after a firing is committed, before it is dispatched (crash-safety tests).
-CRASH_ENV = "AMUX_TEST_CRASH_AFTER_FIRING_COMMIT"
 
 
 @lru_cache(maxsize=4096)
@@ -45,15 +40,10 @@ class Due:
     """A firing committed and waiting for dispatch."""
 
     firing_id: str
-    schedule: Any
+    schedule: Row
     nominal: datetime
     result: tuple[str, str | None, str | None] | None = None  # (admission, task_id, turn_id)
     task_row: dict | None = None
-
-
-def _locked(db: Database, stmt: sa.Select, table: sa.Table) -> sa.Select:
-    """Row-lock only `table`'s rows on PostgreSQL, skipping rows another replica holds."""
-    return stmt if db.is_sqlite else stmt.with_for_update(skip_locked=True, of=table)
 
 
 def _reason(e: BaseException) -> str:
@@ -66,7 +56,7 @@ class ScheduleFiring:
 
     def __init__(self, db: Database, clock: Clock, settings: SchedulesSettings, admission: Admission,
                  sessions: SessionPort | None = None, sink: OutcomeSink | None = None,
-                 on_admitted: Callable[[], None] | None = None, crash_after_commit: bool | None = None) -> None:
+                 on_admitted: Callable[[], None] | None = None) -> None:
         self.db = db
         self.clock = clock
         self.settings = settings
@@ -74,7 +64,7 @@ class ScheduleFiring:
         self.sessions = sessions
         self.sink = sink or NullOutcomeSink()
         self.on_admitted = on_admitted or (lambda: None)
-        self.crash_after_commit = os.environ.get(CRASH_ENV) == "1" if crash_after_commit is None else crash_after_commit
+        self.store = SqlFiringStore(db)
         self.kicked = asyncio.Event()
         self.fired = 0
 
@@ -90,13 +80,11 @@ class ScheduleFiring:
         events: list[FiringOutcome] = []
         due: list[Due] = []
         async with self.db.write() as conn:
-            stmt = (sa.select(schedules).where(schedules.c.next_fire_at <= now, schedules.c.paused.is_(False),
-                                               schedules.c.deleted_at.is_(None))
-                    .order_by(schedules.c.next_fire_at).limit(self.settings.claim_batch))
-            rows = (await conn.execute(_locked(self.db, stmt, schedules))).all()
+            rows = await self.store.claim_due(conn, now, self.settings.claim_batch)
             if not rows:
                 return 0
-            new_firings, advances = [], []
+            new_firings: list[NewFiring] = []
+            advances: list[tuple[str, datetime | None]] = []
             for row in rows:
                 p = self._plan(row, now)
                 if p.missed_count:
@@ -104,64 +92,57 @@ class ScheduleFiring:
                 if p.dispatch is not None:
                     d = Due(new_id("fir"), row, p.dispatch)
                     due.append(d)
-                    new_firings.append({"id": d.firing_id, "schedule_id": row.id, "nominal_time": p.dispatch,
-                                        "fired_at": now, "missed_count": 0, "legacy": False})
-                advances.append({"sid": row.id, "nxt": p.next_fire_at})
-            if new_firings:
-                await conn.execute(firings.insert(), new_firings)
-            await conn.execute(schedules.update().where(schedules.c.id == sa.bindparam("sid"))
-                               .values(next_fire_at=sa.bindparam("nxt")), advances)
-        if due and self.crash_after_commit:
-            os._exit(9)  # test-only: the firing is committed, its dispatch never happens
+                    new_firings.append(NewFiring(id=d.firing_id, schedule_id=row.id, nominal_time=p.dispatch,
+                                                 fired_at=now))
+                advances.append((row.id, p.next_fire_at))
+            await self.store.insert(conn, new_firings)
+            await self.store.advance(conn, advances)
         await self._publish(events)
         if due:
             await self._dispatch(due, now)
         self.fired += len(due)
         return len(rows)
 
-    def _plan(self, row: Any, now: datetime) -> rules.FirePlan:
+    def _plan(self, row: Row, now: datetime) -> rules.FirePlan:
         try:
             rule = _rule(row.rule, row.timezone)
         except AmuxError:  # a zone removed from tzdata: stop the schedule rather than spin on it
             return rules.FirePlan(utc(row.next_fire_at), None, 0, None)
         return rules.plan(rule, utc(row.next_fire_at), now, self.settings.misfire_grace_s, utc(row.created_at))
 
-    async def _record_missed(self, conn, row: Any, p: rules.FirePlan, now: datetime) -> FiringOutcome:  # noqa: ANN001
+    async def _record_missed(self, conn: Connection, row: Row, p: rules.FirePlan, now: datetime) -> FiringOutcome:
         """Collapse consecutive misses into one row with a count (extend the latest row when it is a miss)."""
-        last = (await conn.execute(sa.select(firings.c.id, firings.c.nominal_time, firings.c.admission, firings.c.missed_count)
-                                   .where(firings.c.schedule_id == row.id)
-                                   .order_by(firings.c.nominal_time.desc()).limit(1))).first()
+        last = await self.store.latest(conn, row.id)
         if last is not None and last.admission == "missed":
             fid, nominal, count = last.id, utc(last.nominal_time), last.missed_count + p.missed_count
-            await conn.execute(firings.update().where(firings.c.id == fid).values(missed_count=count, reconciled_at=now))
+            await self.store.extend_missed(conn, fid, count, now)
         else:
             fid, nominal, count = new_id("fir"), p.missed_from, p.missed_count
-            await conn.execute(firings.insert().values(
-                id=fid, schedule_id=row.id, nominal_time=nominal, fired_at=now, admission="missed", outcome="missed",
-                missed_count=count, reconciled_at=now, legacy=False))
+            await self.store.insert(conn, [NewFiring(id=fid, schedule_id=row.id, nominal_time=nominal, fired_at=now,
+                                                     admission="missed", outcome="missed", missed_count=count,
+                                                     reconciled_at=now)])
         return self._event(row, fid, nominal, "missed", "missed", missed_count=count)
 
     # ------------------------------------------------------------ dispatch
 
-    async def _callers(self, rows: list[Any]) -> dict[str, Caller]:
+    async def _callers(self, rows: list[Row]) -> dict[str, Caller]:
         ids = {r.creator_id for r in rows if r.creator_id}
         if not ids:
             return {}
         async with self.db.read() as conn:
-            names = dict((await conn.execute(sa.select(principals.c.id, principals.c.name)
-                                             .where(principals.c.id.in_(ids)))).all())
+            names = await self.store.principal_names(conn, ids)
         out = {}
         for r in rows:
             if r.creator_id in names:
                 prov = r.provenance or {}
-                out[r.id] = Caller(r.creator_id, names[r.creator_id], prov.get("token_id") or "", prov.get("label"), False)
+                out[r.id] = Caller(r.creator_id, names[r.creator_id], prov.get("token_id") or "", prov.get("label"),
+                                   False)
         return out
 
     async def _dispatch(self, due: list[Due], now: datetime) -> None:
         callers = await self._callers([d.schedule for d in due])
         async with self.db.read() as conn:
-            online = (await conn.execute(sa.select(runtimes.c.name, runtimes.c.capabilities)
-                                         .where(runtimes.c.status == "online"))).all()
+            online = await self.store.online_runtimes(conn)
             for d in due:
                 caller = callers.get(d.schedule.id)
                 if caller is None:
@@ -173,7 +154,7 @@ class ScheduleFiring:
                 await self._submit_turn(d, callers[d.schedule.id])
         await self._record(due, now)
 
-    async def _admit(self, conn, d: Due, caller: Caller, online: list[Any], now: datetime) -> None:  # noqa: ANN001
+    async def _admit(self, conn: Connection, d: Due, caller: Caller, online: list[Row], now: datetime) -> None:
         """Resolve the content and omitted defaults again now, like a Task submission with origin "schedule"."""
         req = submit_request(d.schedule)
         try:
@@ -210,20 +191,16 @@ class ScheduleFiring:
         events = []
         admitted = False
         async with self.db.write() as conn:
-            ids = [d.firing_id for d in due]
-            open_ = set((await conn.execute(_locked(self.db, sa.select(firings.c.id).where(
-                firings.c.id.in_(ids), firings.c.admission.is_(None), firings.c.reconciled_at.is_(None)), firings))).scalars())
+            open_ = await self.store.claim_unrecorded(conn, [d.firing_id for d in due])
             live = [d for d in due if d.firing_id in open_]
             tasks = [d.task_row for d in live if d.task_row is not None]
             if tasks:
-                await conn.execute(task_runs.insert(), tasks)
+                await self.store.insert_tasks(conn, tasks)
                 admitted = True
-            if live:
-                await conn.execute(firings.update().where(firings.c.id == sa.bindparam("fid")).values(
-                    admission=sa.bindparam("adm"), task_id=sa.bindparam("tid"), turn_id=sa.bindparam("uid"),
-                    reconciled_at=sa.bindparam("rat")),
-                    [{"fid": d.firing_id, "adm": d.result[0], "tid": d.result[1], "uid": d.result[2],
-                      "rat": None if d.result[0] == "ok" else now} for d in live])
+            # A refused dispatch has no outcome to wait for: it is reconciled at once.
+            await self.store.record(conn, [
+                DispatchResult(firing_id=d.firing_id, admission=d.result[0], task_id=d.result[1], turn_id=d.result[2],
+                               reconciled_at=None if d.result[0] == "ok" else now) for d in live])
             for d in live:
                 if d.result[0] != "ok":
                     events.append(self._event(d.schedule, d.firing_id, d.nominal, None, d.result[0]))
@@ -237,25 +214,16 @@ class ScheduleFiring:
         """Copy canonical terminal outcomes onto firings; mark never-recorded dispatches `unknown`; return how many."""
         now = self.clock.now()
         events: list[FiringOutcome] = []
-        cols = [firings.c.id, firings.c.nominal_time, firings.c.task_id, firings.c.turn_id, firings.c.admission,
-                schedules.c.id.label("schedule_id"), schedules.c.creator_id, schedules.c.app_id, schedules.c.type,
-                schedules.c.rule]
-        base = sa.select(*cols).join(schedules, schedules.c.id == firings.c.schedule_id).where(firings.c.reconciled_at.is_(None))
         async with self.db.write() as conn:
             # Tasks: the Task record is the canonical outcome; a vanished Task is an unavailable observation.
-            stmt = (base.add_columns(task_runs.c.status).outerjoin(task_runs, task_runs.c.id == firings.c.task_id)
-                    .where(firings.c.task_id.is_not(None),
-                           sa.or_(task_runs.c.status.in_(TASK_OUTCOMES), task_runs.c.id.is_(None))).limit(1000))
-            for r in (await conn.execute(_locked(self.db, stmt, firings))).all():
+            for r in await self.store.claim_finished_tasks(conn):
                 outcome = r.status if r.status in TASK_OUTCOMES else "unknown"
-                events.append(await self._settle(conn, r, outcome, now))
+                events += await self._settle(conn, r, outcome, now)
             # Dispatch never recorded (the hub died between commit and dispatch): unknown, never replayed.
             cutoff = now - timedelta(seconds=self.settings.unknown_after_s)
-            stmt = base.where(firings.c.admission.is_(None), firings.c.fired_at < cutoff).limit(1000)
-            for r in (await conn.execute(_locked(self.db, stmt, firings))).all():
-                events.append(await self._settle(conn, r, "unknown", now))
-            turn_rows = [] if self.sessions is None else (await conn.execute(
-                base.where(firings.c.turn_id.is_not(None)).limit(1000))).all()
+            for r in await self.store.claim_never_recorded(conn, cutoff):
+                events += await self._settle(conn, r, "unknown", now)
+            turn_rows = [] if self.sessions is None else await self.store.open_turns(conn)
         for r in turn_rows:
             try:
                 outcome = await self.sessions.turn_outcome(r.turn_id)
@@ -265,22 +233,20 @@ class ScheduleFiring:
             if outcome is None:
                 continue
             async with self.db.write() as conn:
-                res = await conn.execute(firings.update().where(firings.c.id == r.id, firings.c.reconciled_at.is_(None))
-                                         .values(outcome=outcome, reconciled_at=now))
-                if res.rowcount:
-                    events.append(self._event(r, r.id, utc(r.nominal_time), outcome, r.admission, schedule_id=r.schedule_id))
-        events = [e for e in events if e is not None]
+                events += await self._settle(conn, r, outcome, now)
         await self._publish(events)
         return len(events)
 
-    async def _settle(self, conn, r: Any, outcome: str, now: datetime) -> FiringOutcome:  # noqa: ANN001
-        await conn.execute(firings.update().where(firings.c.id == r.id).values(outcome=outcome, reconciled_at=now))
-        return self._event(r, r.id, utc(r.nominal_time), outcome, r.admission, schedule_id=r.schedule_id)
+    async def _settle(self, conn: Connection, r: Row, outcome: str, now: datetime) -> list[FiringOutcome]:
+        """Reconcile one firing unless another reconciliation did already; return its event (or none)."""
+        if not await self.store.settle(conn, r.id, outcome, now):
+            return []
+        return [self._event(r, r.id, utc(r.nominal_time), outcome, r.admission, schedule_id=r.schedule_id)]
 
     # ------------------------------------------------------------ events and loops
 
     @staticmethod
-    def _event(row: Any, firing_id: str, nominal: datetime, outcome: str | None, admission: str | None, *,
+    def _event(row: Row, firing_id: str, nominal: datetime, outcome: str | None, admission: str | None, *,
                missed_count: int = 0, schedule_id: str | None = None) -> FiringOutcome:
         return FiringOutcome(
             schedule_id=schedule_id or row.id, firing_id=firing_id, nominal_time=nominal, outcome=outcome,
@@ -297,8 +263,7 @@ class ScheduleFiring:
 
     async def _sleep_s(self) -> float:
         async with self.db.read() as conn:
-            nxt = (await conn.execute(sa.select(sa.func.min(schedules.c.next_fire_at)).where(
-                schedules.c.paused.is_(False), schedules.c.deleted_at.is_(None)))).scalar()
+            nxt = await self.store.next_fire_at(conn)
         if nxt is None:
             return self.settings.poll_s
         return max(0.0, min(self.settings.poll_s, (utc(nxt) - self.clock.now()).total_seconds()))

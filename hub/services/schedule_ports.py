@@ -69,7 +69,8 @@ class SessionPort(Protocol):
         """Return the session id `ref` names for `caller`; raise AmuxError naming the fix for none/ambiguous."""
 
     async def submit_turn(self, caller: Caller, session_id: str, prompt: str, source: str = "schedule") -> str:
-        """Submit `prompt` into the session (may wake its agent) and return the exact turn id; raise AmuxError on refusal."""
+        """Submit `prompt` into the session (may wake its agent) and return the exact turn id; raise AmuxError on
+        refusal."""
 
     async def turn_outcome(self, turn_id: str) -> str | None:
         """Return the turn's canonical terminal outcome (succeeded|failed|cancelled|timed_out), None while running."""

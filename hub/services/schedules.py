@@ -1,26 +1,26 @@
-"""Schedule definitions: create, read, update, pause, resume, delete, history (the firing loop is in schedule_firing)."""
+"""Schedule definitions: create, read, update, pause, resume, delete, history, and the personal views of them
+(the firing loop is in schedule_firing)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
-from typing import Any
-
-import sqlalchemy as sa
+from typing import Any, Callable
 
 from ..clock import Clock, utc
-from ..config import SchedulesSettings
+from ..config import FeishuSettings, SchedulesSettings
 from ..domain import schedule_rules as rules
-from ..errors import Invalid, NotFound
+from ..errors import Invalid
 from ..ids import new_id
-from ..store.db import Database
-from ..store.tables import firings, identity_bindings, principals, schedules, task_runs
+from ..store.db import Connection, Database
+from ..store.firings import SqlFiringStore
+from ..store.schedules import SqlScheduleStore
 from .admission import Admission, SubmitRequest
 from .auth import Caller
 from .delegation import delegation_parent
 from .notice_route import route
-from .schedule_access import visible
+from .schedule_access import ScheduleAccess
 from .schedule_ports import SessionPort
-from . import legacy_history
+from .schedule_views import ResultPage, ScheduleCard, ScheduleLine, SchedulePage, Summary, failing, firing_line
 
 TYPES = ("subtask", "session-prompt")
 CHOICES = ("profile", "runtime", "model", "reasoning_effort", "extra_args", "permission_policy",
@@ -65,44 +65,6 @@ def provenance_of(caller: Caller, source: str) -> dict[str, Any]:
     return {"source": source, "token_id": caller.token_id, "label": caller.label, "principal": caller.principal}
 
 
-async def turn_attribution(conn, caller: Caller, provenance: dict[str, Any]) -> tuple[str | None, str | None]:  # noqa: ANN001
-    """Attribute a schedule made during a Feishu Turn to that exact Turn's receipt (binding and application).
-
-    Only an agent acting with its session's `amux-session:<id>` token, during an active Turn whose frozen
-    receipt names an active binding of the same principal, is attributed — never the latest speaker of
-    the chat, a recipient or the bot owner. Anything else stays unattributed (no proactive notices).
-    """
-    _parent, turn_id, _ctx = await delegation_parent(conn, caller)
-    if turn_id is None:
-        return None, None
-    snap = (await conn.execute(sa.select(task_runs.c.snapshot).where(task_runs.c.id == turn_id))).scalar() or {}
-    receipt = snap.get("receipt") or {}
-    provenance["turn_id"] = turn_id
-    provenance["receipt"] = receipt
-    if receipt.get("source") != "feishu" or not receipt.get("binding_id"):
-        return None, None
-    binding = (await conn.execute(sa.select(identity_bindings).where(
-        identity_bindings.c.id == receipt["binding_id"]))).first()
-    if binding is None or binding.status != "active" or binding.principal_id != caller.principal_id \
-            or binding.app_id != receipt.get("app_id"):
-        return None, None
-    return binding.id, binding.app_id
-
-
-async def binding_attribution(conn, caller: Caller, provenance: dict[str, Any]) -> tuple[str | None, str | None]:  # noqa: ANN001
-    """Freeze the creator's single active Feishu binding for a schedule made over MCP/CLI (outside any Turn).
-
-    None when the principal has no active binding or several (then `notice_route` decides at notice time).
-    """
-    rows = (await conn.execute(sa.select(identity_bindings.c.id, identity_bindings.c.app_id).where(
-        identity_bindings.c.principal_id == caller.principal_id, identity_bindings.c.status == "active"))).all()
-    if len(rows) != 1:
-        provenance["attribution"] = {"basis": "no_binding" if not rows else "several_bindings"}
-        return None, None
-    provenance["attribution"] = {"basis": "single_active_binding", "binding_id": rows[0].id, "app_id": rows[0].app_id}
-    return rows[0].id, rows[0].app_id
-
-
 def submit_request(row: Any) -> SubmitRequest:
     """Return the Task request a subtask schedule makes: the caller's choices as given, defaults left open."""
     return SubmitRequest(prompt=row.prompt, profile=row.profile, runtime=row.runtime, model=row.model,
@@ -120,20 +82,63 @@ class ScheduleService:
     """Keep schedule definitions; each trigger resolves content and omitted defaults again (schedule_firing)."""
 
     def __init__(self, db: Database, clock: Clock, settings: SchedulesSettings, admission: Admission,
-                 sessions: SessionPort | None = None, on_changed=None, feishu: Any = None) -> None:  # noqa: ANN001
+                 sessions: SessionPort | None = None, on_changed: Callable[[], None] | None = None,
+                 feishu: FeishuSettings | None = None) -> None:
         self.db = db
-        self.feishu = feishu  # FeishuSettings: the configured applications decide where notices go
+        self.feishu = feishu  # the configured applications decide where notices go
         self.clock = clock
         self.settings = settings
         self.admission = admission
         self.sessions = sessions
         self.on_changed = on_changed or (lambda: None)
+        self.store = SqlScheduleStore(db)
+        self.firings = SqlFiringStore(db)
+        self.access = ScheduleAccess(db)
+
+    # ------------------------------------------------------------ attribution
+
+    async def turn_attribution(self, conn: Connection, caller: Caller,
+                               provenance: dict[str, Any]) -> tuple[str | None, str | None]:
+        """Attribute a schedule made during a Feishu Turn to that exact Turn's receipt (binding and application).
+
+        Only an agent acting with its session's `amux-session:<id>` token, during an active Turn whose frozen
+        receipt names an active binding of the same principal, is attributed — never the latest speaker of
+        the chat, a recipient or the bot owner. Anything else stays unattributed (no proactive notices).
+        """
+        _parent, turn_id, _ctx = await delegation_parent(conn, caller)
+        if turn_id is None:
+            return None, None
+        receipt = await self.store.turn_receipt(conn, turn_id)
+        provenance["turn_id"] = turn_id
+        provenance["receipt"] = receipt
+        if receipt.get("source") != "feishu" or not receipt.get("binding_id"):
+            return None, None
+        binding = await self.store.binding(conn, receipt["binding_id"])
+        if binding is None or binding.status != "active" or binding.principal_id != caller.principal_id \
+                or binding.app_id != receipt.get("app_id"):
+            return None, None
+        return binding.id, binding.app_id
+
+    async def binding_attribution(self, conn: Connection, caller: Caller,
+                                  provenance: dict[str, Any]) -> tuple[str | None, str | None]:
+        """Freeze the creator's single active Feishu binding for a schedule made over MCP/CLI (outside any Turn).
+
+        None when the principal has no active binding or several (then `notice_route` decides at notice time).
+        """
+        rows = await self.store.active_bindings(conn, caller.principal_id)
+        if len(rows) != 1:
+            provenance["attribution"] = {"basis": "no_binding" if not rows else "several_bindings"}
+            return None, None
+        provenance["attribution"] = {"basis": "single_active_binding", "binding_id": rows[0].id,
+                                     "app_id": rows[0].app_id}
+        return rows[0].id, rows[0].app_id
 
     # ------------------------------------------------------------ validation
 
     async def _validate(self, caller: Caller, s: ScheduleSpec, now: datetime, anchor: datetime) -> datetime | None:
         if s.schedule_type not in TYPES:
-            raise Invalid(f"schedule_type {s.schedule_type!r} is unknown; use \"subtask\" (default) or \"session-prompt\"")
+            raise Invalid(f"schedule_type {s.schedule_type!r} is unknown; "
+                          "use \"subtask\" (default) or \"session-prompt\"")
         if not isinstance(s.name, str) or not s.name.strip() or len(s.name) > 200:
             raise Invalid("name must be a non-empty string of at most 200 characters")
         if not isinstance(s.prompt, str) or not s.prompt.strip():
@@ -153,13 +158,16 @@ class ScheduleService:
                 raise Invalid(f"a session-prompt uses its Session's execution settings; omit {', '.join(given)} "
                               "(or use schedule_type \"subtask\")")
             if not s.session_ref:
-                raise Invalid("session-prompt needs session_ref (or AMUX_SESSION_ID for the CLI); list sessions to find one")
+                raise Invalid("session-prompt needs session_ref (or AMUX_SESSION_ID for the CLI); "
+                              "list sessions to find one")
             s.session_ref = await self.sessions.resolve_ref(caller, s.session_ref)
             if len(s.prompt.encode()) > self.admission.hub.max_prompt_bytes:
-                raise Invalid(f"prompt is larger than {self.admission.hub.max_prompt_bytes} bytes; put large inputs in files")
+                raise Invalid(f"prompt is larger than {self.admission.hub.max_prompt_bytes} bytes; "
+                              "put large inputs in files")
         else:
             if s.session_ref:
-                raise Invalid("session_ref applies to session-prompt schedules only; omit it or pass schedule_type \"session-prompt\"")
+                raise Invalid("session_ref applies to session-prompt schedules only; "
+                              "omit it or pass schedule_type \"session-prompt\"")
             async with self.db.read() as conn:  # same rules and defaults as Task submission, at each trigger too
                 await self.admission.freeze(conn, caller, submit_request(s), origin="schedule")
         return first
@@ -181,31 +189,21 @@ class ScheduleService:
         values["notify"] = spec.notify or "failures"
         async with self.db.write() as conn:
             provenance = provenance_of(caller, source)
-            binding_id, app_id = await turn_attribution(conn, caller, provenance)
+            binding_id, app_id = await self.turn_attribution(conn, caller, provenance)
             if binding_id is None and "turn_id" not in provenance:
-                binding_id, app_id = await binding_attribution(conn, caller, provenance)
-            await conn.execute(schedules.insert().values(
-                id=sid, creator_id=caller.principal_id, creator_binding_id=binding_id, app_id=app_id,
-                provenance=provenance, type=spec.schedule_type, paused=False,
-                next_fire_at=first, created_at=now, updated_at=now, **values))
+                binding_id, app_id = await self.binding_attribution(conn, caller, provenance)
+            await self.store.insert(conn, {
+                "id": sid, "creator_id": caller.principal_id, "creator_binding_id": binding_id, "app_id": app_id,
+                "provenance": provenance, "type": spec.schedule_type, "paused": False,
+                "next_fire_at": first, "created_at": now, "updated_at": now, **values})
         self.on_changed()
         return await self.get(caller, sid)
-
-    async def _row(self, conn, caller: Caller, schedule_id: str, *, lock: bool = False,  # noqa: ANN001
-                   include_deleted: bool = False) -> Any:
-        """Return a schedule the caller may read and control (`schedule_access.visible`), or refuse."""
-        stmt = sa.select(schedules).where(schedules.c.id == schedule_id,
-                                          visible(caller, include_deleted=include_deleted, everyone=True))
-        row = (await conn.execute(self.db.for_update(stmt) if lock else stmt)).first()
-        if row is None:
-            raise NotFound(f"schedule {schedule_id!r} does not exist or is not yours; list yours with schedule_list")
-        return row
 
     async def update(self, caller: Caller, schedule_id: str, spec: ScheduleSpec) -> dict:
         """Change a definition; given fields replace the saved ones ("" clears a choice), the rule restarts from now."""
         now = self.clock.now()
         async with self.db.read() as conn:
-            row = await self._row(conn, caller, schedule_id)
+            row = await self.access.schedule(conn, caller, schedule_id)
         merged = ScheduleSpec(schedule_type=row.type, **{k: getattr(row, k) for k in
                               ("name", "prompt", "rule", "timezone", "session_ref", "notify") + CHOICES})
         changed = {}
@@ -226,8 +224,8 @@ class ScheduleService:
         if {"rule", "timezone"} & set(changed):
             values["next_fire_at"] = None if row.paused else first
         async with self.db.write() as conn:
-            await self._row(conn, caller, schedule_id, lock=True)
-            await conn.execute(schedules.update().where(schedules.c.id == schedule_id).values(updated_at=now, **values))
+            await self.access.schedule(conn, caller, schedule_id, lock=True)
+            await self.store.update(conn, schedule_id, {"updated_at": now, **values})
         self.on_changed()
         return await self.get(caller, schedule_id)
 
@@ -242,12 +240,12 @@ class ScheduleService:
     async def _set_paused(self, caller: Caller, schedule_id: str, paused: bool) -> dict:
         now = self.clock.now()
         async with self.db.write() as conn:
-            row = await self._row(conn, caller, schedule_id, lock=True)
+            row = await self.access.schedule(conn, caller, schedule_id, lock=True)
             values: dict[str, Any] = {"paused": paused, "updated_at": now}
             if not paused and row.paused:
                 rule = rules.parse(row.rule, row.timezone)
                 values["next_fire_at"] = rules.next_after(rule, now, utc(row.created_at))
-            await conn.execute(schedules.update().where(schedules.c.id == schedule_id).values(**values))
+            await self.store.update(conn, schedule_id, values)
         self.on_changed()
         return await self.get(caller, schedule_id)
 
@@ -255,9 +253,8 @@ class ScheduleService:
         """Delete a schedule (its history stays); an already admitted Task keeps running."""
         now = self.clock.now()
         async with self.db.write() as conn:
-            await self._row(conn, caller, schedule_id, lock=True)
-            await conn.execute(schedules.update().where(schedules.c.id == schedule_id)
-                               .values(deleted_at=now, next_fire_at=None, updated_at=now))
+            await self.access.schedule(conn, caller, schedule_id, lock=True)
+            await self.store.mark_deleted(conn, schedule_id, now)
         return {"schedule_id": schedule_id, "deleted": True}
 
     # ------------------------------------------------------------ reads
@@ -265,20 +262,17 @@ class ScheduleService:
     async def get(self, caller: Caller, schedule_id: str) -> dict:
         """Return a schedule with its saved choices as given, and where its notices go (or why they do not)."""
         async with self.db.read() as conn:
-            row = await self._row(conn, caller, schedule_id)
-            creator = (await conn.execute(sa.select(principals.c.name).where(principals.c.id == row.creator_id))).scalar()
+            row = await self.access.schedule(conn, caller, schedule_id)
+            creator = await self.store.creator_name(conn, row.creator_id)
             apps = [a.app_id for a in self.feishu.apps] if self.feishu is not None else []
             notices = (await route(conn, row, apps)).view()
         return {**self._view(row, creator), "notifications": notices}
 
     async def list(self, caller: Caller, limit: int = 100, all_principals: bool = False) -> list[dict]:
         """Return the caller's schedules (an admin may ask for everyone's), newest first."""
-        stmt = (sa.select(schedules, principals.c.name.label("creator_name"))
-                .outerjoin(principals, principals.c.id == schedules.c.creator_id)
-                .where(visible(caller, everyone=all_principals)).order_by(schedules.c.created_at.desc())
-                .limit(max(1, min(int(limit), 1000))))
         async with self.db.read() as conn:
-            rows = (await conn.execute(stmt)).all()
+            v = await self.access.visibility(conn, caller, everyone=all_principals)
+            rows = await self.store.visible(conn, v, limit=max(1, min(int(limit), 1000)))
         return [self._view(r, r.creator_name) for r in rows]
 
     @staticmethod
@@ -300,16 +294,67 @@ class ScheduleService:
             raise Invalid("cursor must be a non-negative integer (the next_cursor of the previous page, or 0)")
         limit = max(1, min(int(limit), 500))
         async with self.db.read() as conn:
-            stmt = sa.select(schedules).where(schedules.c.id == schedule_id,
-                                              visible(caller, include_deleted=True, everyone=True))
-            row = (await conn.execute(stmt)).first()
-            if row is None:
-                raise NotFound(f"schedule {schedule_id!r} does not exist or is not yours; list yours with schedule_list")
-            rows = (await conn.execute(  # ledger firings + uncorrelated legacy submissions (issue 9)
-                legacy_history.entries(schedule_id).offset(cursor).limit(limit + 1))).all()
+            await self.access.schedule(conn, caller, schedule_id, include_deleted=True)
+            # ledger firings + uncorrelated legacy submissions (issue 9)
+            rows = await self.firings.history(conn, schedule_id, offset=cursor, limit=limit + 1)
         more = len(rows) > limit
         return {"schedule_id": schedule_id, "firings": [firing_view(f) for f in rows[:limit]],
                 "next_cursor": cursor + limit if more else None}
+
+    # ------------------------------------------------------------ personal views (the bot's cards)
+
+    async def summary(self, caller: Caller, *, incidents_of: str | None = None, latest: int = 5) -> Summary:
+        """Return the caller's overview: schedule, failing and paused counts, the `latest` outcomes; with
+        `incidents_of` (an administrator's application) also its active incidents."""
+        async with self.db.read() as conn:
+            v = await self.access.visibility(conn, caller)
+            rows = await self.store.visible(conn, v, limit=None)
+            names = {r.id: r.name for r in rows}
+            recent = await self.firings.recent(conn, list(names), limit=200)
+            active = await self.store.active_incident_count(conn, incidents_of) if incidents_of else 0
+        return Summary(total=len(rows), failing=failing(recent), paused=sum(1 for r in rows if r.paused),
+                       latest=tuple(firing_line(f, names[f.schedule_id]) for f in recent[:latest]),
+                       active_incidents=active)
+
+    async def page(self, caller: Caller, page: int, per_page: int) -> SchedulePage:
+        """Return one page of the caller's schedules, newest first, each with its last firing's state."""
+        async with self.db.read() as conn:
+            v = await self.access.visibility(conn, caller)
+            total = await self.store.count_visible(conn, v)
+            pages = max(1, -(-total // per_page))
+            page = min(page, pages - 1)
+            items = []
+            for r in await self.store.visible(conn, v, limit=per_page, offset=page * per_page):
+                last = await self.firings.latest(conn, r.id)
+                items.append(ScheduleLine(schedule_id=r.id, name=r.name, rule=r.rule, paused=r.paused,
+                                          next_fire_at=r.next_fire_at,
+                                          last_state=firing_line(last, r.name).state if last else None))
+        return SchedulePage(items=tuple(items), page=page, pages=pages, total=total)
+
+    async def card(self, caller: Caller, schedule_id: str, *, include_deleted: bool = False,
+                   recent: int = 5) -> ScheduleCard:
+        """Return one schedule the caller may see with its `recent` latest firings, or refuse with NotFound."""
+        async with self.db.read() as conn:
+            row = await self.access.schedule(conn, caller, schedule_id, include_deleted=include_deleted)
+            fired = await self.firings.recent(conn, [row.id], limit=recent) if recent else []
+        return ScheduleCard(schedule_id=row.id, name=row.name, rule=row.rule, timezone=row.timezone,
+                            schedule_type=row.type, paused=row.paused, next_fire_at=row.next_fire_at,
+                            notify=row.notify, deleted=row.deleted_at is not None,
+                            recent=tuple(firing_line(f, row.name) for f in fired))
+
+    async def result_page(self, caller: Caller, schedule_id: str, page: int) -> ResultPage:
+        """Return the result of the caller's schedule's `page`-th newest firing with a Task (clamped to the last)."""
+        async with self.db.read() as conn:
+            row = await self.access.schedule(conn, caller, schedule_id)
+            pages = await self.firings.count_with_task(conn, row.id)
+            if not pages:
+                return ResultPage(schedule_id=row.id, name=row.name, page=0, pages=0)
+            page = min(page, pages - 1)
+            f = await self.firings.nth_with_task(conn, row.id, page)
+            # The Task was admitted for this schedule's frozen creator, who is the caller (checked above).
+            text = await self.store.task_result_text(conn, f.task_id) if f is not None else None
+        return ResultPage(schedule_id=row.id, name=row.name, page=page, pages=pages,
+                          firing=firing_line(f, row.name) if f is not None else None, text=text or "")
 
 
 def firing_view(f: Any) -> dict:

@@ -3,9 +3,7 @@ REST/MCP schedule reads and recovery's personal view make the same decision, tab
 """
 from __future__ import annotations
 
-import sqlalchemy as sa
-
-from bot.handlers.scope import owned_filter
+from bot.handlers.schedules import PAGE
 from bot.identity import Viewer
 from hub.ids import new_id
 from hub.services.auth import Caller
@@ -47,8 +45,22 @@ async def _setup(hub):  # noqa: ANN001, ANN202
 
 
 async def _bot_view(hub, v: Viewer) -> set[str]:  # noqa: ANN001
-    async with hub.db.read() as conn:
-        return set((await conn.execute(sa.select(schedules.c.name).where(owned_filter(v)))).scalars())
+    """Every page of the bot's personal list (the service call its card makes)."""
+    names, page = set(), 0
+    while True:
+        p = await hub.schedules.page(v.caller(), page, PAGE)
+        names |= {i.name for i in p.items}
+        if page + 1 >= p.pages:
+            return names
+        page += 1
+
+
+async def _readable(read) -> bool:  # noqa: ANN001
+    try:
+        await read
+        return True
+    except Exception:  # noqa: BLE001 — NotFound: "does not exist or is not yours"
+        return False
 
 
 async def _rest_view(hub, caller: Caller) -> set[str]:  # noqa: ANN001
@@ -73,12 +85,10 @@ async def test_personal_views_card_actions_rest_reads_and_recovery_make_the_same
         bot, rest, recovery = await _bot_view(hub, v), await _rest_view(hub, v.caller()), await _recovery_view(hub, v)
         assert bot == rest == recovery == EXPECTED[key], key
         for name in {"frozen_a", "frozen_b", "unbound", "old_binding", "daves"}:   # single reads agree with lists
-            try:
-                await hub.schedules.get(v.caller(), f"sch_{name}")
-                readable = True
-            except Exception:  # noqa: BLE001 — NotFound: "does not exist or is not yours"
-                readable = False
+            readable = await _readable(hub.schedules.get(v.caller(), f"sch_{name}"))
             assert readable == (name in EXPECTED[key]), (key, name)
+            card = await _readable(hub.schedules.card(v.caller(), f"sch_{name}"))   # the bot's detail and controls
+            assert card == (name in EXPECTED[key]), (key, name)
 
 
 async def test_schedule_with_no_creator_binding_is_visible_only_to_its_creators_own_linked_identities(hub):

@@ -1,5 +1,6 @@
 """Real `amux hub serve` processes: two replicas on one PostgreSQL fire each nominal time exactly once;
-kill -9 between persisting a firing and dispatching it leaves `unknown`, never a replay."""
+kill -9 between persisting a firing and dispatching it (the test kills the process at that observed point) leaves
+`unknown`, never a replay."""
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +15,6 @@ import sqlalchemy as sa
 
 from hub.app import Hub
 from hub.runner import protocol as p
-from hub.services.schedule_firing import CRASH_ENV
 from hub.services.schedules import ScheduleSpec
 from hub.store.db import Database
 from hub.store.tables import firings, runtimes, schedules, task_runs
@@ -98,31 +98,69 @@ async def test_two_hub_processes_on_one_postgresql_fire_each_nominal_time_of_500
         assert "schedule firing failed" not in log, log[-3000:]
 
 
-async def test_kill_9_between_persisting_a_firing_and_dispatching_it_leaves_unknown_not_replayed(sqlite_url, tmp_path):
-    hub, alice = await services(sqlite_url, tmp_path / "test")
+async def _dispatch_waiting_on(conn, table: str) -> int:  # noqa: ANN001
+    """How many other backends wait for a lock on `table` (the hub's dispatch reading it, held by our lock)."""
+    return (await conn.execute(sa.text(
+        "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+        "WHERE c.relname = :t AND NOT l.granted AND l.pid <> pg_backend_pid()"), {"t": table})).scalar()
+
+
+async def test_kill_9_between_persisting_a_firing_and_dispatching_it_leaves_unknown_not_replayed(pg_url, tmp_path):
+    """The fault is injected here, at an observed point: the test holds a lock on `principals`, which dispatch reads
+    first (it acts as the schedule's creator) and the firing's commit does not touch; once the committed firing is
+    visible and the hub's dispatch waits on that lock, the hub is killed with SIGKILL."""
+    hub, alice = await services(pg_url, tmp_path / "test")
     s = await hub.schedules.create(alice, ScheduleSpec(name="c", prompt="say hi", rule="every 1s", profile="scripted"))
-    proc, _ = await serve(sqlite_url, tmp_path / "crash", **{CRASH_ENV: "1"})
-    assert await asyncio.wait_for(proc.wait(), 30) == 9  # died right after committing the firing
+    sid = s["schedule_id"]
+    later = hub.clock.now() + timedelta(days=1)
+    async with hub.db.write() as conn:  # not due until the hub is up and the lock is held
+        await conn.execute(schedules.update().where(schedules.c.id == sid).values(next_fire_at=later))
 
     async def ledger():
         async with hub.db.read() as conn:
-            return (await conn.execute(sa.select(firings).where(firings.c.schedule_id == s["schedule_id"])
+            return (await conn.execute(sa.select(firings).where(firings.c.schedule_id == sid)
                                        .order_by(firings.c.nominal_time))).all()
 
-    crashed = [f for f in await ledger() if f.admission != "missed"]
+    async def committed_and_waiting():
+        dispatched = [f for f in await ledger() if f.admission != "missed"]
+        async with hub.db.read() as conn:
+            waiting = await _dispatch_waiting_on(conn, "principals")
+        return dispatched if dispatched and waiting else None
+
+    proc, url = await serve(pg_url, tmp_path / "crash")
+    lock_conn = await hub.db.engine.connect()
+    try:
+        await eventually(lambda: ready(url), timeout=30)
+        await eventually(lambda: _exists(tmp_path / "crash" / "admin.token"), timeout=30)  # startup is done
+        lock = await lock_conn.begin()
+        await lock_conn.execute(sa.text("LOCK TABLE principals IN ACCESS EXCLUSIVE MODE"))
+        async with hub.db.write() as conn:
+            await conn.execute(schedules.update().where(schedules.c.id == sid).values(next_fire_at=sa.func.now()))
+        crashed = await eventually(committed_and_waiting, timeout=30)
+        proc.kill()  # kill -9 after the commit, before the dispatch
+        assert await asyncio.wait_for(proc.wait(), 30) == -9
+        await lock.rollback()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await lock_conn.close()
+
     assert len(crashed) == 1 and crashed[0].admission is None and crashed[0].task_id is None
     crashed = crashed[0]
+    [now_crashed] = [f for f in await ledger() if f.id == crashed.id]
+    assert now_crashed.admission is None and now_crashed.task_id is None  # the dispatch never happened
     async with hub.db.read() as conn:
-        nxt = (await conn.execute(sa.select(schedules.c.next_fire_at).where(schedules.c.id == s["schedule_id"]))).scalar()
-    assert nxt.replace(tzinfo=None) > crashed.nominal_time.replace(tzinfo=None)  # the rule had already moved on
+        nxt = (await conn.execute(sa.select(schedules.c.next_fire_at).where(schedules.c.id == sid))).scalar()
+    assert nxt > crashed.nominal_time  # the rule had already moved on
 
-    proc, url = await serve(sqlite_url, tmp_path / "restart", AMUX_SCHEDULES__UNKNOWN_AFTER_S="1")
+    proc, url = await serve(pg_url, tmp_path / "restart", AMUX_SCHEDULES__UNKNOWN_AFTER_S="1")
     try:
         async def unknown():
             return [f for f in await ledger() if f.id == crashed.id and f.outcome == "unknown"]
 
         await eventually(unknown, timeout=30)
-        await hub.schedules.pause(alice, s["schedule_id"])
+        await hub.schedules.pause(alice, sid)
         await asyncio.sleep(0.3)
     finally:
         proc.kill()

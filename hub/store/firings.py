@@ -1,0 +1,225 @@
+"""The firing ledger: claiming due schedules, persisting firings before dispatch, recording admissions,
+reconciling outcomes, and history.
+
+History includes legacy submissions: pre-ledger records shown as `unconfirmed`, once per Task. A legacy submission
+record says a Task was submitted; nothing reconciled its outcome, so it is shown with outcome `unconfirmed` and
+`legacy: true`. When a ledger firing correlates the same Task, only the firing is shown (the ledger is the truth).
+Older uncorrelated history is never used for alerts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Collection, Sequence
+
+import sqlalchemy as sa
+
+from ..domain.tasks import OUTCOMES as TASK_OUTCOMES
+from .db import Connection, Database, Row
+from .tables import firings, legacy_submissions, principals, runtimes, schedules, task_runs
+
+UNCONFIRMED = "unconfirmed"
+# The columns a reconciler row carries: the firing, and what its outcome event names of the schedule.
+_RECONCILE = (firings.c.id, firings.c.nominal_time, firings.c.task_id, firings.c.turn_id, firings.c.admission,
+              schedules.c.id.label("schedule_id"), schedules.c.creator_id, schedules.c.app_id, schedules.c.type,
+              schedules.c.rule)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewFiring:
+    """A firing row to insert: dispatched (`admission` None until recorded) or missed."""
+
+    id: str
+    schedule_id: str
+    nominal_time: datetime
+    fired_at: datetime
+    admission: str | None = None
+    outcome: str | None = None
+    missed_count: int = 0
+    reconciled_at: datetime | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DispatchResult:
+    """What a dispatch said: `ok` with the Task or Turn it made, `skipped:offline` or `error:<reason>`."""
+
+    firing_id: str
+    admission: str
+    task_id: str | None = None
+    turn_id: str | None = None
+    reconciled_at: datetime | None = None
+
+
+def _typed(value: Any, type_: Any) -> sa.ColumnElement[Any]:
+    # UNION branches need explicit types on PostgreSQL (asyncpg cannot infer a bare parameter's type).
+    return sa.cast(sa.literal(value) if value is not None else sa.null(), type_)
+
+
+def _history(schedule_id: str) -> sa.Select:
+    ledger = sa.select(firings.c.id, firings.c.nominal_time, firings.c.fired_at, firings.c.admission,
+                       firings.c.task_id, firings.c.turn_id, firings.c.outcome, firings.c.missed_count,
+                       firings.c.reconciled_at, firings.c.legacy).where(firings.c.schedule_id == schedule_id)
+    correlated = sa.exists().where(firings.c.task_id == legacy_submissions.c.task_id)
+    legacy = (sa.select(
+        legacy_submissions.c.id, legacy_submissions.c.submitted_at.label("nominal_time"),
+        legacy_submissions.c.submitted_at.label("fired_at"),
+        sa.case((legacy_submissions.c.task_id.is_not(None), _typed("ok", sa.String(500))),
+                else_=_typed(None, sa.String(500))).label("admission"),
+        legacy_submissions.c.task_id, _typed(None, sa.String(40)).label("turn_id"),
+        _typed(UNCONFIRMED, sa.String(16)).label("outcome"), _typed(0, sa.Integer).label("missed_count"),
+        _typed(None, firings.c.reconciled_at.type).label("reconciled_at"),
+        _typed(True, sa.Boolean).label("legacy"))
+        .where(legacy_submissions.c.schedule_id == schedule_id,
+               sa.or_(legacy_submissions.c.task_id.is_(None), ~correlated)))
+    both = sa.union_all(ledger, legacy).subquery("history")
+    return sa.select(both).order_by(both.c.nominal_time.desc(), both.c.id.desc())
+
+
+class SqlFiringStore:
+    """The firing ledger on SQLite and PostgreSQL."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    # ------------------------------------------------------------ claim and persist
+
+    async def claim_due(self, conn: Connection, now: datetime, limit: int) -> list[Row]:
+        """Claim up to `limit` due schedules (not paused, not deleted), soonest first, skipping rows another replica
+        holds; the claim lasts until the transaction ends."""
+        stmt = (sa.select(schedules).where(schedules.c.next_fire_at <= now, schedules.c.paused.is_(False),
+                                           schedules.c.deleted_at.is_(None))
+                .order_by(schedules.c.next_fire_at).limit(limit))
+        return list((await conn.execute(self.db.for_update(stmt, skip_locked=True, of=schedules))).all())
+
+    async def latest(self, conn: Connection, schedule_id: str) -> Row | None:
+        """Return the schedule's firing with the latest nominal time, or None."""
+        stmt = (sa.select(firings).where(firings.c.schedule_id == schedule_id)
+                .order_by(firings.c.nominal_time.desc()).limit(1))
+        return (await conn.execute(stmt)).first()
+
+    async def insert(self, conn: Connection, rows: Sequence[NewFiring]) -> None:
+        """Insert new firings; (schedule, nominal time) is unique, so inserting a pair twice fails instead of firing
+        twice."""
+        if rows:
+            await conn.execute(firings.insert(), [{"id": r.id, "schedule_id": r.schedule_id,
+                                                   "nominal_time": r.nominal_time, "fired_at": r.fired_at,
+                                                   "admission": r.admission, "outcome": r.outcome,
+                                                   "missed_count": r.missed_count, "reconciled_at": r.reconciled_at,
+                                                   "legacy": False} for r in rows])
+
+    async def extend_missed(self, conn: Connection, firing_id: str, missed_count: int, now: datetime) -> None:
+        """Set a missed firing's count to `missed_count` (consecutive misses collapse into one row), reconciled
+        `now`."""
+        await conn.execute(firings.update().where(firings.c.id == firing_id)
+                           .values(missed_count=missed_count, reconciled_at=now))
+
+    async def advance(self, conn: Connection, next_fire: Sequence[tuple[str, datetime | None]]) -> None:
+        """Set each claimed schedule's next fire time (None: a consumed one-shot or a stopped rule)."""
+        if next_fire:
+            await conn.execute(schedules.update().where(schedules.c.id == sa.bindparam("sid"))
+                               .values(next_fire_at=sa.bindparam("nxt")),
+                               [{"sid": sid, "nxt": nxt} for sid, nxt in next_fire])
+
+    async def next_fire_at(self, conn: Connection) -> datetime | None:
+        """Return the soonest next fire time of any schedule that is neither paused nor deleted."""
+        return (await conn.execute(sa.select(sa.func.min(schedules.c.next_fire_at)).where(
+            schedules.c.paused.is_(False), schedules.c.deleted_at.is_(None)))).scalar()
+
+    # ------------------------------------------------------------ dispatch
+
+    async def principal_names(self, conn: Connection, principal_ids: Collection[str]) -> dict[str, str]:
+        """Return the name of each of these principals that still exists (a firing acts as its schedule's
+        creator)."""
+        if not principal_ids:
+            return {}
+        rows = (await conn.execute(sa.select(principals.c.id, principals.c.name)
+                                   .where(principals.c.id.in_(list(principal_ids))))).all()
+        return {r.id: r.name for r in rows}
+
+    async def online_runtimes(self, conn: Connection) -> list[Row]:
+        """Return the name and capabilities of every runtime online now (where a scheduled Task may be admitted)."""
+        stmt = sa.select(runtimes.c.name, runtimes.c.capabilities).where(runtimes.c.status == "online")
+        return list((await conn.execute(stmt)).all())
+
+    async def claim_unrecorded(self, conn: Connection, firing_ids: Collection[str]) -> set[str]:
+        """Lock and return those of `firing_ids` whose dispatch is still unrecorded and unreconciled, skipping rows
+        another replica holds: a firing the reconciler marked `unknown` takes no dispatch result."""
+        if not firing_ids:
+            return set()
+        stmt = sa.select(firings.c.id).where(firings.c.id.in_(list(firing_ids)), firings.c.admission.is_(None),
+                                             firings.c.reconciled_at.is_(None))
+        return set((await conn.execute(self.db.for_update(stmt, skip_locked=True, of=firings))).scalars())
+
+    async def insert_tasks(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+        """Insert the Tasks admitted for firings, as given (queued; placement picks them up)."""
+        if rows:
+            await conn.execute(task_runs.insert(), list(rows))
+
+    async def record(self, conn: Connection, results: Sequence[DispatchResult]) -> None:
+        """Record each firing's admission and its Task or Turn; `reconciled_at` as given (set for a refused
+        dispatch, which has no outcome to wait for)."""
+        if results:
+            await conn.execute(firings.update().where(firings.c.id == sa.bindparam("fid")).values(
+                admission=sa.bindparam("adm"), task_id=sa.bindparam("tid"), turn_id=sa.bindparam("uid"),
+                reconciled_at=sa.bindparam("rat")),
+                [{"fid": a.firing_id, "adm": a.admission, "tid": a.task_id, "uid": a.turn_id,
+                  "rat": a.reconciled_at} for a in results])
+
+    # ------------------------------------------------------------ reconcile
+
+    async def claim_finished_tasks(self, conn: Connection, limit: int = 1000) -> list[Row]:
+        """Lock and return up to `limit` unreconciled firings whose Task is terminal or gone (`status` None),
+        skipping rows another replica holds; rows carry the schedule's creator, application, type and rule."""
+        stmt = (sa.select(*_RECONCILE, task_runs.c.status).join(schedules, schedules.c.id == firings.c.schedule_id)
+                .outerjoin(task_runs, task_runs.c.id == firings.c.task_id)
+                .where(firings.c.reconciled_at.is_(None), firings.c.task_id.is_not(None),
+                       sa.or_(task_runs.c.status.in_(TASK_OUTCOMES), task_runs.c.id.is_(None))).limit(limit))
+        return list((await conn.execute(self.db.for_update(stmt, skip_locked=True, of=firings))).all())
+
+    async def claim_never_recorded(self, conn: Connection, fired_before: datetime, limit: int = 1000) -> list[Row]:
+        """Lock and return up to `limit` unreconciled firings fired before `fired_before` whose dispatch was never
+        recorded (the hub died after persisting them), skipping rows another replica holds."""
+        stmt = (sa.select(*_RECONCILE).join(schedules, schedules.c.id == firings.c.schedule_id)
+                .where(firings.c.reconciled_at.is_(None), firings.c.admission.is_(None),
+                       firings.c.fired_at < fired_before).limit(limit))
+        return list((await conn.execute(self.db.for_update(stmt, skip_locked=True, of=firings))).all())
+
+    async def open_turns(self, conn: Connection, limit: int = 1000) -> list[Row]:
+        """Return up to `limit` unreconciled firings that delivered a Turn (their outcome is the Session's to tell)."""
+        stmt = (sa.select(*_RECONCILE).join(schedules, schedules.c.id == firings.c.schedule_id)
+                .where(firings.c.reconciled_at.is_(None), firings.c.turn_id.is_not(None)).limit(limit))
+        return list((await conn.execute(stmt)).all())
+
+    async def settle(self, conn: Connection, firing_id: str, outcome: str, now: datetime) -> bool:
+        """Write a firing's outcome and reconcile it `now`, unless it is reconciled already; return whether this
+        call did."""
+        res = await conn.execute(firings.update().where(firings.c.id == firing_id, firings.c.reconciled_at.is_(None))
+                                 .values(outcome=outcome, reconciled_at=now))
+        return bool(res.rowcount)
+
+    # ------------------------------------------------------------ reads
+
+    async def history(self, conn: Connection, schedule_id: str, *, offset: int, limit: int) -> list[Row]:
+        """Return one page of the schedule's ledger firings and legacy submissions, newest first; a legacy record
+        whose Task a firing correlates is left out (the ledger is the truth), the others show `unconfirmed`."""
+        return list((await conn.execute(_history(schedule_id).offset(offset).limit(limit))).all())
+
+    async def recent(self, conn: Connection, schedule_ids: Collection[str], limit: int) -> list[Row]:
+        """Return the latest `limit` firings of these schedules together, newest nominal time first."""
+        if not schedule_ids:
+            return []
+        stmt = (sa.select(firings).where(firings.c.schedule_id.in_(list(schedule_ids)))
+                .order_by(firings.c.nominal_time.desc()).limit(limit))
+        return list((await conn.execute(stmt)).all())
+
+    async def count_with_task(self, conn: Connection, schedule_id: str) -> int:
+        """Return how many of the schedule's firings admitted a Task."""
+        stmt = sa.select(sa.func.count()).select_from(firings).where(
+            firings.c.schedule_id == schedule_id, firings.c.task_id.is_not(None))
+        return int((await conn.execute(stmt)).scalar() or 0)
+
+    async def nth_with_task(self, conn: Connection, schedule_id: str, index: int) -> Row | None:
+        """Return the schedule's `index`-th newest firing (0 = newest) among those that admitted a Task."""
+        stmt = (sa.select(firings).where(firings.c.schedule_id == schedule_id, firings.c.task_id.is_not(None))
+                .order_by(firings.c.nominal_time.desc()).offset(index).limit(1))
+        return (await conn.execute(stmt)).first()

@@ -1,0 +1,145 @@
+"""Creator recovery on upgrade: the recorded runs and per-schedule outcomes, the facts a decision reads, and the
+hydration it writes (bindings onto schedules and incidents, past outcomes marked decided)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Collection, Sequence
+
+import sqlalchemy as sa
+
+from ..domain.recovery import UNBOUND
+from .db import Connection, Database, Row
+from .schedules import Visibility, visible_clause
+from .tables import (api_tokens, decisions, firings, identity_bindings, incidents, principals, recovery_results,
+                     recovery_runs, schedules)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecoveryResult:
+    """One schedule's recorded recovery outcome."""
+
+    schedule_id: str
+    run_id: str
+    outcome: str
+    reason: str
+    binding_id: str | None
+    app_id: str | None
+    creator_id: str | None
+    recorded_at: datetime
+
+
+class SqlRecoveryStore:
+    """Creator recovery records on SQLite and PostgreSQL."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    # ------------------------------------------------------------ what a run decides from
+
+    async def first_run(self, conn: Connection) -> Row | None:
+        """Return the first recorded run (every later run reuses its cutoff), or None before any."""
+        return (await conn.execute(sa.select(recovery_runs).order_by(recovery_runs.c.started_at).limit(1))).first()
+
+    async def results(self, conn: Connection) -> dict[str, Row]:
+        """Return every recorded outcome by schedule id (one per schedule, never revisited)."""
+        return {r.schedule_id: r for r in (await conn.execute(sa.select(recovery_results))).all()}
+
+    async def every_schedule(self, conn: Connection) -> list[Row]:
+        """Return every schedule, deleted ones included, oldest first (ties by id)."""
+        return list((await conn.execute(sa.select(schedules).order_by(schedules.c.created_at, schedules.c.id))).all())
+
+    async def principals(self, conn: Connection, ids: Collection[str]) -> dict[str, Row]:
+        """Return these principals by id (missing ones are absent)."""
+        if not ids:
+            return {}
+        rows = (await conn.execute(sa.select(principals).where(principals.c.id.in_(list(ids))))).all()
+        return {p.id: p for p in rows}
+
+    async def bindings_of(self, conn: Connection, principal_ids: Collection[str]) -> dict[str, list[Row]]:
+        """Return every identity binding of these principals, in all applications and any status, by principal
+        (each list in id order)."""
+        if not principal_ids:
+            return {}
+        out: dict[str, list[Row]] = {}
+        for b in (await conn.execute(sa.select(identity_bindings).where(
+                identity_bindings.c.principal_id.in_(list(principal_ids))).order_by(identity_bindings.c.id))).all():
+            out.setdefault(b.principal_id, []).append(b)
+        return out
+
+    async def tokens(self, conn: Connection, ids: Collection[str]) -> dict[str, Row]:
+        """Return the id and principal of each of these API tokens (revoked ones included)."""
+        if not ids:
+            return {}
+        rows = (await conn.execute(sa.select(api_tokens.c.id, api_tokens.c.principal_id)
+                                   .where(api_tokens.c.id.in_(list(ids))))).all()
+        return {t.id: t for t in rows}
+
+    # ------------------------------------------------------------ what a run writes
+
+    async def insert_run(self, conn: Connection, run_id: str, cutoff: datetime, now: datetime,
+                         counts: dict[str, int]) -> None:
+        """Record one real run with its cutoff and counts (a dry run records nothing)."""
+        await conn.execute(recovery_runs.insert().values(id=run_id, cutoff=cutoff, started_at=now, finished_at=now,
+                                                         dry_run=False, counts=counts))
+
+    async def insert_result(self, conn: Connection, r: RecoveryResult) -> None:
+        """Record one schedule's outcome; a schedule has at most one (a second insert fails)."""
+        await conn.execute(recovery_results.insert().values(
+            schedule_id=r.schedule_id, run_id=r.run_id, outcome=r.outcome, reason=r.reason, binding_id=r.binding_id,
+            app_id=r.app_id, creator_id=r.creator_id, recorded_at=r.recorded_at))
+
+    async def bind(self, conn: Connection, schedule_id: str, creator_id: str | None, binding_id: str,
+                   app_id: str) -> None:
+        """Freeze a binding and application onto a schedule that has no creator binding yet, and give its incidents
+        that application and creator."""
+        await conn.execute(schedules.update().where(schedules.c.id == schedule_id,
+                                                    schedules.c.creator_binding_id.is_(None))
+                           .values(creator_binding_id=binding_id, app_id=app_id))
+        await conn.execute(incidents.update().where(incidents.c.schedule_id == schedule_id)
+                           .values(app_id=app_id, creator_id=creator_id))
+
+    async def undecided_history(self, conn: Connection, schedule_id: str) -> list[Row]:
+        """Return the schedule's reconciled firings that no alert decision covers yet (the decision key is
+        `<firing id>:<missed count>`)."""
+        key = firings.c.id + sa.literal(":") + sa.cast(firings.c.missed_count, sa.String)
+        stmt = (sa.select(firings.c.id, firings.c.outcome, firings.c.admission, firings.c.missed_count)
+                .outerjoin(decisions, decisions.c.ingest_key == key)
+                .where(firings.c.schedule_id == schedule_id, firings.c.reconciled_at.is_not(None),
+                       decisions.c.id.is_(None)))
+        return list((await conn.execute(stmt)).all())
+
+    async def insert_decisions(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+        """Insert alert decisions for past outcomes, so the alert catch-up never turns them into notices."""
+        if rows:
+            await conn.execute(decisions.insert(), list(rows))
+
+    # ------------------------------------------------------------ reads after a run
+
+    async def unbound(self, conn: Connection, app_id: str | None = None) -> list[Row]:
+        """Return the schedules recovery left unbound and not deleted since, oldest record first, with the schedule
+        and creator names; with `app_id`, only those whose creator has (or had) an alias there, or none anywhere."""
+        stmt = (sa.select(recovery_results, schedules.c.name, schedules.c.deleted_at,
+                          principals.c.name.label("creator"))
+                .join(schedules, schedules.c.id == recovery_results.c.schedule_id)
+                .outerjoin(principals, principals.c.id == recovery_results.c.creator_id)
+                .where(recovery_results.c.outcome == UNBOUND, schedules.c.deleted_at.is_(None))
+                .order_by(recovery_results.c.recorded_at, recovery_results.c.schedule_id))
+        if app_id is not None:
+            any_alias = sa.select(identity_bindings.c.id).where(
+                identity_bindings.c.principal_id == recovery_results.c.creator_id)
+            stmt = stmt.where(sa.or_(sa.exists(any_alias.where(identity_bindings.c.app_id == app_id)),
+                                     ~sa.exists(any_alias)))
+        return list((await conn.execute(stmt)).all())
+
+    async def outcome(self, conn: Connection, schedule_id: str) -> str | None:
+        """Return the recorded outcome of one schedule (bound / unbound / ignored), None when never recorded."""
+        return (await conn.execute(sa.select(recovery_results.c.outcome).where(
+            recovery_results.c.schedule_id == schedule_id))).scalar()
+
+    async def visible_with_outcome(self, conn: Connection, v: Visibility) -> list[Row]:
+        """Return the schedules `v` admits, newest first, each with its recorded outcome as `recovery`."""
+        stmt = (sa.select(schedules, recovery_results.c.outcome.label("recovery"))
+                .outerjoin(recovery_results, recovery_results.c.schedule_id == schedules.c.id)
+                .where(visible_clause(v)).order_by(schedules.c.created_at.desc()))
+        return list((await conn.execute(stmt)).all())
