@@ -16,6 +16,7 @@ from .mcp.instance_tools import instance_tools
 from .mcp.lease_tools import lease_tools
 from .mcp.schedule_tools import schedule_tools
 from .mcp.server import build_mcp
+from .mcp.session_tools import session_tools
 from .mcp.task_tools import task_tools
 from .services.admission import Admission
 from .services.alerts import AlertService
@@ -41,6 +42,7 @@ from .store.keys import shared_key
 from .web import boxes, edge, health, rest, schedules_api
 from .web import alerts_api
 from .web import identity_api
+from .web import instances_api, sessions_api
 from .web import openapi
 from .web import oauth as oauth_web
 from .web.mcp_mount import McpMount
@@ -107,7 +109,7 @@ class Hub:
         self.alerts = AlertService(self.db, self.clock, settings.alerts, settings.feishu, channel, self.schedules)
         self.schedule_firing.sink = self.alerts
         registrars = [task_tools(self.tasks, self.profiles, self.permissions), instance_tools(self.instances),
-                      lease_tools(self.leases)]
+                      lease_tools(self.leases), session_tools(self.sessions)]
         registrars.append(schedule_tools(self.schedules))
         self.mcp = McpMount(build_mcp(registrars), self.auth)
         # The Feishu bot (issue 7): the composition root may import bot; hub modules never do.
@@ -124,6 +126,8 @@ class Hub:
         schedules_api.add_routes(app, self)
         alerts_api.add_routes(app, self)
         identity_api.add_routes(app, self)
+        sessions_api.add_routes(app, self)
+        instances_api.add_routes(app, self)
         openapi.add_routes(app)
         app.router.add_get("/runner/ws", self.runner_endpoint.handle)
         app.on_shutdown.append(self.runner_endpoint.close_all)

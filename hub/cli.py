@@ -278,33 +278,6 @@ async def _wait(args: argparse.Namespace, api: ApiClient) -> None:
     _print(args, t, _human(t))
 
 
-def _session_ref(args: argparse.Namespace) -> str:
-    ref = getattr(args, "ref", None) or os.environ.get("AMUX_SESSION_ID")
-    if not ref:
-        raise AmuxError("no session-ref: pass a session id or name, or set AMUX_SESSION_ID")
-    return ref
-
-
-async def _session(args: argparse.Namespace) -> None:
-    api = _client(args)
-    if args.session_cmd == "create":
-        body = {k: v for k, v in {"name": args.name, "profile": args.profile, "model": args.model,
-                                  "reasoning_effort": args.effort, "runtime": args.runtime}.items() if v is not None}
-        res = await api.call("POST", "sessions", body)
-        _print(args, res, f"{res['session_id']}  {res['engine']}  {res['model'] or '(engine default model)'}")
-    elif args.session_cmd == "send":
-        if args.text is None and os.environ.get("AMUX_SESSION_ID"):
-            args.ref, args.text = None, args.ref  # `amux session send TEXT` inside a session
-        text = args.text if args.text not in (None, "-") else sys.stdin.read()
-        res = await api.call("POST", f"sessions/{_session_ref(args)}/turns", {"text": text, "wait": not args.no_wait})
-        _print(args, res, (res.get("result") or {}).get("text") or f"{res.get('turn_id')}  {res.get('status')}")
-    else:
-        res = await api.call("GET", f"sessions/{_session_ref(args)}")
-        lines = [f"{res['session_id']}  {res['name'] or ''}  {res['engine']}  model={res['model']}  runtime={res['runtime']}"]
-        lines += [f"  #{t['seq']} {t['id']} {t['status']}  {(t['result'] or '')[:80]}" for t in res["turns"]]
-        _print(args, res, "\n".join(lines))
-
-
 async def _memory(args: argparse.Namespace) -> None:
     api = _client(args)
     if args.memory_cmd == "get":
@@ -438,20 +411,10 @@ def build_parser() -> argparse.ArgumentParser:
     tl = task_sub.add_parser("list", help="your recent tasks")
     client_opts(tl)
 
-    ses = sub.add_parser("session", help="interactive sessions")
-    ses_sub = ses.add_subparsers(dest="session_cmd", required=True)
-    sc = ses_sub.add_parser("create", help="create a session")
-    client_opts(sc)
-    for opt in ("--name", "--profile", "--model", "--effort", "--runtime"):
-        sc.add_argument(opt)
-    ss = ses_sub.add_parser("send", help="send a message (a Turn) into a session")
-    client_opts(ss)
-    ss.add_argument("ref", nargs="?", help="session id or name (default $AMUX_SESSION_ID)")
-    ss.add_argument("text", nargs="?", help="the message ('-' or omitted: stdin)")
-    ss.add_argument("--no-wait", action="store_true", help="return once the turn is queued")
-    sh = ses_sub.add_parser("show", help="a session and its recent turns")
-    client_opts(sh)
-    sh.add_argument("ref", nargs="?", help="session id or name (default $AMUX_SESSION_ID)")
+    from . import cli_sessions
+    cli_sessions.add_parser(sub, client_opts)
+    from . import cli_instances
+    cli_instances.add_parser(sub, client_opts)
 
     mem = sub.add_parser("memory", help="hub memory of this conversation's scope (for task children)")
     mem_sub = mem.add_subparsers(dest="memory_cmd", required=True)
@@ -503,11 +466,17 @@ async def _command(args: argparse.Namespace) -> None:
     elif args.cmd in ("alerts", "feishu"):
         from . import cli_alerts
         await cli_alerts.run(args, _client(args), _print)
+    elif args.cmd == "session":
+        from . import cli_sessions
+        await cli_sessions.run(args, _client(args), _print)
+    elif args.cmd == "instance":
+        from . import cli_instances
+        await cli_instances.run(args, _client(args), _print)
     elif args.cmd == "identity":
         from . import cli_identity
         await cli_identity.run(args, _client(args), _print)
     else:
-        handlers = {"runner": _runner, "db": _db_upgrade, "token": _token, "task": _task, "session": _session,
+        handlers = {"runner": _runner, "db": _db_upgrade, "token": _token, "task": _task,
                     "memory": _memory, "profile": _profile, "credential": _credential}
         await handlers[args.cmd](args)
 

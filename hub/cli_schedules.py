@@ -1,9 +1,16 @@
-"""`amux schedule create <session-ref> …|list|get|notify|pause|resume|delete|history` over the REST API."""
+"""`amux schedule create <session-ref> …|update ID …|list|get|notify|pause|resume|delete|history` over the REST API."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+
+
+UPDATE_CHOICES = (("--profile", "profile"), ("--runtime", "runtime"), ("--model", "model"),
+                  ("--effort", "reasoning_effort"), ("--policy", "permission_policy"),
+                  ("--credential", "credential_profile"))
+UPDATE_FIELDS = ("name", "prompt", "rule", "timezone", "session_ref", "timeout_s", "extra_args", "notify") + tuple(
+    dest for _, dest in UPDATE_CHOICES)
 
 
 def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # noqa: ANN001
@@ -28,6 +35,20 @@ def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # 
     c.add_argument("--arg", dest="extra_args", action="append", help="native engine argument (repeatable)")
     c.add_argument("--notify", choices=["failures", "all", "none"],
                    help="which outcomes reach the Feishu administrator (default failures)")
+    up = sub.add_parser("update", help="change given fields of a schedule (\"\" clears an execution choice)")
+    client_opts(up)
+    up.add_argument("id")
+    up.add_argument("--name")
+    up.add_argument("--prompt", help="what each firing asks ('-': read stdin)")
+    up.add_argument("--rule", help="a new rule restarts the schedule from now")
+    up.add_argument("--tz", dest="timezone", help="IANA timezone")
+    up.add_argument("--session", dest="session_ref", help="session id or name (session-prompt schedules)")
+    for opt, dest in UPDATE_CHOICES:
+        up.add_argument(opt, dest=dest, help='"" clears it back to the default resolved at each fire')
+    up.add_argument("--timeout", dest="timeout_s", type=float)
+    up.add_argument("--arg", dest="extra_args", action="append",
+                    help="native engine argument, repeatable (replaces the saved ones)")
+    up.add_argument("--notify", choices=["failures", "all", "none"])
     nt = sub.add_parser("notify", help="choose which outcomes reach the Feishu administrator")
     client_opts(nt)
     nt.add_argument("id")
@@ -63,6 +84,12 @@ async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
         elif args.session_ref:
             body["session_ref"] = args.session_ref
         s = await api.call("POST", "schedules", {**body, "source": "cli"})
+        emit(args, s, _line(s))
+    elif args.schedule_cmd == "update":
+        body = {k: getattr(args, k) for k in UPDATE_FIELDS if getattr(args, k) is not None}
+        if body.get("prompt") == "-":
+            body["prompt"] = sys.stdin.read()
+        s = await api.call("PATCH", f"schedules/{args.id}", body)
         emit(args, s, _line(s))
     elif args.schedule_cmd == "list":
         data = await api.call("GET", "schedules")

@@ -1,8 +1,10 @@
 """MCP tools for persistent Agent Instances."""
 from __future__ import annotations
 
+from typing import Literal
+
 from mcp.server.mcpserver import Context, MCPServer
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from ..services.instances import InstanceService
 from .server import caller_of, guarded
@@ -43,6 +45,17 @@ class Delivery(BaseModel):
     instance_id: str
 
 
+class SteerAnswer(BaseModel):
+    """Where a correction went: taken by the running turn, queued in the mailbox, or unknown (not queued)."""
+
+    instance_id: str
+    delivery: Literal["delivered", "queued", "unknown"] = Field(description=(
+        "delivered: the running turn took it; queued: no turn could take it (idle, not started, or the engine "
+        "takes no steering), so it goes ahead of the next prompt; unknown: the runner never confirmed — not queued"))
+    message_id: str
+    note: str
+
+
 def instance_tools(instances: InstanceService):  # noqa: ANN201
     """Return a registrar adding the instance_* tools."""
 
@@ -74,9 +87,9 @@ def instance_tools(instances: InstanceService):  # noqa: ANN201
             return Delivery(**await guarded(lambda: instances.send(caller_of(ctx), instance_id, text)))
 
         @server.tool()
-        async def instance_steer(instance_id: str, text: str, ctx: Context) -> Delivery:
+        async def instance_steer(instance_id: str, text: str, ctx: Context) -> SteerAnswer:
             """Correct the running turn; answers delivered, queued (fell back to the mailbox) or unknown (not queued)."""
-            return Delivery(**await guarded(lambda: instances.steer(caller_of(ctx), instance_id, text)))
+            return SteerAnswer(**await guarded(lambda: instances.steer(caller_of(ctx), instance_id, text)))
 
         @server.tool()
         async def instance_interrupt(instance_id: str, ctx: Context) -> Delivery:

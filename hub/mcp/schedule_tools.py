@@ -4,8 +4,11 @@ from __future__ import annotations
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel
 
+from ..services.auth import Caller
+from ..services.delegation import own_session_id
 from ..services.schedules import ScheduleService, ScheduleSpec
 from .server import caller_of, guarded
 
@@ -87,6 +90,20 @@ class ScheduleHistory(BaseModel):
     next_cursor: int | None = None
 
 
+NO_SESSION_REF = ("a session-prompt schedule needs session_ref: call session_list to find your session's id or "
+                  "name (an agent inside a Session may omit it: its amux-session token names its own)")
+
+
+def session_ref_of(caller: Caller, schedule_type: str, session_ref: str | None) -> str | None:
+    """Return the session a session-prompt schedule goes into: the one given, else the caller's own Session."""
+    if schedule_type != "session-prompt" or session_ref:
+        return session_ref
+    own = own_session_id(caller)
+    if own is None:
+        raise ToolError(NO_SESSION_REF)
+    return own
+
+
 def schedule_tools(service: ScheduleService):  # noqa: ANN201
     """Return a registrar adding the schedule_* tools."""
 
@@ -102,12 +119,15 @@ def schedule_tools(service: ScheduleService):  # noqa: ANN201
             """Create a schedule. rule: cron "*/5 * * * *", interval "every 30s|5m|2h", one-shot "at 2026-12-01T09:00:00+08:00".
 
             schedule_type "subtask" (default) submits a child Task at each fire; "session-prompt" submits the prompt
-            into session_ref. Omitted execution choices are resolved at each fire; escalate-to-main is refused.
+            into session_ref (session_list finds one; omitted: the caller's own Session, for an agent inside one).
+            Omitted execution choices are resolved at each fire; escalate-to-main is refused.
             notify: which outcomes reach the Feishu administrator — "failures" (default), "all" or "none".
             """
-            spec = ScheduleSpec(name, prompt, rule, timezone, schedule_type, session_ref, profile, runtime, model,
+            caller = caller_of(ctx)
+            ref = session_ref_of(caller, schedule_type, session_ref)
+            spec = ScheduleSpec(name, prompt, rule, timezone, schedule_type, ref, profile, runtime, model,
                                 reasoning_effort, extra_args, permission_policy, credential_profile, timeout_s, notify)
-            return ScheduleView(**await guarded(lambda: service.create(caller_of(ctx), spec, source="mcp")))
+            return ScheduleView(**await guarded(lambda: service.create(caller, spec, source="mcp")))
 
         @server.tool()
         async def schedule_get(schedule_id: str, ctx: Context) -> ScheduleView:

@@ -9,6 +9,13 @@ from .auth import Caller
 SESSION_LABEL = "amux-session:"
 
 
+def own_session_id(caller: Caller) -> str | None:
+    """Return the session an `amux-session:<id>` token belongs to (an agent's own Session), else None."""
+    if caller.label and caller.label.startswith(SESSION_LABEL) and len(caller.label) > len(SESSION_LABEL):
+        return caller.label[len(SESSION_LABEL):]
+    return None
+
+
 async def delegation_parent(conn: Connection, caller: Caller) -> tuple[str | None, str | None, SessionContext | None]:
     """Return (parent session id, its active Turn id, its current choices) for an amux-session token.
 

@@ -118,26 +118,27 @@ class InstanceService:
         return {"instance_id": iid, "message_id": mid, "state": "queued"}
 
     async def steer(self, caller: Caller, iid: str, text: str) -> dict:
-        """Correct the running Turn; if no Turn can take it, queue it; if delivery is unknown, queue nothing."""
+        """Correct the running Turn, else queue it in the mailbox (idle too); `delivery`: delivered|queued|unknown."""
         if not isinstance(text, str) or not text.strip():
-            raise Invalid("the correction is empty")
+            raise Invalid("the correction is empty; pass the text the running turn should take")
         async with self.db.write() as conn:
             inst = await self._instance(conn, caller, iid)
             if inst.archived_at is not None:
-                raise Conflict(f"instance {iid} is archived; create a new instance with instance_create")
+                raise Conflict(f"instance {iid} is archived and takes no corrections; create a new instance with "
+                               "instance_create (instance_get shows what the archived one did)")
             current = await self.store.current_run(conn, inst.current_task_id)
-            if current is None or is_terminal(current.status):
-                raise Conflict(f"instance {iid} is idle: there is no running turn to steer; "
-                               "use instance_send to queue input or instance_followup to start work")
+            running = current is not None and current.status == Status.RUNNING.value
             mid = new_id("mb")
-            running = current.status == Status.RUNNING.value
             await self.store.add_mail(conn, message_id=mid, instance_id=iid, text=text, kind="steer",
                                       state="pending" if running else "queued",
                                       task_id=inst.current_task_id if running else None, now=self.clock.now())
         if not running:
-            return {"instance_id": iid, "delivery": "queued",
-                    "note": "the turn has not started yet, so it could not take the correction; "
-                            "it is queued in the mailbox"}
+            idle = current is None or is_terminal(current.status)
+            why = ("the instance is idle, so no turn could take the correction" if idle else
+                   "its turn has not started yet, so it could not take the correction")
+            return {"instance_id": iid, "delivery": "queued", "message_id": mid,
+                    "note": f"{why}; it is queued in the mailbox and goes ahead of the next prompt "
+                            "(instance_followup)"}
         self.notifier.notify(f"runtime:{current.runtime_id}")
         return await self._settle(iid, mid)
 
@@ -147,18 +148,19 @@ class InstanceService:
             async with self.db.read() as conn:
                 state = await self.store.mail_state(conn, mid)
             if state == "delivered":
-                return {"instance_id": iid, "delivery": "delivered", "note": "the running turn took the correction"}
+                return {"instance_id": iid, "delivery": "delivered", "message_id": mid,
+                        "note": "the running turn took the correction"}
             if state == "queued":
-                return {"instance_id": iid, "delivery": "queued",
+                return {"instance_id": iid, "delivery": "queued", "message_id": mid,
                         "note": "no turn could take the correction; it is queued in the mailbox for the next wake"}
             await asyncio.sleep(0.05)
         async with self.db.write() as conn:
             gave_up = await self.store.give_up_steer(conn, mid, self.clock.now())
         if not gave_up:
             return await self._settle(iid, mid)
-        return {"instance_id": iid, "delivery": "unknown",
-                "note": "the runner did not confirm delivery; the correction was not queued — check the turn, "
-                        "then steer again if needed"}
+        return {"instance_id": iid, "delivery": "unknown", "message_id": mid,
+                "note": "the runner did not confirm delivery; the correction was not queued — check the turn "
+                        "(instance_get), then steer again if needed"}
 
     async def interrupt(self, caller: Caller, iid: str) -> dict:
         """Cancel the current owner TaskRun; the instance stays, resumable."""

@@ -65,14 +65,52 @@ class SessionService:
         """Resolve a session-ref (id or name) to one of the caller's sessions (the CLI supplies AMUX_SESSION_ID)."""
         ref = (ref or "").strip()
         if not ref:
-            raise Invalid("no session-ref: pass a session id or name, or set AMUX_SESSION_ID")
+            raise Invalid("no session-ref: pass a session id or name (session_list or `amux session list` shows "
+                          "yours), or set AMUX_SESSION_ID")
         async with self.db.read() as conn:
             ids = await self.store.ids_by_ref(conn, caller.principal_id, ref)
         if not ids:
-            raise NotFound(f"no session {ref!r} of yours; create one with `amux session create --name {ref}`")
+            raise NotFound(f"no session {ref!r} of yours (it does not exist or belongs to another user); "
+                           f"session_list (`amux session list`) shows yours, or create one with "
+                           f"`amux session create --name {ref}`")
         if len(ids) > 1:
             raise Invalid(f"session-ref {ref!r} names {len(ids)} sessions ({', '.join(ids)}); use the id")
         return ids[0]
+
+    async def readable_id(self, caller: Caller, ref: str | None) -> str:
+        """Resolve a session-ref the caller may read: one of its own; for an admin also any session's exact id."""
+        try:
+            return await self.resolve_ref(caller, ref)
+        except NotFound:
+            sid = (ref or "").strip()
+            if caller.admin:
+                async with self.db.read() as conn:
+                    if await self.store.get(conn, sid) is not None:
+                        return sid
+            raise
+
+    async def list(self, caller: Caller, limit: int = 50) -> list[dict]:
+        """Return the caller's own sessions, most recently updated first (like tasks, an admin lists only theirs)."""
+        async with self.db.read() as conn:
+            rows = await self.store.owned(conn, caller.principal_id, max(1, min(int(limit), 500)))
+        return [{"session_id": r.id, "name": r.name, "kind": r.kind, "source": r.source, "engine": r.engine,
+                 "model": r.model, "reasoning_effort": r.reasoning_effort, "runtime": r.runtime, "turns": r.turns,
+                 "resume_handle": r.resume_handle, "created_at": _iso(r.created_at), "updated_at": _iso(r.updated_at)}
+                for r in rows]
+
+    async def send(self, caller: Caller, ref: str | None, text: str, *, source: str,
+                   wait_s: float | None = None) -> dict:
+        """Send a Turn into one of the caller's own sessions; with `wait_s`, wait that long for its outcome.
+
+        A Turn runs as its session's owner, so nobody (an admin included) sends into another user's session:
+        the ref resolves among the caller's sessions only, and the refusal names session_list.
+        """
+        sid = await self.resolve_ref(caller, ref)
+        turn_id = await self.submit_turn(caller, sid, text, source=source,
+                                         receipt={"label": caller.label} if caller.label else None)
+        if wait_s is None:
+            return {"session_id": sid, "turn_id": turn_id, "status": "queued"}
+        return await self.wait_turn(caller, turn_id, wait_s)
 
     async def _session(self, conn: Connection, caller: Caller, session_id: str) -> Row:
         row = await self.store.get(conn, session_id, lock=True)

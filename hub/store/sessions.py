@@ -92,6 +92,21 @@ class SqlSessionStore:
         stmt = sa.select(sessions).where(sessions.c.id == session_id)
         return (await conn.execute(self.db.for_update(stmt) if lock else stmt)).first()
 
+    async def owned(self, conn: Connection, owner_id: str, limit: int) -> list[Row]:
+        """Return up to `limit` of the owner's sessions (never another owner's), most recently updated first.
+
+        Each row carries the session's columns but its snapshot, and `runtime`, its sticky runtime's name (None
+        when it has none or it is gone); ties in `updated_at` go newest id first, so pages are stable.
+        """
+        stmt: sa.Select[Any] = (
+            sa.select(sessions.c.id, sessions.c.name, sessions.c.kind, sessions.c.source, sessions.c.engine,
+                      sessions.c.model, sessions.c.reasoning_effort, sessions.c.turns, sessions.c.resume_handle,
+                      sessions.c.created_at, sessions.c.updated_at, runtimes.c.name.label("runtime"))
+            .select_from(sessions.outerjoin(runtimes, runtimes.c.id == sessions.c.runtime_id))
+            .where(sessions.c.owner_id == owner_id)
+            .order_by(sessions.c.updated_at.desc(), sessions.c.id.desc()).limit(limit))
+        return list((await conn.execute(stmt)).all())
+
     async def queue_run(self, conn: Connection, session: Row, run: NewRun, now: datetime) -> int:
         """Queue `run` as the session's next run (seq `turns + 1`, the session's owner and parent); return the seq.
 

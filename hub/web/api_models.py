@@ -116,6 +116,10 @@ class TurnPath(Model):
     id: Id
 
 
+class InstancePath(Model):
+    id: Id
+
+
 class MemoryPath(Model):
     key: text(200, 1, r"^[^/]+$", "a memory key (1 to 200 characters, no slash)")
 
@@ -176,6 +180,11 @@ class WaitQuery(QueryModel):
     cursor: query_int(0, INT32, 0) = 0
     timeout_s: Annotated[float, BeforeValidator(_number), Field(ge=0, le=600, description=(
         "seconds to wait for new events, from 0 to 600, e.g. 30"))] = 30.0
+
+
+class InstanceWaitQuery(QueryModel):
+    timeout_s: Annotated[float, BeforeValidator(_number), Field(ge=0, le=600, description=(
+        "seconds to wait for the current run, from 0 to 600, e.g. 30 (a timeout never cancels it)"))] = 30.0
 
 
 class AllQuery(QueryModel):
@@ -240,6 +249,44 @@ class TurnSend(Model):
     timeout_s: Annotated[float, Field(gt=0, le=3600, description="seconds from 1 to 3600, e.g. 600")] = 600
 
 
+class InstanceCreate(Model):
+    """An Agent Instance: identity and permission policy frozen now; `prompt` starts its first run."""
+
+    hint: ClassVar[str] = 'send {"profile": "scripted", "name": "...", "prompt": "optional first prompt"}'
+    what: ClassVar[str] = "an instance"
+    name: Short | None = None
+    profile: Short | None = None
+    model: Short | None = None
+    reasoning_effort: Short | None = None
+    runtime: Short | None = None
+    permission_policy: Short | None = None
+    extra_args: Args | None = None
+    prompt: Prompt | None = None
+    timeout_s: Seconds | None = None
+
+
+class InstanceFollowup(Model):
+    """Work for an instance's next owner TaskRun; omitted identity keeps the saved one, a change is refused."""
+
+    hint: ClassVar[str] = 'send {"prompt": "..."}'
+    what: ClassVar[str] = "a followup"
+    prompt: Prompt
+    profile: Short | None = None
+    engine: Short | None = None
+    model: Short | None = None
+    runtime: Short | None = None
+    permission_policy: Short | None = None
+    timeout_s: Seconds | None = None
+
+
+class InstanceText(Model):
+    """Text for an instance: mailbox input, or a correction for its running turn."""
+
+    hint: ClassVar[str] = 'send {"text": "..."}'
+    what: ClassVar[str] = "a message"
+    text: Prompt
+
+
 class MemoryPut(Model):
     hint: ClassVar[str] = 'send {"value": "..."}'
     what: ClassVar[str] = "a memory entry"
@@ -297,6 +344,21 @@ class ScheduleFields(Model):
     notify: Literal["failures", "all", "none"] | None = None
 
 
+Clearable = text(200, description='1 to 200 characters, or "" to clear it back to the default resolved at each fire')
+
+
+class ScheduleUpdate(ScheduleFields):
+    """The fields to change; omitted ones are kept, and "" clears an execution choice (as schedule_update does)."""
+
+    session_ref: Clearable | None = None
+    profile: Clearable | None = None
+    runtime: Clearable | None = None
+    model: Clearable | None = None
+    reasoning_effort: Clearable | None = None
+    permission_policy: Clearable | None = None
+    credential_profile: Clearable | None = None
+
+
 class ScheduleCreate(ScheduleFields):
     source: Literal["rest", "cli"] = "rest"
 
@@ -341,6 +403,46 @@ class EventsReply(Reply):
 class SessionReply(Reply):
     session_id: str
     name: str | None
+
+
+class SessionSummaryReply(Reply):
+    session_id: str
+    name: str | None
+    kind: str
+    engine: str
+
+
+class SessionListReply(Reply):
+    sessions: list[SessionSummaryReply]
+
+
+class InstanceReply(Reply):
+    instance_id: str
+    status: str
+
+
+class FollowupReply(Reply):
+    instance_id: str
+    task_id: str
+    status: str
+
+
+class MailReply(Reply):
+    instance_id: str
+    message_id: str
+    state: str
+
+
+class SteerReply(Reply):
+    instance_id: str
+    delivery: Literal["delivered", "queued", "unknown"]
+    message_id: str
+
+
+class InterruptReply(Reply):
+    instance_id: str
+    task_id: str
+    task_status: str
 
 
 class ScheduleReply(Reply):
@@ -536,7 +638,7 @@ def register(app: web.Application, o: Op, fn: Handler) -> None:
 
 
 # Declared in one place so the spec, the router and the CLI check agree. Handlers live in rest.py & co.
-S, A, IDENT = "schedules", "alerts", "identity"
+S, A, IDENT, INST = "schedules", "alerts", "identity", "instances"
 PROFILE_ADMIN = "adding profiles needs an admin token (amux token create --admin)"
 CRED_ADMIN = ("declaring credential profiles needs an admin token; ask an operator, who makes one with "
               "`amux token create --principal NAME --admin`")
@@ -591,7 +693,7 @@ SCHEDULE_LIST = op("GET", "/api/v1/schedules", "schedule_list", "List schedules"
 SCHEDULE_GET = op("GET", "/api/v1/schedules/{id}", "schedule_get", "Show a schedule", SchedulePath, tag=S,
                    reply=ScheduleReply)
 SCHEDULE_UPDATE = op("PATCH", "/api/v1/schedules/{id}", "schedule_update", "Change a schedule", SchedulePath,
-                     body=ScheduleFields, tag=S, reply=ScheduleReply, max_body=MAX_BODY)
+                     body=ScheduleUpdate, tag=S, reply=ScheduleReply, max_body=MAX_BODY)
 SCHEDULE_PAUSE = op("POST", "/api/v1/schedules/{id}/pause", "schedule_pause", "Pause a schedule", SchedulePath, tag=S,
                      reply=ScheduleReply)
 SCHEDULE_RESUME = op("POST", "/api/v1/schedules/{id}/resume", "schedule_resume", "Resume a schedule", SchedulePath,
@@ -613,3 +715,26 @@ IDENTITY_LIST = op("GET", "/api/v1/identities", "identity_list", "List identity 
                    query=AllQuery, tag=IDENT)
 IDENTITY_UNLINK = op("DELETE", "/api/v1/identities/{id}", "identity_unlink", "Unlink an identity binding",
                      IdentityPath, tag=IDENT)
+SESSION_LIST = op("GET", "/api/v1/sessions", "session_list", "List your sessions, most recently updated first",
+                  query=ListQuery, tag="sessions", reply=SessionListReply)
+INSTANCE_CREATE = op("POST", "/api/v1/instances", "instance_create", "Create an Agent Instance (prompt: its first run)",
+                     body=InstanceCreate, ok=(201,), tag=INST, reply=InstanceReply, max_body=MAX_BODY)
+INSTANCE_GET = op("GET", "/api/v1/instances/{id}", "instance_get", "Show an instance", InstancePath, tag=INST,
+                  reply=InstanceReply)
+INSTANCE_FOLLOWUP = op("POST", "/api/v1/instances/{id}/followups", "instance_followup",
+                       "Submit work as the instance's next owner TaskRun", InstancePath, body=InstanceFollowup,
+                       ok=(201,), tag=INST, reply=FollowupReply, max_body=MAX_BODY)
+INSTANCE_SEND = op("POST", "/api/v1/instances/{id}/messages", "instance_send",
+                   "Queue mailbox input for the instance's next run", InstancePath, body=InstanceText, ok=(201,),
+                   tag=INST, reply=MailReply, max_body=MAX_BODY)
+INSTANCE_STEER = op("POST", "/api/v1/instances/{id}/steer", "instance_steer",
+                    "Correct the running turn (delivered), else queue it (queued); unknown delivery queues nothing",
+                    InstancePath, body=InstanceText, tag=INST, reply=SteerReply, max_body=MAX_BODY)
+INSTANCE_INTERRUPT = op("POST", "/api/v1/instances/{id}/interrupt", "instance_interrupt",
+                        "Cancel the instance's current run; the instance stays", InstancePath, tag=INST,
+                        reply=InterruptReply)
+INSTANCE_WAIT = op("GET", "/api/v1/instances/{id}/wait", "instance_wait",
+                   "Wait for the instance's current run (a timeout never cancels it)", InstancePath,
+                   query=InstanceWaitQuery, tag=INST, reply=InstanceReply)
+INSTANCE_ARCHIVE = op("POST", "/api/v1/instances/{id}/archive", "instance_archive", "Archive an idle instance",
+                      InstancePath, tag=INST, reply=InstanceReply)

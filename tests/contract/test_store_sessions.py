@@ -189,3 +189,34 @@ async def test_a_delegation_never_takes_another_owners_session_as_its_parent(sto
     async with store.db.read() as conn:
         assert await SqlSessionStore.delegation_parent(conn, "ses_a", "bob") is None
         assert await SqlSessionStore.delegation_parent(conn, "ses_missing", "alice") is None
+
+
+async def test_owned_sessions_are_the_owners_alone_most_recently_updated_first_and_at_most_limit(store, clock):
+    await make(store, clock, new_session("ses_a"), new_session("ses_b"), new_session("ses_bob", "bob"))
+    clock.advance(5)
+    await make(store, clock, new_session("ses_c"))
+    clock.advance(5)
+    await queue(store, clock, "ses_a", "turn_1")  # a queued run makes ses_a the most recently updated
+    async with store.db.read() as conn:
+        rows = await store.owned(conn, "alice", 10)
+        two = await store.owned(conn, "alice", 2)
+        assert [r.id for r in await store.owned(conn, "bob", 10)] == ["ses_bob"]
+        assert await store.owned(conn, "nobody", 10) == []
+    assert [r.id for r in rows] == ["ses_a", "ses_c", "ses_b"]  # ses_b and ses_bob tie in time; bob's never shows
+    assert [r.id for r in two] == ["ses_a", "ses_c"]
+    assert (rows[0].turns, rows[0].kind, rows[0].engine, rows[0].model) == (1, "interactive", "scripted", "m1")
+    assert utc(rows[0].updated_at) == clock.now() and "snapshot" not in rows[0]._fields
+
+
+async def test_owned_sessions_tied_in_update_time_list_the_newest_id_first(store, clock):
+    await make(store, clock, new_session("ses_1"), new_session("ses_3"), new_session("ses_2"))
+    async with store.db.read() as conn:
+        assert [r.id for r in await store.owned(conn, "alice", 10)] == ["ses_3", "ses_2", "ses_1"]
+
+
+async def test_an_owned_sessions_runtime_is_its_sticky_runtimes_name_or_none(store, clock):
+    await make(store, clock, new_session("ses_a", runtime_id="rt_1"), new_session("ses_b"),
+               new_session("ses_c", runtime_id="rt_gone"))
+    async with store.db.read() as conn:
+        rows = {r.id: r.runtime for r in await store.owned(conn, "alice", 10)}
+    assert rows == {"ses_a": "rt1", "ses_b": None, "ses_c": None}

@@ -82,7 +82,8 @@ async def test_typescript_sdk_initializes_with_every_version_lists_and_calls_too
     for version, seen in report["versions"].items():
         assert seen["negotiated"] == version and seen["server"] == "amux" and seen["tools"] >= 30
         assert seen["sessionId"].startswith("amx1.")  # the hub tells clients apart (holder labels)
-    assert {"profile_list", "task_submit", "task_wait", "rift_task_new", "rift_vm_exec", "schedule_create"} <= set(report["tools"])
+    assert {"profile_list", "task_submit", "task_wait", "rift_task_new", "rift_vm_exec", "schedule_create",
+            "session_list", "session_get", "session_send", "instance_steer"} <= set(report["tools"])
     assert any(p["name"] == "scripted" for p in report["calls"]["profile_list"]["profiles"])
     assert report["calls"]["task"]["status"] == "succeeded"
     assert report["calls"]["task"]["result"]["text"] == "hello from typescript"

@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from hub.services.tasks import SubmitRequest
-from hub.store.tables import instances, sessions, task_runs
+from hub.store.tables import instances, mailbox, sessions, task_runs
 from tests.helpers import REPO, eventually, mcp_client
 
 
@@ -225,12 +225,43 @@ async def test_steer_whose_delivery_is_unknown_is_not_queued(hub):
     assert ans["delivery"] == "unknown" and view["mailbox_queued"] == 0
 
 
-async def test_steer_on_an_idle_instance_is_refused(hub):
+async def test_steer_on_an_idle_instance_falls_back_to_the_mailbox_ahead_of_the_next_prompt(hub):
     async with mcp_client(hub.url, hub.admin_token) as c:
         await hub.start_runner()
         iid = (await ok(c, "instance_create", profile="scripted"))["instance_id"]
-        assert "instance_send" in await refused(c, "instance_steer", instance_id=iid, text="hello?")
-        assert (await ok(c, "instance_get", instance_id=iid))["mailbox_queued"] == 0
+        ans = await ok(c, "instance_steer", instance_id=iid, text="say steered while idle")
+        assert ans["delivery"] == "queued" and "idle" in ans["note"] and ans["message_id"].startswith("mb_")
+        assert (await ok(c, "instance_get", instance_id=iid))["mailbox_queued"] == 1
+        up = await ok(c, "instance_followup", instance_id=iid, prompt="say next")
+        done = await ok(c, "instance_wait", instance_id=iid, timeout_s=10)
+    assert up["mailbox_delivered"] == 1
+    assert done["task"]["result"]["text"] == "steered while idle\nnext" and done["mailbox_queued"] == 0
+
+
+async def test_steer_on_an_instance_whose_last_run_ended_falls_back_to_the_mailbox(hub):
+    async with mcp_client(hub.url, hub.admin_token) as c:
+        await hub.start_runner()
+        iid = (await ok(c, "instance_create", profile="scripted", prompt="say first"))["instance_id"]
+        assert (await ok(c, "instance_wait", instance_id=iid, timeout_s=10))["task"]["status"] == "succeeded"
+        ans = await ok(c, "instance_steer", instance_id=iid, text="say after the end")
+        assert ans["delivery"] == "queued"
+        await ok(c, "instance_followup", instance_id=iid, prompt="say again")
+        done = await ok(c, "instance_wait", instance_id=iid, timeout_s=10)
+    assert done["task"]["result"]["text"] == "after the end\nagain"
+
+
+async def test_steer_on_an_archived_instance_is_refused_naming_instance_create_and_queues_nothing(hub):
+    async with mcp_client(hub.url, hub.admin_token) as c:
+        await hub.start_runner()
+        iid = (await ok(c, "instance_create", profile="scripted"))["instance_id"]
+        await ok(c, "instance_archive", instance_id=iid)
+        text = await refused(c, "instance_steer", instance_id=iid, text="say too late")
+        view = await ok(c, "instance_get", instance_id=iid)
+    assert "archived" in text and "instance_create" in text
+    assert view["status"] == "archived" and view["mailbox_queued"] == 0
+    async with hub.hub.db.read() as conn:
+        assert (await conn.execute(sa.select(sa.func.count()).select_from(mailbox)
+                                   .where(mailbox.c.instance_id == iid))).scalar() == 0
 
 
 async def test_interrupt_cancels_the_current_owner_taskrun_and_keeps_the_instance(hub):

@@ -1,0 +1,71 @@
+"""`amux session create | list | get | send | show` over the REST API (a session-ref falls back to AMUX_SESSION_ID)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .errors import AmuxError
+
+
+def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # noqa: ANN001
+    """Add `amux session …`; `client_opts` adds --hub/--token/--json."""
+    ses = subparsers.add_parser("session", help="interactive sessions")
+    sub = ses.add_subparsers(dest="session_cmd", required=True)
+    sc = sub.add_parser("create", help="create a session")
+    client_opts(sc)
+    for opt in ("--name", "--profile", "--model", "--effort", "--runtime"):
+        sc.add_argument(opt)
+    ls = sub.add_parser("list", help="your sessions, most recently updated first")
+    client_opts(ls)
+    ls.add_argument("--limit", type=int, default=50)
+    ss = sub.add_parser("send", help="send a message (a Turn) into one of your sessions")
+    client_opts(ss)
+    ss.add_argument("ref", nargs="?", help="session id or name (default $AMUX_SESSION_ID)")
+    ss.add_argument("text", nargs="?", help="the message ('-' or omitted: stdin)")
+    ss.add_argument("--no-wait", action="store_true", help="return once the turn is queued")
+    ss.add_argument("--timeout", type=float, default=600, help="seconds to wait for the outcome (default 600)")
+    for name, text in (("get", "a session and its recent turns"), ("show", "the same as get")):
+        p = sub.add_parser(name, help=text)
+        client_opts(p)
+        p.add_argument("ref", nargs="?", help="session id or name (default $AMUX_SESSION_ID)")
+
+
+def session_ref(args: argparse.Namespace) -> str:
+    """Return the session-ref given, else $AMUX_SESSION_ID; refuse naming the fix when there is neither."""
+    ref = getattr(args, "ref", None) or os.environ.get("AMUX_SESSION_ID")
+    if not ref:
+        raise AmuxError("no session-ref: pass a session id or name (`amux session list` shows yours), "
+                        "or set AMUX_SESSION_ID")
+    return ref
+
+
+def _line(s: dict) -> str:
+    return (f"{s['session_id']}  {s['name'] or '-':<20} {s['kind']:<11} {s['engine']:<9} model={s['model'] or '-'}  "
+            f"runtime={s['runtime'] or '-'}  turns={s['turns']}  updated {(s['updated_at'] or '-')[:19]}")
+
+
+async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
+    """Run one `amux session` command with the REST client `api`; `emit(args, data, human)` prints."""
+    if args.session_cmd == "create":
+        body = {k: v for k, v in {"name": args.name, "profile": args.profile, "model": args.model,
+                                  "reasoning_effort": args.effort, "runtime": args.runtime}.items() if v is not None}
+        res = await api.call("POST", "sessions", body)
+        emit(args, res, f"{res['session_id']}  {res['engine']}  {res['model'] or '(engine default model)'}")
+    elif args.session_cmd == "list":
+        res = await api.call("GET", "sessions", params={"limit": args.limit})
+        emit(args, res, "\n".join(_line(s) for s in res["sessions"])
+             or "no sessions; create one with `amux session create --name NAME --profile P`")
+    elif args.session_cmd == "send":
+        if args.text is None and os.environ.get("AMUX_SESSION_ID"):
+            args.ref, args.text = None, args.ref  # `amux session send TEXT` inside a session
+        text = args.text if args.text not in (None, "-") else sys.stdin.read()
+        body = {"text": text, "wait": not args.no_wait, "timeout_s": args.timeout}
+        res = await api.call("POST", f"sessions/{session_ref(args)}/turns", body)
+        emit(args, res, (res.get("result") or {}).get("text") or f"{res.get('turn_id')}  {res.get('status')}")
+    else:
+        res = await api.call("GET", f"sessions/{session_ref(args)}")
+        lines = [f"{res['session_id']}  {res['name'] or ''}  {res['engine']}  model={res['model']}  "
+                 f"runtime={res['runtime']}"]
+        lines += [f"  #{t['seq']} {t['id']} {t['status']}  {(t['result'] or '')[:80]}" for t in res["turns"]]
+        emit(args, res, "\n".join(lines))
