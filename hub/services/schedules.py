@@ -159,7 +159,7 @@ class ScheduleService:
                               "(or use schedule_type \"subtask\")")
             if not s.session_ref:
                 raise Invalid("session-prompt needs session_ref (or AMUX_SESSION_ID for the CLI); "
-                              "list sessions to find one")
+                              "session_list (`amux session list`) shows your sessions")
             s.session_ref = await self.sessions.resolve_ref(caller, s.session_ref)
             if len(s.prompt.encode()) > self.admission.hub.max_prompt_bytes:
                 raise Invalid(f"prompt is larger than {self.admission.hub.max_prompt_bytes} bytes; "

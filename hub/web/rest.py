@@ -74,7 +74,7 @@ def add_routes(app: web.Application, hub: Any) -> None:
         return await hub.sessions.create(c.caller, **c.body.model_dump(exclude_unset=True))
 
     async def session_show(c: Call) -> dict:
-        return await hub.sessions.show(c.caller, await hub.sessions.resolve_ref(c.caller, c.path.ref))
+        return await hub.sessions.show(c.caller, await hub.sessions.readable_id(c.caller, c.path.ref))
 
     async def session_send(c: Call) -> Any:
         sid = await hub.sessions.resolve_ref(c.caller, c.path.ref)
