@@ -49,7 +49,6 @@ from .web.mcp_mount import McpMount
 from .web.server import ConnectionLimits, GuardedAppRunner
 from .web.runner_ws import RunnerEndpoint
 
-HUB = web.AppKey("hub", object)
 
 
 def embedded_secret_key(home: Path) -> str:
@@ -120,14 +119,15 @@ class Hub:
         """Build the aiohttp application; `background` starts the placement and reaper loops."""
         app = web.Application(middlewares=[edge.edge_middleware(self.settings.hub.body_timeout_s),
                                              rest.auth_middleware(self.auth)], client_max_size=2 * 1024 * 1024)
-        app[HUB] = self
         health.add_routes(app, self.db, self.metrics, self.loops)
-        rest.add_routes(app, self)
-        schedules_api.add_routes(app, self)
-        alerts_api.add_routes(app, self)
-        identity_api.add_routes(app, self)
-        sessions_api.add_routes(app, self)
-        instances_api.add_routes(app, self)
+        rest.add_routes(app, rest.RestServices(
+            auth=self.auth, tasks=self.tasks, permissions=self.permissions, sessions=self.sessions,
+            profiles=self.profiles, credentials=self.credentials, memory=self.memory, runtimes=self.runtimes))
+        schedules_api.add_routes(app, self.schedules)
+        alerts_api.add_routes(app, self.alerts)
+        identity_api.add_routes(app, self.identity)
+        sessions_api.add_routes(app, self.sessions)
+        instances_api.add_routes(app, self.instances)
         openapi.add_routes(app)
         app.router.add_get("/runner/ws", self.runner_endpoint.handle)
         app.on_shutdown.append(self.runner_endpoint.close_all)

@@ -5,17 +5,15 @@ before any input is read.
 """
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
+from ..services.alerts import AlertService
 from . import api_models as m
 from .api_models import Call, flag, register
 
 
-def add_routes(app: web.Application, hub: Any) -> None:
+def add_routes(app: web.Application, alerts: AlertService) -> None:
     """Register the alert endpoints."""
-    alerts = hub.alerts
 
     async def explain(c: Call) -> dict:
         return await alerts.explain(c.path.ref)

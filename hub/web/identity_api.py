@@ -1,17 +1,16 @@
 """`/api/v1/identity…`: link codes and identity bindings over REST (the CLI's `amux identity …`)."""
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
+
+from ..services.identity import IdentityService
 
 from . import api_models as m
 from .api_models import Call, flag, register
 
 
-def add_routes(app: web.Application, hub: Any) -> None:
+def add_routes(app: web.Application, identity: IdentityService) -> None:
     """Register `POST /api/v1/identity/link-codes`, `GET /api/v1/identities`, `DELETE /api/v1/identities/{id}`."""
-    identity = hub.identity
 
     async def link_code(c: Call) -> dict:
         return await identity.create_link_code(c.caller)

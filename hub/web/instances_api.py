@@ -1,8 +1,6 @@
 """`/api/v1/instances…`: REST over the InstanceService (the CLI uses it); inputs typed in api_models.py."""
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
 from ..services.instances import InstanceService
@@ -10,9 +8,9 @@ from . import api_models as m
 from .api_models import Call, register
 
 
-def add_routes(app: web.Application, hub: Any) -> None:
+def add_routes(app: web.Application, instances: InstanceService) -> None:
     """Register the Agent Instance endpoints (the same service and rules as the instance_* MCP tools)."""
-    service: InstanceService = hub.instances
+    service = instances
 
     async def create(c: Call) -> dict:
         return await service.create(c.caller, **c.body.model_dump(exclude_unset=True))

@@ -5,13 +5,19 @@ Each handler receives a `Call` whose path, query and body were already parsed th
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
 from ..errors import AmuxError, Forbidden, NotFound
 from ..services.auth import RUN_REFUSED, AuthService, TokenAdmin, run_token_may
-from ..services.tasks import SubmitRequest, TaskService
+from ..services.credentials import CredentialService
+from ..services.memory import MemoryService
+from ..services.profiles import ProfileService
+from ..services.runtimes import RuntimeService
+from ..services.sessions import SessionService
+from ..services.tasks import PermissionService, SubmitRequest, TaskService
 from . import api_models as m
 from .api_models import CALLER, Call, error_response, flag, register
 
@@ -48,9 +54,23 @@ def auth_middleware(auth: AuthService) -> Callable:
     return middleware
 
 
-def add_routes(app: web.Application, hub: Any) -> None:
+@dataclass(frozen=True, kw_only=True)
+class RestServices:
+    """The services the core REST endpoints call."""
+
+    auth: AuthService
+    tasks: TaskService
+    permissions: PermissionService
+    sessions: SessionService
+    profiles: ProfileService
+    credentials: CredentialService
+    memory: MemoryService
+    runtimes: RuntimeService
+
+
+def add_routes(app: web.Application, hub: RestServices) -> None:
     """Register the REST endpoints over the hub's services."""
-    tasks: TaskService = hub.tasks
+    tasks = hub.tasks
 
     async def whoami(c: Call) -> dict:
         return {"principal": c.caller.principal, "label": c.caller.label, "admin": c.caller.admin}

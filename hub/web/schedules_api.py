@@ -1,8 +1,6 @@
 """`/api/v1/schedules…`: REST over the ScheduleService (the CLI uses it); inputs typed in api_models.py."""
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
 from ..services.schedules import ScheduleService, ScheduleSpec
@@ -10,9 +8,9 @@ from . import api_models as m
 from .api_models import Call, flag, register
 
 
-def add_routes(app: web.Application, hub: Any) -> None:
+def add_routes(app: web.Application, schedules: ScheduleService) -> None:
     """Register the schedule endpoints."""
-    service: ScheduleService = hub.schedules
+    service = schedules
 
     async def create(c: Call) -> dict:
         data = c.body.model_dump(exclude_unset=True)
