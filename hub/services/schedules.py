@@ -13,6 +13,7 @@ from ..domain import schedule_rules as rules
 from ..errors import Invalid, NotFound
 from ..ids import new_id
 from ..store.db import Database
+from ..store.incidents import SqlIncidentStore
 from ..store.tables import firings, identity_bindings, principals, schedules, task_runs
 from .admission import Admission, SubmitRequest
 from .auth import Caller
@@ -268,7 +269,7 @@ class ScheduleService:
             row = await self._row(conn, caller, schedule_id)
             creator = (await conn.execute(sa.select(principals.c.name).where(principals.c.id == row.creator_id))).scalar()
             apps = [a.app_id for a in self.feishu.apps] if self.feishu is not None else []
-            notices = (await route(conn, row, apps)).view()
+            notices = (await route(conn, row, apps, SqlIncidentStore(self.db))).view()
         return {**self._view(row, creator), "notifications": notices}
 
     async def list(self, caller: Caller, limit: int = 100, all_principals: bool = False) -> list[dict]:
