@@ -30,7 +30,7 @@ def require_lark(why: str) -> None:
 class BotApp:
     """The bot wired into one hub replica."""
 
-    def __init__(self, hub: "Hub") -> None:
+    def __init__(self, hub: Hub) -> None:
         self.hub = hub
         self.core = FeishuBot(hub)
         self.webhook = webhook.WebhookEndpoint(self.core, lambda: hub.clock.now().timestamp())
@@ -59,6 +59,6 @@ class BotApp:
             await self.hub.alerts.aclose()
 
 
-def build_bot(hub: "Hub") -> BotApp:
+def build_bot(hub: Hub) -> BotApp:
     """Build the bot for `hub` (called by hub.app.Hub)."""
     return BotApp(hub)

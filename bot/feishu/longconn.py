@@ -52,7 +52,7 @@ class Link(Protocol):
         """Wait up to `timeout` seconds for the client to end (blocking: call it from a thread)."""
 
 
-Starter = Callable[[FeishuAppSettings, asyncio.AbstractEventLoop], "Link | None"]
+Starter = Callable[[FeishuAppSettings, asyncio.AbstractEventLoop], Link | None]
 
 
 class ThreadLoops:
@@ -91,7 +91,7 @@ class ClientThread:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
 
-    def start(self) -> "ClientThread":
+    def start(self) -> ClientThread:
         """Start the thread."""
         self.thread.start()
         return self
@@ -161,7 +161,7 @@ class ClientThread:
 class LongConnections:
     """Hold the long connections of the applications configured with `mode = "long-connection"`."""
 
-    def __init__(self, bot: "FeishuBot", hub: "Hub", *, lease_s: float = LEASE_S, holder: str | None = None,
+    def __init__(self, bot: FeishuBot, hub: Hub, *, lease_s: float = LEASE_S, holder: str | None = None,
                  starter: Starter | None = None, service: BotService | None = None) -> None:
         self.bot = bot
         self.hub = hub

@@ -13,13 +13,13 @@ if TYPE_CHECKING:
 ANSWER_LIMIT = 20_000  # characters of the agent's answer posted back in one text message
 
 
-async def chat_session(hub: "Hub", v: Viewer, chat_id: str) -> str:
+async def chat_session(hub: Hub, v: Viewer, chat_id: str) -> str:
     """Return the Session of (application, chat, operator), creating it on the first message."""
     return await BotService(hub.db, hub.clock, hub.sessions).chat_session(v.caller(), v.app_id, chat_id,
                                                                           v.principal_id)
 
 
-async def converse(hub: "Hub", v: Viewer, chat_id: str, text: str, wait_s: float,
+async def converse(hub: Hub, v: Viewer, chat_id: str, text: str, wait_s: float,
                    message_id: str | None = None) -> tuple[str, str]:
     """Submit `text` as a Turn and wait for it; return (turn id, answer text)."""
     sid = await chat_session(hub, v, chat_id)

@@ -11,7 +11,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..clock import Clock, utc
 from ..config import AlertSettings, FeishuSettings
@@ -20,10 +20,14 @@ from ..errors import Invalid, NotFound
 from ..ids import new_id
 from ..store.db import Connection, Database, Row
 from ..store.incidents import DecidedElsewhere
+from .auth import Caller
 from .channel import Channel, NullChannel
 from .notice_route import route
 from .outbox import OutboxWorker, diagnostic_missing_admin
 from .schedule_ports import FiringOutcome
+
+if TYPE_CHECKING:
+    from .schedules import ScheduleService
 
 log = logging.getLogger(__name__)
 INCIDENT_FIELDS = [f for f in rules.Incident.__dataclass_fields__]
@@ -39,7 +43,7 @@ def _iso(dt: datetime | None) -> str | None:
     return dt.isoformat() if dt else None
 
 
-def incident_view(inc: rules.Incident, incident_id: str, sched: Any, creator: str | None, app_id: str) -> dict:
+def incident_view(inc: rules.Incident, incident_id: str, sched: Row, creator: str | None, app_id: str) -> dict:
     """Return the card view model of an incident (what the channel renders)."""
     return {"v": 1, "kind": "incident", "incident_id": incident_id, "app_id": app_id,
             "schedule_id": sched.id, "schedule_name": sched.name, "creator": creator, "timezone": sched.timezone,
@@ -64,7 +68,8 @@ class AlertService:
     """Decide about outcomes, keep incidents, and run the outbox worker."""
 
     def __init__(self, db: Database, clock: Clock, settings: AlertSettings, feishu: FeishuSettings,
-                 channel: Channel | None = None, schedules: Any = None, worker_id: str | None = None) -> None:
+                 channel: Channel | None = None, schedules: ScheduleService | None = None,
+                 worker_id: str | None = None) -> None:
         self.db = db
         self.clock = clock
         self.settings = settings
@@ -123,7 +128,8 @@ class AlertService:
         row = await self.store.lock_active(conn, ev.schedule_id) if app_id is not None else None
         step = rules.on_outcome(_incident(row) if row is not None else None, o, now, self.n)
         iid = row.id if row is not None else None
-        if o.has_creator and o.has_app and step.incident is not None and (row is None or step.incident != _incident(row)):
+        changed = step.incident is not None and (row is None or step.incident != _incident(row))
+        if o.has_creator and o.has_app and changed:
             iid = await self._save(conn, row, step.incident, sched, app_id, ev.creator_id, now)
         label = ev.outcome or ev.admission
         notices = await self._queue(conn, step.notices, iid, step.incident, sched, creator, app_id, now, ev=ev)
@@ -155,10 +161,10 @@ class AlertService:
         out = []
         for kind in kinds:
             if kind == "receipt":
-                payload = {"v": 1, "kind": "receipt", "app_id": app_id, "schedule_id": sched.id, "schedule_name": sched.name,
-                           "creator": creator, "timezone": sched.timezone, "outcome": ev.outcome or ev.admission,
-                           "firing_id": ev.firing_id, "nominal_time": _iso(ev.nominal_time), "task_id": ev.task_id,
-                           "turn_id": ev.turn_id}
+                payload = {"v": 1, "kind": "receipt", "app_id": app_id, "schedule_id": sched.id,
+                           "schedule_name": sched.name, "creator": creator, "timezone": sched.timezone,
+                           "outcome": ev.outcome or ev.admission, "firing_id": ev.firing_id,
+                           "nominal_time": _iso(ev.nominal_time), "task_id": ev.task_id, "turn_id": ev.turn_id}
             else:
                 payload = incident_view(inc, iid, sched, creator, app_id)
                 payload["notice"] = kind
@@ -236,7 +242,7 @@ class AlertService:
         """Hold reminders for `alerts.snooze_s`."""
         return await self._control(incident_id, lambda inc, now: rules.snooze(inc, now, self.n))
 
-    async def pause(self, caller: Any, incident_id: str) -> dict:
+    async def pause(self, caller: Caller, incident_id: str) -> dict:
         """Pause the incident's schedule (future dispatch only; admitted Tasks keep running)."""
         inc = await self.incident(incident_id)
         if self.schedules is None:
@@ -304,7 +310,8 @@ class AlertService:
             if row.state in ("open", "recovering"):
                 inc = rules.retarget(_incident(row))
                 step = rules.Step(replace(inc, last_ping_at=now), ("card",), "opened")
-                await self._apply(conn, row, step, now, detail=f"{detail}: the active incident notifies the new administrator")
+                await self._apply(conn, row, step, now,
+                                  detail=f"{detail}: the active incident notifies the new administrator")
 
     # ------------------------------------------------------------ reads
 
@@ -371,7 +378,8 @@ class AlertService:
             page = min(page, pages - 1)
             rows = await self.store.active_page_in_app(conn, app_id, offset=page * page_size, limit=page_size)
             app = await self.store.app(conn, app_id)
-        diags = [d.get("diagnostic") or d.get("state") or "" for d in await self.diagnostics() if d.get("app_id") == app_id]
+        diags = [d.get("diagnostic") or d.get("state") or "" for d in await self.diagnostics()
+                 if d.get("app_id") == app_id]
         return CenterPage(incidents=rows, page=page, pages=pages,
                           delivery_state=app.delivery_state if app else "unconfigured",
                           diagnostics=[d for d in diags if d])

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 class BotService:
     """The bot's state, shared by every replica (the bot's handlers and transports call this, never the store)."""
 
-    def __init__(self, db: Database, clock: Clock, sessions: "SessionService | None" = None) -> None:
+    def __init__(self, db: Database, clock: Clock, sessions: SessionService | None = None) -> None:
         self.db = db
         self.clock = clock
         self.sessions = sessions

@@ -21,7 +21,8 @@ class Route:
     """The application whose administrator is told (None: no proactive notices), and why, in words."""
 
     app_id: str | None
-    basis: str   # frozen | single_binding | sole_app | unbound_by_recovery | turn_without_receipt | no_creator | several_apps | no_app
+    basis: str  # frozen | single_binding | sole_app | unbound_by_recovery | turn_without_receipt | no_creator
+    #             | several_apps | no_app
     why: str
 
     def view(self) -> dict:
@@ -32,7 +33,8 @@ class Route:
 async def route(conn: Connection, sched: Row, configured_apps: Sequence[str], store: SqlIncidentStore) -> Route:
     """Decide where `sched`'s notices go (reads bindings and recovery results through `store`; writes nothing)."""
     if sched.app_id:
-        how = "its creator's Feishu binding frozen when it was created" if sched.creator_binding_id else "its creation receipt"
+        how = ("its creator's Feishu binding frozen when it was created" if sched.creator_binding_id
+               else "its creation receipt")
         return Route(sched.app_id, "frozen", f"notices go to the administrator of {sched.app_id} ({how})")
     if not sched.creator_id:
         return Route(None, "no_creator", "will not notify: it has no attributable creator")
@@ -56,5 +58,5 @@ async def route(conn: Connection, sched: Row, configured_apps: Sequence[str], st
                      "to see it in your own view")
     if not configured_apps:
         return Route(None, "no_app", "will not notify: no Feishu application is configured ([[feishu.apps]])")
-    return Route(None, "no_app", "will not notify: its creator has no linked Feishu identity and several applications are "
-                 "configured; run `amux identity link` and send the code to the bot")
+    return Route(None, "no_app", "will not notify: its creator has no linked Feishu identity and several applications "
+                 "are configured; run `amux identity link` and send the code to the bot")

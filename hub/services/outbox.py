@@ -102,8 +102,9 @@ class OutboxWorker:
                                slots.get((r.app_id, r.recipient or (app and app.admin_open_id)), []), now, self.n)
                 if g.action == "send":
                     recipient = r.recipient or app.admin_open_id
-                    values = {"claimed_by": self.worker_id, "claimed_until": now + timedelta(seconds=self.settings.lease_s),
-                              "recipient": recipient, "first_attempt_at": utc(r.first_attempt_at) or now}
+                    values = {"claimed_by": self.worker_id,
+                              "claimed_until": now + timedelta(seconds=self.settings.lease_s), "recipient": recipient,
+                              "first_attempt_at": utc(r.first_attempt_at) or now}
                     slot = None
                     if r.kind in rules.NEW_KINDS:
                         values["slot_at"] = slot = now
@@ -130,18 +131,19 @@ class OutboxWorker:
         refs = {"notice_id": r.id, "incident_id": r.incident_id, "schedule_id": r.schedule_id}
         if g.action == "defer":
             await self.outbox.defer(conn, r.id, g.until)
-            await self.notices.log(conn, now, g.decision, detail=f"{rules.DECISIONS[g.decision]}; due {g.until.isoformat()}",
-                                   **refs)
+            await self.notices.log(conn, now, g.decision,
+                                   detail=f"{rules.DECISIONS[g.decision]}; due {g.until.isoformat()}", **refs)
         elif g.action == "retire":
             await self.outbox.retire(conn, r.id)
             await self.notices.log(conn, now, "retired", **refs)
         elif g.action == "fold":
             digest = await self._digest_for(conn, r, r.recipient or app.admin_open_id, g.until, now)
             await self.outbox.fold(conn, r.id, digest)
-            await self.notices.log(conn, now, "rate_limited", detail=f"folded into digest {digest}, due {g.until.isoformat()}",
-                                   **refs)
+            await self.notices.log(conn, now, "rate_limited",
+                                   detail=f"folded into digest {digest}, due {g.until.isoformat()}", **refs)
         else:  # hold: missing administrator or suspended delivery — kept pending, never dropped
-            text = rules.DECISIONS["suspended"] if g.decision == "suspended" else diagnostic_missing_admin(r.app_id, app is not None)
+            text = (rules.DECISIONS["suspended"] if g.decision == "suspended"
+                    else diagnostic_missing_admin(r.app_id, app is not None))
             if g.decision == "suspended" and app is not None and app.diagnostic:
                 text = app.diagnostic
             await self.outbox.hold(conn, r.id, now + timedelta(seconds=self.settings.unconfigured_retry_s), text)
@@ -235,7 +237,8 @@ class OutboxWorker:
             await self.notices.log(conn, now, state, detail=detail, notice_id=c.row.id, incident_id=c.row.incident_id,
                                    schedule_id=c.row.schedule_id)
 
-    async def _record(self, c: "_Claim", d: Delivery, *, card_from_send: bool = False, message_id: str | None = None) -> None:
+    async def _record(self, c: "_Claim", d: Delivery, *, card_from_send: bool = False,
+                      message_id: str | None = None) -> None:
         """Store the classified result; only a success records the message id (and the incident's card)."""
         r = c.row
         now = self.clock.now()

@@ -1,12 +1,10 @@
 """The Feishu bot's own rows: chat sessions, connection leases and the inbound dedup keys."""
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
-
-from ..clock import utc
 
 from .db import Connection, Database
 from .tables import bot_chats, bot_inbound, bot_leases
@@ -52,7 +50,7 @@ class SqlBotStore:
             except IntegrityError as e:
                 raise Duplicate(f"lease {name} was created concurrently") from e
             return True
-        if row.holder != holder and utc(row.expires_at) > now:
+        if row.holder != holder and _aware(row.expires_at) > now:
             return False
         await conn.execute(bot_leases.update().where(bot_leases.c.name == name).values(holder=holder, expires_at=until))
         return True
@@ -60,7 +58,7 @@ class SqlBotStore:
     async def lease_holder(self, conn: Connection, name: str) -> tuple[str, datetime] | None:
         """Return who holds lease `name` and until when (None: nobody ever took it)."""
         row = (await conn.execute(sa.select(bot_leases).where(bot_leases.c.name == name))).first()
-        return None if row is None else (row.holder, utc(row.expires_at))
+        return None if row is None else (row.holder, _aware(row.expires_at))
 
     async def release_leases(self, conn: Connection, holder: str) -> int:
         """Drop every lease `holder` has (live or not), so another replica may take them at once; return how many."""
@@ -79,3 +77,7 @@ class SqlBotStore:
     async def prune_inbound(self, conn: Connection, before: datetime) -> int:
         """Forget inbound keys received before `before` (past Feishu's retry window); return how many."""
         return int((await conn.execute(bot_inbound.delete().where(bot_inbound.c.received_at < before))).rowcount)
+
+
+def _aware(dt: datetime) -> datetime:
+    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt  # SQLite drops tzinfo

@@ -29,8 +29,10 @@ def box(db: Database) -> SqlOutboxStore:
 async def seed_schedule(db: Database, now: datetime, sid: str = "sch_1", creator: str | None = "prn_1",
                         name: str = "nightly") -> str:
     async with db.write() as conn:
-        if creator and (await conn.execute(sa.select(principals.c.id).where(principals.c.id == creator))).first() is None:
-            await conn.execute(principals.insert().values(id=creator, kind="user", name=f"name-{creator}", created_at=now))
+        known = (await conn.execute(sa.select(principals.c.id).where(principals.c.id == creator))).first()
+        if creator and known is None:
+            await conn.execute(principals.insert().values(id=creator, kind="user", name=f"name-{creator}",
+                                                          created_at=now))
         await conn.execute(schedules.insert().values(
             id=sid, creator_id=creator, type="prompt", name=name, prompt="p", rule="every 5m", timezone="UTC",
             paused=False, created_at=now, updated_at=now))
@@ -294,7 +296,8 @@ async def test_newest_orders_by_opening_newest_first_and_filters_active_and_limi
     await open_incident(db, store, now + timedelta(minutes=1), "inc_mid", schedule_id="sch_b", state="closed")
     await open_incident(db, store, now + timedelta(minutes=2), "inc_new", schedule_id="sch_c")
     async with db.read() as conn:
-        assert [r.id for r in await store.newest(conn, active_only=False, limit=10)] == ["inc_new", "inc_mid", "inc_old"]
+        everything = await store.newest(conn, active_only=False, limit=10)
+        assert [r.id for r in everything] == ["inc_new", "inc_mid", "inc_old"]
         assert [r.id for r in await store.newest(conn, active_only=True, limit=10)] == ["inc_new", "inc_old"]
         assert [r.id for r in await store.newest(conn, active_only=False, limit=1)] == ["inc_new"]
 
