@@ -1,46 +1,64 @@
 """The bot's piece of the composition root: routes (webhook, console) and lifespan (background work)."""
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+import importlib
+from typing import TYPE_CHECKING, AsyncIterator
 
 from aiohttp import web
 
+from hub.errors import Invalid
+
+from . import console
 from .core import FeishuBot
 from .feishu import webhook
+from .feishu.longconn import LongConnections
+
+if TYPE_CHECKING:
+    from hub.app import Hub
+
+LARK_FIX = "install it with `pip install 'lark-oapi>=1.4'` (a dependency of amux-hub: reinstalling amux-hub brings it)"
+
+
+def require_lark(why: str) -> None:
+    """Refuse to start, naming the fix, when lark-oapi cannot be imported but `why` needs it."""
+    try:
+        importlib.import_module("lark_oapi.ws.client")  # only when an application needs it (a measured start-up cost)
+    except ImportError as e:
+        raise Invalid(f"{why} needs lark-oapi, which cannot be imported ({e}); {LARK_FIX}") from e
 
 
 class BotApp:
     """The bot wired into one hub replica."""
 
-    def __init__(self, hub: Any) -> None:
+    def __init__(self, hub: Hub) -> None:
         self.hub = hub
         self.core = FeishuBot(hub)
         self.webhook = webhook.WebhookEndpoint(self.core, lambda: hub.clock.now().timestamp())
+        feishu = hub.settings.feishu
+        long_apps = [a.app_id for a in feishu.apps if a.mode == "long-connection"]
+        if long_apps:
+            require_lark(f"Feishu application {', '.join(long_apps)} (mode = \"long-connection\")")
+        self.longconn = LongConnections(self.core, hub, lease_s=feishu.long_connection_lease_s) if long_apps else None
 
     def add_routes(self, app: web.Application) -> None:
         """Mount `POST /feishu/{app_id}/events` and the local console."""
         webhook.add_routes(app, self.webhook)
-        try:
-            from . import console
-        except ImportError:  # pragma: no cover — the console is optional
-            return
         console.add_routes(app, self.core, self.hub)
 
     async def lifespan(self, _app: web.Application) -> AsyncIterator[None]:
-        """Own the bot's background work (and long connections) for the app's lifetime."""
-        longconn = None
+        """Own the bot's background work, its long connections and the alert channel for the app's lifetime."""
+        if self.longconn is not None:
+            self.longconn.start()
         try:
-            from .feishu.longconn import LongConnections
-            longconn = LongConnections(self.core, self.hub)
-            longconn.start()
-        except ImportError:  # pragma: no cover
-            longconn = None
-        yield
-        if longconn is not None:
-            await longconn.stop()
-        await self.core.aclose()
+            yield
+        finally:
+            if self.longconn is not None:
+                await self.longconn.stop()
+            await self.core.aclose()
+            # The alert loop stopped before this runs (cleanup runs in reverse): close its channel now.
+            await self.hub.alerts.aclose()
 
 
-def build_bot(hub: Any) -> BotApp:
+def build_bot(hub: Hub) -> BotApp:
     """Build the bot for `hub` (called by hub.app.Hub)."""
     return BotApp(hub)

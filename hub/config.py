@@ -146,6 +146,7 @@ class FeishuSettings(BaseModel):
     dedup_window_s: float = 3600.0        # Feishu deduplicates a request uuid for this long
     timeout_s: float = 10.0               # one Open Platform call
     channel: str = "bot.feishu.channel:build_channel"  # the outbox channel the composition root loads
+    long_connection_lease_s: float = Field(default=30.0, gt=0)  # a long connection's holder renews every third of it
 
 
 class Settings(BaseModel):

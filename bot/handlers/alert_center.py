@@ -7,8 +7,6 @@ digests (answered with the alert center).
 """
 from __future__ import annotations
 
-import sqlalchemy as sa
-
 from bot.cards.actions import CardAction
 from bot.cards.alert_center import render_alert_center
 from bot.cards.alerts import render as render_notice
@@ -16,7 +14,6 @@ from bot.cards.views import AlertCenterView, IncidentItem
 from bot.i18n import _
 
 from hub.errors import AmuxError
-from hub.store.tables import feishu_apps, incidents, outbox, principals, schedules
 
 from .context import Answer, Ctx, Refused
 
@@ -37,38 +34,18 @@ async def _admin_of_card(ctx: Ctx, a: CardAction) -> None:
     """Refuse anyone but the administrator; a former administrator pressing a card sent to them hears it was retired."""
     if ctx.viewer.is_admin:
         return
-    if a.incident_id:
-        async with ctx.hub.db.read() as conn:
-            was_theirs = (await conn.execute(sa.select(outbox.c.id).where(
-                outbox.c.incident_id == a.incident_id, outbox.c.app_id == ctx.viewer.app_id,
-                outbox.c.recipient == ctx.viewer.open_id).limit(1))).first()
-        if was_theirs is not None:
-            raise Refused(RETIRED)
+    if a.incident_id and await ctx.hub.alerts.was_sent_to(a.incident_id, ctx.viewer.app_id, ctx.viewer.open_id):
+        raise Refused(RETIRED)
     raise Refused(ADMIN_ONLY)
 
 
 async def _card(ctx: Ctx, page: int) -> dict:
-    app_id = ctx.viewer.app_id
-    async with ctx.hub.db.read() as conn:
-        where = sa.and_(incidents.c.app_id == app_id, incidents.c.active_key.is_not(None))
-        total = (await conn.execute(sa.select(sa.func.count()).select_from(incidents).where(where))).scalar() or 0
-        pages = max(1, -(-total // PAGE))
-        page = min(page, pages - 1)
-        rows = (await conn.execute(
-            sa.select(incidents, schedules.c.name.label("schedule_name"), principals.c.name.label("creator_name"))
-            .outerjoin(schedules, schedules.c.id == incidents.c.schedule_id)
-            .outerjoin(principals, principals.c.id == incidents.c.creator_id)
-            .where(where).order_by(incidents.c.opened_at.desc(), incidents.c.id).offset(page * PAGE).limit(PAGE))).all()
-        app = (await conn.execute(sa.select(feishu_apps).where(feishu_apps.c.app_id == app_id))).first()
+    center = await ctx.hub.alerts.center(ctx.viewer.app_id, page, PAGE)
     items = tuple(IncidentItem(r.id, r.schedule_name or r.schedule_id, r.creator_name, r.state, r.failures, r.missed,
                                r.unknowns, r.last_outcome, r.acked_at is not None,
-                               r.snoozed_until.isoformat() if r.snoozed_until else None) for r in rows)
-    diags: list[str] = []
-    alerts = getattr(ctx.hub, "alerts", None)
-    if alerts is not None:
-        diags = [d.get("diagnostic") or d.get("state") or "" for d in await alerts.diagnostics() if d.get("app_id") == app_id]
-    view = AlertCenterView(app_id, items, page, pages, app.delivery_state if app else "unconfigured",
-                           tuple(d for d in diags if d))
+                               r.snoozed_until.isoformat() if r.snoozed_until else None) for r in center.incidents)
+    view = AlertCenterView(ctx.viewer.app_id, items, center.page, center.pages, center.delivery_state,
+                           tuple(center.diagnostics))
     return render_alert_center(view, ctx.tr)
 
 
@@ -79,10 +56,7 @@ async def alert_center(ctx: Ctx, a: CardAction) -> Answer:
 
 
 async def _incident(ctx: Ctx, incident_id: str) -> None:
-    async with ctx.hub.db.read() as conn:
-        ok = (await conn.execute(sa.select(incidents.c.id).where(incidents.c.id == incident_id,
-                                                                 incidents.c.app_id == ctx.viewer.app_id))).first()
-    if ok is None:
+    if not await ctx.hub.alerts.in_app(incident_id, ctx.viewer.app_id):
         raise Refused(_("This incident does not exist in this application."))
 
 

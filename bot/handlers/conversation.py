@@ -1,35 +1,25 @@
 """Any other chat message: a Turn of that chat's Session; the agent's answer is posted back."""
 from __future__ import annotations
 
-import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
+from typing import TYPE_CHECKING
 
 from bot.identity import Viewer
 
-from hub.store.tables import bot_chats
+from hub.services.bot import BotService
+
+if TYPE_CHECKING:
+    from hub.app import Hub
 
 ANSWER_LIMIT = 20_000  # characters of the agent's answer posted back in one text message
 
 
-async def chat_session(hub, v: Viewer, chat_id: str) -> str:  # noqa: ANN001
+async def chat_session(hub: Hub, v: Viewer, chat_id: str) -> str:
     """Return the Session of (application, chat, operator), creating it on the first message."""
-    async with hub.db.read() as conn:
-        sid = (await conn.execute(sa.select(bot_chats.c.session_id).where(
-            bot_chats.c.app_id == v.app_id, bot_chats.c.chat_id == chat_id,
-            bot_chats.c.principal_id == v.principal_id))).scalar()
-    if sid:
-        return sid
-    try:
-        async with hub.db.write() as conn:
-            s = await hub.sessions.create(v.caller(), source="feishu", conn=conn)
-            await conn.execute(bot_chats.insert().values(app_id=v.app_id, chat_id=chat_id, principal_id=v.principal_id,
-                                                         session_id=s["session_id"], created_at=hub.clock.now()))
-            return s["session_id"]
-    except IntegrityError:
-        return await chat_session(hub, v, chat_id)
+    return await BotService(hub.db, hub.clock, hub.sessions).chat_session(v.caller(), v.app_id, chat_id,
+                                                                          v.principal_id)
 
 
-async def converse(hub, v: Viewer, chat_id: str, text: str, wait_s: float,  # noqa: ANN001
+async def converse(hub: Hub, v: Viewer, chat_id: str, text: str, wait_s: float,
                    message_id: str | None = None) -> tuple[str, str]:
     """Submit `text` as a Turn and wait for it; return (turn id, answer text)."""
     sid = await chat_session(hub, v, chat_id)

@@ -9,30 +9,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
-
-import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..clock import Clock, utc
 from ..config import AlertSettings, FeishuSettings
 from ..domain import alerts as rules
 from ..errors import Invalid, NotFound
 from ..ids import new_id
-from ..store.db import Database
-from ..store.tables import decisions, feishu_apps, firings, incidents, outbox, principals, schedules
+from ..store.db import Connection, Database, Row
+from ..store.incidents import DecidedElsewhere
+from .auth import Caller
 from .channel import Channel, NullChannel
 from .notice_route import route
-from .outbox import LIVE, OutboxWorker, diagnostic_missing_admin, log_decision, queue_notice
+from .outbox import OutboxWorker, diagnostic_missing_admin
 from .schedule_ports import FiringOutcome
+
+if TYPE_CHECKING:
+    from .schedules import ScheduleService
 
 log = logging.getLogger(__name__)
 INCIDENT_FIELDS = [f for f in rules.Incident.__dataclass_fields__]
 
 
-def _incident(row: Any) -> rules.Incident:
+def _incident(row: Row) -> rules.Incident:
     return rules.Incident(**{f: (utc(getattr(row, f)) if isinstance(getattr(row, f), datetime) else getattr(row, f))
                              for f in INCIDENT_FIELDS})
 
@@ -42,7 +43,7 @@ def _iso(dt: datetime | None) -> str | None:
     return dt.isoformat() if dt else None
 
 
-def incident_view(inc: rules.Incident, incident_id: str, sched: Any, creator: str | None, app_id: str) -> dict:
+def incident_view(inc: rules.Incident, incident_id: str, sched: Row, creator: str | None, app_id: str) -> dict:
     """Return the card view model of an incident (what the channel renders)."""
     return {"v": 1, "kind": "incident", "incident_id": incident_id, "app_id": app_id,
             "schedule_id": sched.id, "schedule_name": sched.name, "creator": creator, "timezone": sched.timezone,
@@ -52,11 +53,23 @@ def incident_view(inc: rules.Incident, incident_id: str, sched: Any, creator: st
             "acknowledged": inc.acked_at is not None, "snoozed_until": _iso(inc.snoozed_until)}
 
 
+@dataclass(frozen=True, kw_only=True)
+class CenterPage:
+    """One page of an application's active incidents, as the alert center shows them."""
+
+    incidents: list[Row]      # incident rows with `schedule_name` and `creator_name`
+    page: int                 # the page shown (clamped to the last one)
+    pages: int
+    delivery_state: str       # the application's (unconfigured when it is not known)
+    diagnostics: list[str]    # what blocks delivery for this application, in words
+
+
 class AlertService:
     """Decide about outcomes, keep incidents, and run the outbox worker."""
 
     def __init__(self, db: Database, clock: Clock, settings: AlertSettings, feishu: FeishuSettings,
-                 channel: Channel | None = None, schedules: Any = None, worker_id: str | None = None) -> None:
+                 channel: Channel | None = None, schedules: ScheduleService | None = None,
+                 worker_id: str | None = None) -> None:
         self.db = db
         self.clock = clock
         self.settings = settings
@@ -65,8 +78,12 @@ class AlertService:
         self.channel = channel or NullChannel()
         self.schedules = schedules
         self.worker = OutboxWorker(db, clock, settings, self.n, self.channel, worker_id)
+        self.notices = self.worker.notices
+        self.store = self.notices.incidents
+        self.outbox = self.notices.outbox
         self.kicked = asyncio.Event()
         self.synced = False
+        self._closed = False
 
     def kick(self) -> None:
         """Ask the loop to look at incidents and the outbox now."""
@@ -86,77 +103,73 @@ class AlertService:
             try:
                 async with self.db.write() as conn:
                     return await self._ingest(conn, ev, key)
-            except IntegrityError:  # another hub decided it (or opened the incident) concurrently: look again
+            except DecidedElsewhere:  # another hub decided it (or opened the incident) concurrently: look again
                 continue
         return None
 
-    async def _ingest(self, conn, ev: FiringOutcome, key: str) -> str | None:  # noqa: ANN001
+    async def _ingest(self, conn: Connection, ev: FiringOutcome, key: str) -> str | None:
         now = self.clock.now()
-        if (await conn.execute(sa.select(decisions.c.id).where(decisions.c.ingest_key == key))).first():
+        if await self.store.is_decided(conn, key):
             return None
-        sched = (await conn.execute(sa.select(schedules).where(schedules.c.id == ev.schedule_id))).first()
-        creator = None
-        if ev.creator_id:
-            creator = (await conn.execute(sa.select(principals.c.name).where(principals.c.id == ev.creator_id))).scalar()
+        sched = await self.store.schedule(conn, ev.schedule_id)
+        creator = await self.store.principal_name(conn, ev.creator_id) if ev.creator_id else None
         app_id = ev.app_id or (sched.app_id if sched is not None else None)
         if app_id is None and sched is not None and ev.creator_id:
             # One decision with `schedule get` (hub/services/notice_route.py): the creator's single linked identity,
             # else the only configured application; never a schedule recovery left unbound.
-            app_id = (await route(conn, sched, [a.app_id for a in self.feishu.apps])).app_id
+            app_id = (await route(conn, sched, [a.app_id for a in self.feishu.apps], self.store)).app_id
         missed = 0
         if ev.outcome == "missed":
-            seen = [int(k.rsplit(":", 1)[1]) for k in (await conn.execute(sa.select(decisions.c.ingest_key).where(
-                decisions.c.firing_id == ev.firing_id, decisions.c.ingest_key.is_not(None)))).scalars()]
+            seen = await self.store.missed_counts_decided(conn, ev.firing_id)
             missed = max(1, ev.missed_count - max(seen, default=0))
         o = rules.Outcome(ev.outcome, ev.admission, ev.one_shot, missed, has_creator=ev.creator_id is not None
                           and sched is not None, has_app=app_id is not None,
                           notify=(getattr(sched, "notify", None) or "failures") if sched is not None else "failures")
-        row = None
-        if app_id is not None:
-            row = (await conn.execute(self.db.for_update(sa.select(incidents).where(
-                incidents.c.active_key == ev.schedule_id)))).first()
+        row = await self.store.lock_active(conn, ev.schedule_id) if app_id is not None else None
         step = rules.on_outcome(_incident(row) if row is not None else None, o, now, self.n)
         iid = row.id if row is not None else None
-        if o.has_creator and o.has_app and step.incident is not None and (row is None or step.incident != _incident(row)):
+        changed = step.incident is not None and (row is None or step.incident != _incident(row))
+        if o.has_creator and o.has_app and changed:
             iid = await self._save(conn, row, step.incident, sched, app_id, ev.creator_id, now)
         label = ev.outcome or ev.admission
         notices = await self._queue(conn, step.notices, iid, step.incident, sched, creator, app_id, now, ev=ev)
-        await conn.execute(decisions.insert().values(
-            id=new_id("dec"), at=now, ingest_key=key, firing_id=ev.firing_id, schedule_id=ev.schedule_id,
-            incident_id=iid if step.incident is not None else None, notice_id=notices[0] if notices else None,
-            outcome=label, decision=step.decision, detail=rules.DECISIONS[step.decision]))
+        await self.store.log(conn, decision_id=new_id("dec"), at=now, ingest_key=key, firing_id=ev.firing_id,
+                             schedule_id=ev.schedule_id, incident_id=iid if step.incident is not None else None,
+                             notice_id=notices[0] if notices else None, outcome=label, decision=step.decision,
+                             detail=rules.DECISIONS[step.decision])
         return step.decision
 
-    async def _save(self, conn, row: Any, inc: rules.Incident, sched: Any, app_id: str, creator_id: str | None,  # noqa: ANN001
-                    now: datetime) -> str:
-        values = {f: getattr(inc, f) for f in INCIDENT_FIELDS}
+    async def _save(self, conn: Connection, row: Row | None, inc: rules.Incident, sched: Row, app_id: str,
+                    creator_id: str | None, now: datetime) -> str:
+        values: dict[str, Any] = {f: getattr(inc, f) for f in INCIDENT_FIELDS}
         values["active_key"] = sched.id if inc.state in rules.ACTIVE else None
         values["updated_at"] = now
         if row is None:
             iid = new_id("inc")
-            await conn.execute(incidents.insert().values(id=iid, schedule_id=sched.id, app_id=app_id,
-                                                         creator_id=creator_id, kind="schedule", **values))
+            await self.store.open(conn, incident_id=iid, schedule_id=sched.id, app_id=app_id, creator_id=creator_id,
+                                  values=values)
             return iid
-        await conn.execute(incidents.update().where(incidents.c.id == row.id).values(**values))
+        await self.store.save(conn, row.id, values)
         return row.id
 
-    async def _queue(self, conn, kinds: tuple[str, ...], iid: str | None, inc: rules.Incident | None, sched: Any,  # noqa: ANN001
-                     creator: str | None, app_id: str | None, now: datetime, ev: FiringOutcome | None = None) -> list[str]:
+    async def _queue(self, conn: Connection, kinds: tuple[str, ...], iid: str | None, inc: rules.Incident | None,
+                     sched: Row, creator: str | None, app_id: str | None, now: datetime,
+                     ev: FiringOutcome | None = None) -> list[str]:
         if not kinds or app_id is None:
             return []
-        admin = (await conn.execute(sa.select(feishu_apps.c.admin_open_id).where(feishu_apps.c.app_id == app_id))).scalar()
+        admin = await self.store.admin_of(conn, app_id)
         out = []
         for kind in kinds:
             if kind == "receipt":
-                payload = {"v": 1, "kind": "receipt", "app_id": app_id, "schedule_id": sched.id, "schedule_name": sched.name,
-                           "creator": creator, "timezone": sched.timezone, "outcome": ev.outcome or ev.admission,
-                           "firing_id": ev.firing_id, "nominal_time": _iso(ev.nominal_time), "task_id": ev.task_id,
-                           "turn_id": ev.turn_id}
+                payload = {"v": 1, "kind": "receipt", "app_id": app_id, "schedule_id": sched.id,
+                           "schedule_name": sched.name, "creator": creator, "timezone": sched.timezone,
+                           "outcome": ev.outcome or ev.admission, "firing_id": ev.firing_id,
+                           "nominal_time": _iso(ev.nominal_time), "task_id": ev.task_id, "turn_id": ev.turn_id}
             else:
                 payload = incident_view(inc, iid, sched, creator, app_id)
                 payload["notice"] = kind
-            out.append(await queue_notice(conn, now, app_id=app_id, recipient=admin, kind=kind, payload=payload,
-                                          timezone=sched.timezone, incident_id=iid, schedule_id=sched.id))
+            out.append(await self.notices.queue(conn, now, app_id=app_id, recipient=admin, kind=kind, payload=payload,
+                                                timezone=sched.timezone, incident_id=iid, schedule_id=sched.id))
         return out
 
     # ------------------------------------------------------------ catch-up and time
@@ -164,15 +177,8 @@ class AlertService:
     async def catch_up(self) -> int:
         """Decide reconciled outcomes `publish` never delivered (the ledger is the truth); return how many."""
         since = self.clock.now() - timedelta(seconds=self.settings.catch_up_s)
-        key = firings.c.id + sa.literal(":") + sa.cast(firings.c.missed_count, sa.String)
-        stmt = (sa.select(firings, schedules.c.creator_id, schedules.c.app_id, schedules.c.type, schedules.c.rule)
-                .join(schedules, schedules.c.id == firings.c.schedule_id)
-                .outerjoin(decisions, decisions.c.ingest_key == key)
-                .where(firings.c.reconciled_at.is_not(None), firings.c.reconciled_at >= since,
-                       firings.c.legacy.is_(False), decisions.c.id.is_(None))
-                .order_by(firings.c.reconciled_at).limit(500))
         async with self.db.read() as conn:
-            rows = (await conn.execute(stmt)).all()
+            rows = await self.store.undecided_firings(conn, since, limit=500)
         for r in rows:
             await self.ingest(FiringOutcome(
                 schedule_id=r.schedule_id, firing_id=r.id, nominal_time=utc(r.nominal_time), outcome=r.outcome,
@@ -185,13 +191,12 @@ class AlertService:
         """Apply time to active incidents (first card, reminder, close); return how many changed."""
         now = self.clock.now()
         async with self.db.read() as conn:
-            rows = (await conn.execute(sa.select(incidents).where(incidents.c.active_key.is_not(None)))).all()
+            rows = await self.store.active(conn)
         ids = [r.id for r in rows if rules.on_tick(_incident(r), now, self.n) is not None]
         changed = 0
         for iid in ids:
             async with self.db.write() as conn:
-                row = (await conn.execute(self.db.for_update(sa.select(incidents).where(
-                    incidents.c.id == iid, incidents.c.active_key.is_not(None)), skip_locked=True))).first()
+                row = await self.store.lock_if_active(conn, iid)
                 if row is None:
                     continue
                 step = rules.on_tick(_incident(row), now, self.n)
@@ -201,21 +206,23 @@ class AlertService:
                 changed += 1
         return changed
 
-    async def _apply(self, conn, row: Any, step: rules.Step, now: datetime, detail: str | None = None) -> list[str]:  # noqa: ANN001
-        sched = (await conn.execute(sa.select(schedules).where(schedules.c.id == row.schedule_id))).first()
-        creator = (await conn.execute(sa.select(principals.c.name).where(principals.c.id == row.creator_id))).scalar()
+    async def _apply(self, conn: Connection, row: Row, step: rules.Step, now: datetime,
+                     detail: str | None = None) -> list[str]:
+        sched = await self.store.schedule(conn, row.schedule_id)
+        creator = await self.store.principal_name(conn, row.creator_id)
         await self._save(conn, row, step.incident, sched, row.app_id, row.creator_id, now)
         notices = await self._queue(conn, step.notices, row.id, step.incident, sched, creator, row.app_id, now)
-        await log_decision(conn, now, step.decision, detail=detail, incident_id=row.id, schedule_id=row.schedule_id,
-                           notice_id=notices[0] if notices else None)
+        await self.notices.log(conn, now, step.decision, detail=detail, incident_id=row.id, schedule_id=row.schedule_id,
+                               notice_id=notices[0] if notices else None)
         return notices
 
     # ------------------------------------------------------------ controls
 
-    async def _control(self, incident_id: str, fn, detail: str | None = None) -> dict:  # noqa: ANN001
+    async def _control(self, incident_id: str, fn: Callable[[rules.Incident, datetime], rules.Step],
+                       detail: str | None = None) -> dict:
         now = self.clock.now()
         async with self.db.write() as conn:
-            row = (await conn.execute(self.db.for_update(sa.select(incidents).where(incidents.c.id == incident_id)))).first()
+            row = await self.store.lock(conn, incident_id)
             if row is None:
                 raise NotFound(f"incident {incident_id!r} does not exist; list incidents with `amux alerts list`")
             if row.state not in rules.ACTIVE:
@@ -228,41 +235,39 @@ class AlertService:
         """Stop reminders for an incident."""
         result = await self._control(incident_id, rules.acknowledge, f"acknowledged by {by or 'the administrator'}")
         async with self.db.write() as conn:
-            await conn.execute(incidents.update().where(incidents.c.id == incident_id).values(acked_by=by))
+            await self.store.set_acked_by(conn, incident_id, by)
         return result
 
     async def snooze(self, incident_id: str) -> dict:
         """Hold reminders for `alerts.snooze_s`."""
         return await self._control(incident_id, lambda inc, now: rules.snooze(inc, now, self.n))
 
-    async def pause(self, caller: Any, incident_id: str) -> dict:
+    async def pause(self, caller: Caller, incident_id: str) -> dict:
         """Pause the incident's schedule (future dispatch only; admitted Tasks keep running)."""
         inc = await self.incident(incident_id)
         if self.schedules is None:
             raise Invalid("schedules are not available on this hub")
         await self.schedules.pause(caller, inc["schedule_id"])
         async with self.db.write() as conn:
-            await log_decision(conn, self.clock.now(), "paused", incident_id=incident_id, schedule_id=inc["schedule_id"])
+            await self.notices.log(conn, self.clock.now(), "paused", incident_id=incident_id,
+                                   schedule_id=inc["schedule_id"])
         return await self.incident(incident_id)
 
     async def recheck(self, app_id: str) -> dict:
         """Lift a delivery suspension of `app_id` and make its held notices due now."""
         now = self.clock.now()
         async with self.db.write() as conn:
-            app = (await conn.execute(self.db.for_update(sa.select(feishu_apps).where(feishu_apps.c.app_id == app_id)))).first()
+            app = await self.store.lock_app(conn, app_id)
             if app is None:
                 raise NotFound(f"Feishu application {app_id!r} is not configured; add it under [[feishu.apps]]")
             state = "ok" if app.admin_open_id else "unconfigured"
             diag = None if app.admin_open_id else diagnostic_missing_admin(app_id, True)
-            await conn.execute(feishu_apps.update().where(feishu_apps.c.app_id == app_id)
-                               .values(delivery_state=state, diagnostic=diag, updated_at=now))
-            res = await conn.execute(outbox.update().where(outbox.c.app_id == app_id, outbox.c.state == LIVE,
-                                                           outbox.c.claimed_by.is_(None))
-                                     .values(next_attempt_at=now, last_error=None))
-            await log_decision(conn, now, "sent" if state == "ok" else "missing_admin",
-                               detail=f"recheck of {app_id}: delivery {state}; {res.rowcount} pending notices due now")
+            await self.store.set_delivery(conn, app_id, state, diag, now)
+            pending = await self.outbox.make_held_due(conn, app_id, now)
+            await self.notices.log(conn, now, "sent" if state == "ok" else "missing_admin",
+                                   detail=f"recheck of {app_id}: delivery {state}; {pending} pending notices due now")
         self.kick()
-        return {"app_id": app_id, "delivery_state": state, "diagnostic": diag, "pending": res.rowcount}
+        return {"app_id": app_id, "delivery_state": state, "diagnostic": diag, "pending": pending}
 
     # ------------------------------------------------------------ applications and administrators
 
@@ -271,59 +276,52 @@ class AlertService:
         now = self.clock.now()
         for app in self.feishu.apps:
             async with self.db.write() as conn:
-                row = (await conn.execute(self.db.for_update(sa.select(feishu_apps).where(
-                    feishu_apps.c.app_id == app.app_id)))).first()
+                row = await self.store.lock_app(conn, app.app_id)
                 admin = app.admin_open_id or None
                 state = "ok" if admin else "unconfigured"
                 diag = None if admin else diagnostic_missing_admin(app.app_id, True)
                 if row is None:
-                    await conn.execute(feishu_apps.insert().values(
-                        app_id=app.app_id, admin_open_id=admin, admin_changed_at=now, admin_epoch=0,
-                        delivery_state=state, diagnostic=diag, timezone=app.timezone, updated_at=now))
+                    await self.store.add_app(conn, app_id=app.app_id, admin_open_id=admin, delivery_state=state,
+                                             diagnostic=diag, timezone=app.timezone, now=now)
                 elif row.admin_open_id != admin:
-                    await conn.execute(feishu_apps.update().where(feishu_apps.c.app_id == app.app_id).values(
-                        admin_open_id=admin, admin_changed_at=now, admin_epoch=row.admin_epoch + 1,
-                        delivery_state=state, diagnostic=diag, timezone=app.timezone, updated_at=now))
+                    await self.store.change_admin(conn, app.app_id, admin_open_id=admin, delivery_state=state,
+                                                  diagnostic=diag, timezone=app.timezone, now=now)
                     await self._change_admin(conn, row, admin, now)
                 else:
-                    values = {"timezone": app.timezone, "updated_at": now}
+                    await self.store.set_timezone(conn, app.app_id, app.timezone, now)
                     if row.delivery_state == "unconfigured" and admin:
-                        values.update(delivery_state="ok", diagnostic=None)
-                    await conn.execute(feishu_apps.update().where(feishu_apps.c.app_id == app.app_id).values(**values))
+                        await self.store.set_delivery(conn, app.app_id, "ok", None, now)
         self.synced = True
 
-    async def _change_admin(self, conn, app: Any, admin: str | None, now: datetime) -> None:  # noqa: ANN001
+    async def _change_admin(self, conn: Connection, app: Row, admin: str | None, now: datetime) -> None:
         """Retire the old administrator's requests and card ids; clear ack/snooze; re-notify active incidents."""
-        old = (await conn.execute(sa.select(outbox).where(outbox.c.app_id == app.app_id, outbox.c.state == LIVE))).all()
-        await conn.execute(outbox.update().where(outbox.c.app_id == app.app_id, outbox.c.state == LIVE)
-                           .values(state="retired", claimed_by=None, claimed_until=None))
+        old = await self.outbox.live_of_app(conn, app.app_id)
+        await self.outbox.retire_live_of_app(conn, app.app_id)
         detail = f"administrator of {app.app_id} changed from {app.admin_open_id} to {admin}"
         for r in old:
-            await log_decision(conn, now, "retired", detail=detail, notice_id=r.id, incident_id=r.incident_id,
-                               schedule_id=r.schedule_id)
+            await self.notices.log(conn, now, "retired", detail=detail, notice_id=r.id, incident_id=r.incident_id,
+                                   schedule_id=r.schedule_id)
             if r.kind == "receipt" and r.message_id is None:  # an undelivered receipt goes to the new administrator
-                await queue_notice(conn, now, app_id=r.app_id, recipient=admin, kind="receipt", payload=r.payload,
-                                   timezone=r.timezone, schedule_id=r.schedule_id)
-        rows = (await conn.execute(sa.select(incidents).where(incidents.c.app_id == app.app_id))).all()
-        await conn.execute(incidents.update().where(incidents.c.app_id == app.app_id).values(
-            card_message_id=None, card_sent_at=None, acked_at=None, acked_by=None, snoozed_until=None, updated_at=now))
+                await self.notices.queue(conn, now, app_id=r.app_id, recipient=admin, kind="receipt", payload=r.payload,
+                                         timezone=r.timezone, schedule_id=r.schedule_id)
+        rows = await self.store.of_app(conn, app.app_id)
+        await self.store.forget_cards_of_app(conn, app.app_id, now)
         for row in rows:
             if row.state in ("open", "recovering"):
                 inc = rules.retarget(_incident(row))
                 step = rules.Step(replace(inc, last_ping_at=now), ("card",), "opened")
-                await self._apply(conn, row, step, now, detail=f"{detail}: the active incident notifies the new administrator")
+                await self._apply(conn, row, step, now,
+                                  detail=f"{detail}: the active incident notifies the new administrator")
 
     # ------------------------------------------------------------ reads
 
     async def incident(self, incident_id: str) -> dict:
         """Return one incident with its delivery state."""
         async with self.db.read() as conn:
-            row = (await conn.execute(sa.select(incidents).where(incidents.c.id == incident_id))).first()
+            row = await self.store.get(conn, incident_id)
             if row is None:
                 raise NotFound(f"incident {incident_id!r} does not exist; list incidents with `amux alerts list`")
-            notices = (await conn.execute(sa.select(outbox.c.id, outbox.c.kind, outbox.c.state, outbox.c.last_error,
-                                                    outbox.c.message_id).where(outbox.c.incident_id == incident_id)
-                                          .order_by(outbox.c.created_at))).all()
+            notices = await self.outbox.of_incident(conn, incident_id)
         view = {c: (_iso(v) if isinstance(v, datetime) else v) for c, v in row._mapping.items()}
         view["notices"] = [dict(n._mapping) for n in notices]
         return view
@@ -331,34 +329,28 @@ class AlertService:
     async def card_view(self, incident_id: str) -> dict:
         """Return the current card view model of an incident (what a refreshed card in place shows)."""
         async with self.db.read() as conn:
-            row = (await conn.execute(sa.select(incidents).where(incidents.c.id == incident_id))).first()
+            row = await self.store.get(conn, incident_id)
             if row is None:
                 raise NotFound(f"incident {incident_id!r} does not exist; list incidents with `amux alerts list`")
-            sched = (await conn.execute(sa.select(schedules).where(schedules.c.id == row.schedule_id))).first()
-            creator = (await conn.execute(sa.select(principals.c.name).where(principals.c.id == row.creator_id))).scalar()
+            sched = await self.store.schedule(conn, row.schedule_id)
+            creator = await self.store.principal_name(conn, row.creator_id)
         view = incident_view(_incident(row), row.id, sched, creator, row.app_id)
         view["notice"] = "update"
         return view
 
     async def list_incidents(self, active_only: bool = True, limit: int = 100) -> list[dict]:
         """Return incidents, newest first."""
-        stmt = sa.select(incidents).order_by(incidents.c.opened_at.desc()).limit(limit)
-        if active_only:
-            stmt = stmt.where(incidents.c.active_key.is_not(None))
         async with self.db.read() as conn:
-            rows = (await conn.execute(stmt)).all()
+            rows = await self.store.newest(conn, active_only=active_only, limit=limit)
         return [{c: (_iso(v) if isinstance(v, datetime) else v) for c, v in r._mapping.items()} for r in rows]
 
     async def explain(self, ref: str) -> dict:
         """Return the decision log for an incident (`inc_…`) or a firing (`fir_…`), oldest first."""
         async with self.db.read() as conn:
             if ref.startswith("inc_"):
-                where = decisions.c.incident_id == ref
+                rows = await self.store.decisions_of_incident(conn, ref)
             else:
-                iids = [i for i in (await conn.execute(sa.select(decisions.c.incident_id).where(
-                    decisions.c.firing_id == ref))).scalars() if i]
-                where = sa.or_(decisions.c.firing_id == ref, decisions.c.incident_id.in_(iids)) if iids else decisions.c.firing_id == ref
-            rows = (await conn.execute(sa.select(decisions).where(where).order_by(decisions.c.at, decisions.c.id))).all()
+                rows = await self.store.decisions_of_firing(conn, ref)
         if not rows:
             raise NotFound(f"no decisions recorded for {ref!r}; pass an incident id (inc_…) or a firing id (fir_…) "
                            "from `amux schedule history`")
@@ -369,12 +361,43 @@ class AlertService:
     async def diagnostics(self) -> list[dict]:
         """Return delivery diagnostics: applications not ok, and unconfirmed or dead notices."""
         async with self.db.read() as conn:
-            apps = (await conn.execute(sa.select(feishu_apps).where(feishu_apps.c.delivery_state != "ok"))).all()
-            bad = (await conn.execute(sa.select(outbox.c.id, outbox.c.app_id, outbox.c.kind, outbox.c.state, outbox.c.last_error)
-                                      .where(outbox.c.state.in_(("unconfirmed", "dead"))).limit(100))).all()
+            apps = await self.store.apps_not_ok(conn)
+            bad = await self.outbox.troubled(conn, limit=100)
         return ([{"app_id": a.app_id, "delivery_state": a.delivery_state, "diagnostic": a.diagnostic} for a in apps]
                 + [{"notice_id": b.id, "app_id": b.app_id, "kind": b.kind, "state": b.state, "diagnostic": b.last_error}
                    for b in bad])
+
+    # ------------------------------------------------------------ the alert center (bot cards)
+
+    async def center(self, app_id: str, page: int, page_size: int) -> CenterPage:
+        """Return one page of `app_id`'s active incidents (clamped to the last page), its delivery state and
+        diagnostics."""
+        async with self.db.read() as conn:
+            total = await self.store.count_active_in_app(conn, app_id)
+            pages = max(1, -(-total // page_size))
+            page = min(page, pages - 1)
+            rows = await self.store.active_page_in_app(conn, app_id, offset=page * page_size, limit=page_size)
+            app = await self.store.app(conn, app_id)
+        diags = [d.get("diagnostic") or d.get("state") or "" for d in await self.diagnostics()
+                 if d.get("app_id") == app_id]
+        return CenterPage(incidents=rows, page=page, pages=pages,
+                          delivery_state=app.delivery_state if app else "unconfigured",
+                          diagnostics=[d for d in diags if d])
+
+    async def in_app(self, incident_id: str, app_id: str) -> bool:
+        """Say whether `incident_id` exists in `app_id` (a card's incident, checked before acting on it)."""
+        async with self.db.read() as conn:
+            return await self.store.in_app(conn, incident_id, app_id)
+
+    async def was_sent_to(self, incident_id: str, app_id: str, open_id: str) -> bool:
+        """Say whether a notice of `incident_id` went to `open_id` (a former administrator pressing their card)."""
+        async with self.db.read() as conn:
+            return await self.outbox.was_sent_to(conn, incident_id, app_id, open_id)
+
+    async def active_count(self, app_id: str) -> int:
+        """Count `app_id`'s active incidents (the overview card shows it to the administrator)."""
+        async with self.db.read() as conn:
+            return await self.store.count_active_in_app(conn, app_id)
 
     # ------------------------------------------------------------ loop
 
@@ -392,5 +415,8 @@ class AlertService:
         return 0.0 if await self.tick() else self.settings.poll_s
 
     async def aclose(self) -> None:
-        """Close the channel."""
+        """Close the channel (once; the owner of this service calls it when the replica stops)."""
+        if self._closed:
+            return
+        self._closed = True
         await self.channel.aclose()

@@ -1,13 +1,17 @@
 """The delivery-channel seam of the outbox: a channel sends, the pipeline decides about retries.
 
 Channel packages (e.g. `bot.feishu.channel`) import this module, never the reverse; the composition
-root loads the configured channel by name (`feishu.channel`), so `hub` never imports `bot`.
+root loads the configured channel by name (`feishu.channel`) when Feishu applications are configured, and a
+channel that cannot be loaded stops the hub at start with the fix (no silent fallback). `NullChannel` is the
+explicit choice when no application is configured: then lark-oapi is never imported.
 """
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from ..errors import Invalid
 
 OK, RETRY, PERMANENT, SUSPEND = "ok", "retry", "permanent", "suspend"
 
@@ -47,7 +51,7 @@ class Channel(Protocol):
 
 
 class NullChannel:
-    """Deliver nowhere: every call is a retry (used when no channel could be loaded)."""
+    """Deliver nowhere: every call is a retry (the channel of a hub with no Feishu application configured)."""
 
     def __init__(self, reason: str = "no delivery channel is configured") -> None:
         self.reason = reason
@@ -69,10 +73,18 @@ class NullChannel:
 
 
 def load_channel(spec: str, settings: Any) -> Channel:
-    """Build the channel `module:factory` names, calling `factory(settings)`; NullChannel when it cannot load."""
+    """Build the channel `module:factory` names, calling `factory(settings)`; refuse, naming the fix, when the
+    module or a package it needs cannot be imported or has no such factory."""
     module, _, name = spec.partition(":")
     try:
         factory = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        return NullChannel(f"channel {spec!r} could not be loaded ({e}); install it or set feishu.channel")
+    except ImportError as e:
+        missing = (e.name or module).split(".")[0]
+        fix = ("install it with `pip install 'lark-oapi>=1.4'` (a dependency of amux-hub)" if missing == "lark_oapi"
+               else f"install the package that provides {missing!r}")
+        raise Invalid(f"the delivery channel {spec!r} (feishu.channel) cannot be loaded: {e}; {fix}, or set "
+                      "feishu.channel to an importable module:factory") from e
+    except AttributeError as e:
+        raise Invalid(f"the delivery channel {spec!r} (feishu.channel) names no factory {name!r} in {module}; "
+                      "set feishu.channel to module:factory") from e
     return factory(settings)

@@ -10,11 +10,10 @@ stays unattributed: no proactive notices.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
-import sqlalchemy as sa
-
-from ..store.tables import identity_bindings, recovery_results
+from ..store.db import Connection, Row
+from ..store.incidents import SqlIncidentStore
 
 
 @dataclass(frozen=True)
@@ -22,7 +21,8 @@ class Route:
     """The application whose administrator is told (None: no proactive notices), and why, in words."""
 
     app_id: str | None
-    basis: str   # frozen | single_binding | sole_app | unbound_by_recovery | turn_without_receipt | no_creator | several_apps | no_app
+    basis: str  # frozen | single_binding | sole_app | unbound_by_recovery | turn_without_receipt | no_creator
+    #             | several_apps | no_app
     why: str
 
     def view(self) -> dict:
@@ -30,23 +30,21 @@ class Route:
         return {"notifies": self.app_id is not None, "app_id": self.app_id, "basis": self.basis, "why": self.why}
 
 
-async def route(conn, sched: Any, configured_apps: Sequence[str]) -> Route:  # noqa: ANN001
-    """Decide where `sched`'s notices go (reads bindings and recovery results; writes nothing)."""
+async def route(conn: Connection, sched: Row, configured_apps: Sequence[str], store: SqlIncidentStore) -> Route:
+    """Decide where `sched`'s notices go (reads bindings and recovery results through `store`; writes nothing)."""
     if sched.app_id:
-        how = "its creator's Feishu binding frozen when it was created" if sched.creator_binding_id else "its creation receipt"
+        how = ("its creator's Feishu binding frozen when it was created" if sched.creator_binding_id
+               else "its creation receipt")
         return Route(sched.app_id, "frozen", f"notices go to the administrator of {sched.app_id} ({how})")
     if not sched.creator_id:
         return Route(None, "no_creator", "will not notify: it has no attributable creator")
-    left_unbound = (await conn.execute(sa.select(recovery_results.c.schedule_id).where(
-        recovery_results.c.schedule_id == sched.id, recovery_results.c.outcome == "unbound"))).first()
-    if left_unbound is not None:
+    if await store.left_unbound_by_recovery(conn, sched.id):
         return Route(None, "unbound_by_recovery", "will not notify: upgrade recovery could not prove who created it "
                      "(see `amux db recover-creators --dry-run`); recreate it to attribute it to you")
     if (sched.provenance or {}).get("turn_id"):
         return Route(None, "turn_without_receipt", "will not notify: it was made during a Turn without a valid Feishu "
                      "receipt; recreate it from the chat or over MCP/CLI")
-    apps = sorted(set((await conn.execute(sa.select(identity_bindings.c.app_id).where(
-        identity_bindings.c.principal_id == sched.creator_id, identity_bindings.c.status == "active"))).scalars()))
+    apps = await store.bound_apps(conn, sched.creator_id)
     if len(apps) == 1:
         return Route(apps[0], "single_binding", f"notices go to the administrator of {apps[0]} "
                      "(its creator's only linked Feishu identity)")
@@ -60,5 +58,5 @@ async def route(conn, sched: Any, configured_apps: Sequence[str]) -> Route:  # n
                      "to see it in your own view")
     if not configured_apps:
         return Route(None, "no_app", "will not notify: no Feishu application is configured ([[feishu.apps]])")
-    return Route(None, "no_app", "will not notify: its creator has no linked Feishu identity and several applications are "
-                 "configured; run `amux identity link` and send the code to the bot")
+    return Route(None, "no_app", "will not notify: its creator has no linked Feishu identity and several applications "
+                 "are configured; run `amux identity link` and send the code to the bot")

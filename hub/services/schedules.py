@@ -13,6 +13,7 @@ from ..errors import Invalid
 from ..ids import new_id
 from ..store.db import Connection, Database
 from ..store.firings import SqlFiringStore
+from ..store.incidents import SqlIncidentStore
 from ..store.schedules import SqlScheduleStore
 from .admission import Admission, SubmitRequest
 from .auth import Caller
@@ -265,7 +266,7 @@ class ScheduleService:
             row = await self.access.schedule(conn, caller, schedule_id)
             creator = await self.store.creator_name(conn, row.creator_id)
             apps = [a.app_id for a in self.feishu.apps] if self.feishu is not None else []
-            notices = (await route(conn, row, apps)).view()
+            notices = (await route(conn, row, apps, SqlIncidentStore(self.db))).view()
         return {**self._view(row, creator), "notifications": notices}
 
     async def list(self, caller: Caller, limit: int = 100, all_principals: bool = False) -> list[dict]:

@@ -11,7 +11,7 @@ from hub.clock import ManualClock
 from hub.config import AlertSettings
 from hub.domain.alerts import Numbers
 from hub.services.channel import OK, Delivery
-from hub.services.outbox import OutboxWorker, queue_notice
+from hub.services.outbox import Notices, OutboxWorker
 from hub.store.tables import feishu_apps, outbox
 
 APP = "cli_contract"
@@ -43,7 +43,7 @@ async def _seed(db, clock: ManualClock, count: int, kind: str = "update") -> Non
         await conn.execute(feishu_apps.insert().values(app_id=APP, admin_open_id="ou_admin", admin_epoch=0,
                                                        delivery_state="ok", timezone="UTC", updated_at=clock.now()))
         for i in range(count):
-            await queue_notice(conn, clock.now(), app_id=APP, recipient="ou_admin", kind=kind,
+            await Notices(db).queue(conn, clock.now(), app_id=APP, recipient="ou_admin", kind=kind,
                                payload={"v": 1, "kind": "receipt", "i": i}, timezone="UTC")
 
 
@@ -96,8 +96,8 @@ async def test_a_late_result_from_an_expired_claim_is_not_recorded_over_the_new_
 async def test_due_time_orders_claims_and_future_notices_wait(db, clock):
     await _seed(db, clock, 0)
     async with db.write() as conn:
-        await queue_notice(conn, clock.now(), app_id=APP, recipient="ou_admin", kind="receipt", payload={},
-                           timezone="UTC", due=clock.now() + timedelta(seconds=60))
+        await Notices(db).queue(conn, clock.now(), app_id=APP, recipient="ou_admin", kind="receipt", payload={},
+                                timezone="UTC", due=clock.now() + timedelta(seconds=60))
     w = _worker(db, clock, CountingChannel(), "a")
     assert await w.claim() == []
     clock.advance(60)
