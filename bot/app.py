@@ -14,7 +14,7 @@ from .feishu import webhook
 from .feishu.longconn import LongConnections
 
 if TYPE_CHECKING:
-    from hub.app import Hub
+    from .services import BotServices
 
 LARK_FIX = "install it with `pip install 'lark-oapi>=1.4'` (a dependency of amux-hub: reinstalling amux-hub brings it)"
 
@@ -30,20 +30,20 @@ def require_lark(why: str) -> None:
 class BotApp:
     """The bot wired into one hub replica."""
 
-    def __init__(self, hub: Hub) -> None:
-        self.hub = hub
-        self.core = FeishuBot(hub)
-        self.webhook = webhook.WebhookEndpoint(self.core, lambda: hub.clock.now().timestamp())
-        feishu = hub.settings.feishu
+    def __init__(self, services: BotServices) -> None:
+        self.services = services
+        self.core = FeishuBot(services)
+        self.webhook = webhook.WebhookEndpoint(self.core, lambda: services.clock.now().timestamp())
+        feishu = services.feishu
         long_apps = [a.app_id for a in feishu.apps if a.mode == "long-connection"]
         if long_apps:
             require_lark(f"Feishu application {', '.join(long_apps)} (mode = \"long-connection\")")
-        self.longconn = LongConnections(self.core, hub, lease_s=feishu.long_connection_lease_s) if long_apps else None
+        self.longconn = LongConnections(self.core, services, lease_s=feishu.long_connection_lease_s) if long_apps else None
 
     def add_routes(self, app: web.Application) -> None:
         """Mount `POST /feishu/{app_id}/events` and the local console."""
         webhook.add_routes(app, self.webhook)
-        console.add_routes(app, self.core, self.hub)
+        console.add_routes(app, self.core, self.services)
 
     async def lifespan(self, _app: web.Application) -> AsyncIterator[None]:
         """Own the bot's background work, its long connections and the alert channel for the app's lifetime."""
@@ -55,10 +55,8 @@ class BotApp:
             if self.longconn is not None:
                 await self.longconn.stop()
             await self.core.aclose()
-            # The alert loop stopped before this runs (cleanup runs in reverse): close its channel now.
-            await self.hub.alerts.aclose()
 
 
-def build_bot(hub: Hub) -> BotApp:
-    """Build the bot for `hub` (called by hub.app.Hub)."""
-    return BotApp(hub)
+def build_bot(services: BotServices) -> BotApp:
+    """Build the bot over `services` (called by the composition root, hub/app.py)."""
+    return BotApp(services)

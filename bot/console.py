@@ -13,12 +13,16 @@ from __future__ import annotations
 import json
 import secrets
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from hub.config import FeishuAppSettings
 from hub.errors import AmuxError
+
+if TYPE_CHECKING:
+    from .core import FeishuBot
+    from .services import BotServices
 
 CONSOLE_APP = "cli_console"
 HEADERS = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer", "X-Content-Type-Options": "nosniff"}
@@ -52,14 +56,14 @@ def _envelope(app_id: str, event_type: str, event: dict, now_ms: int) -> dict:
 class Console:
     """The console's page and JSON API."""
 
-    def __init__(self, bot: Any, hub: Any) -> None:
+    def __init__(self, bot: FeishuBot, services: BotServices) -> None:
         self.bot = bot
-        self.hub = hub
+        self.services = services
         if not bot.apps:
             bot.apps[CONSOLE_APP] = FeishuAppSettings(app_id=CONSOLE_APP, admin_open_id="ou_admin", mode="console")
 
     async def _admin(self, request: web.Request) -> None:
-        caller = await self.hub.auth.authenticate(request.headers.get("Authorization"))
+        caller = await self.services.auth.authenticate(request.headers.get("Authorization"))
         if not caller.admin:
             raise web.HTTPForbidden(text="the console acts as any Feishu user: use an administrator token "
                                          "($AMUX_HOME/admin.token or `amux token create --admin`)")
@@ -81,7 +85,7 @@ class Console:
         return data
 
     def _now_ms(self) -> int:
-        return int(self.hub.clock.now().timestamp() * 1000)
+        return int(self.services.clock.now().timestamp() * 1000)
 
     async def page(self, request: web.Request) -> web.Response:
         """Serve the console page."""
@@ -129,9 +133,9 @@ class Console:
         return web.json_response(answer, headers=HEADERS)
 
 
-def add_routes(app: web.Application, bot: Any, hub: Any) -> None:
+def add_routes(app: web.Application, bot: FeishuBot, services: BotServices) -> None:
     """Mount `/console` and its API."""
-    c = Console(bot, hub)
+    c = Console(bot, services)
     app.router.add_get("/console", c.page)
     app.router.add_get("/console/api/apps", c.apps)
     app.router.add_post("/console/api/message", c.message)

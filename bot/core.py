@@ -22,6 +22,8 @@ from .handlers.conversation import converse
 from .handlers.overview import overview
 from .i18n import Catalogs, _, catalogs
 from .identity import IdentityBindings, Viewer
+from .services import BotServices
+from hub.services.bot import INBOUND_TTL
 
 if TYPE_CHECKING:  # lark-oapi (thousands of modules) loads only when a Feishu app needs it
     from .feishu.messenger import Outgoing
@@ -36,11 +38,11 @@ MENTION = re.compile(r"@_user_\d+\s*")
 class FeishuBot:
     """Serve the configured Feishu applications over the hub's services."""
 
-    def __init__(self, hub: Any, messenger: Outgoing | None = None, tr: Catalogs | None = None) -> None:
-        self.hub = hub
+    def __init__(self, services: BotServices, messenger: Outgoing | None = None, tr: Catalogs | None = None) -> None:
+        self.services = services
         self.tr = tr or catalogs()
-        self.apps = {a.app_id: a for a in hub.settings.feishu.apps}
-        self.identity = IdentityBindings(hub.identity)
+        self.apps = {a.app_id: a for a in services.feishu.apps}
+        self.identity = IdentityBindings(services.identity)
         self._messenger = messenger
         self.background: set[asyncio.Task] = set()
         self.turn_wait_s = 600.0
@@ -51,7 +53,7 @@ class FeishuBot:
         if self._messenger is None:
             from .feishu.messenger import LarkMessenger
 
-            self._messenger = LarkMessenger(self.apps.values(), self.hub.settings.feishu.timeout_s)
+            self._messenger = LarkMessenger(self.apps.values(), self.services.feishu.timeout_s)
         return self._messenger
 
     # ------------------------------------------------------------ plumbing
@@ -76,7 +78,7 @@ class FeishuBot:
 
     async def first_seen(self, app_id: str, key: str) -> bool:
         """Record an inbound key; False when it was seen before (a redelivery or a replay)."""
-        return await self.hub.identity.first_seen(app_id, key)
+        return await self.services.state.first_seen(app_id, key, INBOUND_TTL, prune=hash(key) % 64 == 0)
 
     def toast(self, msgid: str, kind: str = "success", **values: Any) -> dict:
         """Return a callback toast with `i18n` texts."""
@@ -128,7 +130,7 @@ class FeishuBot:
         viewer = await self._viewer(app_id, sender.get("sender_id") or {})
         if viewer is None:
             return  # a revoked binding gets no answer at all
-        ctx = Ctx(viewer, self.hub, self.tr)
+        ctx = Ctx(viewer, self.services, self.tr)
         if is_login(text):
             await self.login(viewer, msg, mid, out)
             return
@@ -139,7 +141,7 @@ class FeishuBot:
         if not text:
             return
         try:
-            _turn, reply = await converse(self.hub, viewer, msg.get("chat_id") or mid, text, self.turn_wait_s,
+            _turn, reply = await converse(self.services, viewer, msg.get("chat_id") or mid, text, self.turn_wait_s,
                                           message_id=mid)
         except AmuxError as e:
             reply = e.message
@@ -150,7 +152,7 @@ class FeishuBot:
         if app_id not in self.apps or not ids.get("open_id"):
             return
         try:
-            linked = await self.hub.identity.redeem(code, app_id, ids["open_id"], ids.get("union_id"),
+            linked = await self.services.identity.redeem(code, app_id, ids["open_id"], ids.get("union_id"),
                                                     ids.get("user_id"))
         except LinkRefused as e:
             card = render_link_result(self.tr, LINK_REFUSED[e.reason], ok=False)
@@ -169,8 +171,8 @@ class FeishuBot:
             text = self.tr.text(_("Send `/amux login` to me in a private chat: a sign-in link must not be seen "
                                   "by others."))
         else:
-            base = self.hub.settings.public_url or self.hub.runtimes.hub_url
-            link = await self.hub.oauth.issue_login_link(viewer.principal_id, base)
+            base = self.services.public_url or self.services.runtimes.hub_url
+            link = await self.services.oauth.issue_login_link(viewer.principal_id, base)
             text = self.tr.text(_("Sign in as **{principal}** on the hub's approval page (one use, 10 minutes): "
                                   "[open the link]({link})"), principal=esc(viewer.name), link=link)
         doc = check_limits(card(self.tr.text(_("Sign in")), [markdown(text)], template="blue"))
@@ -200,7 +202,7 @@ class FeishuBot:
         if viewer is None:
             return {"toast": self.toast(_("Your Feishu identity is not bound to amux."), "error")}
         try:
-            answer: Answer = await handler(Ctx(viewer, self.hub, self.tr), action)
+            answer: Answer = await handler(Ctx(viewer, self.services, self.tr), action)
         except AmuxError as e:
             return {"toast": {"type": "error", "content": self.tr.gettext("en_us", e.message),
                               "i18n": {lang: self.tr.gettext(lang, e.message) for lang in ("en_us", "zh_cn")}}}

@@ -22,6 +22,7 @@ from .services.admission import Admission
 from .services.alerts import AlertService
 from .services.channel import NullChannel, load_channel
 from .services.auth import AuthService
+from .services.bot import BotService
 from .services.oauth import OAuthService
 from .services.credentials import CredentialService, SecretBox
 from .services.profiles import ProfileService
@@ -113,7 +114,13 @@ class Hub:
         self.mcp = McpMount(build_mcp(registrars), self.auth)
         # The Feishu bot (issue 7): the composition root may import bot; hub modules never do.
         from bot.app import build_bot
-        self.bot = build_bot(self)
+        from bot.services import BotServices
+        self.bot_state = BotService(self.db, self.clock, self.sessions)
+        self.bot_services = BotServices(
+            clock=self.clock, feishu=settings.feishu, public_url=settings.public_url, auth=self.auth, oauth=self.oauth,
+            identity=self.identity, sessions=self.sessions, schedules=self.schedules, alerts=self.alerts,
+            runtimes=self.runtimes, state=self.bot_state)
+        self.bot = build_bot(self.bot_services)
 
     def web_app(self, *, background: bool = True) -> web.Application:
         """Build the aiohttp application; `background` starts the placement and reaper loops."""
@@ -135,6 +142,7 @@ class Hub:
         oauth_web.add_routes(app, self.oauth, self.settings.public_url)
         boxes.add_routes(app, self.auth, self.leases, self.clock, public_url=self.settings.public_url)
         self.bot.add_routes(app)
+        app.cleanup_ctx.insert(0, self._resources_ctx)  # cleaned up last: after the loops and the bot stopped
         app.cleanup_ctx.append(self.bot.lifespan)
         app.cleanup_ctx.append(self._mcp_ctx)
         if background:
@@ -146,6 +154,12 @@ class Hub:
         hs = self.settings.hub
         limits = ConnectionLimits(header_timeout_s=hs.header_timeout_s, max_pending_connections=hs.max_pending_connections)
         return GuardedAppRunner(self.web_app(background=background), limits, access_log=None)
+
+    async def _resources_ctx(self, _app: web.Application) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await self.alerts.aclose()  # the alert channel's HTTP clients; nothing sends through it any more
 
     async def _mcp_ctx(self, _app: web.Application) -> AsyncIterator[None]:
         async with self.mcp.lifespan(await shared_key(self.db, "mcp-session", self.clock.now())):

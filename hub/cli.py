@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .cli_discovery import DEFAULT_HUB, HomeError, check_home, listen_address, url_of
+from .cli_discovery import DEFAULT_HUB, check_home, listen_address, url_of
 from .errors import AmuxError
 
 if TYPE_CHECKING:  # the server side loads only for the commands that run it

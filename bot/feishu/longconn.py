@@ -31,7 +31,7 @@ from hub.services.bot import BotService
 
 if TYPE_CHECKING:
     from bot.core import FeishuBot
-    from hub.app import Hub
+    from bot.services import BotServices
 
 log = logging.getLogger(__name__)
 LEASE_S = 30.0
@@ -161,14 +161,14 @@ class ClientThread:
 class LongConnections:
     """Hold the long connections of the applications configured with `mode = "long-connection"`."""
 
-    def __init__(self, bot: FeishuBot, hub: Hub, *, lease_s: float = LEASE_S, holder: str | None = None,
+    def __init__(self, bot: FeishuBot, services: BotServices, *, lease_s: float = LEASE_S, holder: str | None = None,
                  starter: Starter | None = None, service: BotService | None = None) -> None:
         self.bot = bot
-        self.hub = hub
+        self.clock = services.clock
         self.lease_s = lease_s
         self.holder = holder or f"{socket.gethostname()[:60]}:{os.getpid()}:{secrets.token_hex(4)}"
         self.starter = starter or self.start_client
-        self.service = service or BotService(hub.db, hub.clock, hub.sessions)
+        self.service = service or services.state
         self.apps = [a for a in bot.apps.values() if a.mode == "long-connection"]
         self.links: dict[str, Link | None] = {}      # app_id → the client this replica runs
         self.held_until: dict[str, datetime] = {}    # app_id → when this replica's lease ends (its own clock)
@@ -194,7 +194,7 @@ class LongConnections:
 
     async def claim(self, app_id: str) -> bool:
         """Claim or renew the lease of `app_id`; True when this replica holds it."""
-        now = self.hub.clock.now()
+        now = self.clock.now()
         held = await self.service.claim_lease(f"longconn:{app_id}", self.holder, self.lease_s)
         if held:
             self.held_until[app_id] = now + timedelta(seconds=self.lease_s)
@@ -210,7 +210,7 @@ class LongConnections:
             held = await self.claim(app_id)
         except Exception:
             until = self.held_until.get(app_id)
-            if app_id in self.links and (until is None or self.hub.clock.now() >= until):
+            if app_id in self.links and (until is None or self.clock.now() >= until):
                 await self._drop(app_id, "its lease expired before it could be renewed")
             raise  # the supervisor logs it, counts it and tries again
         if not held:

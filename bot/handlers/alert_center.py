@@ -34,13 +34,13 @@ async def _admin_of_card(ctx: Ctx, a: CardAction) -> None:
     """Refuse anyone but the administrator; a former administrator pressing a card sent to them hears it was retired."""
     if ctx.viewer.is_admin:
         return
-    if a.incident_id and await ctx.hub.alerts.was_sent_to(a.incident_id, ctx.viewer.app_id, ctx.viewer.open_id):
+    if a.incident_id and await ctx.services.alerts.was_sent_to(a.incident_id, ctx.viewer.app_id, ctx.viewer.open_id):
         raise Refused(RETIRED)
     raise Refused(ADMIN_ONLY)
 
 
 async def _card(ctx: Ctx, page: int) -> dict:
-    center = await ctx.hub.alerts.center(ctx.viewer.app_id, page, PAGE)
+    center = await ctx.services.alerts.center(ctx.viewer.app_id, page, PAGE)
     items = tuple(IncidentItem(r.id, r.schedule_name or r.schedule_id, r.creator_name, r.state, r.failures, r.missed,
                                r.unknowns, r.last_outcome, r.acked_at is not None,
                                r.snoozed_until.isoformat() if r.snoozed_until else None) for r in center.incidents)
@@ -56,14 +56,14 @@ async def alert_center(ctx: Ctx, a: CardAction) -> Answer:
 
 
 async def _incident(ctx: Ctx, incident_id: str) -> None:
-    if not await ctx.hub.alerts.in_app(incident_id, ctx.viewer.app_id):
+    if not await ctx.services.alerts.in_app(incident_id, ctx.viewer.app_id):
         raise Refused(_("This incident does not exist in this application."))
 
 
 async def _refreshed(ctx: Ctx, a: CardAction, toast: str) -> Answer:
     """Answer with the card that was pressed, showing the new state: the incident card, else the alert center."""
     if a.view == "inc" and a.incident_id:
-        view = await ctx.hub.alerts.card_view(a.incident_id)
+        view = await ctx.services.alerts.card_view(a.incident_id)
         return Answer(card=render_notice(view), toast=toast)
     return Answer(card=await _card(ctx, a.page), toast=toast)
 
@@ -73,7 +73,7 @@ async def acknowledge(ctx: Ctx, a: CardAction) -> Answer:
     await _admin_of_card(ctx, a)
     await _incident(ctx, a.incident_id)
     try:
-        await ctx.hub.alerts.acknowledge(a.incident_id, by=ctx.viewer.open_id)
+        await ctx.services.alerts.acknowledge(a.incident_id, by=ctx.viewer.open_id)
     except AmuxError:
         pass  # already closed or acknowledged: the card below shows the current state
     return await _refreshed(ctx, a, _("Acknowledged"))
@@ -84,7 +84,7 @@ async def snooze(ctx: Ctx, a: CardAction) -> Answer:
     await _admin_of_card(ctx, a)
     await _incident(ctx, a.incident_id)
     try:
-        await ctx.hub.alerts.snooze(a.incident_id)
+        await ctx.services.alerts.snooze(a.incident_id)
     except AmuxError:
         pass
     return await _refreshed(ctx, a, _("Snoozed for 24 hours"))
@@ -95,5 +95,5 @@ async def recheck(ctx: Ctx, a: CardAction) -> Answer:
     await _admin_of_card(ctx, a)
     if a.incident_id:
         await _incident(ctx, a.incident_id)
-    await ctx.hub.alerts.recheck(ctx.viewer.app_id)
+    await ctx.services.alerts.recheck(ctx.viewer.app_id)
     return await _refreshed(ctx, a, _("Delivery rechecked"))

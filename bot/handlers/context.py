@@ -6,6 +6,7 @@ from typing import Any
 
 from bot.i18n import Catalogs
 from bot.identity import Viewer
+from bot.services import BotServices
 
 from hub.errors import AmuxError
 
@@ -15,7 +16,7 @@ class Ctx:
     """One request: the authenticated operator, the application and the hub services."""
 
     viewer: Viewer
-    hub: Any            # hub.app.Hub (services: schedules, alerts, sessions, db, clock)
+    services: BotServices
     tr: Catalogs
 
 

@@ -11,7 +11,7 @@ from .context import Answer, Ctx
 async def overview(ctx: Ctx, _action: CardAction | None = None) -> Answer:
     """Render the viewer's summary: their schedules, failing and paused counts, latest outcomes."""
     v = ctx.viewer
-    s = await ctx.hub.schedules.summary(v.caller(), incidents_of=v.app_id if v.is_admin else None)
+    s = await ctx.services.schedules.summary(v.caller(), incidents_of=v.app_id if v.is_admin else None)
     latest = tuple(Outcome(f.schedule_name, f.nominal_time.isoformat() if f.nominal_time else None, f.state,
                            f.firing_id) for f in s.latest)
     view = OverviewView(viewer=v.name.rsplit(":", 1)[-1], total=s.total, failing=s.failing, paused=s.paused,

@@ -34,7 +34,7 @@ def _outcome(f: FiringLine) -> Outcome:
 
 async def list_schedules(ctx: Ctx, a: CardAction) -> Answer:
     """Show one page of the viewer's own schedules."""
-    p = await ctx.hub.schedules.page(ctx.viewer.caller(), a.page, PAGE)
+    p = await ctx.services.schedules.page(ctx.viewer.caller(), a.page, PAGE)
     items = tuple(ScheduleItem(i.schedule_id, i.name, i.rule, i.paused, _iso(i.next_fire_at), i.last_state)
                   for i in p.items)
     return Answer(card=render_list(ScheduleListView(items, p.page, p.pages, p.total), ctx.tr))
@@ -55,7 +55,7 @@ async def detail(ctx: Ctx, a: CardAction) -> Answer:
 async def history(ctx: Ctx, a: CardAction) -> Answer:
     """Show one page of a schedule's firings (through ScheduleService.history, creator-checked again)."""
     s = await owned(ctx, a.schedule_id)
-    h = await ctx.hub.schedules.history(ctx.viewer.caller(), s.schedule_id, cursor=a.page * HISTORY_PAGE,
+    h = await ctx.services.schedules.history(ctx.viewer.caller(), s.schedule_id, cursor=a.page * HISTORY_PAGE,
                                         limit=HISTORY_PAGE)
     items = tuple(Outcome(s.name, f["nominal_time"], firing_state(f["outcome"], f["admission"]), f["firing_id"])
                   for f in h["firings"])
@@ -66,7 +66,7 @@ async def history(ctx: Ctx, a: CardAction) -> Answer:
 async def results(ctx: Ctx, a: CardAction) -> Answer:
     """Show one part of one firing's Task result; long results are split across parts under 30 KB."""
     with yours():
-        r = await ctx.hub.schedules.result_page(ctx.viewer.caller(), a.schedule_id, a.page)
+        r = await ctx.services.schedules.result_page(ctx.viewer.caller(), a.schedule_id, a.page)
     if not r.pages or r.firing is None:
         return Answer(card=render_results(ResultsView(r.schedule_id, r.name, 0, 0, 0, 0), ctx.tr))
     parts = split_result(r.text)
@@ -79,7 +79,7 @@ async def pause(ctx: Ctx, a: CardAction) -> Answer:
     """Pause future dispatch (idempotent)."""
     s = await owned(ctx, a.schedule_id)
     if not s.paused:
-        await ctx.hub.schedules.pause(ctx.viewer.caller(), s.schedule_id)
+        await ctx.services.schedules.pause(ctx.viewer.caller(), s.schedule_id)
     return Answer(card=await _detail_card(ctx, s.schedule_id, _("Paused: no new runs until you resume.")),
                   toast=_("Schedule paused"))
 
@@ -88,7 +88,7 @@ async def resume(ctx: Ctx, a: CardAction) -> Answer:
     """Resume dispatch from the next future fire time (idempotent)."""
     s = await owned(ctx, a.schedule_id)
     if s.paused:
-        await ctx.hub.schedules.resume(ctx.viewer.caller(), s.schedule_id)
+        await ctx.services.schedules.resume(ctx.viewer.caller(), s.schedule_id)
     return Answer(card=await _detail_card(ctx, s.schedule_id, _("Resumed.")), toast=_("Schedule resumed"))
 
 
@@ -99,7 +99,7 @@ async def notify(ctx: Ctx, a: CardAction) -> Answer:
     mode = NOTIFY_MODES[a.sub]
     s = await owned(ctx, a.schedule_id)
     if s.notify != mode:
-        await ctx.hub.schedules.update(ctx.viewer.caller(), s.schedule_id, ScheduleSpec(notify=mode))
+        await ctx.services.schedules.update(ctx.viewer.caller(), s.schedule_id, ScheduleSpec(notify=mode))
     return Answer(card=await _detail_card(ctx, s.schedule_id), toast=_("Notifications updated"))
 
 
@@ -107,5 +107,5 @@ async def delete(ctx: Ctx, a: CardAction) -> Answer:
     """Delete the schedule (idempotent: a second press answers the same card)."""
     s = await owned(ctx, a.schedule_id, include_deleted=True)
     if not s.deleted:
-        await ctx.hub.schedules.delete(ctx.viewer.caller(), s.schedule_id)
+        await ctx.services.schedules.delete(ctx.viewer.caller(), s.schedule_id)
     return Answer(card=render_deleted(s.name, ctx.tr), toast=_("Schedule deleted"))

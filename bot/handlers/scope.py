@@ -27,5 +27,5 @@ def yours() -> Iterator[None]:
 async def owned(ctx: Ctx, schedule_id: str, *, include_deleted: bool = False, recent: int = 0) -> ScheduleCard:
     """Return the viewer's schedule with its `recent` latest firings, or refuse."""
     with yours():
-        return await ctx.hub.schedules.card(ctx.viewer.caller(), schedule_id, include_deleted=include_deleted,
+        return await ctx.services.schedules.card(ctx.viewer.caller(), schedule_id, include_deleted=include_deleted,
                                             recent=recent)

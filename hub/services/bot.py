@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from .sessions import SessionService
 
 
+INBOUND_TTL = timedelta(days=2)  # inbound dedup keys kept: Feishu retries an event for a few hours at most
+
+
 class BotService:
     """The bot's state, shared by every replica (the bot's handlers and transports call this, never the store)."""
 

@@ -206,13 +206,3 @@ class IdentityService:
     async def _contact(self, conn: Connection, binding_id: str, principal_id: str) -> Contact:
         name = await self.principals.principal_name(conn, principal_id)
         return Contact(binding_id, principal_id, name or principal_id)
-
-    async def first_seen(self, app_id: str, key: str) -> bool:
-        """Record an inbound Feishu event or message key; False when it was seen before (a redelivery or a
-        replay), on every replica. Keys are kept two days: Feishu retries an event for a few hours at most."""
-        now = self.clock.now()
-        async with self.db.write() as conn:
-            new = await self.store.first_seen(conn, app_id, key, now)
-            if new and hash(key) % 64 == 0:  # prune now and then
-                await self.store.forget_inbound_before(conn, now - INBOUND_TTL)
-        return new

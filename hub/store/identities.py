@@ -7,7 +7,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from .db import Connection, Database, Row
-from .tables import bot_inbound, identity_bindings, identity_link_codes, principals
+from .tables import identity_bindings, identity_link_codes, principals
 
 
 class SqlIdentityStore:
@@ -100,19 +100,3 @@ class SqlIdentityStore:
         """Mark a link code used, remembering the binding it made."""
         await conn.execute(identity_link_codes.update().where(identity_link_codes.c.id == code_id)
                            .values(used_at=now, binding_id=binding_id))
-
-    # --- inbound Feishu events (the bot's dedup) -------------------------------------------------
-
-    async def first_seen(self, conn: Connection, app_id: str, key: str, now: datetime) -> bool:
-        """Record an inbound event or message key (at most 250 characters of it); False when it was recorded
-        before, which leaves this transaction usable."""
-        try:
-            async with conn.begin_nested():
-                await conn.execute(bot_inbound.insert().values(key=key[:250], app_id=app_id, received_at=now))
-        except IntegrityError:
-            return False
-        return True
-
-    async def forget_inbound_before(self, conn: Connection, cutoff: datetime) -> None:
-        """Drop inbound keys received before `cutoff` (past Feishu's retry window)."""
-        await conn.execute(bot_inbound.delete().where(bot_inbound.c.received_at < cutoff))

@@ -20,8 +20,8 @@ from hub.app import Hub
 from hub.errors import NotFound
 from hub.ids import new_id
 from hub.store.db import Database, alembic_config, upgrade_sync
-from hub.store.tables import (api_tokens, decisions, firings, identity_bindings, incidents, legacy_submissions, outbox,
-                              principals, recovery_results, recovery_runs, schedules, task_runs)
+from hub.store.tables import (decisions, firings, identity_bindings, incidents, legacy_submissions, outbox,
+                              recovery_results, recovery_runs, schedules, task_runs)
 from tests.helpers import mcp_client, hub_settings
 from tests.integration.test_cli_rest import amux
 

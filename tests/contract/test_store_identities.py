@@ -4,12 +4,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-import sqlalchemy as sa
 
 from hub.clock import ManualClock, utc
 from hub.store.db import Connection, Database
 from hub.store.identities import SqlIdentityStore
-from hub.store.tables import bot_inbound
 from hub.store.tokens import SqlTokenStore
 from tests.contract.races import race
 
@@ -194,32 +192,3 @@ async def test_spend_link_code_records_when_and_the_binding_it_made(db, ids, peo
         row = await ids.link_code_to_redeem(conn, "c" * 64)
     assert (utc(row.used_at), row.binding_id) == (clock.now(), "ib_9")
 
-
-# ---------------------------------------------------------------- inbound keys
-
-
-async def test_first_seen_is_false_for_a_key_recorded_before_and_the_transaction_goes_on(db, ids, clock):
-    async with db.write() as conn:
-        assert await ids.first_seen(conn, "cli_a", "event:1", clock.now()) is True
-    async with db.write() as conn:
-        assert await ids.first_seen(conn, "cli_a", "event:1", clock.now()) is False
-        assert await ids.first_seen(conn, "cli_a", "event:2", clock.now()) is True
-    async with db.read() as conn:
-        assert sorted((await conn.execute(sa.select(bot_inbound.c.key))).scalars()) == ["event:1", "event:2"]
-
-
-async def test_first_seen_keys_count_by_their_first_250_characters(db, ids, clock):
-    long = "message:" + "x" * 300
-    async with db.write() as conn:
-        assert await ids.first_seen(conn, "cli_a", long, clock.now()) is True
-        assert await ids.first_seen(conn, "cli_a", long[:250] + "different tail", clock.now()) is False
-
-
-async def test_forget_inbound_before_drops_only_older_keys(db, ids, clock):
-    async with db.write() as conn:
-        await ids.first_seen(conn, "cli_a", "event:old", clock.now())
-        clock.advance(hours=49)
-        await ids.first_seen(conn, "cli_a", "event:new", clock.now())
-        await ids.forget_inbound_before(conn, clock.now() - timedelta(days=2))
-        assert await ids.first_seen(conn, "cli_a", "event:old", clock.now()) is True  # forgotten: new again
-        assert await ids.first_seen(conn, "cli_a", "event:new", clock.now()) is False

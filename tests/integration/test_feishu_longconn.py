@@ -30,7 +30,7 @@ async def test_only_one_replica_holds_the_long_connection_and_another_takes_over
     settings.feishu.apps = [FeishuAppSettings(app_id="cli_ws", app_secret="s", mode="long-connection")]
     hubs = [Hub(settings, Database(db_url), clock) for _ in range(2)]
     started: list[str] = []
-    conns = [LongConnections(FeishuBot(h), h, lease_s=30, holder=f"r{i}", starter=lambda app, loop, i=i: started.append(f"r{i}"))
+    conns = [LongConnections(FeishuBot(h.bot_services), h.bot_services, lease_s=30, holder=f"r{i}", starter=lambda app, loop, i=i: started.append(f"r{i}"))
              for i, h in enumerate(hubs)]
     try:
         assert await conns[0].claim("cli_ws") is True
@@ -71,8 +71,8 @@ async def test_an_event_frame_on_the_long_connection_reaches_the_bot_through_the
     settings.feishu.apps = [app]
     hub = Hub(settings, Database(sqlite_url), clock)
     sink = ConsoleSink()
-    bot = FeishuBot(hub, messenger=sink)
-    conns = LongConnections(bot, hub, holder="r0", starter=lambda app, loop: None)
+    bot = FeishuBot(hub.bot_services, messenger=sink)
+    conns = LongConnections(bot, hub.bot_services, holder="r0", starter=lambda app, loop: None)
     try:
         handler = conns.event_handler(app, asyncio.get_running_loop())
         frame = {"schema": "2.0",
@@ -131,7 +131,7 @@ async def test_a_replica_that_finds_its_lease_taken_over_stops_its_client_and_th
     settings.feishu.apps = [APP_WS]
     hubs = [Hub(settings, Database(db_url), clock) for _ in range(2)]
     log: list[str] = []
-    conns = [LongConnections(FeishuBot(h), h, lease_s=30, holder=f"r{i}", starter=recording_starter(f"r{i}", log))
+    conns = [LongConnections(FeishuBot(h.bot_services), h.bot_services, lease_s=30, holder=f"r{i}", starter=recording_starter(f"r{i}", log))
              for i, h in enumerate(hubs)]
     try:
         await conns[0].keep(APP_WS)
@@ -171,7 +171,7 @@ async def test_a_replica_that_cannot_renew_its_lease_before_it_expires_stops_its
     hub = Hub(settings, Database(sqlite_url), clock)
     log: list[str] = []
     leases = FailingLeases(hub)
-    conns = LongConnections(FeishuBot(hub), hub, lease_s=30, holder="r0", starter=recording_starter("r0", log),
+    conns = LongConnections(FeishuBot(hub.bot_services), hub.bot_services, lease_s=30, holder="r0", starter=recording_starter("r0", log),
                             service=leases)
     try:
         await conns.keep(APP_WS)
@@ -196,7 +196,7 @@ async def test_each_keeper_is_a_supervised_loop_a_failed_pass_is_counted_and_the
     settings.feishu.apps = [APP_WS]
     hub = Hub(settings, Database(sqlite_url), clock)
     log: list[str] = []
-    conns = LongConnections(FeishuBot(hub), hub, lease_s=0.3, holder="r0", starter=recording_starter("r0", log),
+    conns = LongConnections(FeishuBot(hub.bot_services), hub.bot_services, lease_s=0.3, holder="r0", starter=recording_starter("r0", log),
                             service=FailingLeases(hub, failures=1))
     try:
         conns.start()
@@ -236,7 +236,7 @@ async def test_two_long_connection_clients_in_one_replica_each_run_on_their_own_
     settings.feishu.apps = apps
     hub = Hub(settings, Database(sqlite_url), clock)
     sink = ConsoleSink()
-    conns = LongConnections(FeishuBot(hub, messenger=sink), hub, holder="r0")
+    conns = LongConnections(FeishuBot(hub.bot_services, messenger=sink), hub.bot_services, holder="r0")
     loop = asyncio.get_running_loop()
     links = []
     try:

@@ -1,0 +1,32 @@
+"""What the bot calls: the hub's services, typed and named — never the store, never the whole hub."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hub.clock import Clock
+from hub.config import FeishuSettings
+from hub.services.alerts import AlertService
+from hub.services.auth import AuthService
+from hub.services.bot import BotService
+from hub.services.identity import IdentityService
+from hub.services.oauth import OAuthService
+from hub.services.runtimes import RuntimeService
+from hub.services.schedules import ScheduleService
+from hub.services.sessions import SessionService
+
+
+@dataclass(frozen=True, kw_only=True)
+class BotServices:
+    """The collaborators of the Feishu bot, built once by the composition root (hub/app.py)."""
+
+    clock: Clock
+    feishu: FeishuSettings
+    public_url: str | None
+    auth: AuthService
+    oauth: OAuthService
+    identity: IdentityService
+    sessions: SessionService
+    schedules: ScheduleService
+    alerts: AlertService
+    runtimes: RuntimeService       # the address children are told (`hub_url`), for links when public_url is unset
+    state: BotService              # chats' Sessions, long-connection leases, inbound dedup keys
