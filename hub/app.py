@@ -1,6 +1,7 @@
 """Composition root: the only module that wires concrete adapters together."""
 from __future__ import annotations
 
+import asyncio
 import secrets
 from pathlib import Path
 from typing import AsyncIterator
@@ -98,16 +99,19 @@ class Hub:
                                    LocalBoxDriver(settings.home / "boxes", settings.boxes, hide=[settings.home]),
                                    settings.boxes)
         # SessionService fills the schedules' SessionPort seam (hub/services/schedule_ports.py).
-        self.schedule_firing = ScheduleFiring(self.db, self.clock, settings.schedules, self.admission, self.sessions,
-                                              on_admitted=self.dispatcher.kick)
+        # A definition change wakes the firing loop; the event exists before both ends of it.
+        firing_wake = asyncio.Event()
         self.schedules = ScheduleService(self.db, self.clock, settings.schedules, self.admission, self.sessions,
-                                         on_changed=self.schedule_firing.kick, feishu=settings.feishu)
+                                         on_changed=firing_wake.set, feishu=settings.feishu)
         self.recovery = RecoveryService(self.db, self.clock)  # upgrade creator recovery (issue 9)
         self.identity = IdentityService(self.db, self.clock)  # Feishu identity links (issue 15)
-        # The outcome feed goes to the alert pipeline; the channel is loaded by name, so hub never imports bot.
+        # The Feishu channel, wired here: configured apps load it (a missing lark-oapi fails the start, naming
+        # the fix); no apps is the explicit NullChannel.
         channel = load_channel(settings.feishu.channel, settings) if settings.feishu.apps else NullChannel()
         self.alerts = AlertService(self.db, self.clock, settings.alerts, settings.feishu, channel, self.schedules)
-        self.schedule_firing.sink = self.alerts
+        # Reconciled firing outcomes feed the alert pipeline (its OutcomeSink).
+        self.schedule_firing = ScheduleFiring(self.db, self.clock, settings.schedules, self.admission, self.sessions,
+                                              sink=self.alerts, on_admitted=self.dispatcher.kick, kicked=firing_wake)
         registrars = [task_tools(self.tasks, self.profiles, self.permissions), instance_tools(self.instances),
                       lease_tools(self.leases), session_tools(self.sessions)]
         registrars.append(schedule_tools(self.schedules))

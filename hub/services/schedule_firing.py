@@ -56,7 +56,7 @@ class ScheduleFiring:
 
     def __init__(self, db: Database, clock: Clock, settings: SchedulesSettings, admission: Admission,
                  sessions: SessionPort | None = None, sink: OutcomeSink | None = None,
-                 on_admitted: Callable[[], None] | None = None) -> None:
+                 on_admitted: Callable[[], None] | None = None, kicked: asyncio.Event | None = None) -> None:
         self.db = db
         self.clock = clock
         self.settings = settings
@@ -65,7 +65,7 @@ class ScheduleFiring:
         self.sink = sink or NullOutcomeSink()
         self.on_admitted = on_admitted or (lambda: None)
         self.store = SqlFiringStore(db)
-        self.kicked = asyncio.Event()
+        self.kicked = kicked or asyncio.Event()  # shared with whoever may kick it before it exists (ScheduleService)
         self.fired = 0
 
     def kick(self) -> None:
