@@ -200,7 +200,8 @@ class Cluster:
         """Reuse the cluster an earlier call left running, else make and start one."""
         self.prepare_dirs()
         with contextlib.suppress(OSError, ValueError, Exception):
-            port = int(open(self.portfile).read())
+            with open(self.portfile) as f:
+                port = int(f.read())
             probe(SUPERUSER, port)
             log(f"reusing the throwaway cluster in {self.data} on port {port}")
             return url(SUPERUSER, port)

@@ -1,9 +1,7 @@
 """Tasks over the official MCP SDK client against a running hub."""
 from __future__ import annotations
 
-import json
 
-import pytest
 
 from tests.helpers import mcp_client
 

@@ -175,7 +175,7 @@ async def test_the_asgi_bridge_reports_http_disconnect_when_the_client_goes_away
 
     app = web.Application()
     app.router.add_get("/", handler)
-    
+
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"ok": True})
 
