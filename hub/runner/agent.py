@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from ..domain.events import turn_usage
 from ..domain.policy import normalize_native_args
 from ..engines.base import Engine, EngineResult, Job, PermissionReply
 from ..engines.environment import base_env
@@ -354,9 +355,13 @@ class Runner:
             nonlocal last_usage, asked
             payload = redact.scrub(payload)
             if kind == "usage":
-                if payload.get("usage") == last_usage:
+                # Every engine path (a CLI's stream, the scripted engine) keeps only known metrics; the
+                # adapter has already dropped reports of another provider turn (turn_usage with its turn id).
+                usage = turn_usage(payload.get("usage"))
+                if not usage or usage == last_usage:
                     return
-                last_usage = payload.get("usage")
+                payload = {"usage": usage}
+                last_usage = usage
             if kind == "question":
                 asked = True
             h.rseq += 1
