@@ -145,8 +145,10 @@ class Runner:
     """One runner process (or the in-process runner of `amux up`): the same protocol either way."""
 
     def __init__(self, hub_url: str, token: str, *, name: str, slots: int, workspace_root: Path,
-                 engines: dict[str, Engine], home_root: Path | None = None) -> None:
+                 engines: dict[str, Engine], home_root: Path | None = None, authoring: bool = False) -> None:
         self.hub_url = hub_url.rstrip("/")
+        # The operator's opt-in (`amux runner --authoring`): profiles with local expert authoring may run here.
+        self.authoring = authoring
         self.token = token
         self.name = name
         self.slots = slots
@@ -174,6 +176,7 @@ class Runner:
             "workspace_writable": os.access(self.workspace_root, os.W_OK),
             "isolation": ["process"],
             "memory_cli": (Path(sys.executable).parent / "amux").exists(),
+            "authoring": self.authoring,
         }
 
     async def run_forever(self) -> None:
