@@ -2,7 +2,9 @@
 
 Launch (prompt on stdin, never in argv):
     claude -p --output-format stream-json --verbose --input-format stream-json
-           [--model M] [--effort E] [--resume SESSION_ID] <native_args>
+           [--model M] [--effort E] [--resume SESSION_ID] [--mcp-config FILE] <native_args>
+
+A Session Turn gets the hub's MCP endpoint through `--mcp-config` (see hubmcp.py); a task child does not.
 
 Stdin carries the Agent SDK's stream-json input: an `initialize` control request, the prompt as one
 `user` message, then one `control_response` per `can_use_tool` control request. Stdin is closed after
@@ -24,10 +26,13 @@ Escalation reply (Claude's control protocol, as the Agent SDK writes it):
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from .approvals import Approvals, Decision
 from .base import CliEngine, Emit, EngineResult, Job
+from .hubmcp import claude_config, private_file, session_endpoint
 from .process import ChildProcess, run_child
 from .streams import launch_value, mapped_usage, tool_title
 
@@ -41,22 +46,32 @@ class ClaudeEngine(CliEngine):
     name = "claude"
     config_dirs = (("CLAUDE_CONFIG_DIR", ".claude"),)
 
-    def argv(self, job: Job) -> list[str]:
-        """Build the command line from the frozen snapshot."""
+    def argv(self, job: Job, mcp_config: Path | None = None) -> list[str]:
+        """Build the command line from the frozen snapshot (and the hub's MCP config file for a Session Turn)."""
         snap = job.snapshot
         argv = [self.binary(), "-p", "--output-format", "stream-json", "--verbose", "--input-format", "stream-json"]
         for flag, key in (("--model", "model"), ("--effort", "reasoning_effort"), ("--resume", "resume_handle")):
             value = launch_value(snap, key)
             if value is not None:
                 argv += [flag, value]
+        if mcp_config is not None:
+            argv += ["--mcp-config", str(mcp_config)]
         return argv + [str(a) for a in snap.get("native_args") or []]
 
     async def run(self, job: Job, emit: Emit) -> EngineResult:
         """Launch Claude, feed it the prompt and answer its control requests until its result."""
         try:
-            argv = self.argv(job)
+            self.argv(job)
         except ValueError as e:
             return EngineResult("failed", error=str(e))
+        endpoint = session_endpoint(job.env)
+        if endpoint is None:  # a task child: the memory CLI, no task MCP tools
+            return await self._launch(self.argv(job), job, emit)
+        name = f".amux-mcp-{job.task_id}.{job.attempt}.json"
+        with private_file(job.env, name, json.dumps(claude_config(endpoint))) as path:
+            return await self._launch(self.argv(job, path), job, emit)
+
+    async def _launch(self, argv: list[str], job: Job, emit: Emit) -> EngineResult:
         return await run_child(argv, cwd=job.workspace, env=job.env, stdin=True, name=self.name,
                                consume=lambda child: _ClaudeStream(job, emit, child).consume())
 

@@ -1,8 +1,10 @@
 """Codex adapter: `codex exec --json`, one JSON event per stdout line.
 
 Launch (the prompt goes to stdin; `-` tells codex to read it from there, so its length is not bound by argv):
-    codex exec --json [--model M] [-c model_reasoning_effort=E] <native_args> -
-    codex exec --json [--model M] [-c model_reasoning_effort=E] <native_args> resume THREAD_ID -
+    codex exec --json [--model M] [-c model_reasoning_effort=E] [<hub MCP>] <native_args> -
+    codex exec --json [--model M] [-c model_reasoning_effort=E] [<hub MCP>] <native_args> resume THREAD_ID -
+where <hub MCP>, for a Session Turn only, is `-c mcp_servers.amux.url="<hub>/mcp"
+-c mcp_servers.amux.bearer_token_env_var="AMUX_TOKEN"` (see hubmcp.py).
 
 Stdout → canonical events (event types from codex-rs/exec/src/exec_events.rs):
     thread.started {thread_id}                  → resume handle
@@ -22,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import CliEngine, Emit, EngineResult, Job
+from .hubmcp import codex_overrides, session_endpoint
 from .process import ChildProcess, run_child
 from .streams import launch_value, mapped_usage, program_name
 
@@ -45,6 +48,9 @@ class CodexEngine(CliEngine):
             argv += ["--model", model]
         if effort:
             argv += ["-c", f"model_reasoning_effort={effort}"]
+        endpoint = session_endpoint(job.env)
+        if endpoint is not None:  # a Session Turn: the hub's MCP tools; a task child gets none
+            argv += codex_overrides(endpoint)
         argv += [str(a) for a in snap.get("native_args") or []]
         if thread:
             argv += ["resume", thread]
