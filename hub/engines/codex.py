@@ -1,8 +1,11 @@
 """Codex adapter: `codex exec --json`, one JSON event per stdout line.
 
 Launch (the prompt goes to stdin; `-` tells codex to read it from there, so its length is not bound by argv):
-    codex exec --json [--model M] [-c model_reasoning_effort=E] [<hub MCP>] <native_args> -
-    codex exec --json [--model M] [-c model_reasoning_effort=E] [<hub MCP>] <native_args> resume THREAD_ID -
+    codex exec --json [--model M] [-c model_reasoning_effort=E] [<hub MCP>] [--skip-git-repo-check] <native_args> -
+    codex exec --json [--model M] [-c model_reasoning_effort=E] [<hub MCP>] [--skip-git-repo-check] <native_args>
+               resume THREAD_ID -
+(`--skip-git-repo-check` unless native_args has it: an amux workspace is no git checkout, and codex exec
+refuses to run outside one without it.)
 where <hub MCP>, for a Session Turn only, is `-c mcp_servers.amux.url="<hub>/mcp"
 -c mcp_servers.amux.bearer_token_env_var="AMUX_TOKEN"` (see hubmcp.py).
 
@@ -14,6 +17,9 @@ Stdout → canonical events (event types from codex-rs/exec/src/exec_events.rs):
     request_user_input {questions}              → `question`, then the run fails
     turn.completed {usage}                      → final `usage`, succeeded
     turn.failed {error} / error {message}       → failed
+    error "Reconnecting... N/M (cause)"          → `status` "engine retrying: attempt N of M (cause)"
+    error "Reconnecting... waiting for network"  → `status`; the third ends the run: "the model API was
+                                                   unreachable after 3 attempts; …" (codex would wait forever)
 
 Approvals: `codex exec` resolves approval requests itself (it runs headless with approval_policy
 forced to `never`) and its JSONL has no approval event, so there is no request to escalate and no
@@ -21,6 +27,7 @@ stdin channel to answer one; permission_policy acts through the launch flags alo
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .base import CliEngine, Emit, EngineResult, Job
@@ -28,6 +35,7 @@ from .hubmcp import codex_overrides, session_endpoint
 from .process import ChildProcess, run_child
 from .streams import launch_value, mapped_usage, program_name
 
+TRUST_WORKSPACE = "--skip-git-repo-check"
 USAGE_NAMES = {"reasoning_output_tokens": "reasoning_tokens"}
 TOOL_ITEMS = frozenset({"command_execution", "file_change", "mcp_tool_call", "web_search", "collab_tool_call"})
 STATUSES = {"in_progress": "running", "completed": "completed", "failed": "failed", "declined": "failed"}
@@ -51,7 +59,10 @@ class CodexEngine(CliEngine):
         endpoint = session_endpoint(job.env)
         if endpoint is not None:  # a Session Turn: the hub's MCP tools; a task child gets none
             argv += codex_overrides(endpoint)
-        argv += [str(a) for a in snap.get("native_args") or []]
+        native = [str(a) for a in snap.get("native_args") or []]
+        if TRUST_WORKSPACE not in native:  # the runner made the workspace; codex exec refuses one outside git
+            argv.append(TRUST_WORKSPACE)
+        argv += native
         if thread:
             argv += ["resume", thread]
         return argv + ["-"]
@@ -75,6 +86,7 @@ class _CodexStream:
         self.text = ""
         self.error: str | None = None
         self.tool_status: dict[str, str] = {}
+        self.retries = Retries()
 
     async def consume(self) -> EngineResult | None:
         # The prompt is all of stdin: codex reads it to EOF before it starts the turn.
@@ -96,8 +108,22 @@ class _CodexStream:
             elif kind == "turn.failed":
                 return self._failed(_message(msg.get("error")) or "codex turn failed")
             elif kind == "error":
-                self.error = _message(msg) or self.error
+                message = _message(msg)
+                self.error = message or self.error
+                ended = await self._retrying(message) if message else None
+                if ended:
+                    return ended
         return self._failed(self.error) if self.error else None
+
+    async def _retrying(self, message: str) -> EngineResult | None:
+        """Report codex's reconnects as status events; end the run when retrying cannot help."""
+        status, failure = self.retries.read(message)
+        if status is not None:
+            await self.emit("status", status)
+        if failure is not None:
+            self.child.kill()  # codex would keep trying (a network wait has no end of its own)
+            return self._failed(failure)
+        return None
 
     async def _item(self, kind: str, item: dict[str, Any]) -> None:
         item_type = item.get("type")
@@ -122,6 +148,48 @@ class _CodexStream:
 
     def _failed(self, error: str) -> EngineResult:
         return EngineResult("failed", text=self.text, error=error, resume_handle=self.thread_id)
+
+
+RECONNECT = re.compile(r"^Reconnecting\.\.\. (\d+)/(\d+)(?: \((.*)\))?$", re.S)
+NETWORK_WAIT = re.compile(r"^Reconnecting\.\.\. waiting for network(?: \((.*)\))?$", re.S)
+REJECTED = re.compile(r"\b(401 Unauthorized|403 Forbidden)\b")
+NETWORK_WAITS = 3  # codex waits for the network without end (5 s, 10 s, 20 s … apart); amux gives up at the third
+
+
+class Retries:
+    """Codex's reconnect messages (`error` events) read as retries: status events, and when to give up.
+
+    `Reconnecting... N/M (cause)` is a bounded retry; `Reconnecting... waiting for network (cause)` an
+    unbounded one (codex's `unbounded_connection_retries`), which amux ends at its NETWORK_WAITS-th report.
+    A credential rejected twice in a row (HTTP 401/403) ends the run at once with codex's own message.
+    """
+
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def read(self, message: str) -> tuple[dict[str, Any] | None, str | None]:
+        """Return (status event payload or None, failure or None) for one codex error message."""
+        bounded, wait = RECONNECT.match(message), NETWORK_WAIT.match(message)
+        if bounded:
+            attempt, total, cause = int(bounded[1]), int(bounded[2]), bounded[3] or "stream error"
+            status = _retry_status(attempt, total, cause)
+            if REJECTED.search(cause) and attempt >= 2:
+                return status, f"the model API rejected the credential; fix the credential profile (codex: {cause})"
+            return status, None
+        if wait:
+            self.waits += 1
+            cause = wait[1] or "connection failed"
+            status = _retry_status(self.waits, NETWORK_WAITS, f"waiting for the network: {cause}")
+            if self.waits >= NETWORK_WAITS:
+                return status, (f"the model API was unreachable after {self.waits} attempts; check the network and the "
+                                f"credential profile (codex: {cause})")
+            return status, None
+        return None, None
+
+
+def _retry_status(attempt: int, total: int, cause: str) -> dict[str, Any]:
+    return {"text": f"engine retrying: attempt {attempt} of {total} ({cause})",
+            "retry": {"attempt": attempt, "max_retries": total, "cause": cause}}
 
 
 def _title(item: dict[str, Any]) -> str:

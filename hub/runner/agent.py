@@ -350,13 +350,16 @@ class Runner:
         before = await asyncio.to_thread(snapshot_tree, workspace)  # a big tree must not stall the loop
         engine = self.engines.get(d.snapshot.get("engine", ""))
         last_usage: dict | None = None
+        last_status: str | None = None  # named in a timeout's error: what the engine was doing when time ran out
         asked = False
 
         redact = Redactor(v for k, v in d.env.items() if k not in ("AMUX_SESSION_ID", "AMUX_HUB_URL"))
 
         async def emit(kind: str, payload: dict) -> None:
-            nonlocal last_usage, asked
+            nonlocal last_usage, last_status, asked
             payload = redact.scrub(payload)
+            if kind == "status" and isinstance(payload.get("text"), str):
+                last_status = payload["text"]
             if kind == "usage":
                 # Every engine path (a CLI's stream, the scripted engine) keeps only known metrics; the
                 # adapter has already dropped reports of another provider turn (turn_usage with its turn id).
@@ -386,7 +389,8 @@ class Runner:
             if asked:
                 outcome, result.error = "failed", QUESTION_DIAGNOSTIC
         except asyncio.TimeoutError:
-            outcome, result = "timed_out", EngineResult("timed_out", error=f"timed out after {d.snapshot.get('timeout_s')}s")
+            error = f"timed out after {d.snapshot.get('timeout_s')}s" + (f"; last status: {last_status}" if last_status else "")
+            outcome, result = "timed_out", EngineResult("timed_out", error=error)
         except asyncio.CancelledError:
             if not h.cancel_intent:
                 raise
