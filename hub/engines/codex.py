@@ -22,8 +22,10 @@ Stdout → canonical events (event types from codex-rs/exec/src/exec_events.rs):
                                                    unreachable after 3 attempts; …" (codex would wait forever)
 
 Approvals: `codex exec` resolves approval requests itself (it runs headless with approval_policy
-forced to `never`) and its JSONL has no approval event, so there is no request to escalate and no
-stdin channel to answer one; permission_policy acts through the launch flags alone.
+forced to `never`) and its JSONL has no approval event. So under escalate-to-main the adapter drives
+`codex app-server` instead (codex_app.py), whose approval requests become `permission` events; a codex
+without `app-server` fails the run before launch, naming the upgrade. policy-allow and deny-all keep
+`codex exec` and act through the launch flags alone.
 """
 from __future__ import annotations
 
@@ -31,11 +33,14 @@ import re
 from typing import Any
 
 from .base import CliEngine, Emit, EngineResult, Job
+from .codex_app import AppServerRun, app_server_launch, has_app_server
 from .hubmcp import codex_overrides, session_endpoint
 from .process import ChildProcess, run_child
 from .streams import launch_value, mapped_usage, program_name
 
 TRUST_WORKSPACE = "--skip-git-repo-check"
+NO_APP_SERVER = ("permission_policy escalate-to-main needs `codex app-server`, which {binary} does not have; "
+                 "upgrade Codex on this runner (npm install -g @openai/codex@latest) or choose policy-allow or deny-all")
 USAGE_NAMES = {"reasoning_output_tokens": "reasoning_tokens"}
 TOOL_ITEMS = frozenset({"command_execution", "file_change", "mcp_tool_call", "web_search", "collab_tool_call"})
 STATUSES = {"in_progress": "running", "completed": "completed", "failed": "failed", "declined": "failed"}
@@ -67,14 +72,38 @@ class CodexEngine(CliEngine):
             argv += ["resume", thread]
         return argv + ["-"]
 
+    def app_server_argv(self, job: Job) -> tuple[list[str], dict[str, str]]:
+        """Build `codex app-server` argv and the thread parameters (escalate-to-main; see codex_app.py)."""
+        for key in ("model", "reasoning_effort", "resume_handle"):
+            launch_value(job.snapshot, key)  # the same refusal as exec: a value that would read as an option
+        options, thread = app_server_launch([str(a) for a in job.snapshot.get("native_args") or []])
+        argv = [self.binary(), "app-server"]
+        endpoint = session_endpoint(job.env)
+        if endpoint is not None:
+            argv += codex_overrides(endpoint)
+        return argv + options, thread
+
     async def run(self, job: Job, emit: Emit) -> EngineResult:
         """Launch codex, hand it the prompt and read the thread to its end."""
+        if job.snapshot.get("permission_policy") == "escalate-to-main":
+            return await self._run_app_server(job, emit)
         try:
             argv = self.argv(job)
         except ValueError as e:
             return EngineResult("failed", error=str(e))
         return await run_child(argv, cwd=job.workspace, env=job.env, stdin=True, name=self.name,
                                consume=lambda child: _CodexStream(job, emit, child).consume())
+
+    async def _run_app_server(self, job: Job, emit: Emit) -> EngineResult:
+        """Escalate-to-main: drive `codex app-server`, whose approval requests reach the main session."""
+        try:
+            argv, thread = self.app_server_argv(job)
+        except ValueError as e:
+            return EngineResult("failed", error=str(e))
+        if not await has_app_server(self.binary(), job.env):
+            return EngineResult("failed", error=NO_APP_SERVER.format(binary=self.binary()))
+        return await run_child(argv, cwd=job.workspace, env=job.env, stdin=True, name=self.name,
+                               consume=lambda child: AppServerRun(job, emit, child, thread, Retries()).consume())
 
 
 class _CodexStream:
@@ -150,8 +179,8 @@ class _CodexStream:
         return EngineResult("failed", text=self.text, error=error, resume_handle=self.thread_id)
 
 
-RECONNECT = re.compile(r"^Reconnecting\.\.\. (\d+)/(\d+)(?: \((.*)\))?$", re.S)
-NETWORK_WAIT = re.compile(r"^Reconnecting\.\.\. waiting for network(?: \((.*)\))?$", re.S)
+RECONNECT = re.compile(r"^Reconnecting\.\.\. (\d+)/(\d+)(?: \((.*)\))?$", re.DOTALL)
+NETWORK_WAIT = re.compile(r"^Reconnecting\.\.\. waiting for network(?: \((.*)\))?$", re.DOTALL)
 REJECTED = re.compile(r"\b(401 Unauthorized|403 Forbidden)\b")
 NETWORK_WAITS = 3  # codex waits for the network without end (5 s, 10 s, 20 s … apart); amux gives up at the third
 

@@ -138,8 +138,8 @@ async def test_a_real_claude_session_turn_connects_to_the_hubs_mcp_endpoint_with
     assert not [w for w in warnings if "MCP" in w["text"]], warnings  # its init listed amux as connected
 
 
-CODEX_OFFLINE = ["-c", 'model_providers.local={name="local", base_url="BASE", env_key="OPENAI_API_KEY", '
-                 'wire_api="responses"}', "-c", "model_provider=local"]
+CODEX_OFFLINE = ["-c", ('model_providers.local={name="local", base_url="BASE", env_key="OPENAI_API_KEY", '
+                        'wire_api="responses"}'), "-c", "model_provider=local"]
 
 
 def codex_args(base: str) -> list[str]:
@@ -158,11 +158,13 @@ async def test_real_codex_with_the_model_api_unreachable_gives_up_its_endless_ne
                                     "credential profile (codex: "), view["error"]
 
 
-async def test_real_codex_with_a_rejected_key_fails_at_once_with_the_clis_own_message(hub, tmp_path, engine_host):
+@pytest.mark.parametrize("policy", ["policy-allow", "escalate-to-main"])  # codex exec, and codex app-server
+async def test_real_codex_with_a_rejected_key_fails_at_once_with_the_clis_own_message(hub, tmp_path, engine_host, policy):
     api = await RejectingModelApi(should_retry=None).start()
     try:
         admin = await start(hub, tmp_path, {"OPENAI_API_KEY": "sk-test-key"})
-        view, statuses = await run_task(hub, admin, "codex", timeout_s=60, extra_args=codex_args(f"{api.url}/v1"))
+        view, statuses = await run_task(hub, admin, "codex", timeout_s=60, extra_args=codex_args(f"{api.url}/v1"),
+                                        permission_policy=policy)
     finally:
         await api.stop()
     assert view["status"] == "failed", view
