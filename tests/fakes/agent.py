@@ -6,15 +6,18 @@ the bearer token from that variable. Either way the agent then speaks MCP over S
 the official `mcp` SDK client, exactly as tests/helpers.py connects to the hub.
 
 The stage direction `{"_fake": "mcp_calls", "calls": [{"tool": T, "args": {…}}, …]}` makes the fake call
-each tool in order; what came back is recorded in $FAKE_RECORD_DIR/mcp_calls.json and returned, so the
-fake can print it as the agent's answer.
+each tool in order; what came back is recorded in $FAKE_RECORD_DIR/delegations.json and returned, so the
+fake can print it as the agent's answer. Pi has no MCP client: its fake runs the `amux` CLI on its PATH
+instead (`{"_fake": "cli_calls", "calls": [{"tool": T, "argv": [...]}, …]}`), as a Pi agent would in bash.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import shutil
 import stat
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -85,7 +88,26 @@ def mcp_calls(servers: dict[str, dict], directive: dict, client_name: str) -> li
         sys.stderr.write(f"fake: no MCP server {name!r} was configured (have {sorted(servers)})\n")
         sys.exit(1)
     results = asyncio.run(_call(servers[name], directive["calls"], client_name))
-    fakecli.record("mcp_calls.json", results)
+    fakecli.record("delegations.json", [{**r, "via": "mcp"} for r in results])
+    return results
+
+
+def cli_calls(directive: dict) -> list[dict[str, Any]]:
+    """Run `amux ARGV --json` for each call with this process's environment (AMUX_HUB_URL, AMUX_TOKEN)."""
+    amux = shutil.which("amux")
+    if amux is None:
+        sys.stderr.write("fake: the amux CLI is not on PATH\n")
+        sys.exit(1)
+    results = []
+    for call in directive["calls"]:
+        done = subprocess.run([amux, *call["argv"], "--json"], capture_output=True, text=True, timeout=60)
+        try:
+            result = json.loads(done.stdout) if done.returncode == 0 else None
+        except ValueError:
+            result = None
+        results.append({"tool": call["tool"], "is_error": done.returncode != 0, "result": result,
+                        "text": done.stderr.strip() or done.stdout.strip(), "via": "cli"})
+    fakecli.record("delegations.json", results)
     return results
 
 

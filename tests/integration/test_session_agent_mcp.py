@@ -2,8 +2,9 @@
 
 End to end: a signed Feishu chat message → the chat Session's Turn → the runner launches the engine CLI
 (a fake that, like a real agent, reads the MCP configuration it was launched with and calls `task_submit`
-and `schedule_create` with the official MCP client) → a Task whose parent Session and Turn are that
-Turn's, and a schedule whose creator receipt is that Turn's → the answer posted back to the fake Feishu.
+and `schedule_create` with the official MCP client; Pi, which has no MCP client, runs the `amux` CLI with
+the same run token) → a Task whose parent Session and Turn are that Turn's, and a schedule whose creator
+receipt is that Turn's → the answer posted back to the fake Feishu.
 """
 from __future__ import annotations
 
@@ -25,8 +26,10 @@ from hub.config import FeishuAppSettings
 from hub.engines.base import Job
 from hub.engines.claude import ClaudeEngine
 from hub.engines.codex import CodexEngine
+from hub.engines.pi import PiEngine
 from hub.engines.scripted import ScriptedEngine
 from hub.runner.agent import Runner
+from hub.services.tasks import SubmitRequest
 from hub.store.tables import bot_chats, identity_bindings, schedules, task_runs
 from tests.fakes.feishu import FakeFeishu, Message, clock_seconds
 from tests.helpers import REPO, eventually, start_hub
@@ -34,7 +37,8 @@ from tests.helpers import REPO, eventually, start_hub
 BIN = REPO / "tests" / "fakes" / "bin"
 ADMIN, ALICE = "ou_admin", "ou_alice"
 EK, VT = "agent-encrypt-key", "agent-verification-token"
-ENGINES = {"claude": ClaudeEngine, "codex": CodexEngine}
+ENGINES = {"claude": ClaudeEngine, "codex": CodexEngine}  # the engines with an MCP client
+AGENTS = {**ENGINES, "pi": PiEngine}  # pi has none: its agent runs the `amux` CLI on its PATH
 
 
 def launcher(tmp_path: Path, engine: str, record: Path, scenario: str) -> Path:
@@ -66,7 +70,7 @@ async def post_message(url: str, app_id: str, fake: FakeFeishu, clock: ManualClo
     return mid
 
 
-@pytest.mark.parametrize("engine", sorted(ENGINES))
+@pytest.mark.parametrize("engine", sorted(AGENTS))
 async def test_a_chat_turns_agent_delegates_a_task_and_a_schedule_over_mcp_attributed_to_that_turn(
         engine, sqlite_url: str, tmp_path: Path, clock: ManualClock, monkeypatch):
     record = tmp_path / "record"
@@ -80,7 +84,7 @@ async def test_a_chat_turns_agent_delegates_a_task_and_a_schedule_over_mcp_attri
     hub.settings.profiles.default_profile = engine  # the chat's Session runs on this engine
     try:
         runner = Runner(handle.url, handle.admin_token, name="agents", slots=4, workspace_root=tmp_path / "ws",
-                        engines={engine: ENGINES[engine](), "scripted": ScriptedEngine()})
+                        engines={engine: AGENTS[engine](), "scripted": ScriptedEngine()})
         handle.runners.append((runner, asyncio.create_task(runner.run_forever())))
         await asyncio.wait_for(runner.registered.wait(), 10)
 
@@ -93,8 +97,10 @@ async def test_a_chat_turns_agent_delegates_a_task_and_a_schedule_over_mcp_attri
             alice = (await conn.execute(sa.select(identity_bindings)
                                         .where(identity_bindings.c.open_id == ALICE))).one()
         assert turn.session_id == chat.session_id and turn.status == "succeeded", turn.error
-        calls = json.loads((record / "mcp_calls.json").read_text())
-        assert [(c["tool"], c["is_error"]) for c in calls] == [("task_submit", False), ("schedule_create", False)], calls
+        calls = json.loads((record / "delegations.json").read_text())
+        via = "cli" if engine == "pi" else "mcp"
+        assert [(c["tool"], c["is_error"], c["via"]) for c in calls] == [
+            ("task_submit", False, via), ("schedule_create", False, via)], calls
         task_id, schedule_id = calls[0]["result"]["task_id"], calls[1]["result"]["schedule_id"]
         assert task_id in reply and schedule_id in reply  # the agent's answer reached the chat
 
@@ -114,6 +120,9 @@ async def test_a_chat_turns_agent_delegates_a_task_and_a_schedule_over_mcp_attri
         assert shutil.which("amux", path=child["PATH"])  # the memory CLI is on the child's PATH
         argv = json.loads((record / "argv.json").read_text())
         assert child["AMUX_TOKEN"] not in " ".join(argv)  # the token never reaches argv
+        if engine == "pi":  # no MCP configuration at all: the CLI with the same token is its way in
+            assert "--mcp-config" not in argv and not (record / "mcp_config.json").exists()
+            return
         config = json.loads((record / "mcp_config.json").read_text())
         if engine == "claude":
             path = Path(config["path"])
@@ -180,3 +189,24 @@ async def test_a_session_turns_claude_config_file_is_private_in_its_home_and_rem
     assert seen["path"].parent == tmp_path / "home" and seen["mode"] == 0o600 and not seen["path"].exists()
     assert seen["config"]["mcpServers"]["amux"]["headers"] == {"Authorization": "Bearer amux.run.secret-token-value"}
     assert "amux.run.secret-token-value" not in (tmp_path / "record" / "argv.json").read_text()
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+async def test_a_plain_tasks_child_gets_the_memory_cli_and_a_run_token_but_no_mcp_server(engine, hub, tmp_path,
+                                                                                        monkeypatch):
+    record = tmp_path / "record"
+    record.mkdir()
+    monkeypatch.setenv(f"AMUX_{engine.upper()}_BIN", str(launcher(tmp_path, engine, record, "success")))
+    runner = Runner(hub.url, hub.admin_token, name="tasks", slots=1, workspace_root=tmp_path / "ws",
+                    engines={engine: ENGINES[engine]()})
+    hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
+    await asyncio.wait_for(runner.registered.wait(), 10)
+    admin = await hub.hub.auth.authenticate(hub.admin_token)
+    sub = await hub.hub.tasks.submit(admin, SubmitRequest("say hello", profile=engine))
+    view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=30)
+    assert view["status"] == "succeeded", view
+    child = json.loads((record / "environ.json").read_text())
+    argv = json.loads((record / "argv.json").read_text())
+    assert "AMUX_SESSION_ID" not in child and child["AMUX_TOKEN"] and child["AMUX_HUB_URL"] == hub.url
+    assert shutil.which("amux", path=child["PATH"])  # memory: `amux memory …`
+    assert "--mcp-config" not in argv and not any(a.startswith("mcp_servers.") for a in argv), argv
