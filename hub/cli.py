@@ -137,7 +137,7 @@ async def _runner(args: argparse.Namespace) -> None:
         raise AmuxError("amux runner needs --token (or AMUX_TOKEN); create one with `amux token create --principal NAME --runner`")
     root = Path(args.workspace_root or Path.home() / ".amux" / "workspaces")
     runner = Runner(args.hub, token, name=args.name or socket.gethostname(), slots=args.slots,
-                    workspace_root=root, engines=default_engines())
+                    workspace_root=root, engines=default_engines(), authoring=args.authoring)
     loop = asyncio.get_running_loop()
     stopper = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -362,6 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--slots", type=int, default=4)
     run.add_argument("--name")
     run.add_argument("--workspace-root")
+    run.add_argument("--authoring", action="store_true",
+                     help="offer the authoring capability: profiles with local expert authoring may run here")
 
     db = sub.add_parser("db", help="database commands")
     db_sub = db.add_subparsers(dest="db_cmd", required=True)

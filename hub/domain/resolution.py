@@ -70,10 +70,12 @@ def resolve(profile: ProfileView, asked: Choices, presets: dict[str, Preset], de
     2. From a Session on the same engine, the Session's current model and effort are inherited; when the
        child's profile can't take them (its policy forbids a model override), the caller's own resolution
        below is kept instead.
-    3. Without a runtime, a builtin shortcut uses its own launch preset; other profiles use the
-       distribution's default builtin launch preset.
+    3. Without a runtime, a builtin shortcut uses its own launch preset, and without one of its own its
+       engine's native defaults (no runtime pin, no model, no effort: never another engine's preset);
+       other profiles use the distribution's default builtin launch preset.
     4. An omitted model uses that preset's model when its runtime is inherited, or the engine's native
-       default (None) when no model is configured.
+       default (None) when no model is configured. A preset's model and effort stay in its engine (a
+       builtin preset is named for its engine): a profile on another engine inherits only its runtime.
     5. Model names are not an allowlist: unlisted names pass unchanged.
     """
     if asked.reasoning_effort is not None and asked.reasoning_effort not in EFFORTS:
@@ -95,14 +97,17 @@ def resolve(profile: ProfileView, asked: Choices, presets: dict[str, Preset], de
     runtime = asked.runtime
     if runtime is not None:
         sources["runtime"] = "explicit"
+    elif profile.builtin and profile.name not in presets:
+        sources["runtime"] = "engine-default"  # any runtime that offers the engine
     else:
-        preset_name = profile.name if profile.builtin and profile.name in presets else default_preset
+        preset_name = profile.name if profile.builtin else default_preset
         preset = presets.get(preset_name, Preset())
         runtime = preset.runtime
         sources["runtime"] = f"preset:{preset_name}"
-        if model is None and preset.model is not None and profile.allow_model_override:
+        same_engine = preset_name == profile.engine
+        if model is None and preset.model is not None and profile.allow_model_override and same_engine:
             model, sources["model"] = preset.model, f"preset:{preset_name}"
-        if effort is None and preset.reasoning_effort is not None:
+        if effort is None and preset.reasoning_effort is not None and same_engine:
             effort, sources["reasoning_effort"] = preset.reasoning_effort, f"preset:{preset_name}"
     sources.setdefault("model", "engine-default")
     sources.setdefault("reasoning_effort", "engine-default")

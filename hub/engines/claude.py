@@ -2,7 +2,9 @@
 
 Launch (prompt on stdin, never in argv):
     claude -p --output-format stream-json --verbose --input-format stream-json
-           [--model M] [--effort E] [--resume SESSION_ID] <native_args>
+           [--model M] [--effort E] [--resume SESSION_ID] [--mcp-config FILE] <native_args>
+
+A Session Turn gets the hub's MCP endpoint through `--mcp-config` (see hubmcp.py); a task child does not.
 
 Stdin carries the Agent SDK's stream-json input: an `initialize` control request, the prompt as one
 `user` message, then one `control_response` per `can_use_tool` control request. Stdin is closed after
@@ -14,7 +16,10 @@ Stdout → canonical events:
     assistant tool_use     → `tool` running; user tool_result → `tool` completed / failed
     tool_use AskUserQuestion (or a can_use_tool request for it) → `question`, then the run fails
     control_request can_use_tool → decided per permission_policy (see approvals.Approvals)
-    result                 → final `usage`, final text, succeeded / failed
+    system/api_retry       → `status` "engine retrying: attempt N of M (cause)"; a credential rejected
+                             twice fails the run at once (the CLI would keep retrying)
+    result                 → final `usage`, final text, succeeded / failed; after retries the error
+                             names the cause ("the model API was unreachable after N attempts; …")
 
 Escalation reply (Claude's control protocol, as the Agent SDK writes it):
     {"type":"control_response","response":{"subtype":"success","request_id":R,
@@ -24,14 +29,19 @@ Escalation reply (Claude's control protocol, as the Agent SDK writes it):
 """
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .approvals import Approvals, Decision
 from .base import CliEngine, Emit, EngineResult, Job
+from .hubmcp import SERVER, claude_config, private_file, session_endpoint
 from .process import ChildProcess, run_child
 from .streams import launch_value, mapped_usage, tool_title
 
 QUESTION_TOOL = "AskUserQuestion"
+SYNTHETIC = "<synthetic>"  # the model name on messages the CLI writes itself (its API error text)
 INIT_REQUEST = {"type": "control_request", "request_id": "amux_init", "request": {"subtype": "initialize", "hooks": None}}
 
 
@@ -41,22 +51,32 @@ class ClaudeEngine(CliEngine):
     name = "claude"
     config_dirs = (("CLAUDE_CONFIG_DIR", ".claude"),)
 
-    def argv(self, job: Job) -> list[str]:
-        """Build the command line from the frozen snapshot."""
+    def argv(self, job: Job, mcp_config: Path | None = None) -> list[str]:
+        """Build the command line from the frozen snapshot (and the hub's MCP config file for a Session Turn)."""
         snap = job.snapshot
         argv = [self.binary(), "-p", "--output-format", "stream-json", "--verbose", "--input-format", "stream-json"]
         for flag, key in (("--model", "model"), ("--effort", "reasoning_effort"), ("--resume", "resume_handle")):
             value = launch_value(snap, key)
             if value is not None:
                 argv += [flag, value]
+        if mcp_config is not None:
+            argv += ["--mcp-config", str(mcp_config)]
         return argv + [str(a) for a in snap.get("native_args") or []]
 
     async def run(self, job: Job, emit: Emit) -> EngineResult:
         """Launch Claude, feed it the prompt and answer its control requests until its result."""
         try:
-            argv = self.argv(job)
+            self.argv(job)
         except ValueError as e:
             return EngineResult("failed", error=str(e))
+        endpoint = session_endpoint(job.env)
+        if endpoint is None:  # a task child: the memory CLI, no task MCP tools
+            return await self._launch(self.argv(job), job, emit)
+        name = f".amux-mcp-{job.task_id}.{job.attempt}.json"
+        with private_file(job.env, name, json.dumps(claude_config(endpoint))) as path:
+            return await self._launch(self.argv(job, path), job, emit)
+
+    async def _launch(self, argv: list[str], job: Job, emit: Emit) -> EngineResult:
         return await run_child(argv, cwd=job.workspace, env=job.env, stdin=True, name=self.name,
                                consume=lambda child: _ClaudeStream(job, emit, child).consume())
 
@@ -70,6 +90,7 @@ class _ClaudeStream:
         self.session_id: str | None = job.snapshot.get("resume_handle")
         self.tools: dict[str, tuple[str, str]] = {}
         self.texts: list[str] = []
+        self.retry: ApiRetry | None = None  # the last model-API retry the CLI reported
 
     async def consume(self) -> EngineResult | None:
         prompt = {"type": "user", "session_id": "", "parent_tool_use_id": None,
@@ -78,8 +99,12 @@ class _ClaudeStream:
             return None  # it died on launch: reported with its exit code and stderr
         async for msg in self.child.messages():
             kind = msg.get("type")
-            if kind == "system" and msg.get("subtype") == "init" and isinstance(msg.get("session_id"), str):
-                self.session_id = msg["session_id"]
+            if kind == "system" and msg.get("subtype") == "init":
+                await self._init(msg)
+            elif kind == "system" and msg.get("subtype") == "api_retry":
+                ended = await self._retrying(msg)
+                if ended:
+                    return ended
             elif kind == "assistant":
                 ended = await self._assistant(msg)
                 if ended:
@@ -94,8 +119,20 @@ class _ClaudeStream:
                 return await self._result(msg)
         return None
 
+    async def _init(self, msg: dict[str, Any]) -> None:
+        if isinstance(msg.get("session_id"), str):
+            self.session_id = msg["session_id"]
+        if session_endpoint(self.job.env) is None:
+            return
+        servers = {s.get("name"): s.get("status") for s in msg.get("mcp_servers") or [] if isinstance(s, dict)}
+        if servers.get(SERVER) != "connected":  # say so now: the agent will not find its task and schedule tools
+            await self.emit("warning", {"text": f"the hub's MCP endpoint did not connect ({servers.get(SERVER) or 'absent'}); "
+                                                "this turn's agent cannot delegate tasks or create schedules"})
+
     async def _assistant(self, msg: dict[str, Any]) -> EngineResult | None:
         top_level = msg.get("parent_tool_use_id") is None
+        if (msg.get("message") or {}).get("model") != SYNTHETIC:
+            self.retry = None  # the model answered: earlier retries are not why a later failure happens
         for block in _blocks(msg):
             if block.get("type") == "text" and top_level and block.get("text"):
                 self.texts.append(block["text"])
@@ -144,6 +181,16 @@ class _ClaudeStream:
         await self.emit("question", {"text": text, "options": options})
         return self._failed("claude asked the user a question")
 
+    async def _retrying(self, msg: dict[str, Any]) -> EngineResult | None:
+        """Report the CLI's model-API retry as a status event; a credential rejected twice ends the run at once."""
+        retry = ApiRetry.of(msg)
+        self.retry = retry
+        await self.emit("status", retry.event())
+        if retry.error == "authentication_failed" and retry.attempt >= 2:
+            # The first retry may be a token refresh; a second rejection is the key itself, and the CLI would go on.
+            return self._failed(retry.rejected())
+        return None
+
     async def _result(self, msg: dict[str, Any]) -> EngineResult:
         if isinstance(msg.get("session_id"), str):
             self.session_id = msg["session_id"]
@@ -154,12 +201,66 @@ class _ClaudeStream:
         if msg.get("subtype") == "success" and not msg.get("is_error"):
             return EngineResult("succeeded", text=text, json=msg.get("structured_output"), resume_handle=self.session_id)
         detail = "; ".join(str(e) for e in msg.get("errors") or []) or text
-        error = f"claude ended with {msg.get('subtype') or 'an error'}" + (f": {detail}" if detail else "")
+        if self.retry is not None:  # the model API failed until the CLI gave up retrying
+            error = self.retry.gave_up() + (f" (claude: {detail})" if detail else "")
+        elif msg.get("subtype") == "success":  # is_error with a success subtype: the CLI's own message says it all
+            error = f"claude: {detail}" if detail else "claude ended with an error"
+        else:
+            error = f"claude ended with {msg.get('subtype') or 'an error'}" + (f": {detail}" if detail else "")
         return EngineResult("failed", text=text, error=error, resume_handle=self.session_id)
 
     def _failed(self, error: str) -> EngineResult:
         self.child.kill()  # a question or a lost approval ends the run now; the CLI would only wait
         return EngineResult("failed", text="\n".join(self.texts), error=error, resume_handle=self.session_id)
+
+
+# Claude Code's retry categories (its `api_retry` `error` field) in words, by HTTP status when there is one.
+RETRY_CAUSES = {"overloaded": "API overloaded", "rate_limit": "rate limited", "authentication_failed": "credential rejected",
+                "server_error": "server error"}
+
+
+@dataclass(frozen=True)
+class ApiRetry:
+    """One `{"type":"system","subtype":"api_retry",...}` line: the CLI failed a model request and will retry."""
+
+    attempt: int
+    max_retries: int
+    error: str
+    http_status: int | None
+
+    @classmethod
+    def of(cls, msg: dict[str, Any]) -> "ApiRetry":
+        """Read the line's fields, tolerating missing or mistyped ones."""
+        def number(v: Any) -> int:
+            return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+        status = msg.get("error_status")
+        return cls(number(msg.get("attempt")), number(msg.get("max_retries")), str(msg.get("error") or "unknown"),
+                   status if isinstance(status, int) and not isinstance(status, bool) else None)
+
+    @property
+    def cause(self) -> str:
+        """Return the failure in words: no HTTP answer at all is a connection error."""
+        if self.http_status is None and self.error == "unknown":
+            return "connection error"
+        words = RETRY_CAUSES.get(self.error, self.error)
+        return f"{words}, HTTP {self.http_status}" if self.http_status is not None else words
+
+    def event(self) -> dict[str, Any]:
+        """Return the canonical status event payload."""
+        return {"text": f"engine retrying: attempt {self.attempt} of {self.max_retries} ({self.cause})",
+                "retry": {"attempt": self.attempt, "max_retries": self.max_retries, "cause": self.cause}}
+
+    def rejected(self) -> str:
+        """Return why a run whose credential the model API keeps rejecting fails, naming the fix."""
+        status = f" (HTTP {self.http_status})" if self.http_status is not None else ""
+        return f"the model API rejected the credential{status} {self.attempt} times in a row; fix the credential profile"
+
+    def gave_up(self) -> str:
+        """Return why the run failed once the CLI stopped retrying, naming what to check."""
+        if self.cause == "connection error":
+            return (f"the model API was unreachable after {self.attempt} attempts; "
+                    "check the network and the credential profile")
+        return f"the model API kept failing ({self.cause}) after {self.attempt} attempts"
 
 
 def _blocks(msg: dict[str, Any]) -> list[dict[str, Any]]:

@@ -13,6 +13,8 @@ Stdout → canonical events (packages/coding-agent/docs/json.md and rpc.md in ba
                                                    message stopped with `error` / `aborted`
 
 Pi has no permission prompts: it supports permission_policy policy-allow only.
+Pi has no MCP client either (by design): a Session Turn reaches the hub through the `amux` CLI on its
+PATH, with the AMUX_HUB_URL and AMUX_TOKEN of its environment (see hubmcp.py).
 """
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from ..domain.events import turn_usage
 from ..domain.policy import normalize_native_args
 from ..engines.base import Engine, EngineResult, Job, PermissionReply
 from ..engines.environment import base_env
@@ -144,8 +145,10 @@ class Runner:
     """One runner process (or the in-process runner of `amux up`): the same protocol either way."""
 
     def __init__(self, hub_url: str, token: str, *, name: str, slots: int, workspace_root: Path,
-                 engines: dict[str, Engine], home_root: Path | None = None) -> None:
+                 engines: dict[str, Engine], home_root: Path | None = None, authoring: bool = False) -> None:
         self.hub_url = hub_url.rstrip("/")
+        # The operator's opt-in (`amux runner --authoring`): profiles with local expert authoring may run here.
+        self.authoring = authoring
         self.token = token
         self.name = name
         self.slots = slots
@@ -173,6 +176,7 @@ class Runner:
             "workspace_writable": os.access(self.workspace_root, os.W_OK),
             "isolation": ["process"],
             "memory_cli": (Path(sys.executable).parent / "amux").exists(),
+            "authoring": self.authoring,
         }
 
     async def run_forever(self) -> None:
@@ -346,17 +350,24 @@ class Runner:
         before = await asyncio.to_thread(snapshot_tree, workspace)  # a big tree must not stall the loop
         engine = self.engines.get(d.snapshot.get("engine", ""))
         last_usage: dict | None = None
+        last_status: str | None = None  # named in a timeout's error: what the engine was doing when time ran out
         asked = False
 
         redact = Redactor(v for k, v in d.env.items() if k not in ("AMUX_SESSION_ID", "AMUX_HUB_URL"))
 
         async def emit(kind: str, payload: dict) -> None:
-            nonlocal last_usage, asked
+            nonlocal last_usage, last_status, asked
             payload = redact.scrub(payload)
+            if kind == "status" and isinstance(payload.get("text"), str):
+                last_status = payload["text"]
             if kind == "usage":
-                if payload.get("usage") == last_usage:
+                # Every engine path (a CLI's stream, the scripted engine) keeps only known metrics; the
+                # adapter has already dropped reports of another provider turn (turn_usage with its turn id).
+                usage = turn_usage(payload.get("usage"))
+                if not usage or usage == last_usage:
                     return
-                last_usage = payload.get("usage")
+                payload = {"usage": usage}
+                last_usage = usage
             if kind == "question":
                 asked = True
             h.rseq += 1
@@ -378,7 +389,8 @@ class Runner:
             if asked:
                 outcome, result.error = "failed", QUESTION_DIAGNOSTIC
         except asyncio.TimeoutError:
-            outcome, result = "timed_out", EngineResult("timed_out", error=f"timed out after {d.snapshot.get('timeout_s')}s")
+            error = f"timed out after {d.snapshot.get('timeout_s')}s" + (f"; last status: {last_status}" if last_status else "")
+            outcome, result = "timed_out", EngineResult("timed_out", error=error)
         except asyncio.CancelledError:
             if not h.cancel_intent:
                 raise

@@ -121,8 +121,9 @@ ARGV = {
     ("claude", "deny-all"): CLAUDE_HEAD + ["--permission-mode", "dontAsk", "--add-dir", "extra"],
     ("codex", "policy-allow"): CODEX_HEAD + ["--sandbox", "danger-full-access", "-c", "approval_policy=never",
                                              "--skip-git-repo-check", "-"],
-    ("codex", "escalate-to-main"): CODEX_HEAD + ["--sandbox", "danger-full-access", "-c", "approval_policy=on-request",
-                                                 "--skip-git-repo-check", "-"],
+    # escalate-to-main runs `codex app-server`: the policy's sandbox and approval policy are thread parameters,
+    # the model a thread parameter and the effort a turn parameter (checked below), exec's git check has no form.
+    ("codex", "escalate-to-main"): ["app-server"],
     ("codex", "deny-all"): CODEX_HEAD + ["--sandbox", "read-only", "-c", "approval_policy=never",
                                          "--skip-git-repo-check", "-"],
     ("pi", "policy-allow"): ["--mode", "json", "--model", "m-1", "--thinking", "high", "--tools", "read,bash",
@@ -143,6 +144,10 @@ async def test_each_engine_and_policy_cell_launches_the_cli_with_exactly_its_arg
     result = await run(engine, ln)
     assert ln.recorded("argv.json") == expected
     assert result.outcome == "succeeded", result.error
+    if (engine, policy) == ("codex", "escalate-to-main"):
+        assert ln.recorded("thread.json")["params"] == {"cwd": str(ln.job.workspace), "sandbox": "danger-full-access",
+                                                        "approvalPolicy": "on-request", "model": "m-1"}
+        assert ln.recorded("turn.json")["effort"] == "high"
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="the IS_SANDBOX rule applies to root only")

@@ -76,3 +76,44 @@ def test_an_unknown_reasoning_effort_is_refused_with_the_choices():
 
 def test_defaults_do_not_replace_explicit_effort():
     assert resolve(CLAUDE, Choices(reasoning_effort="low"), PRESETS, "claude").reasoning_effort == "low"
+
+
+BUILTINS = ("claude", "codex", "pi", "scripted")
+# The README's own example: only Claude has a preset; it is also the distribution default.
+ONLY_CLAUDE = {"claude": Preset(runtime="gpu-box", model="claude-sonnet-4-5", reasoning_effort="high")}
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_a_builtin_with_a_preset_of_its_own_launches_with_that_preset(name):
+    own = {**ONLY_CLAUDE, name: Preset(runtime=f"{name}-box", model=f"{name}-model", reasoning_effort="low")}
+    r = resolve(ProfileView(name, name, builtin=True), Choices(), own, "claude")
+    assert (r.runtime, r.model, r.reasoning_effort, r.preset) == (f"{name}-box", f"{name}-model", "low", name)
+    assert r.sources == {"runtime": f"preset:{name}", "model": f"preset:{name}", "reasoning_effort": f"preset:{name}"}
+
+
+@pytest.mark.parametrize("name", [b for b in BUILTINS if b != "claude"])
+def test_a_builtin_without_a_preset_of_its_own_uses_its_engines_native_defaults_not_the_distribution_default(name):
+    r = resolve(ProfileView(name, name, builtin=True), Choices(), ONLY_CLAUDE, "claude")
+    assert (r.runtime, r.model, r.reasoning_effort, r.preset) == (None, None, None, None)
+    assert r.sources == {"runtime": "engine-default", "model": "engine-default", "reasoning_effort": "engine-default"}
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_a_builtin_without_any_preset_uses_its_engines_native_defaults(name):
+    r = resolve(ProfileView(name, name, builtin=True), Choices(), {}, "claude")
+    assert (r.runtime, r.model, r.reasoning_effort, r.preset) == (None, None, None, None)
+
+
+@pytest.mark.parametrize("name", [b for b in BUILTINS if b != "claude"])
+def test_a_builtin_without_a_preset_of_its_own_still_inherits_a_sessions_choices_on_its_engine(name):
+    r = resolve(ProfileView(name, name, builtin=True), Choices(), ONLY_CLAUDE, "claude",
+                SessionContext(name, f"{name}-session-model", "medium"))
+    assert (r.runtime, r.model, r.reasoning_effort) == (None, f"{name}-session-model", "medium")
+    assert r.sources["model"] == "session"
+
+
+def test_a_non_builtin_profile_on_another_engine_takes_the_default_presets_runtime_but_not_its_model_or_effort():
+    r = resolve(ProfileView("coder", "codex", builtin=False), Choices(), ONLY_CLAUDE, "claude")
+    assert (r.runtime, r.preset, r.sources["runtime"]) == ("gpu-box", "claude", "preset:claude")
+    assert (r.model, r.reasoning_effort) == (None, None)
+    assert r.sources["model"] == r.sources["reasoning_effort"] == "engine-default"

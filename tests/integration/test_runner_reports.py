@@ -1,0 +1,45 @@
+"""What a runner reports of a run: usage keeps only known metrics; a timeout names what the engine was doing."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+from hub.engines.claude import ClaudeEngine
+from hub.runner.agent import Runner
+from hub.services.tasks import SubmitRequest
+from tests.helpers import REPO
+
+
+async def test_a_runs_usage_events_and_its_final_usage_keep_only_known_metrics(hub):
+    await hub.start_runner()
+    admin = await hub.hub.auth.authenticate(hub.admin_token)
+    script = "usage input=3 bogus=7\nusage input=3 bogus=8\nusage bogus=9\nsay done"
+    sub = await hub.hub.tasks.submit(admin, SubmitRequest(script, profile="scripted"))
+    view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=20)
+    assert view["status"] == "succeeded", view
+    assert view["usage"] == {"input_tokens": 3}  # the Finished message's usage, not the raw report
+    page = await hub.hub.tasks.events(admin, sub["task_id"])
+    assert [e["usage"] for e in page["events"] if e["type"] == "usage"] == [{"input_tokens": 3}]
+
+
+async def test_a_run_that_times_out_while_its_engine_retries_names_the_last_status(hub, tmp_path, monkeypatch):
+    monkeypatch.setenv("AMUX_CLAUDE_BIN", str(REPO / "tests" / "fakes" / "bin" / "claude"))
+    runner = Runner(hub.url, hub.admin_token, name="claude-host", slots=1, workspace_root=tmp_path / "ws",
+                    engines={"claude": ClaudeEngine()})
+    hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
+    await asyncio.wait_for(runner.registered.wait(), 10)
+    admin = await hub.hub.auth.authenticate(hub.admin_token)
+    await hub.hub.credentials.declare(admin, "fake", ["FAKE_SCENARIO"])
+    await hub.hub.credentials.set_value(admin, "fake", "FAKE_SCENARIO", "api-retry-slow")
+    sub = await hub.hub.tasks.submit(admin, SubmitRequest("say hi", profile="claude", credential_profile="fake",
+                                                          timeout_s=3))
+    view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=30)
+    assert (view["status"], view["error"]) == (
+        "timed_out", "timed out after 3.0s; last status: engine retrying: attempt 2 of 10 (connection error)"), view
+    page = await hub.hub.tasks.events(admin, sub["task_id"])
+    statuses = [(e["text"], e["retry"]) for e in page["events"] if e["type"] == "status"]
+    assert statuses == [
+        ("engine retrying: attempt 1 of 10 (connection error)",
+         {"attempt": 1, "max_retries": 10, "cause": "connection error"}),
+        ("engine retrying: attempt 2 of 10 (connection error)",
+         {"attempt": 2, "max_retries": 10, "cause": "connection error"})], json.dumps(statuses)
