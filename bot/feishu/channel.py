@@ -52,8 +52,8 @@ class Pacer:
 class _App:
     def __init__(self, cfg: Any, timeout_s: float) -> None:
         self.cfg = cfg
-        self.token = TenantToken(cfg.base_url, cfg.app_id, cfg.app_secret, timeout_s)
         self.http = AppTransport(cfg.base_url, timeout_s)
+        self.token = TenantToken(cfg.base_url, cfg.app_id, cfg.app_secret, timeout_s, http=self.http)
 
 
 class FeishuChannel:

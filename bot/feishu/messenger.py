@@ -34,9 +34,10 @@ class LarkMessenger:
     """Send the bot's replies (lark-oapi models) to each configured application's Open Platform."""
 
     def __init__(self, apps: Iterable[Any], timeout_s: float = 10.0) -> None:
-        self.apps: dict[str, tuple[AppTransport, TenantToken]] = {
-            a.app_id: (AppTransport(a.base_url, timeout_s), TenantToken(a.base_url, a.app_id, a.app_secret, timeout_s))
-            for a in apps}
+        self.apps: dict[str, tuple[AppTransport, TenantToken]] = {}
+        for a in apps:
+            http = AppTransport(a.base_url, timeout_s)
+            self.apps[a.app_id] = (http, TenantToken(a.base_url, a.app_id, a.app_secret, timeout_s, http=http))
 
     async def _call(self, app_id: str, fn) -> Any:  # noqa: ANN001
         if app_id not in self.apps:

@@ -64,7 +64,7 @@ class FakeFeishu:
         self._app_calls_of: dict[str, deque[float]] = {self.app_id: self._app_calls}
         self._repeats = 0                         # message requests whose uuid was seen in an earlier request
         self._seen_uuids: set[str] = set()
-        self.connections: set[Any] = set()       # client (host, port) pairs that carried message calls
+        self.connections: set[Any] = set()       # client (host, port) pairs that carried token or message calls
         self._user_calls: dict[str, deque[float]] = {}
         self._runner: web.AppRunner | None = None
         self.base_url = ""
@@ -139,6 +139,7 @@ class FakeFeishu:
         return web.json_response(body, status=status, headers=headers)
 
     async def _token(self, request: web.Request) -> web.Response:
+        self.connections.add(request.transport.get_extra_info("peername") if request.transport else None)
         body = await request.json()
         if self._fault("token") == "5xx":
             return web.Response(status=503, text="unavailable")
@@ -171,8 +172,7 @@ class FakeFeishu:
 
     async def _common(self, request: web.Request, op: str, user: str | None) -> web.Response | str | None:
         """Apply auth, faults and limits; return a response to send instead, or the fault kind to finish with."""
-        peer = request.transport.get_extra_info("peername") if request.transport else None
-        self.connections.add(peer)
+        self.connections.add(request.transport.get_extra_info("peername") if request.transport else None)
         auth = request.headers.get("Authorization", "")
         if not auth.startswith("Bearer ") or auth[7:] not in self.tokens:
             return self._json(99991663, "Invalid access token for authorization. Please make a request with token attached.")

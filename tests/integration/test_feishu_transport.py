@@ -12,7 +12,7 @@ def _apps(*fakes: FakeFeishu) -> list[FeishuAppSettings]:
     return [FeishuAppSettings(app_id=f.app_id, app_secret=f.app_secret, base_url=f.base_url) for f in fakes]
 
 
-async def test_sequential_sends_of_one_app_reuse_one_kept_alive_connection():
+async def test_the_token_and_sequential_sends_of_one_app_reuse_one_kept_alive_connection():
     from bot.feishu.channel import FeishuChannel
 
     fake = await FakeFeishu().start()
@@ -40,7 +40,7 @@ async def test_each_application_has_its_own_client_and_token():
         assert (await ch.send(a.app_id, "ou_x", VIEW, "ntc_app_a")).result == OK
         assert (await ch.send(b.app_id, "ou_x", VIEW, "ntc_app_b")).result == OK
         assert [m.uuid for m in a.sent] == ["ntc_app_a"] and [m.uuid for m in b.sent] == ["ntc_app_b"]
-        assert ch.apps[a.app_id].http.http is not ch.apps[b.app_id].http.http
+        assert ch.apps[a.app_id].http.session is not ch.apps[b.app_id].http.session
     finally:
         await ch.aclose()
         await a.stop()
