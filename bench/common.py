@@ -87,3 +87,36 @@ async def hub_process(db_url: str | None, *, slots: int = 8, with_runner: bool =
         except asyncio.TimeoutError:
             proc.kill()
             await proc.wait()
+
+
+# ------------------------------------------------------------ figures: one printed line, one JSON record each
+
+OUT_ENV = "AMUX_BENCH_OUT"  # `python -m bench` points this at a JSON-lines file and assembles bench/results.json
+
+
+def _met(ratio: float, target: str) -> bool:
+    """Check `ratio` against a target written `≥ X` or `≤ X`."""
+    op, _, num = target.partition(" ")
+    return ratio >= float(num) if op == "≥" else ratio <= float(num)
+
+
+def figure(key: str, text: str, *, value: float, unit: str, ratio: float | None = None, target: str | None = None,
+           floor: float | None = None, met: bool | None = None, **extra: object) -> None:
+    """Print one figure's line (ending with its ratio and target) and record it for bench/results.json.
+
+    `target` is `≥ X` or `≤ X` and applies to `ratio` (else pass `met`); `floor` is the peer measured in the same run.
+    """
+    if met is None and ratio is not None and target:
+        met = _met(ratio, target)
+    tail = f"  → {ratio:.2f}" if ratio is not None else ""
+    if target:
+        tail += f" (target {target}" + ("" if met is None else f": {'met' if met else 'NOT met'}") + ")"
+    print(f"  {text}{tail}", flush=True)
+    out = os.environ.get(OUT_ENV)
+    if out:
+        import json
+
+        rec = {"key": key, "value": value, "unit": unit, "ratio": ratio, "target": target, "met": met,
+               "floor": floor, "text": text, **extra}
+        with open(out, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
