@@ -176,7 +176,7 @@ if __name__ == "__main__":
     ap.add_argument("--notices", type=int, default=1000, help="notices for the one-app channel run (≈ 21 s)")
     ap.add_argument("--admins", type=int, default=100)
     ap.add_argument("--concurrency", type=int, default=50)
-    ap.add_argument("--worker-notices", type=int, default=4000, help="notices for the many-app worker run (0: skip)")
+    ap.add_argument("--worker-notices", type=int, default=3000, help="notices for the many-app worker run (0: skip)")
     ap.add_argument("--apps", type=int, default=20)
     ap.add_argument("--no-pg", action="store_true", help="skip the worker run on PostgreSQL")
     a = ap.parse_args()
