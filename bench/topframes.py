@@ -3,6 +3,8 @@
     python -m bench.topframes PROFILE.txt [--top 25] [--under NAME]
 
 `AMUX_BENCH_PROFILE=DIR python -m bench.dispatch` writes one such profile per hub process (see bench/common.py).
+py-spy's idle detection misses blocked waits inside containers, so stacks that end in a known wait (the event
+loop's epoll, aiosqlite's and the thread pool's queue `get`, a Condition wait) are dropped as idle.
 """
 from __future__ import annotations
 
@@ -13,6 +15,9 @@ from collections import Counter
 _SITE = re.compile(r" \(/.*?site-packages/")
 _STDLIB = re.compile(r" \(/\S*?/lib/python3\.\d+/")
 _REPO = re.compile(r" \(/\S*?/(hub|bot|bench|tests)/")
+IDLE = (re.compile(r"^EpollSelector\.select "), re.compile(r"^Condition\.wait "),
+        re.compile(r"^_connection_worker_thread \(.*aiosqlite/core\.py:59\)$"),
+        re.compile(r"^_worker \(.*concurrent/futures/thread\.py:81\)$"))
 
 
 def frame(text: str) -> str:
@@ -23,25 +28,30 @@ def frame(text: str) -> str:
     return re.sub(r":\d+\)$", ")", text)
 
 
-def summarize(path: str, under: str | None = None) -> tuple[int, Counter, Counter]:
-    """Return (samples, own samples per frame, inclusive samples per frame), optionally only stacks through `under`."""
+def summarize(path: str, under: str | None = None) -> tuple[int, int, Counter, Counter]:
+    """Return (busy samples, idle samples, own and inclusive busy samples per frame), optionally only the stacks
+    through `under`."""
     own: Counter = Counter()
     incl: Counter = Counter()
-    total = 0
+    total = idle = 0
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             stack, _, count = line.rstrip("\n").rpartition(" ")
             if not stack or not count.isdigit():
                 continue
-            frames = [frame(x) for x in stack.split(";")]
+            raw = stack.split(";")
+            n = int(count)
+            if any(p.search(raw[-1]) for p in IDLE):
+                idle += n
+                continue
+            frames = [frame(x) for x in raw]
             if under and not any(under in x for x in frames):
                 continue
-            n = int(count)
             total += n
             own[frames[-1]] += n
             for x in set(frames):
                 incl[x] += n
-    return total, own, incl
+    return total, idle, own, incl
 
 
 def main() -> None:
@@ -51,8 +61,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--under", help="only stacks that pass through a frame containing this text")
     a = ap.parse_args()
-    total, own, incl = summarize(a.profile, a.under)
-    print(f"{a.profile}: {total} samples" + (f" under {a.under!r}" if a.under else ""))
+    total, idle, own, incl = summarize(a.profile, a.under)
+    print(f"{a.profile}: {total} busy samples" + (f" under {a.under!r}" if a.under else "") + f" ({idle} idle dropped)")
     print("own time (the frame itself):")
     for name, n in own.most_common(a.top):
         print(f"  {100 * n / max(total, 1):5.1f} %  {name}")
