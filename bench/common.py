@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -42,7 +43,8 @@ async def pg_database() -> AsyncIterator[str]:
     admin = create_async_engine(PG_URL.replace("postgresql://", "postgresql+asyncpg://"), isolation_level="AUTOCOMMIT")
     async with admin.connect() as conn:
         await conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = str(sa.engine.make_url(PG_URL).set(drivername="postgresql+asyncpg", database=name).render_as_string(hide_password=False))
+    url = sa.engine.make_url(PG_URL).set(drivername="postgresql+asyncpg", database=name)
+    url = url.render_as_string(hide_password=False)
     try:
         yield url
     finally:
@@ -51,18 +53,29 @@ async def pg_database() -> AsyncIterator[str]:
         await admin.dispose()
 
 
+PROFILE_ENV = "AMUX_BENCH_PROFILE"  # a directory: each hub process named `profile_as` is recorded there by py-spy
+
+
 @contextlib.asynccontextmanager
 async def hub_process(db_url: str | None, *, slots: int = 8, with_runner: bool = True,
-                      env: dict[str, str] | None = None) -> AsyncIterator[tuple[str, str]]:
-    """Run `amux up` (hub + in-process runner) in a subprocess; yield (url, admin token)."""
+                      env: dict[str, str] | None = None,
+                      profile_as: str | None = None) -> AsyncIterator[tuple[str, str]]:
+    """Run `amux up` (hub + in-process runner) in a subprocess; yield (url, admin token).
+
+    The hub's stderr goes to a file (a pipe nobody reads would stall a chatty hub). With AMUX_BENCH_PROFILE=DIR and
+    `profile_as`, py-spy records the hub from readiness to the end into DIR/<profile_as>.txt (raw format; summarize
+    it with `python -m bench.topframes`).
+    """
     home = Path(tempfile.mkdtemp(prefix="amux-bench-"))
     port = free_port()
     args = ["up", "--slots", str(slots)] if with_runner else ["hub", "serve"]
     args += ["--listen", f"127.0.0.1:{port}"] + (["--db", db_url] if db_url else [])
+    errors = open(home / "hub.stderr", "wb")  # noqa: SIM115 — closed below
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "hub.cli", *args, cwd=REPO, env={**os.environ, "AMUX_HOME": str(home), **(env or {})},
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        stdout=asyncio.subprocess.DEVNULL, stderr=errors)
     url = f"http://127.0.0.1:{port}"
+    spy = None
     try:
         deadline = time.monotonic() + 60
         async with httpx2.AsyncClient() as http:
@@ -73,17 +86,63 @@ async def hub_process(db_url: str | None, *, slots: int = 8, with_runner: bool =
                 except httpx2.TransportError:
                     pass
                 if time.monotonic() > deadline or proc.returncode is not None:
-                    raise RuntimeError(f"hub did not start: {(await proc.stderr.read()).decode()[-2000:]}")
+                    raise RuntimeError(f"hub did not start: {(home / 'hub.stderr').read_text()[-2000:]}")
                 await asyncio.sleep(0.1)
             token = (home / "admin.token").read_text().strip()
             if with_runner:  # wait for the in-process runner to register
-                while not (await http.get(f"{url}/api/v1/runtimes", headers={"Authorization": f"Bearer {token}"})).json()["runtimes"]:
+                auth = {"Authorization": f"Bearer {token}"}
+                while not (await http.get(f"{url}/api/v1/runtimes", headers=auth)).json()["runtimes"]:
                     await asyncio.sleep(0.1)
+        if os.environ.get(PROFILE_ENV) and profile_as:
+            out = Path(os.environ[PROFILE_ENV]) / f"{profile_as}.txt"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            spy = await asyncio.create_subprocess_exec(
+                str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(proc.pid), "--format", "raw",
+                "--rate", "100", "--output", str(out), stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL)
+            await asyncio.sleep(0.5)
         yield url, token
     finally:
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C
+            await spy.wait()
         proc.terminate()
         try:
             await asyncio.wait_for(proc.wait(), 10)
         except asyncio.TimeoutError:
             proc.kill()
             await proc.wait()
+        errors.close()
+
+
+# ------------------------------------------------------------ figures: one printed line, one JSON record each
+
+OUT_ENV = "AMUX_BENCH_OUT"  # `python -m bench` points this at a JSON-lines file and assembles bench/results.json
+
+
+def _met(ratio: float, target: str) -> bool:
+    """Check `ratio` against a target written `≥ X` or `≤ X`."""
+    op, _, num = target.partition(" ")
+    return ratio >= float(num) if op == "≥" else ratio <= float(num)
+
+
+def figure(key: str, text: str, *, value: float, unit: str, ratio: float | None = None, target: str | None = None,
+           floor: float | None = None, met: bool | None = None, **extra: object) -> None:
+    """Print one figure's line (ending with its ratio and target) and record it for bench/results.json.
+
+    `target` is `≥ X` or `≤ X` and applies to `ratio` (else pass `met`); `floor` is the peer measured in the same run.
+    """
+    if met is None and ratio is not None and target:
+        met = _met(ratio, target)
+    tail = f"  → {ratio:.2f}" if ratio is not None else ""
+    if target:
+        tail += f" (target {target}" + ("" if met is None else f": {'met' if met else 'NOT met'}") + ")"
+    print(f"  {text}{tail}", flush=True)
+    out = os.environ.get(OUT_ENV)
+    if out:
+        import json
+
+        rec = {"key": key, "value": value, "unit": unit, "ratio": ratio, "target": target, "met": met,
+               "floor": floor, "text": text, **extra}
+        with open(out, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")

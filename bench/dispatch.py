@@ -1,6 +1,10 @@
-"""bench/dispatch: scripted tasks over MCP to terminal on SQLite and PostgreSQL, plus MCP per-call overhead.
+"""bench/dispatch: scripted tasks over MCP to terminal on SQLite and PostgreSQL, against floors from the same run.
 
 Run: `.venv/bin/python -m bench.dispatch [--tasks N]`. Prints figures; asserts nothing.
+
+Floors (each in its own process, measured before our figures): the bare MCP SDK echo server (bench/bare_mcp.py,
+logging at WARNING) — calls/s with the same 32 concurrent callers, p99 at the same offered 50 calls/s, and
+sequential p50 — and PostgreSQL's single-row INSERT + COMMIT rate with asyncpg (1 and 32 connections).
 """
 from __future__ import annotations
 
@@ -16,11 +20,15 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import Implementation
 
-from .common import REPO, free_port, hub_process, pct, pg_database
+from .common import REPO, figure, free_port, hub_process, pct, pg_database
+
+CONCURRENCY = 32
+RATE = 50
 
 
 @contextlib.asynccontextmanager
 async def client(url: str, token: str | None):
+    """Connect the official MCP SDK client over one pooled HTTP client."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with httpx2.AsyncClient(headers=headers, timeout=120,
                                   limits=httpx2.Limits(max_connections=64, max_keepalive_connections=64)) as http:
@@ -29,10 +37,9 @@ async def client(url: str, token: str | None):
             yield c
 
 
-async def throughput(url: str, token: str, n: int, concurrency: int = 32) -> float:
+async def throughput(url: str, token: str, n: int, concurrency: int = CONCURRENCY) -> float:
     """Submit n tasks over MCP with `concurrency` callers; return tasks/s from first submit to last terminal."""
     queue = list(range(n))
-    ids: list[str] = []
     async with httpx2.AsyncClient(timeout=60) as http:
         before = terminal_counts((await http.get(f"{url}/metrics")).text)
     done_before, ok_before = sum(before.values()), before.get("succeeded", 0)
@@ -42,8 +49,7 @@ async def throughput(url: str, token: str, n: int, concurrency: int = 32) -> flo
         async def worker():
             while queue:
                 queue.pop()
-                res = await c.call_tool("task_submit", {"prompt": "say hi\nusage input=1 output=1", "profile": "scripted"})
-                ids.append(res.structured_content["task_id"])
+                await c.call_tool("task_submit", {"prompt": "say hi\nusage input=1 output=1", "profile": "scripted"})
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         async with httpx2.AsyncClient(timeout=60) as http:
@@ -72,14 +78,7 @@ async def latency_at_rate(url: str, token: str, rate: float, seconds: float) -> 
     """Submit at a fixed rate; return p50/p99 of submit→running in ms (server timestamps)."""
     ids: list[str] = []
     async with client(url, token) as c:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        pending = []
-        for i in range(int(rate * seconds)):
-            delay = start + i / rate - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            pending.append(asyncio.create_task(c.call_tool("task_submit", {"prompt": "say hi", "profile": "scripted"})))
+        pending = await _at_rate(c, "task_submit", {"prompt": "say hi", "profile": "scripted"}, rate, seconds)
         for res in await asyncio.gather(*pending):
             ids.append(res.structured_content["task_id"])
         await asyncio.sleep(0.5)
@@ -89,27 +88,88 @@ async def latency_at_rate(url: str, token: str, rate: float, seconds: float) -> 
             while t["started_at"] is None:
                 await asyncio.sleep(0.05)
                 t = (await c.call_tool("task_get", {"task_id": tid})).structured_content
-            lat.append((datetime.fromisoformat(t["started_at"]) - datetime.fromisoformat(t["created_at"])).total_seconds() * 1000)
+            started, created = datetime.fromisoformat(t["started_at"]), datetime.fromisoformat(t["created_at"])
+            lat.append((started - created).total_seconds() * 1000)
     return pct(lat, 50), pct(lat, 99)
 
 
-async def per_call(url: str, token: str | None, tool: str, args: dict, n: int) -> tuple[float, float]:
-    """Return p50/p99 ms of sequential calls to one tool."""
-    async with client(url, token) as c:
-        for _ in range(20):
-            await c.call_tool(tool, args)
-        times = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            res = await c.call_tool(tool, args)
+async def _at_rate(c: Client, tool: str, args: dict, rate: float, seconds: float, times: list | None = None) -> list:
+    """Start one call every 1/rate seconds for `seconds`; return the tasks (appending each latency in ms to `times`)."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    pending = []
+
+    async def timed() -> object:
+        t0 = time.perf_counter()
+        res = await c.call_tool(tool, args)
+        if times is not None:
             times.append((time.perf_counter() - t0) * 1000)
-            assert not res.is_error, res.content
-    return pct(times, 50), pct(times, 99)
+        return res
+
+    for i in range(int(rate * seconds)):
+        delay = start + i / rate - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        pending.append(asyncio.create_task(timed()))
+    return pending
+
+
+async def echo_floor(url: str, calls: int) -> dict[str, float]:
+    """The bare echo server: calls/s and p99 with CONCURRENCY callers, p99 at RATE calls/s, sequential p50/p99."""
+    out: dict[str, float] = {}
+    async with client(url, None) as c:
+        for _ in range(50):
+            await c.call_tool("echo", {"text": "hi"})
+        left, times = calls, []
+
+        async def caller() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                t0 = time.perf_counter()
+                await c.call_tool("echo", {"text": "hi"})
+                times.append((time.perf_counter() - t0) * 1000)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(caller() for _ in range(CONCURRENCY)))
+        out["calls_per_s"] = calls / (time.perf_counter() - t0)
+        out["concurrent_p99_ms"] = pct(times, 99)
+        at_rate: list[float] = []
+        await asyncio.gather(*await _at_rate(c, "echo", {"text": "hi"}, RATE, 6, at_rate))
+        out["rate_p50_ms"], out["rate_p99_ms"] = pct(at_rate, 50), pct(at_rate, 99)
+    return out
+
+
+async def pg_commit_floor(url: str, seconds: float = 3.0) -> dict[int, float]:
+    """PostgreSQL single-row INSERT + COMMIT per second with asyncpg (autocommit statements), 1 and 32 connections."""
+    import asyncpg
+
+    dsn = url.replace("postgresql+asyncpg://", "postgresql://")
+    out = {}
+    first = await asyncpg.connect(dsn)
+    await first.execute("CREATE TABLE bench_floor (id bigserial PRIMARY KEY, v text NOT NULL)")
+    await first.close()
+    for n in (1, CONCURRENCY):
+        conns = [await asyncpg.connect(dsn) for _ in range(n)]
+        count = 0
+        stop = time.monotonic() + seconds
+
+        async def one(conn) -> None:  # noqa: ANN001
+            nonlocal count
+            while time.monotonic() < stop:
+                await conn.execute("INSERT INTO bench_floor (v) VALUES ($1)", "x")
+                count += 1
+
+        await asyncio.gather(*(one(c) for c in conns))
+        out[n] = count / seconds
+        for c in conns:
+            await c.close()
+    return out
 
 
 @contextlib.asynccontextmanager
 async def bare_server():
-    """Run bench/bare_mcp.py under uvicorn in a subprocess."""
+    """Run bench/bare_mcp.py (MCP SDK echo tool, logging at WARNING) under uvicorn in a subprocess."""
     port = free_port()
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.bare_mcp", str(port), cwd=REPO,
                                                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
@@ -128,23 +188,63 @@ async def bare_server():
         await proc.wait()
 
 
-async def main(n: int) -> None:
-    print("bench/dispatch — scripted tasks over MCP, hub + in-process runner with 8 slots in one subprocess")
-    for label, ctx in (("sqlite", contextlib.nullcontext(None)), ("postgresql", pg_database())):
-        async with ctx as db_url:
-            async with hub_process(db_url, slots=8) as (url, token):
-                tps = await throughput(url, token, n)
-                p50, p99 = await latency_at_rate(url, token, rate=50, seconds=6)
-        print(f"  {label:<10} throughput {tps:7.1f} tasks/s ({n} tasks, 32 concurrent submitters; target ≥ 300)")
-        print(f"  {label:<10} submit→running at 50 tasks/s: p50 {p50:.1f} ms, p99 {p99:.1f} ms (target p99 ≤ 50 ms)")
-    async with hub_process(None, slots=8) as (url, token), bare_server() as bare:
-        ours = await per_call(url, token, "profile_list", {}, 300)
-        peer = await per_call(bare, None, "echo", {"text": "hi"}, 300)
-    print(f"  MCP per-call: amux profile_list p50 {ours[0]:.2f} ms p99 {ours[1]:.2f} ms; "
-          f"bare SDK echo p50 {peer[0]:.2f} ms p99 {peer[1]:.2f} ms; ratio p50 {ours[0] / peer[0]:.2f}× (target ≤ 1.5×)")
+async def interleaved(url: str, token: str, bare: str, calls: int, rounds: int = 10) -> tuple[list, list]:
+    """Time `profile_list` on the hub and the bare echo in alternating rounds (drift hits both); return ms lists."""
+    ours, peer = [], []
+    async with client(url, token) as c, client(bare, None) as b:
+        for _ in range(20):
+            await c.call_tool("profile_list", {})
+            await b.call_tool("echo", {"text": "hi"})
+        for _ in range(rounds):
+            for conn, tool, args, out in ((c, "profile_list", {}, ours), (b, "echo", {"text": "hi"}, peer)):
+                for _ in range(calls // rounds):
+                    t0 = time.perf_counter()
+                    res = await conn.call_tool(tool, args)
+                    out.append((time.perf_counter() - t0) * 1000)
+                    assert not res.is_error, res.content
+    return ours, peer
+
+
+async def main(n: int, echo_calls: int) -> None:
+    """Per store: the floors, then our figures against them (each floor measured right before its figure)."""
+    print(f"bench/dispatch — scripted tasks over MCP, hub + in-process runner with 8 slots in one subprocess; "
+          f"{CONCURRENCY} concurrent callers; floor: bare MCP SDK echo server logging at WARNING")
+    async with bare_server() as bare:
+        for label, ctx in (("sqlite", contextlib.nullcontext(None)), ("postgresql", pg_database())):
+            async with ctx as db_url:
+                if db_url:
+                    pgf = await pg_commit_floor(db_url)
+                    figure("floor.pg.commits_per_s", f"floor: PostgreSQL single-row INSERT+COMMIT (asyncpg) "
+                           f"{pgf[1]:.0f}/s on 1 connection, {pgf[CONCURRENCY]:.0f}/s on {CONCURRENCY}",
+                           value=pgf[CONCURRENCY], unit="commits/s", one_connection=pgf[1])
+                async with hub_process(db_url, slots=8, profile_as=f"dispatch-{label}") as (url, token):
+                    floor = await echo_floor(bare, echo_calls)
+                    figure(f"floor.{label}.echo_calls_per_s", f"floor: bare echo {floor['calls_per_s']:.0f} calls/s at "
+                           f"{CONCURRENCY} callers (p99 {floor['concurrent_p99_ms']:.1f} ms); at {RATE} calls/s p50 "
+                           f"{floor['rate_p50_ms']:.2f} ms, p99 {floor['rate_p99_ms']:.2f} ms",
+                           value=floor["calls_per_s"], unit="calls/s", rate_p99_ms=floor["rate_p99_ms"])
+                    tps = await throughput(url, token, n)
+                    p50, p99 = await latency_at_rate(url, token, rate=RATE, seconds=6)
+                    ours, peer = await interleaved(url, token, bare, 300)
+            figure(f"dispatch.{label}.tasks_per_s", f"{label:<10} dispatch {tps:6.1f} tasks/s ({n} tasks) vs bare echo "
+                   f"{floor['calls_per_s']:.0f} calls/s", value=tps, unit="tasks/s",
+                   ratio=tps / floor["calls_per_s"], target="≥ 0.25", floor=floor["calls_per_s"])
+            if db_url:
+                print(f"  {label:<10}   = one task per {pgf[CONCURRENCY] / tps:.1f} single-row commits' worth of "
+                      f"PostgreSQL time (the floor above; #16 sets no target for this one)")
+            figure(f"dispatch.{label}.submit_running_p99_ms", f"{label:<10} submit→running at {RATE} tasks/s: p50 "
+                   f"{p50:.1f} ms, p99 {p99:.1f} ms vs bare echo p99 {floor['rate_p99_ms']:.2f} ms at {RATE} calls/s",
+                   value=p99, unit="ms", ratio=p99 / floor["rate_p99_ms"], target="≤ 5", floor=floor["rate_p99_ms"],
+                   p50=p50)
+            o50, o99, p50_, p99_ = pct(ours, 50), pct(ours, 99), pct(peer, 50), pct(peer, 99)
+            figure(f"mcp.{label}.profile_list_p50_ms", f"{label:<10} MCP per call: profile_list p50 {o50:.2f} ms "
+                   f"(p99 {o99:.2f}) vs bare echo p50 {p50_:.2f} ms (p99 {p99_:.2f})", value=o50, unit="ms",
+                   ratio=o50 / p50_, target="≤ 1.25", floor=p50_)
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", type=int, default=600)
-    asyncio.run(main(ap.parse_args().tasks))
+    ap.add_argument("--echo-calls", type=int, default=2000, help="calls for the bare echo throughput floor")
+    a = ap.parse_args()
+    asyncio.run(main(a.tasks, a.echo_calls))

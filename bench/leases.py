@@ -28,6 +28,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import Implementation
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from .common import figure
+
 REPO = Path(__file__).resolve().parent.parent
 PG_URL = os.environ.get("AMUX_TEST_DATABASE_URL") or "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 
@@ -43,22 +45,6 @@ def pct(values: list[float], q: float) -> float:
     """Return the q-th percentile (nearest rank)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))] if ordered else float("nan")
-
-
-def serve_bare(port: int) -> None:
-    """Serve a bare MCP SDK server with one echo tool (stateless, JSON responses) — the peer."""
-    import uvicorn
-    from mcp.server.mcpserver import MCPServer
-
-    server = MCPServer("bare")
-
-    @server.tool()
-    async def echo(text: str) -> str:
-        """Echo the text."""
-        return text
-
-    app = server.streamable_http_app(streamable_http_path="/mcp", stateless_http=True, json_response=True)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
 async def _wait_http(url: str, proc: asyncio.subprocess.Process, ready) -> None:  # noqa: ANN001
@@ -113,7 +99,7 @@ async def hub_server(db_url: str | None) -> AsyncIterator[tuple[str, str, str]]:
 async def bare_server() -> AsyncIterator[str]:
     """Run the bare SDK echo server; yield its URL."""
     port = free_port()
-    async with subprocess(["bench.leases", "--serve-bare", str(port)], {}) as proc:
+    async with subprocess(["bench.bare_mcp", str(port)], {}) as proc:
         url = f"http://127.0.0.1:{port}"
 
         async def ready(http: httpx2.AsyncClient) -> bool:
@@ -233,19 +219,33 @@ async def seed_boxes_page(db_url: str, tasks: int = 1000, per_task: int = 3) -> 
         await engine.dispose()
 
 
-async def boxes_page(url: str, token: str, n: int = 20) -> tuple[list[float], int, int]:
-    """Time GET /boxes; return latencies (ms), page bytes and rows shown."""
+async def boxes_page(url: str, token: str, n: int = 20, path: str = "/boxes") -> tuple[list[float], int, int]:
+    """Time GET /boxes (or `path`); return latencies (ms), page bytes and rows shown."""
     times, size, rows = [], 0, 0
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=60) as http:
         for i in range(n + 2):
             t0 = time.perf_counter()
-            r = await http.get(f"{url}/boxes")
+            r = await http.get(f"{url}{path}")
             dt = (time.perf_counter() - t0) * 1000
             r.raise_for_status()
             if i >= 2:  # two warm-ups
                 times.append(dt)
             size, rows = len(r.content), r.text.count("<tr data-")
     return times, size, rows
+
+
+@contextlib.asynccontextmanager
+async def bare_page(size: int) -> AsyncIterator[str]:
+    """Run bench/bare_web.py (a bare aiohttp handler answering `size` bytes of HTML); yield its URL."""
+    port = free_port()
+    async with subprocess(["bench.bare_web", str(port), str(size)], {}) as proc:
+        url = f"http://127.0.0.1:{port}"
+
+        async def ready(http: httpx2.AsyncClient) -> bool:
+            return (await http.get(f"{url}/")).status_code == 200
+
+        await _wait_http(url, proc, ready)
+        yield url
 
 
 @contextlib.asynccontextmanager
@@ -275,9 +275,10 @@ async def main(calls: int, with_pg: bool) -> None:
                 async with ctx as db_url, hub_server(db_url) as (url, token, db):
                     ours, peer, door = await gated_vs_bare(url, token, bare, calls)
                     p50, p99, b50, b99 = pct(ours, 50), pct(ours, 99), pct(peer, 50), pct(peer, 99)
-                    print(f"  {label:<10} rift_vm_list (lease-gated) p50 {p50:6.2f} ms  p99 {p99:6.2f} ms | "
-                          f"bare echo p50 {b50:6.2f} ms  p99 {b99:6.2f} ms | ratio p50 {p50 / b50:.2f}×  "
-                          f"p99 {p99 / b99:.2f}×  (target ≤ 1.5×; {len(ours)} calls each)")
+                    figure(f"leases.{label}.rift_vm_list_p50_ms", f"{label:<10} rift_vm_list (lease-gated) p50 "
+                           f"{p50:6.2f} ms  p99 {p99:6.2f} ms | bare echo p50 {b50:6.2f} ms  p99 {b99:6.2f} ms "
+                           f"({len(ours)} calls each; p99 ratio {p99 / b99:.2f})", value=p50, unit="ms",
+                           ratio=p50 / b50, target="≤ 1.25", floor=b50)
                     print(f"  {label:<10}   of which the door (auth + bridge, no lease): profile_list p50 "
                           f"{pct(door, 50):6.2f} ms = {pct(door, 50) / b50:.2f}× bare; the lease gate adds "
                           f"{p50 - pct(door, 50):+.2f} ms at p50")
@@ -292,8 +293,14 @@ async def main(calls: int, with_pg: bool) -> None:
                                       f"  ({len(ms)} runs)")
                     await seed_boxes_page(db)
                     times, size, rows = await boxes_page(url, token)
-                    print(f"  {label:<10} GET /boxes with 1,000 tasks × 3 boxes: p50 {pct(times, 50):6.1f} ms  "
-                          f"p99 {pct(times, 99):6.1f} ms  ({rows} rows, {size / 1024:.0f} KiB, {len(times)} loads)")
+                    async with bare_page(size) as bare_url:
+                        floor, _, _ = await boxes_page(bare_url, "", path="/")
+                    f99, o99 = pct(floor, 99), pct(times, 99)
+                    figure(f"boxes.{label}.page_p99_ms", f"{label:<10} GET /boxes with 1,000 tasks × 3 boxes: p50 "
+                           f"{pct(times, 50):6.1f} ms  p99 {o99:6.1f} ms ({rows} rows, {size / 1024:.0f} KiB, "
+                           f"{len(times)} loads) vs a bare aiohttp page of the same size p99 {f99:.1f} ms",
+                           value=o99, unit="ms", ratio=o99 / f99, target="≤ 5", floor=f99, p50=pct(times, 50),
+                           bytes=size, rows=rows)
             except OSError as e:
                 print(f"  {label:<10} skipped: {e}")
     from hub.web.boxes import render_page
@@ -320,11 +327,7 @@ def _render_only(render_page) -> str:  # noqa: ANN001
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--calls", type=int, default=1000)
+    ap.add_argument("--calls", type=int, default=600)
     ap.add_argument("--no-pg", action="store_true", help="skip PostgreSQL")
-    ap.add_argument("--serve-bare", type=int, help=argparse.SUPPRESS)
     ns = ap.parse_args()
-    if ns.serve_bare:
-        serve_bare(ns.serve_bare)
-    else:
-        asyncio.run(main(ns.calls, not ns.no_pg))
+    asyncio.run(main(ns.calls, not ns.no_pg))

@@ -1,7 +1,7 @@
 """Durable scheduler vs APScheduler 3 in memory: `.venv/bin/python -m bench.scheduler [--schedules N] [--window S]`.
 
 N per-minute schedules (default 20,000) spread evenly over the minute, scripted profile. For each store
-(PostgreSQL, SQLite) the hub's firing loop runs alone in this process for the window (default 60 s):
+(PostgreSQL, SQLite) the hub's firing loop runs alone in this process for the window (default 15 s):
 each fire persists the firing, advances the rule, resolves admission again and admits a queued Task.
 Fire lag = fired_at − nominal time; CPU = this process's CPU seconds over the window / firings (the
 PostgreSQL server's own CPU is not counted). The peer is APScheduler 3's AsyncIOScheduler holding the
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from bench.common import pct, pg_database
+from bench.common import figure, pct, pg_database
 from hub.app import Hub
 from hub.clock import SystemClock
 from hub.config import load_settings
@@ -104,26 +104,37 @@ async def peer(n: int, window: float) -> dict:
 
 async def main(n: int, window: float) -> None:
     """Print the figures."""
-    print(f"scheduler: {n} per-minute schedules spread over the minute, {window:.0f} s window per run, scripted profile")
+    print(f"bench/scheduler — {n} per-minute schedules spread over the minute, {window:.0f} s window per run, "
+          "scripted profile")
     results = {}
     async with pg_database() as url:
         results["durable/PostgreSQL"] = await durable(url, n, window)
     tmp = Path(tempfile.mkdtemp(prefix="amux-bench-sqlite-"))
     results["durable/SQLite"] = await durable(f"sqlite+aiosqlite:///{tmp / 'bench.db'}", n, window)
     results["peer/APScheduler 3 (memory)"] = await peer(n, window)
-    base = results["peer/APScheduler 3 (memory)"]["cpu_per_firing"]
+    peer_r = results.pop("peer/APScheduler 3 (memory)")
+    base = peer_r["cpu_per_firing"]
+    figure("floor.scheduler.apscheduler3_cpu_us", f"floor: APScheduler 3 AsyncIOScheduler in memory, same Task "
+           f"admission: firings={peer_r['firings']}  lag p50={peer_r['p50'] * 1000:.1f} ms  "
+           f"p99={peer_r['p99'] * 1000:.1f} ms  CPU/firing={base * 1e6:.0f} µs", value=base * 1e6, unit="µs")
     for name, r in results.items():
-        extra = f"  ok={r['ok']} missed={r['missed']}" if "ok" in r else ""
-        print(f"  {name:<30} firings={r['firings']:>6}  lag p50={r['p50'] * 1000:7.1f} ms  p99={r['p99'] * 1000:7.1f} ms  "
-              f"CPU/firing={r['cpu_per_firing'] * 1e6:7.0f} µs  ({r['cpu_per_firing'] / base:4.2f}× peer){extra}")
+        key = name.split("/")[1].lower()
+        figure(f"scheduler.{key}.cpu_per_firing_us", f"{name:<20} firings={r['firings']:>6} ok={r['ok']} "
+               f"missed={r['missed']}  CPU/firing={r['cpu_per_firing'] * 1e6:.0f} µs vs the peer's {base * 1e6:.0f} µs",
+               value=r["cpu_per_firing"] * 1e6, unit="µs", ratio=r["cpu_per_firing"] / base, target="≤ 3",
+               floor=base * 1e6)
+        figure(f"scheduler.{key}.lag_p99_ms", f"{name:<20} fire lag p50={r['p50'] * 1000:.1f} ms  "
+               f"p99={r['p99'] * 1000:.1f} ms (peer p99 {peer_r['p99'] * 1000:.1f} ms) against the 1 s bound",
+               value=r["p99"] * 1000, unit="ms", ratio=r["p99"], target="≤ 1", p50=r["p50"] * 1000)
 
 
 if __name__ == "__main__":
     import logging
 
+    logging.basicConfig(level=logging.WARNING)  # before the hub's MCPServer would configure INFO (alembic's lines)
     logging.getLogger("apscheduler").setLevel(logging.CRITICAL)  # shutdown cancels in-flight peer jobs
     ap = argparse.ArgumentParser()
     ap.add_argument("--schedules", type=int, default=20_000)
-    ap.add_argument("--window", type=float, default=60.0)
+    ap.add_argument("--window", type=float, default=15.0)
     a = ap.parse_args()
     asyncio.run(main(a.schedules, a.window))

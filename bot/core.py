@@ -71,10 +71,13 @@ class FeishuBot:
             log.error("bot background work failed", exc_info=task.exception())
 
     async def aclose(self) -> None:
-        """Cancel background work."""
+        """Cancel background work; close the messenger's HTTP clients."""
         for t in list(self.background):
             t.cancel()
         await asyncio.gather(*self.background, return_exceptions=True)
+        close = getattr(self._messenger, "aclose", None)
+        if close is not None:
+            await close()
 
     async def first_seen(self, app_id: str, key: str) -> bool:
         """Record an inbound key; False when it was seen before (a redelivery or a replay)."""

@@ -1,7 +1,9 @@
-"""The Feishu delivery channel: lark-oapi's async message calls, classified for the outbox.
+"""The Feishu delivery channel: lark-oapi's message requests over one HTTP client per app, classified for the outbox.
 
-The hub manages the tenant token itself (bot.feishu.token) and passes it per request; a 99991663 answer
-refreshes it once and repeats the call. Classification: 0 → ok; network errors, 5xx, non-JSON bodies,
+Requests and responses are lark-oapi's models, sent through the application's long-lived client
+(bot.feishu.transport; lark-oapi's own async transport opens a client per call). The hub manages the tenant
+token itself (bot.feishu.token) and passes it per request; a 99991663 answer refreshes it once and repeats
+the call. Classification: 0 → ok; network errors, 5xx, non-JSON bodies,
 429 / 99991400 / 230020 / 230049 → retry (honouring `x-ogw-ratelimit-reset`); 230013 / 230053 → suspend;
 anything else → permanent (230031 / 230011 / 230110 on an update: the card is gone, send a fresh one).
 Calls are paced below Feishu's limits (per application and per recipient) so the outbox rarely sees 429.
@@ -12,14 +14,15 @@ import asyncio
 import time
 from typing import Any, Awaitable, Callable
 
-import lark_oapi as lark
-from lark_oapi.api.im.v1 import (CreateMessageRequest, CreateMessageRequestBody, PatchMessageRequest,
-                                 PatchMessageRequestBody, ReplyMessageRequest, ReplyMessageRequestBody)
+from lark_oapi.api.im.v1 import (CreateMessageRequest, CreateMessageRequestBody, CreateMessageResponse,
+                                 PatchMessageRequest, PatchMessageRequestBody, PatchMessageResponse,
+                                 ReplyMessageRequest, ReplyMessageRequestBody, ReplyMessageResponse)
 
 from bot.cards.alerts import render, to_content
 from hub.services.channel import OK, PERMANENT, RETRY, SUSPEND, Delivery
 
 from .token import TenantToken, TokenError
+from .transport import AppTransport
 
 TOKEN_INVALID = {99991663, 99991661, 99991668}
 RETRY_CODES = {99991400, 230020, 230049}
@@ -49,10 +52,8 @@ class Pacer:
 class _App:
     def __init__(self, cfg: Any, timeout_s: float) -> None:
         self.cfg = cfg
-        self.token = TenantToken(cfg.base_url, cfg.app_id, cfg.app_secret, timeout_s)
-        self.client = (lark.Client.builder().app_id(cfg.app_id).app_secret(cfg.app_secret)
-                       .domain(cfg.base_url.rstrip("/")).enable_set_token(True).timeout(timeout_s)
-                       .log_level(lark.LogLevel.ERROR).build())
+        self.http = AppTransport(cfg.base_url, timeout_s)
+        self.token = TenantToken(cfg.base_url, cfg.app_id, cfg.app_secret, timeout_s, http=self.http)
 
 
 class FeishuChannel:
@@ -73,23 +74,24 @@ class FeishuChannel:
         body = (CreateMessageRequestBody.builder().receive_id(recipient).msg_type("interactive")
                 .content(to_content(render(view))).uuid(request_uuid).build())
         req = CreateMessageRequest.builder().receive_id_type("open_id").request_body(body).build()
-        return await self._call(app_id, recipient, lambda app, opt: app.client.im.v1.message.acreate(req, opt))
+        return await self._call(app_id, recipient, lambda app, tok: app.http.call(req, tok, CreateMessageResponse))
 
     async def reply(self, app_id: str, message_id: str, view: dict[str, Any], request_uuid: str) -> Delivery:
         """Reply under `message_id` with a card."""
         body = (ReplyMessageRequestBody.builder().msg_type("interactive").content(to_content(render(view)))
                 .uuid(request_uuid).build())
         req = ReplyMessageRequest.builder().message_id(message_id).request_body(body).build()
-        return await self._call(app_id, None, lambda app, opt: app.client.im.v1.message.areply(req, opt))
+        return await self._call(app_id, None, lambda app, tok: app.http.call(req, tok, ReplyMessageResponse))
 
     async def update(self, app_id: str, message_id: str, view: dict[str, Any]) -> Delivery:
         """PATCH the card `message_id`."""
         body = PatchMessageRequestBody.builder().content(to_content(render(view))).build()
         req = PatchMessageRequest.builder().message_id(message_id).request_body(body).build()
-        return await self._call(app_id, None, lambda app, opt: app.client.im.v1.message.apatch(req, opt), update=True)
+        return await self._call(app_id, None, lambda app, tok: app.http.call(req, tok, PatchMessageResponse),
+                                update=True)
 
     async def _call(self, app_id: str, recipient: str | None,
-                    fn: Callable[[_App, lark.RequestOption], Awaitable[Any]], update: bool = False) -> Delivery:
+                    fn: Callable[[_App, str], Awaitable[Any]], update: bool = False) -> Delivery:
         app = self.apps.get(app_id)
         if app is None:
             return Delivery(RETRY, error=f"Feishu application {app_id} is not configured in this hub")
@@ -101,9 +103,8 @@ class FeishuChannel:
                 token = await app.token.get()
             except TokenError as e:
                 return Delivery(RETRY, error=str(e))
-            opt = lark.RequestOption.builder().tenant_access_token(token).build()
             try:
-                resp = await fn(app, opt)
+                resp = await fn(app, token)
             except Exception as e:  # noqa: BLE001 — network errors, timeouts and non-JSON bodies are transient
                 return Delivery(RETRY, error=f"{type(e).__name__}: {e}"[:500])
             if resp.code in TOKEN_INVALID and attempt == 0:
@@ -113,7 +114,9 @@ class FeishuChannel:
         return Delivery(RETRY, error="tenant token rejected twice")
 
     async def aclose(self) -> None:
-        """Nothing pooled: lark-oapi opens a client per call."""
+        """Close every application's HTTP client."""
+        for app in self.apps.values():
+            await app.http.aclose()
 
 
 def build_channel(settings: Any) -> FeishuChannel:

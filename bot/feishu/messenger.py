@@ -1,7 +1,8 @@
-"""Outgoing chat messages of the bot through lark-oapi (reply to a message, PATCH a card).
+"""Outgoing chat messages of the bot: lark-oapi's request models (reply to a message, PATCH a card).
 
-Uses the hub-managed tenant token (bot.feishu.token) per request, like the alert channel, and a stable
-request uuid per inbound message so a retried reply is deduplicated by Feishu.
+Each application's requests go over its one long-lived HTTP client (bot.feishu.transport), with the
+hub-managed tenant token (bot.feishu.token) per request, like the alert channel, and a stable request uuid
+per inbound message so a retried reply is deduplicated by Feishu.
 """
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import json
 import logging
 from typing import Any, Iterable, Protocol
 
-import lark_oapi as lark
-from lark_oapi.api.im.v1 import (PatchMessageRequest, PatchMessageRequestBody, ReplyMessageRequest,
-                                 ReplyMessageRequestBody)
+from lark_oapi.api.im.v1 import (PatchMessageRequest, PatchMessageRequestBody, PatchMessageResponse,
+                                 ReplyMessageRequest, ReplyMessageRequestBody, ReplyMessageResponse)
 
 from .token import TenantToken, TokenError
+from .transport import AppTransport
 
 log = logging.getLogger(__name__)
 TOKEN_INVALID = {99991663, 99991661, 99991668}
@@ -30,28 +31,26 @@ class Outgoing(Protocol):
 
 
 class LarkMessenger:
-    """Send the bot's replies with lark-oapi to each configured application's Open Platform."""
+    """Send the bot's replies (lark-oapi models) to each configured application's Open Platform."""
 
     def __init__(self, apps: Iterable[Any], timeout_s: float = 10.0) -> None:
-        self.apps = {}
+        self.apps: dict[str, tuple[AppTransport, TenantToken]] = {}
         for a in apps:
-            client = (lark.Client.builder().app_id(a.app_id).app_secret(a.app_secret)
-                      .domain(a.base_url.rstrip("/")).enable_set_token(True).timeout(timeout_s)
-                      .log_level(lark.LogLevel.ERROR).build())
-            self.apps[a.app_id] = (client, TenantToken(a.base_url, a.app_id, a.app_secret, timeout_s))
+            http = AppTransport(a.base_url, timeout_s)
+            self.apps[a.app_id] = (http, TenantToken(a.base_url, a.app_id, a.app_secret, timeout_s, http=http))
 
     async def _call(self, app_id: str, fn) -> Any:  # noqa: ANN001
         if app_id not in self.apps:
             log.warning("Feishu application %s is not configured; reply dropped", app_id)
             return None
-        client, token = self.apps[app_id]
+        http, token = self.apps[app_id]
         for attempt in range(2):
             try:
                 tok = await token.get()
             except TokenError as e:
                 log.warning("reply not sent: %s", e)
                 return None
-            resp = await fn(client, lark.RequestOption.builder().tenant_access_token(tok).build())
+            resp = await fn(http, tok)
             if resp.code in TOKEN_INVALID and attempt == 0:
                 token.invalidate(tok)
                 continue
@@ -66,11 +65,16 @@ class LarkMessenger:
         body = (ReplyMessageRequestBody.builder().msg_type(msg_type)
                 .content(json.dumps(content, ensure_ascii=False)).uuid(uuid[:50]).build())
         req = ReplyMessageRequest.builder().message_id(message_id).request_body(body).build()
-        resp = await self._call(app_id, lambda c, o: c.im.v1.message.areply(req, o))
+        resp = await self._call(app_id, lambda http, tok: http.call(req, tok, ReplyMessageResponse))
         return getattr(getattr(resp, "data", None), "message_id", None) if resp else None
 
     async def patch(self, app_id: str, message_id: str, card: dict) -> bool:
         """PATCH the card `message_id` (Feishu allows it for 14 days after sending)."""
         body = PatchMessageRequestBody.builder().content(json.dumps(card, ensure_ascii=False)).build()
         req = PatchMessageRequest.builder().message_id(message_id).request_body(body).build()
-        return await self._call(app_id, lambda c, o: c.im.v1.message.apatch(req, o)) is not None
+        return await self._call(app_id, lambda http, tok: http.call(req, tok, PatchMessageResponse)) is not None
+
+    async def aclose(self) -> None:
+        """Close every application's HTTP client."""
+        for http, _token in self.apps.values():
+            await http.aclose()

@@ -5,6 +5,7 @@ Faults are queued with `fail(kind, times=1, op=None)`; kinds: "5xx", "429" (with
 `slow_s`), and "lost" (the message IS accepted but the answer is a 502 — the response was lost on the way).
 `limits=True` enforces Feishu's rates (50/s per app, 5 QPS per user) with 429 + 99991400.
 `sent` is the log of every accepted new message (deduplicated sends are not logged twice).
+`more_apps` ({app_id: secret}) lets one fake serve several applications; each has its own rate budget.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ class FakeFeishu:
 
     def __init__(self, app_id: str | None = None, app_secret: str = "secret", *, limits: bool = False,
                  now: Callable[[], float] | None = None, dedup_window_s: float = 3600.0, slow_s: float = 2.0,
-                 app_rate: int = 50, user_rate: int = 5) -> None:
+                 app_rate: int = 50, user_rate: int = 5, more_apps: dict[str, str] | None = None) -> None:
         self.app_id = app_id or f"cli_fake{next(_counter)}_{int(time.time() * 1000) % 10**8}"
         self.app_secret = app_secret
         self.limits = limits
@@ -50,6 +51,8 @@ class FakeFeishu:
         self.slow_s = slow_s
         self.app_rate, self.user_rate = app_rate, user_rate
         self.tokens: set[str] = set()
+        self.secrets = {self.app_id: app_secret, **(more_apps or {})}
+        self.token_app: dict[str, str] = {}      # issued token → its application
         self.messages: dict[str, Message] = {}
         self.sent: list[Message] = []           # accepted new messages (sends and replies), in order
         self.patches: list[tuple[str, dict]] = []
@@ -58,6 +61,10 @@ class FakeFeishu:
         self._by_uuid: dict[str, tuple[str, float]] = {}
         self._faults: list[list[Any]] = []       # [kind, remaining, op]
         self._app_calls: deque[float] = deque()
+        self._app_calls_of: dict[str, deque[float]] = {self.app_id: self._app_calls}
+        self._repeats = 0                         # message requests whose uuid was seen in an earlier request
+        self._seen_uuids: set[str] = set()
+        self.connections: set[Any] = set()       # client (host, port) pairs that carried token or message calls
         self._user_calls: dict[str, deque[float]] = {}
         self._runner: web.AppRunner | None = None
         self.base_url = ""
@@ -121,7 +128,8 @@ class FakeFeishu:
         return web.json_response({"sent": len(self.sent), "uuids": [m.uuid for m in self.sent],
                                   "first_at": self.sent[0].at if self.sent else None,
                                   "last_at": self.sent[-1].at if self.sent else None,
-                                  "rejected_429": self.rejected_429})
+                                  "rejected_429": self.rejected_429, "requests": len(self.requests),
+                                  "repeated_uuid_requests": self._repeats})
 
     @staticmethod
     def _json(code: int, msg: str = "success", data: Any = None, status: int = 200, headers: dict | None = None) -> web.Response:
@@ -131,24 +139,27 @@ class FakeFeishu:
         return web.json_response(body, status=status, headers=headers)
 
     async def _token(self, request: web.Request) -> web.Response:
+        self.connections.add(request.transport.get_extra_info("peername") if request.transport else None)
         body = await request.json()
         if self._fault("token") == "5xx":
             return web.Response(status=503, text="unavailable")
-        if body.get("app_id") != self.app_id or body.get("app_secret") != self.app_secret:
+        app_id = body.get("app_id")
+        if app_id not in self.secrets or body.get("app_secret") != self.secrets[app_id]:
             return self._json(10014, "app secret invalid")
-        token = f"t-{self.app_id}-{next(_counter)}"
+        token = f"t-{app_id}-{next(_counter)}"
         self.tokens.add(token)
+        self.token_app[token] = app_id
         self.token_fetches += 1
         return web.json_response({"code": 0, "msg": "ok", "tenant_access_token": token, "expire": 7200})
 
-    def _limited(self, user: str | None) -> bool:
+    def _limited(self, user: str | None, app_id: str | None = None) -> bool:
         if not self.limits:
             return False
         now = time.monotonic()
-        q = self._app_calls
+        q = self._app_calls_of.setdefault(app_id or self.app_id, deque())
         while q and q[0] <= now - 1.0:
             q.popleft()
-        uq = self._user_calls.setdefault(user, deque()) if user else None
+        uq = self._user_calls.setdefault(f"{app_id or self.app_id}/{user}", deque()) if user else None
         while uq and uq[0] <= now - 1.0:
             uq.popleft()
         if len(q) >= self.app_rate or (uq is not None and len(uq) >= self.user_rate):
@@ -161,6 +172,7 @@ class FakeFeishu:
 
     async def _common(self, request: web.Request, op: str, user: str | None) -> web.Response | str | None:
         """Apply auth, faults and limits; return a response to send instead, or the fault kind to finish with."""
+        self.connections.add(request.transport.get_extra_info("peername") if request.transport else None)
         auth = request.headers.get("Authorization", "")
         if not auth.startswith("Bearer ") or auth[7:] not in self.tokens:
             return self._json(99991663, "Invalid access token for authorization. Please make a request with token attached.")
@@ -180,9 +192,14 @@ class FakeFeishu:
                     "230011": "The message was recalled.", "230110": "Action unavailable as the message has been deleted."}
             status = 400
             return self._json(int(kind), msgs[kind], status=status)
-        if self._limited(user):
+        if self._limited(user, self.token_app.get(auth[7:])):
             return self._json(99991400, "request trigger frequency limit", status=429, headers={"x-ogw-ratelimit-reset": "1"})
         return kind  # None or "lost"
+
+    def _note_uuid(self, uuid: str | None) -> None:
+        if uuid:
+            self._repeats += uuid in self._seen_uuids
+            self._seen_uuids.add(uuid)
 
     def _accept(self, uuid: str | None, receive_id: str | None, content: str, reply_to: str | None) -> Message:
         now = self.now()
@@ -210,6 +227,7 @@ class FakeFeishu:
         if request.query.get("receive_id_type") != "open_id":
             return self._json(230001, "receive_id_type must be open_id here")
         body = await request.json()
+        self._note_uuid(body.get("uuid"))
         self.requests.append(("send", body.get("uuid"), body))
         res = await self._common(request, "send", body.get("receive_id"))
         if isinstance(res, web.Response):
@@ -222,6 +240,7 @@ class FakeFeishu:
     async def _reply(self, request: web.Request) -> web.Response:
         target = request.match_info["message_id"]
         body = await request.json()
+        self._note_uuid(body.get("uuid"))
         self.requests.append(("reply", body.get("uuid"), body))
         res = await self._common(request, "reply", None)
         if isinstance(res, web.Response):
@@ -275,13 +294,14 @@ def card_text(card: dict, lang: str = "en_us") -> str:
 __all__ = ["FakeFeishu", "Message", "clock_seconds", "card_text", "datetime"]
 
 
-async def _serve(app_id: str, port: int, limits: bool) -> None:
-    fake = await FakeFeishu(app_id, limits=limits).start(port)
+async def _serve(app_ids: str, port: int, limits: bool) -> None:
+    first, *more = app_ids.split(",")
+    fake = await FakeFeishu(first, limits=limits, more_apps={a: "secret" for a in more}).start(port)
     print(fake.base_url, flush=True)
     await asyncio.Event().wait()
 
 
 if __name__ == "__main__":  # a fake in its own process, as the real platform would be (used by bench/outbox)
-    import sys
+    import sys  # python -m tests.fakes.feishu APP_ID[,APP_ID…] PORT [--limits]
 
     asyncio.run(_serve(sys.argv[1], int(sys.argv[2]), "--limits" in sys.argv))
