@@ -31,6 +31,7 @@ from hub.services.tasks import SubmitRequest
 from hub.store.tables import session_questions, task_runs
 from tests.fakes.feishu import FakeFeishu, card_text, clock_seconds
 from tests.helpers import REPO, HubHandle, eventually, mcp_client, start_hub
+from tests.integration.test_cli_rest import amux
 from tests.integration.test_session_agent_mcp import post_message
 
 BIN = REPO / "tests" / "fakes" / "bin"
@@ -227,8 +228,25 @@ async def test_session_get_shows_the_waiting_question_and_session_send_answers_i
     assert (q.state, q.answer, q.answer_turn_id) == ("answered", "PostgreSQL", done["turn_id"])
 
 
-async def test_a_tasks_question_still_fails_with_the_bilingual_diagnostic(sqlite_url: str, tmp_path: Path,
-                                                                          clock: ManualClock, monkeypatch):
+async def test_amux_session_get_shows_the_waiting_question_and_amux_session_send_answers_it(chat: Chat):
+    token = await chat.handle.token("carol")
+    env = {"AMUX_HUB_URL": chat.handle.url, "AMUX_TOKEN": token}
+    code, out, err = await amux("session", "create", "--name", "desk", "--profile", "claude", "--json", env=env)
+    assert code == 0, err
+    code, out, err = await amux("session", "send", "desk", "set up storage", "--json", env=env)
+    assert code == 0 and json.loads(out)["status"] == "waiting_for_user", (out, err)
+    code, human, err = await amux("session", "get", "desk", env=env)
+    assert code == 0, err
+    assert "waiting for your answer" in human and "Which database should I use?" in human
+    assert "options: PostgreSQL | SQLite" in human and "amux session send" in human
+    code, out, err = await amux("session", "send", "desk", "SQLite", "--json", env=env)
+    assert code == 0 and json.loads(out)["result"]["text"] == "Going ahead with: SQLite", (out, err)
+    code, out, err = await amux("session", "get", "desk", "--json", env=env)
+    assert code == 0 and json.loads(out)["question"] is None
+
+
+async def test_a_tasks_and_an_instance_runs_question_still_fail_with_the_bilingual_diagnostic(
+        sqlite_url: str, tmp_path: Path, clock: ManualClock, monkeypatch):
     c = await start_chat(sqlite_url, tmp_path, clock, monkeypatch, "question")
     try:
         admin = await c.hub.auth.authenticate(c.handle.admin_token)
@@ -236,6 +254,9 @@ async def test_a_tasks_question_still_fails_with_the_bilingual_diagnostic(sqlite
         done = await c.hub.tasks.wait_terminal(admin, t["task_id"], timeout_s=60)
         assert done["status"] == "failed" and done["error"] == QUESTION_DIAGNOSTIC
         assert "interactive session" in done["error"] and "交互式会话" in done["error"]
+        inst = await c.hub.instances.create(admin, profile="claude", prompt="set up storage")  # an instance run
+        ran = await c.hub.tasks.wait_terminal(admin, inst["task_id"], timeout_s=60)
+        assert ran["status"] == "failed" and ran["error"] == QUESTION_DIAGNOSTIC
         assert await c.questions() == []
     finally:
         await c.handle.stop()
