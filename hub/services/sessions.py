@@ -157,15 +157,8 @@ class SessionService:
                                          receipt={"source": source, **(receipt or {}), "question_id": q.id})
             await self.questions.answer(conn, q.id, answer, turn_id, self.clock.now())
         self.on_admitted()
-        return {"question_id": q.id, "session_id": s.id, "turn_id": turn_id, "answer": answer}
-
-    async def waiting_question(self, caller: Caller, session_id: str) -> dict | None:
-        """Return the session's question that waits for its person (see question_view), or None."""
-        async with self.db.read() as conn:
-            s = await self.store.get(conn, session_id)
-            if s is None or (s.owner_id != caller.principal_id and not caller.admin):
-                raise NotFound(f"no session {session_id!r} of yours")
-            return question_view(await self.questions.waiting(conn, session_id))
+        return {"question_id": q.id, "session_id": s.id, "turn_id": turn_id, "answer": answer,
+                "question": question_view(q)}
 
     async def add_run(self, conn: Connection, s: Row, prompt: str, *, kind: str, source: str,
                       instance_id: str | None = None, snapshot: dict | None = None, name: str | None = None,
