@@ -20,6 +20,7 @@ from .cards.identity import LINK_REFUSED, render_link_result
 from .handlers.context import Answer, Ctx
 from .handlers.conversation import converse
 from .handlers.overview import overview
+from .handlers.questions import post_turn, turn_reply
 from .i18n import Catalogs, _, catalogs
 from .identity import IdentityBindings, Viewer
 from .services import BotServices
@@ -144,11 +145,13 @@ class FeishuBot:
         if not text:
             return
         try:
-            _turn, reply = await converse(self.services, viewer, msg.get("chat_id") or mid, text, self.turn_wait_s,
-                                          message_id=mid)
+            turn, reply = await converse(self.services, viewer, msg.get("chat_id") or mid, text, self.turn_wait_s,
+                                         message_id=mid)
         except AmuxError as e:
-            reply = e.message
-        await out.reply(app_id, mid, "text", {"text": reply}, f"amux-{mid}")
+            turn, reply = None, e.message
+        asked = await turn_reply(self.services, self.tr, viewer, turn) if turn else None  # its question card
+        msg_type, content = asked or ("text", {"text": reply})
+        await out.reply(app_id, mid, msg_type, content, f"amux-{mid}")
 
     async def link(self, app_id: str, ids: dict, code: str, mid: str, out: Outgoing) -> None:
         """Answer `/amux link CODE`: bind the sender's identity to the code's principal, or say how to get a code."""
@@ -183,7 +186,7 @@ class FeishuBot:
 
     async def on_action(self, app_id: str, event: dict, out: Outgoing) -> dict:
         """Answer a card click within the budget: a toast and/or the refreshed card; finish late work by PATCH."""
-        work = asyncio.ensure_future(self._act(app_id, event))
+        work = asyncio.ensure_future(self._act(app_id, event, out))
         try:
             return await asyncio.wait_for(asyncio.shield(work), ACTION_BUDGET_S)
         except asyncio.TimeoutError:
@@ -196,7 +199,7 @@ class FeishuBot:
             self.spawn(finish())
             return {"toast": self.toast(_("Working on it…"), "info")}
 
-    async def _act(self, app_id: str, event: dict) -> dict:
+    async def _act(self, app_id: str, event: dict, out: Outgoing) -> dict:
         try:
             action, handler = check((event.get("action") or {}).get("value"))
         except BadPayload:
@@ -210,6 +213,9 @@ class FeishuBot:
             return {"toast": {"type": "error", "content": self.tr.gettext("en_us", e.message),
                               "i18n": {lang: self.tr.gettext(lang, e.message) for lang in ("en_us", "zh_cn")}}}
         res: dict = {}
+        reply_to = (event.get("context") or {}).get("open_message_id")
+        if answer.follow_turn and reply_to:  # e.g. an answered question: the agent's reply follows in the chat
+            self.spawn(post_turn(self.services, self.tr, viewer, answer.follow_turn, reply_to, out, self.turn_wait_s))
         if answer.toast:
             res["toast"] = self.toast(answer.toast, answer.toast_kind, **dict(answer.toast_values))
         if answer.card:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Awaitable, Callable
 
 from .cards.actions import BadPayload, CardAction
-from .handlers import alert_center, schedules
+from .handlers import alert_center, questions, schedules
 from .handlers.context import Answer, Ctx
 from .handlers.overview import overview
 
@@ -15,7 +15,7 @@ ROUTES: dict[str, Handler] = {
     "history": schedules.history, "results": schedules.results, "pause": schedules.pause,
     "resume": schedules.resume, "delete": schedules.delete, "alerts": alert_center.alert_center,
     "ack": alert_center.acknowledge, "snooze": alert_center.snooze, "recheck": alert_center.recheck,
-    "notify": schedules.notify,
+    "notify": schedules.notify, "answer": questions.answer,
 }
 
 

@@ -68,4 +68,9 @@ async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
         lines = [f"{res['session_id']}  {res['name'] or ''}  {res['engine']}  model={res['model']}  "
                  f"runtime={res['runtime']}"]
         lines += [f"  #{t['seq']} {t['id']} {t['status']}  {(t['result'] or '')[:80]}" for t in res["turns"]]
+        q = res.get("question")
+        if q:  # the last Turn ended on the agent's question: the next Turn answers it
+            lines += [f"  waiting for your answer ({q['question_id']}, turn {q['turn_id']}): {q['text']}"]
+            lines += [f"    options: {' | '.join(q['options'])}"] if q["options"] else []
+            lines += [f"    answer with `amux session send {res['session_id']} TEXT`"]
         emit(args, res, "\n".join(lines))

@@ -12,9 +12,11 @@ from typing import Any
 PREFIX = "amux"
 VERSION = 1
 OPS = ("overview", "schedules", "detail", "history", "results", "pause", "resume", "delete",
-       "alerts", "ack", "snooze", "recheck", "notify")
+       "alerts", "ack", "snooze", "recheck", "notify", "answer")
 NEEDS_SCHEDULE = ("detail", "history", "results", "pause", "resume", "delete", "notify")
 NEEDS_INCIDENT = ("ack", "snooze")
+NEEDS_QUESTION = ("answer",)
+MAX_OPTION = 49  # a question offers at most 50 options (hub.runner.protocol.Question)
 VIEWS = ("", "inc")   # which card the answer refreshes: "" the card pressed (alert center), "inc" a pushed incident card
 MAX_PAGE = 10_000
 
@@ -33,6 +35,8 @@ class CardAction:
     page: int = 0
     sub: int = 0   # a second page index (the result part inside one firing)
     view: str = ""  # "inc": pressed on a pushed incident card, which the answer re-renders in place
+    question_id: str | None = None  # "answer": the question a question card asks
+    option: int = 0                 # "answer": the index of the option pressed
 
     def pack(self) -> dict[str, Any]:
         """Return the JSON value a button carries."""
@@ -47,6 +51,9 @@ class CardAction:
             value["sub"] = self.sub
         if self.view:
             value["vw"] = self.view
+        if self.question_id:
+            value["q"] = self.question_id
+            value["o"] = self.option
         return value
 
     @classmethod
@@ -59,9 +66,9 @@ class CardAction:
         op = value.get("op")
         if op not in OPS:
             raise BadPayload(f"unknown card action {op!r}")
-        sid, iid = value.get("s"), value.get("i")
-        page, sub, view = value.get("pg", 0), value.get("sub", 0), value.get("vw", "")
-        for name, v in (("s", sid), ("i", iid)):
+        sid, iid, qid = value.get("s"), value.get("i"), value.get("q")
+        page, sub, view, option = value.get("pg", 0), value.get("sub", 0), value.get("vw", ""), value.get("o", 0)
+        for name, v in (("s", sid), ("i", iid), ("q", qid)):
             if v is not None and (not isinstance(v, str) or not v or len(v) > 64):
                 raise BadPayload(f"bad {name} in card action")
         for v in (page, sub):
@@ -71,6 +78,10 @@ class CardAction:
             raise BadPayload(f"{op} needs a schedule")
         if op in NEEDS_INCIDENT and not iid:
             raise BadPayload(f"{op} needs an incident")
+        if (op in NEEDS_QUESTION) != bool(qid):
+            raise BadPayload(f"{op} needs a question" if qid is None else "only answer names a question")
+        if not isinstance(option, int) or isinstance(option, bool) or not 0 <= option <= MAX_OPTION:
+            raise BadPayload("bad option in card action")
         if view not in VIEWS or (view == "inc" and not iid):
             raise BadPayload("bad view in card action")
-        return cls(op, sid, iid, page, sub, view)
+        return cls(op, sid, iid, page, sub, view, qid, option)

@@ -5,7 +5,7 @@ from enum import StrEnum
 
 
 class Status(StrEnum):
-    """Where a TaskRun is; the last four are terminal and equal the outcome."""
+    """Where a TaskRun is; the last five are terminal and equal the outcome."""
 
     QUEUED = "queued"          # admitted, waiting for capacity
     DISPATCHED = "dispatched"  # capacity reserved on a runtime, runner not yet confirmed
@@ -14,11 +14,13 @@ class Status(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     TIMED_OUT = "timed_out"
+    WAITING_FOR_USER = "waiting_for_user"  # a direct Session's Turn ended on a question; the answer is the next Turn
 
 
-TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.TIMED_OUT})
+TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.TIMED_OUT, Status.WAITING_FOR_USER})
 ACTIVE = frozenset({Status.QUEUED, Status.DISPATCHED, Status.RUNNING})
-OUTCOMES = tuple(s.value for s in TERMINAL)
+# The execution outcomes schedules and Task history reconcile; a Turn waiting for the person is not one of them.
+OUTCOMES = tuple(s.value for s in (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.TIMED_OUT))
 
 RUNTIME_LOST = "runtime lost: the runner stopped reporting; resubmit the task"
 

@@ -31,11 +31,14 @@ class RunnerRefused(AmuxError):
     code = "runner_refused"
 REVOKED_CLOSE = 4401  # the hub's close code for a revoked token
 
-QUESTION_DIAGNOSTIC = (
-    "The task asked the user a question, but task children have no channel to ask users; "
-    "gather the missing input in an interactive session and submit a new task. / "
-    "任务向用户提出了问题，但子任务无法向用户提问；请在交互式会话中收集缺少的信息，然后提交新任务。"
-)
+QUESTION_DIAGNOSTIC = p.QUESTION_DIAGNOSTIC
+
+
+def asked_question(payload: dict) -> p.Question:
+    """The question event's payload as the Finished report carries it (text and option labels, bounded)."""
+    options = [str(o)[:200] for o in payload.get("options") or [] if str(o).strip()][:50]
+    return p.Question(text=str(payload.get("text") or "")[:20_000], options=options,
+                      free_text=payload.get("free_text") is not False)
 
 
 @dataclass
@@ -351,7 +354,7 @@ class Runner:
         engine = self.engines.get(d.snapshot.get("engine", ""))
         last_usage: dict | None = None
         last_status: str | None = None  # named in a timeout's error: what the engine was doing when time ran out
-        asked = False
+        asked: dict | None = None  # the agent's structured question, once it asked one
 
         redact = Redactor(v for k, v in d.env.items() if k not in ("AMUX_SESSION_ID", "AMUX_HUB_URL"))
 
@@ -369,13 +372,14 @@ class Runner:
                 payload = {"usage": usage}
                 last_usage = usage
             if kind == "question":
-                asked = True
+                asked = payload
             h.rseq += 1
             h.pending_events.append(p.Event(rseq=h.rseq, type=kind, payload=payload))
             if len(h.pending_events) == 1:
                 asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._flush(h)))
 
         outcome, result = "failed", EngineResult("failed")
+        question: p.Question | None = None
         try:
             if engine is None:
                 result = EngineResult("failed", error=f"engine {d.snapshot.get('engine')!r} is not installed on runner {self.name}")
@@ -386,7 +390,9 @@ class Runner:
                           permission_replies=h.replies, steering=h.steering)
                 result = await asyncio.wait_for(engine.run(job, emit), timeout=float(d.snapshot.get("timeout_s") or 3600))
             outcome = result.outcome
-            if asked:
+            if asked is not None and d.direct_session:  # its attached person answers, as the next Turn
+                outcome, result.error, question = "waiting_for_user", None, asked_question(asked)
+            elif asked is not None:
                 outcome, result.error = "failed", QUESTION_DIAGNOSTIC
         except asyncio.TimeoutError:
             error = f"timed out after {d.snapshot.get('timeout_s')}s" + (f"; last status: {last_status}" if last_status else "")
@@ -406,7 +412,7 @@ class Runner:
         fin = p.Finished(
             task_id=d.task_id, attempt=d.attempt, rseq=h.rseq, outcome=outcome, result_text=redact.scrub(result.text or ""),
             result_json=redact.scrub(result.json), error=redact.scrub(result.error), usage=last_usage,
-            changed_files=changed, resume_handle=result.resume_handle,
+            changed_files=changed, resume_handle=result.resume_handle, question=question,
         )
         h.steering = None
         h.finished = True

@@ -7,6 +7,12 @@ from pydantic import BaseModel, Field
 
 PROTOCOL_VERSION = 1
 
+QUESTION_DIAGNOSTIC = (
+    "The task asked the user a question, but task children have no channel to ask users; "
+    "gather the missing input in an interactive session and submit a new task. / "
+    "任务向用户提出了问题，但子任务无法向用户提问；请在交互式会话中收集缺少的信息，然后提交新任务。"
+)
+
 
 class RunningWork(BaseModel):
     """A task the runner holds (running, or finished with the report not yet acknowledged)."""
@@ -44,6 +50,9 @@ class Dispatch(BaseModel):
     prompt: str
     snapshot: dict[str, Any]
     env: dict[str, str] = {}  # credential values for this launch only: never stored, never echoed
+    # A direct Session's Turn (a chat or CLI session, not a Task, scheduled subtask or instance run): a structured
+    # question ends it `waiting_for_user` with the question, instead of failing it with the diagnostic.
+    direct_session: bool = False
 
 
 class Cancel(BaseModel):
@@ -88,6 +97,14 @@ class Events(BaseModel):
     events: list[Event]
 
 
+class Question(BaseModel):
+    """A structured question the agent asked the person: its text, the options offered, whether free text answers."""
+
+    text: str = Field(max_length=20_000)
+    options: list[str] = Field(default_factory=list, max_length=50)
+    free_text: bool = True
+
+
 class Finished(BaseModel):
     """Runner → hub: the terminal outcome and everything the TaskRun keeps."""
 
@@ -95,13 +112,14 @@ class Finished(BaseModel):
     task_id: str
     attempt: int
     rseq: int
-    outcome: Literal["succeeded", "failed", "cancelled", "timed_out"]
+    outcome: Literal["succeeded", "failed", "cancelled", "timed_out", "waiting_for_user"]
     result_text: str = ""
     result_json: Any = None
     error: str | None = None
     usage: dict[str, int] | None = None
     changed_files: dict[str, list[str]] = Field(default_factory=lambda: {"created": [], "modified": [], "deleted": []})
     resume_handle: str | None = None
+    question: Question | None = None  # with outcome `waiting_for_user`: what the agent asked
 
 
 class Steer(BaseModel):

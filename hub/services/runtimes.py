@@ -22,6 +22,7 @@ from .auth import AuthService, Caller
 from .credentials import CredentialService
 from .dispatch import Dispatcher
 from .notify import Notifier
+from .questions import record_question
 from .tasks import task_key
 
 log = logging.getLogger("amux.runtimes")
@@ -256,10 +257,15 @@ class RuntimeService:
         if row is None:
             return False
         if not is_terminal(row.status):
-            await self.tasks.finish(conn, row.id, Status(msg.outcome), now, error=msg.error,
+            status, error = Status(msg.outcome), msg.error
+            if status == Status.WAITING_FOR_USER and (row.kind != "turn" or msg.question is None):
+                status, error = Status.FAILED, p.QUESTION_DIAGNOSTIC  # only a direct Session's Turn waits
+            await self.tasks.finish(conn, row.id, status, now, error=error,
                               result_text=msg.result_text, result_json=msg.result_json,
                               usage=msg.usage or row.usage_json, changed_files=msg.changed_files,
                               last_rseq=msg.rseq, resume_handle=msg.resume_handle)
+            if status == Status.WAITING_FOR_USER and msg.question is not None:
+                await record_question(conn, row, msg.question, now)
             if row.session_id and msg.resume_handle:
                 await self.store.record_resume_handle(conn, row.session_id, msg.resume_handle, now)
             fx.freed = True
@@ -340,7 +346,7 @@ class RuntimeService:
             if r.session_id and self.auth is not None:
                 await self._bind_memory(conn, r, caps, now)
             out.append(p.Dispatch(task_id=r.task_id, attempt=r.attempt, prompt=r.prompt, snapshot=r.snapshot,
-                                  env=env).model_dump())
+                                  env=env, direct_session=r.kind == "turn").model_dump())
         for st in await self.store.claim_steers(conn, runtime_id, now):
             out.append(p.Steer(task_id=st.task_id, steer_id=st.id, text=st.text).model_dump())
         return out, answers, cancels

@@ -9,10 +9,12 @@ from ..domain.tasks import is_terminal
 from ..errors import Invalid, NotFound
 from ..ids import new_id
 from ..store.db import Connection, Database, Row
+from ..store.questions import SqlQuestionStore
 from ..store.sessions import NewRun, NewSession, SqlSessionStore
 from .admission import Admission, SubmitRequest
 from .auth import Caller
 from .notify import Notifier
+from .questions import answerable, chosen_answer, question_view
 from .tasks import TaskService, _iso, task_key
 
 
@@ -23,6 +25,7 @@ class SessionService:
                  on_admitted: Callable[[], None] | None = None, user_isolation: bool = False) -> None:
         self.db = db
         self.store = SqlSessionStore(db)
+        self.questions = SqlQuestionStore(db)
         self.clock = clock
         self.notifier = notifier
         self.admission = admission
@@ -132,8 +135,30 @@ class SessionService:
             self.admission.check_prompt(s.engine, prompt)
             turn_id = await self.add_run(conn, s, prompt, kind="turn", source=source,
                                          receipt={"source": source, **(receipt or {})})
+            waiting = await self.questions.waiting(conn, s.id)
+            if waiting is not None:  # the next Turn of a session answers the question its last Turn ended on
+                await self.questions.answer(conn, waiting.id, prompt, turn_id, self.clock.now())
         self.on_admitted()
         return turn_id
+
+    async def answer_question(self, caller: Caller, question_id: str, *, option: int | None = None,
+                              text: str | None = None, source: str = "cli", receipt: dict | None = None) -> dict:
+        """Answer a waiting question (an option's index, or free text) as the next Turn of its session.
+
+        The Turn resumes the provider conversation (the session's resume handle). A question takes one answer: a
+        second one, or one after its Turn was cancelled, raises QuestionClosed with nothing changed.
+        """
+        async with self.db.write() as conn:
+            q = await answerable(self.questions, conn, question_id, caller.principal_id, caller.admin)
+            s = await self._session(conn, caller, q.session_id)
+            q = await answerable(self.questions, conn, question_id, caller.principal_id, caller.admin)  # under lock
+            answer = chosen_answer(q, option, text)
+            turn_id = await self.add_run(conn, s, answer, kind="turn", source=source,
+                                         receipt={"source": source, **(receipt or {}), "question_id": q.id})
+            await self.questions.answer(conn, q.id, answer, turn_id, self.clock.now())
+        self.on_admitted()
+        return {"question_id": q.id, "session_id": s.id, "turn_id": turn_id, "answer": answer,
+                "question": question_view(q)}
 
     async def add_run(self, conn: Connection, s: Row, prompt: str, *, kind: str, source: str,
                       instance_id: str | None = None, snapshot: dict | None = None, name: str | None = None,
@@ -170,6 +195,9 @@ class SessionService:
             if row is None or (row.owner_id != caller.principal_id and not caller.admin):
                 raise NotFound(f"turn {turn_id!r} does not exist or is not yours")
             view = await self.tasks._view(conn, row)
+            question = question_view(await self.questions.of_turn(conn, turn_id))
+        if question is not None:
+            view["question"] = question
         view["turn_id"] = view.pop("task_id")
         view["session_id"] = row.session_id
         view["seq"] = row.turn_seq
@@ -194,7 +222,9 @@ class SessionService:
                 raise NotFound(f"no session {session_id!r} of yours")
             rows = await self.store.recent_runs(conn, session_id, turns)
             runtime = await self.store.runtime_name(conn, s.runtime_id)
+            question = question_view(await self.questions.waiting(conn, session_id))
         return {"session_id": s.id, "name": s.name, "kind": s.kind, "engine": s.engine, "model": s.model,
                 "reasoning_effort": s.reasoning_effort, "runtime": runtime, "resume_handle": s.resume_handle,
                 "turns": [{"id": r.id, "seq": r.turn_seq, "kind": r.kind, "status": r.status, "result": r.result_text}
-                          for r in rows], "created_at": _iso(s.created_at), "updated_at": _iso(s.updated_at)}
+                          for r in rows], "created_at": _iso(s.created_at), "updated_at": _iso(s.updated_at),
+                "question": question}

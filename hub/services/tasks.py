@@ -11,6 +11,7 @@ from ..domain.tasks import Status, is_terminal
 from ..errors import Conflict, Invalid, NotFound, TooMany
 from ..ids import new_id
 from ..store.db import Connection, Database, Row
+from ..store.questions import SqlQuestionStore
 from ..store.runtimes import SqlRuntimeStore
 from ..store.tasks import SqlTaskStore
 from .admission import Admission, SubmitRequest
@@ -168,6 +169,9 @@ class TaskService:
             row = await self.store.get_for_update(conn, task_id)
             if row is None or (row.owner_id != caller.principal_id and not caller.admin):
                 raise NotFound(NOT_YOURS.format(task_id=task_id))
+            if row.status == Status.WAITING_FOR_USER:  # a Turn waiting on its question: the question is withdrawn
+                done = await SqlQuestionStore(self.db).cancel_waiting_turn(conn, task_id, now)
+                return row, Status.CANCELLED if done else None
             if is_terminal(row.status):
                 return row, None
             if row.status == Status.RUNNING:

@@ -183,10 +183,11 @@ class SqlRuntimeStore:
 
     async def claim_dispatches(self, conn: Connection, runtime_id: str, now: datetime) -> list[Row]:
         """Return the runtime's pending, unsent reservations of dispatched runs (reservation id, task_id, attempt,
-        prompt, snapshot, owner_id, session_id) and mark them sent, so each is sent once per connection."""
+        prompt, snapshot, owner_id, session_id, kind) and mark them sent, so each is sent once per connection."""
         pending = list((await conn.execute(
             sa.select(reservations.c.id, task_runs.c.id.label("task_id"), task_runs.c.attempt,
-                      task_runs.c.prompt, task_runs.c.snapshot, task_runs.c.owner_id, task_runs.c.session_id)
+                      task_runs.c.prompt, task_runs.c.snapshot, task_runs.c.owner_id, task_runs.c.session_id,
+                      task_runs.c.kind)
             .join(task_runs, task_runs.c.id == reservations.c.task_id)
             .where(reservations.c.runtime_id == runtime_id, reservations.c.state == "pending",
                    reservations.c.sent_at.is_(None), task_runs.c.status == Status.DISPATCHED.value))).all())

@@ -201,6 +201,23 @@ sessions = sa.Table(
     sa.Index("ix_sessions_owner_name", "owner_id", "name"),
 )
 
+session_questions = sa.Table(
+    "session_questions", metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("turn_id", sa.String(40), sa.ForeignKey("task_runs.id"), nullable=False, unique=True),
+    sa.Column("session_id", sa.String(40), sa.ForeignKey("sessions.id"), nullable=False),
+    sa.Column("owner_id", sa.String(40), nullable=False),
+    sa.Column("text", sa.Text, nullable=False),
+    sa.Column("options", sa.JSON, nullable=False),
+    sa.Column("free_text", sa.Boolean, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),  # open | answered | withdrawn
+    sa.Column("answer", sa.Text),
+    sa.Column("answer_turn_id", sa.String(40)),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("closed_at", TS),
+    sa.Index("ix_session_questions_session_state", "session_id", "state"),
+)
+
 instances = sa.Table(
     "instances", metadata,
     sa.Column("id", sa.String(40), primary_key=True),
