@@ -5,7 +5,7 @@ from typing import Callable
 
 from ..clock import Clock
 from ..domain import memory as memory_rules
-from ..domain.tasks import is_terminal
+from ..domain.tasks import Status, is_terminal
 from ..errors import Invalid, NotFound
 from ..ids import new_id
 from ..store.db import Connection, Database, Row
@@ -186,6 +186,10 @@ class SessionService:
             status = await self.store.run_status(conn, turn_id)
         if status is None:
             raise NotFound(f"turn {turn_id!r} does not exist")
+        if status == Status.WAITING_FOR_USER:
+            # The prompt was delivered and the agent answered with a question for the attached UI (seed: direct
+            # Sessions leave questions to their UI, scheduled prompts included): the Turn itself succeeded.
+            return Status.SUCCEEDED.value
         return status if is_terminal(status) else None
 
     async def get_turn(self, caller: Caller, turn_id: str) -> dict:

@@ -365,3 +365,15 @@ async def test_a_child_uses_amux_memory_with_the_token_its_launch_carries(hub):
     assert proc.returncode == 0, err.decode()
     assert json.loads(out)["scope"] == "global"
     assert (await hub.hub.memory.get(admin, "plan"))["value"] == "ship friday"
+
+
+async def test_a_turn_that_ends_on_a_question_counts_as_delivered_for_schedule_reconciliation(hub):
+    """A direct Session leaves questions to its UI, scheduled prompts included: the Turn waits for the user, and the
+    canonical outcome a session-prompt firing reconciles to is `succeeded`, not unknown or failed."""
+    await hub.start_runner()
+    admin = await hub.hub.auth.authenticate(hub.admin_token)
+    sid = (await hub.hub.sessions.create(admin, profile="scripted"))["session_id"]
+    turn = await hub.hub.sessions.submit_turn(admin, sid, "ask 'which branch?'")
+    view = await hub.hub.sessions.wait_turn(admin, turn, 10)
+    assert view["status"] == "waiting_for_user"
+    assert await hub.hub.sessions.turn_outcome(turn) == "succeeded"
