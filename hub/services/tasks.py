@@ -102,10 +102,24 @@ class TaskService:
             "error": row.error,
             "runtime": runtime_name,
             "snapshot": row.snapshot,
+            **await self._provenance(conn, row),
             "waiting_for": await self._waiting_for(conn, row) if row.status == Status.QUEUED.value else None,
             "created_at": _iso(row.created_at),
             "started_at": _iso(row.started_at),
             "finished_at": _iso(row.finished_at),
+        }
+
+    async def _provenance(self, conn: Connection, row: Row) -> dict[str, str | None]:
+        """Where the task came from: the Session and Turn that delegated it, its instance, the schedule firing."""
+        firing = None
+        if row.snapshot.get("origin") in (None, "schedule"):  # only a schedule's firing (or an older row) has one
+            firing = await self.store.firing_of(conn, row.id)
+        return {
+            "parent_session_id": row.parent_session_id,
+            "parent_turn_id": row.parent_turn_id,
+            "instance_id": row.instance_id,
+            "schedule_id": firing.schedule_id if firing is not None else None,
+            "firing_id": firing.id if firing is not None else None,
         }
 
     async def _waiting_for(self, conn: Connection, row: Row) -> str:
