@@ -247,7 +247,9 @@ class PermissionService:
                 raise Conflict(f"task {task_id} runs under {row.snapshot.get('permission_policy')}; "
                                "only escalate-to-main tasks ask for permission")
             if row.status != Status.RUNNING.value:
-                raise Conflict(f"task {task_id} is {row.status}; there is nothing left to answer")
+                when = "has ended" if is_terminal(row.status) else "is not running yet"
+                raise Conflict(f"task {task_id} is {row.status}: it {when}, so no permission request {request_id!r} "
+                               "waits and nothing was sent; see task_get for its state and outcome")
             asked = await self.store.permission_requests(conn, task_id)
             if not any(p.get("request_id") == request_id for p in asked):
                 known = ", ".join(sorted({str(p.get("request_id")) for p in asked})) or "none yet"
@@ -256,7 +258,8 @@ class PermissionService:
             done = await self.store.permission_answer(conn, task_id, request_id)
             if done is not None:
                 raise Conflict(f"permission request {request_id} of task {task_id} was already answered "
-                               f"({'allow' if done else 'deny'})")
+                               f"({'allow' if done else 'deny'}) and no longer waits; nothing was sent — "
+                               "see task_events for what the task did next")
             await self.store.record_permission_answer(conn, task_id, request_id, bool(allow), message[:2000], now)
             await self.store.append_event(conn, task_id, "permission_answer",
                                           {"request_id": request_id, "allow": bool(allow)}, now)
