@@ -151,9 +151,9 @@ async def test_placement_never_puts_a_task_naming_no_runtime_on_an_unsupported_p
     assert await core.dispatcher.place_once() == 0
     view = await core.tasks.get(core.admin, tid)
     assert view["status"] == "queued" and view["runtime"] is None
-    assert view["waiting_for"] == ("waiting for a runtime that offers engine codex on linux or macOS; none can take it: "
-                                   "cpu cannot write its workspace root '/ro'; gpu runs on windows; this task launches "
-                                   "on linux or macOS only")
+    assert view["waiting_for"] == ("waiting for a runtime that offers engine codex on linux or macOS; none can take "
+                                   "it: cpu cannot write its workspace root '/ro'; gpu runs on windows; this task "
+                                   "launches on linux or macOS only")
     await reregister(core, "cpu")  # its operator fixed the workspace
     assert await core.dispatcher.place_once() == 1
     assert (await core.tasks.get(core.admin, tid))["runtime"] == "cpu"

@@ -55,7 +55,8 @@ async def test_finished_usage_keeps_only_known_nonnegative_integer_metrics(run):
 async def test_a_finished_with_no_known_metric_keeps_the_last_usage_event(run):
     await run.runtimes.apply(run.rt, run.conn_id, [
         p.Events(task_id=run.task_id, attempt=1, events=[usage_event(1, {"input_tokens": 5, "output_tokens": 2})]),
-        p.Finished(task_id=run.task_id, attempt=1, rseq=2, outcome="succeeded", usage={"bogus": 7, "output_tokens": -1})])
+        p.Finished(task_id=run.task_id, attempt=1, rseq=2, outcome="succeeded",
+                   usage={"bogus": 7, "output_tokens": -1})])
     assert (await run.tasks.get(run.admin, run.task_id))["usage"] == {"input_tokens": 5, "output_tokens": 2}
 
 

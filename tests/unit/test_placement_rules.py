@@ -32,7 +32,8 @@ class Rt:
     ({**SNAP, "runtime": "b"}, Rt("a"), "a is not the requested runtime b"),
     (SNAP, Rt("a", {**CAPS, "engines": ["codex"]}), "a does not offer engine claude"),
     # platform is checked without a named runtime too (a task was placed on windows)
-    (SNAP, Rt("win", {**CAPS, "platform": "windows"}), "win runs on windows; this task launches on linux or macOS only"),
+    (SNAP, Rt("win", {**CAPS, "platform": "windows"}),
+     "win runs on windows; this task launches on linux or macOS only"),
     (SNAP, Rt("x", {**CAPS, "platform": None}), "x runs on an unreported platform"),
     # workspace access
     (SNAP, Rt("ro", {**CAPS, "workspace_writable": False}), "ro cannot write its workspace root '/srv/ws'"),
@@ -66,12 +67,14 @@ def test_frozen_platforms_outside_the_launch_platforms_leave_nothing_to_launch_o
     # other principals' private runtimes are not named
     (SNAP, [Rt("bobs", shared=False, principal_id="pr_bob")],
      "waiting for a runtime that offers engine claude on linux or macOS; none is registered for this task's owner"),
-    (SNAP, [], "waiting for a runtime that offers engine claude on linux or macOS; none is registered for this task's owner"),
+    (SNAP, [],
+     "waiting for a runtime that offers engine claude on linux or macOS; none is registered for this task's owner"),
     # a named runtime: missing, unfit (even while offline), offline, busy
     ({**SNAP, "runtime": "gpu"}, [Rt("a")], "waiting for runtime gpu, which is not registered"),
     ({**SNAP, "runtime": "gpu"}, [Rt("gpu", {**CAPS, "platform": "windows"}, status="offline")],
      "runtime gpu can never take it: gpu runs on windows; this task launches on linux or macOS only"),
-    ({**SNAP, "runtime": "gpu"}, [Rt("gpu", status="offline")], f"waiting for runtime gpu, offline since {SEEN.isoformat()}"),
+    ({**SNAP, "runtime": "gpu"}, [Rt("gpu", status="offline")],
+     f"waiting for runtime gpu, offline since {SEEN.isoformat()}"),
     ({**SNAP, "runtime": "gpu"}, [Rt("gpu")], "waiting for a free slot on runtime gpu"),
 ])
 def test_waiting_for_says_why_a_queued_run_waits(snap, known, text):
