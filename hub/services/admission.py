@@ -157,12 +157,13 @@ class Admission:
                           "omit model or pick another runtime")
 
     async def _admit_engine(self, conn: Connection, engine: str) -> None:
-        """Without a named runtime: some registered runtime (any status) must offer the engine on a launch platform."""
+        """Without a named runtime: some registered runtime (any status) must offer the engine, and not every one of
+        them may report a platform amux cannot launch agents on (placement checks each runtime again)."""
         offers = await self.runtimes.platforms_offering(conn, engine)
         if not offers:
             raise Invalid(f"no registered runtime offers engine {engine!r}; "
                           "start `amux runner` on a machine that has it")
-        if not any(platform in LAUNCH_PLATFORMS for platform in offers.values()):
+        if all(platform is not None and platform not in LAUNCH_PLATFORMS for platform in offers.values()):
             where = ", ".join(f"{name} runs on {platform}" for name, platform in sorted(offers.items())[:5])
             raise Invalid(f"no registered runtime can launch engine {engine!r}: {where}, and amux launches agents on "
                           f"{platforms_text(LAUNCH_PLATFORMS)} only; start `amux runner` on such a machine")
