@@ -328,6 +328,13 @@ def _human(t: dict) -> str:
     for kind in ("created", "modified", "deleted"):
         for path in files.get(kind, []):
             lines.append(f"  {kind}: {path}")
+    if t.get("waiting_for"):
+        lines.append(f"  {t['waiting_for']}")
+    origin = [f"{label} {t[key]}" for key, label in (("parent_session_id", "session"), ("parent_turn_id", "turn"),
+                                                       ("instance_id", "instance"), ("schedule_id", "schedule"),
+                                                       ("firing_id", "firing")) if t.get(key)]
+    if origin:
+        lines.append(f"  from: {', '.join(origin)}")
     return "\n".join(lines)
 
 

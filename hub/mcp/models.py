@@ -60,6 +60,11 @@ class TaskView(BaseModel):
     waiting_for: str | None = None  # while queued: why (e.g. "waiting for runtime gpu-box, offline since …")
     runtime: str | None = None
     snapshot: dict[str, Any] = {}
+    parent_session_id: str | None = Field(None, description="the Session whose agent delegated this task")
+    parent_turn_id: str | None = Field(None, description="the Turn of that Session that was active when it did")
+    instance_id: str | None = Field(None, description="the Agent Instance this task is a run of")
+    schedule_id: str | None = Field(None, description="the schedule whose firing created this task")
+    firing_id: str | None = Field(None, description="that firing (see schedule_history)")
     created_at: str | None = None
     started_at: str | None = None
     finished_at: str | None = None

@@ -6,6 +6,7 @@ from typing import Any
 
 from ..config import HubSettings, ProfileSettings
 from ..domain import scripted
+from ..domain.placement import LAUNCH_PLATFORMS, platforms_text
 from ..domain.policy import DEFAULT_POLICY, POLICIES, normalize_native_args
 from ..domain.resolution import Choices, Preset, SessionContext, resolve
 from ..errors import Invalid
@@ -83,7 +84,7 @@ class Admission:
 
     async def freeze(self, conn: Connection, caller: Caller, req: SubmitRequest, *, origin: str = "submit",
                      session: SessionContext | None = None) -> dict[str, Any]:
-        """Return the resolved execution snapshot for `req` (origin: submit | run | schedule)."""
+        """Return the resolved execution snapshot for `req` (origin: submit | run | schedule | session)."""
         args, timeout = self._shape(req, origin)
         profile = await self.profiles.get(conn, req.profile or self.ps.default_profile)
         policy = req.permission_policy or DEFAULT_POLICY
@@ -104,9 +105,7 @@ class Admission:
             explicit = resolved.model if resolved.sources["model"] == "explicit" else None
             self._admit_runtime(runtime, profile.engine, explicit)
         else:
-            if not await self.runtimes.engine_offered(conn, profile.engine):
-                raise Invalid(f"no registered runtime offers engine {profile.engine!r}; "
-                              "start `amux runner` on a machine that has it")
+            await self._admit_engine(conn, profile.engine)
         if profile.manifest and profile.manifest.expert.authoring == "local":
             await self._require_authoring(conn, profile.name)
         self.check_prompt(profile.engine, req.prompt)
@@ -129,6 +128,8 @@ class Admission:
             "permission_policy": policy,
             "credential_profile": cred,
             "timeout_s": timeout,
+            "platforms": list(LAUNCH_PLATFORMS),  # placement launches it only there, named runtime or not
+            "origin": origin,  # submit | run | schedule | session: which door admitted it (provenance)
             "subprocess": profile.engine == "scripted" and "--subprocess" in args,
             "resume_handle": None,
         }
@@ -144,9 +145,9 @@ class Admission:
         if engine not in caps.get("engines", []):
             raise Invalid(f"runtime {runtime.name!r} cannot launch engine {engine!r}; it offers "
                           f"{', '.join(caps.get('engines', [])) or 'none'} — pick another runtime or omit it")
-        if caps.get("platform") not in ("linux", "darwin"):
+        if caps.get("platform") not in LAUNCH_PLATFORMS:
             raise Invalid(f"runtime {runtime.name!r} runs on {caps.get('platform')!r}, which amux cannot launch agents "
-                          "on; pick a linux or macOS runtime")
+                          f"on; pick a {platforms_text(LAUNCH_PLATFORMS)} runtime")
         if not caps.get("workspace_writable", False):
             raise Invalid(f"runtime {runtime.name!r} cannot write its workspace root {caps.get('workspace_root')!r}; "
                           "fix its permissions or pass --workspace-root")
@@ -154,6 +155,18 @@ class Admission:
         if explicit_model is not None and fixed is not None and explicit_model != fixed:
             raise Invalid(f"runtime {runtime.name!r} serves only model {fixed!r} for {engine}; "
                           "omit model or pick another runtime")
+
+    async def _admit_engine(self, conn: Connection, engine: str) -> None:
+        """Without a named runtime: some registered runtime (any status) must offer the engine, and not every one of
+        them may report a platform amux cannot launch agents on (placement checks each runtime again)."""
+        offers = await self.runtimes.platforms_offering(conn, engine)
+        if not offers:
+            raise Invalid(f"no registered runtime offers engine {engine!r}; "
+                          "start `amux runner` on a machine that has it")
+        if all(platform is not None and platform not in LAUNCH_PLATFORMS for platform in offers.values()):
+            where = ", ".join(f"{name} runs on {platform}" for name, platform in sorted(offers.items())[:5])
+            raise Invalid(f"no registered runtime can launch engine {engine!r}: {where}, and amux launches agents on "
+                          f"{platforms_text(LAUNCH_PLATFORMS)} only; start `amux runner` on such a machine")
 
     async def _require_authoring(self, conn: Connection, profile_name: str) -> None:
         """Local expert authoring fails closed without an explicitly configured compatible runtime."""

@@ -6,8 +6,10 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any, Callable
 
-from ..clock import Clock, utc
+from ..clock import Clock
 from ..config import HubSettings
+from ..domain.placement import unfit
+from ..domain.placement import waiting_for as waiting_reason
 from ..domain.tasks import RUNTIME_LOST, Status
 from ..store.db import Connection, Database, Row
 from ..store.runtimes import Placement, SqlRuntimeStore
@@ -19,42 +21,13 @@ log = logging.getLogger("amux.dispatch")
 
 
 def eligible(task: Any, runtime: Any) -> bool:
-    """Return whether `runtime` may run `task`: engine, requested runtime, owner, workspace access."""
-    snap = task.snapshot
-    caps = runtime.capabilities
-    if snap["engine"] not in caps.get("engines", []):
-        return False
-    if snap.get("runtime") and snap["runtime"] != runtime.name:
-        return False
-    if snap.get("platform") and snap["platform"] != caps.get("platform"):
-        return False
-    if not caps.get("workspace_writable", False):
-        return False
-    return bool(runtime.shared) or runtime.principal_id == task.owner_id
+    """Return whether `runtime` may run `task`: requested runtime, engine, platform, workspace access, owner."""
+    return unfit(task.snapshot, task.owner_id, runtime) is None
 
 
 def waiting_for(task: Any, known: list[Any]) -> str:
     """Say why a queued task waits, from the runtimes the hub knows (any status)."""
-    snap = task.snapshot
-    named = snap.get("runtime")
-    if named:
-        rt = next((r for r in known if r.name == named), None)
-        if rt is None:
-            return f"waiting for runtime {named}, which is not registered"
-        if rt.status != "online":
-            since = utc(rt.last_seen_at).isoformat() if rt.last_seen_at else "its registration"
-            return f"waiting for runtime {named}, {rt.status} since {since}"
-        if not eligible(task, rt):
-            return f"runtime {named} is online but cannot take it (engine, platform, workspace or owner)"
-        return f"waiting for a free slot on runtime {named}"
-    able = [r for r in known if eligible(task, r)]
-    online = [r for r in able if r.status == "online"]
-    if online:
-        return f"waiting for a free slot ({len(online)} eligible runtime(s) online, all busy)"
-    what = f"engine {snap.get('engine')}" + (f" on {snap['platform']}" if snap.get("platform") else "")
-    if able:
-        return f"waiting for a runtime that offers {what}; {', '.join(r.name for r in able)} offline"
-    return f"waiting for a runtime that offers {what}; none is registered for this task's owner"
+    return waiting_reason(task.snapshot, task.owner_id, known)
 
 
 class Dispatcher:

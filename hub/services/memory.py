@@ -23,7 +23,8 @@ class MemoryService:
         self.settings = settings
 
     async def scope(self, conn: Connection, caller: Caller) -> str:
-        """Return a child session's bound scope; otherwise the caller's principal or global scope per isolation."""
+        """Return a child session's bound scope; otherwise the caller's principal or global scope per isolation (a run
+        outside any session: only when its runtime has the memory capability)."""
         if caller.label and caller.label.startswith(SESSION_LABEL):
             stored = await self.store.session_scope(conn, caller.label[len(SESSION_LABEL):])
             scope = stored[len(rules.PENDING):] if stored and stored.startswith(rules.PENDING) else stored
@@ -31,6 +32,10 @@ class MemoryService:
                 raise Conflict("this conversation has no amux memory: capability discovery failed on its runtime "
                                "(see the task's warning event); there is no global fallback")
             return scope
+        if caller.kind == "run" and caller.task_id and not await self.store.run_has_memory(conn, caller.task_id):
+            raise Conflict("this run has no amux memory: capability discovery failed on its runtime (see the task's "
+                           "warning event); there is no global fallback — run it on a runner with `amux` installed")
+        # A run outside any session resolves its scope with its effective principal, the run token's (the owner).
         return rules.scope_for(caller.principal_id, self.settings.user_isolation)
 
     @staticmethod

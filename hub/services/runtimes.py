@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from ..clock import Clock, utc
 from ..domain import memory as memory_rules
-from ..domain.events import project
+from ..domain.events import clean_usage, project
 from ..domain.tasks import Status, is_terminal
 from ..errors import AmuxError, Conflict, Forbidden, Invalid, NotFound
 from ..ids import new_id
@@ -262,7 +262,7 @@ class RuntimeService:
                 status, error = Status.FAILED, p.QUESTION_DIAGNOSTIC  # only a direct Session's Turn waits
             await self.tasks.finish(conn, row.id, status, now, error=error,
                               result_text=msg.result_text, result_json=msg.result_json,
-                              usage=msg.usage or row.usage_json, changed_files=msg.changed_files,
+                              usage=clean_usage(msg.usage) or row.usage_json, changed_files=msg.changed_files,
                               last_rseq=msg.rseq, resume_handle=msg.resume_handle)
             if status == Status.WAITING_FOR_USER and msg.question is not None:
                 await record_question(conn, row, msg.question, now)
@@ -292,7 +292,17 @@ class RuntimeService:
         return env
 
     async def _bind_memory(self, conn: Connection, r: Row, caps: dict, now: datetime) -> None:
-        """Bind a fresh session's memory scope at its first launch; warn (never fall back) without the capability."""
+        """Bind the run's memory at launch; warn (never fall back) without the capability.
+
+        A fresh session binds its stored scope precondition at its first launch (kept on resume); a run outside any
+        session resolves its scope with its effective principal, the run token's, when it calls (MemoryService).
+        """
+        if r.session_id is None:
+            if not caps.get("memory_cli"):
+                await self.tasks.append_event(conn, r.task_id, "warning", {
+                    "text": "memory capability discovery failed on this runtime (no `amux memory` CLI); "
+                            "this run has no amux memory"}, now)
+            return
         stored = await self.store.memory_scope(conn, r.session_id)
         scope, warn = memory_rules.bind(stored, bool(caps.get("memory_cli")))
         if scope != stored:
@@ -343,7 +353,7 @@ class RuntimeService:
                 continue
             if self.auth is not None:
                 env.update(await self.coordination_env(conn, r.owner_id, r.session_id, r.task_id))
-            if r.session_id and self.auth is not None:
+            if self.auth is not None:
                 await self._bind_memory(conn, r, caps, now)
             out.append(p.Dispatch(task_id=r.task_id, attempt=r.attempt, prompt=r.prompt, snapshot=r.snapshot,
                                   env=env, direct_session=r.kind == "turn").model_dump())

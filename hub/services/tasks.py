@@ -103,10 +103,24 @@ class TaskService:
             "error": row.error,
             "runtime": runtime_name,
             "snapshot": row.snapshot,
+            **await self._provenance(conn, row),
             "waiting_for": await self._waiting_for(conn, row) if row.status == Status.QUEUED.value else None,
             "created_at": _iso(row.created_at),
             "started_at": _iso(row.started_at),
             "finished_at": _iso(row.finished_at),
+        }
+
+    async def _provenance(self, conn: Connection, row: Row) -> dict[str, str | None]:
+        """Where the task came from: the Session and Turn that delegated it, its instance, the schedule firing."""
+        firing = None
+        if row.snapshot.get("origin") in (None, "schedule"):  # only a schedule's firing (or an older row) has one
+            firing = await self.store.firing_of(conn, row.id)
+        return {
+            "parent_session_id": row.parent_session_id,
+            "parent_turn_id": row.parent_turn_id,
+            "instance_id": row.instance_id,
+            "schedule_id": firing.schedule_id if firing is not None else None,
+            "firing_id": firing.id if firing is not None else None,
         }
 
     async def _waiting_for(self, conn: Connection, row: Row) -> str:
@@ -237,7 +251,9 @@ class PermissionService:
                 raise Conflict(f"task {task_id} runs under {row.snapshot.get('permission_policy')}; "
                                "only escalate-to-main tasks ask for permission")
             if row.status != Status.RUNNING.value:
-                raise Conflict(f"task {task_id} is {row.status}; there is nothing left to answer")
+                when = "has ended" if is_terminal(row.status) else "is not running yet"
+                raise Conflict(f"task {task_id} is {row.status}: it {when}, so no permission request {request_id!r} "
+                               "waits and nothing was sent; see task_get for its state and outcome")
             asked = await self.store.permission_requests(conn, task_id)
             if not any(p.get("request_id") == request_id for p in asked):
                 known = ", ".join(sorted({str(p.get("request_id")) for p in asked})) or "none yet"
@@ -246,7 +262,8 @@ class PermissionService:
             done = await self.store.permission_answer(conn, task_id, request_id)
             if done is not None:
                 raise Conflict(f"permission request {request_id} of task {task_id} was already answered "
-                               f"({'allow' if done else 'deny'})")
+                               f"({'allow' if done else 'deny'}) and no longer waits; nothing was sent — "
+                               "see task_events for what the task did next")
             await self.store.record_permission_answer(conn, task_id, request_id, bool(allow), message[:2000], now)
             await self.store.append_event(conn, task_id, "permission_answer",
                                           {"request_id": request_id, "allow": bool(allow)}, now)

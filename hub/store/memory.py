@@ -6,7 +6,7 @@ from datetime import datetime
 import sqlalchemy as sa
 
 from .db import Connection, Database
-from .tables import memory, sessions
+from .tables import memory, runtimes, sessions, task_runs
 
 
 class SqlMemoryStore:
@@ -18,6 +18,14 @@ class SqlMemoryStore:
     async def session_scope(self, conn: Connection, session_id: str) -> str | None:
         """Return the scope stored on the session as it is (`pending:…` before its first launch, `none`), or None."""
         return (await conn.execute(sa.select(sessions.c.memory_scope).where(sessions.c.id == session_id))).scalar()
+
+    async def run_has_memory(self, conn: Connection, task_id: str) -> bool:
+        """Say whether the runtime holding the run reported the memory capability (`memory_cli`): a run outside
+        any session has amux memory only then (no runtime, or none reported: no memory, never a fallback)."""
+        caps = (await conn.execute(sa.select(runtimes.c.capabilities)
+                                   .select_from(task_runs.join(runtimes, runtimes.c.id == task_runs.c.runtime_id))
+                                   .where(task_runs.c.id == task_id))).scalar()
+        return bool((caps or {}).get("memory_cli"))
 
     async def get(self, conn: Connection, scope: str, key: str) -> str | None:
         """Return the value of `key` in `scope`, or None; a key in another scope is never seen."""

@@ -80,6 +80,12 @@ class SqlRuntimeStore:
         caps = (await conn.execute(sa.select(runtimes.c.capabilities))).scalars()
         return any(engine in c.get("engines", []) for c in caps)
 
+    async def platforms_offering(self, conn: Connection, engine: str) -> dict[str, str | None]:
+        """Map each registered runtime (any status) that lists `engine` to the platform it reported (None: none)."""
+        rows = (await conn.execute(sa.select(runtimes.c.name, runtimes.c.capabilities))).all()
+        return {r.name: (r.capabilities or {}).get("platform") for r in rows
+                if engine in (r.capabilities or {}).get("engines", [])}
+
     async def owner_name(self, conn: Connection, principal_id: str) -> str | None:
         """Return the name of the principal that owns a runtime (to say who holds a name)."""
         return (await conn.execute(sa.select(principals.c.name).where(principals.c.id == principal_id))).scalar()

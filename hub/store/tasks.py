@@ -8,7 +8,7 @@ import sqlalchemy as sa
 
 from ..domain.tasks import ACTIVE, Status
 from .db import Connection, Database, Row
-from .tables import permission_replies, principals, reservations, task_events, task_runs
+from .tables import firings, permission_replies, principals, reservations, task_events, task_runs
 
 ACTIVE_VALUES = [s.value for s in ACTIVE]
 
@@ -46,6 +46,12 @@ class SqlTaskStore:
     async def get(self, conn: Connection, task_id: str) -> Row | None:
         """Return the run (task or turn) with every column, or None."""
         return (await conn.execute(sa.select(task_runs).where(task_runs.c.id == task_id))).first()
+
+    async def firing_of(self, conn: Connection, task_id: str) -> Row | None:
+        """Return the schedule firing that admitted the task (`id`, `schedule_id`), or None: a firing records the
+        task it created, and creates at most one."""
+        return (await conn.execute(sa.select(firings.c.id, firings.c.schedule_id)
+                                   .where(firings.c.task_id == task_id).limit(1))).first()
 
     async def get_for_update(self, conn: Connection, task_id: str) -> Row | None:
         """Return the run locked until the transaction ends (PostgreSQL), or None."""

@@ -390,6 +390,21 @@ class TaskStatusReply(Reply):
     status: str
 
 
+class TaskReply(TaskStatusReply):
+    """A task's view: state, outcome, evidence and provenance (ids are null where they do not apply)."""
+
+    outcome: str | None
+    error: str | None
+    runtime: str | None
+    waiting_for: str | None
+    snapshot: dict[str, Any]
+    parent_session_id: str | None = Field(description="the Session whose agent delegated this task")
+    parent_turn_id: str | None = Field(description="the Turn of that Session that was active when it did")
+    instance_id: str | None = Field(description="the Agent Instance this task is a run of")
+    schedule_id: str | None = Field(description="the schedule whose firing created this task")
+    firing_id: str | None = Field(description="that firing (`GET /api/v1/schedules/{id}/history`)")
+
+
 class TaskListReply(Reply):
     tasks: list[TaskStatusReply]
 
@@ -671,7 +686,7 @@ TURN_GET = op("GET", "/api/v1/turns/{id}", "turn_get", "Show a turn", TurnPath, 
 TASK_SUBMIT = op("POST", "/api/v1/tasks", "task_submit", "Submit a task", body=TaskSubmit, ok=(201,),
                  reply=TaskStatusReply, max_body=MAX_BODY)
 TASK_LIST = op("GET", "/api/v1/tasks", "task_list", "List your tasks", query=ListQuery, reply=TaskListReply)
-TASK_GET = op("GET", "/api/v1/tasks/{id}", "task_get", "Show a task", TaskPath, reply=TaskStatusReply)
+TASK_GET = op("GET", "/api/v1/tasks/{id}", "task_get", "Show a task", TaskPath, reply=TaskReply)
 TASK_EVENTS = op("GET", "/api/v1/tasks/{id}/events", "task_events", "Read a task's events after a cursor", TaskPath,
                  query=CursorQuery, reply=EventsReply)
 TASK_WAIT = op("GET", "/api/v1/tasks/{id}/wait", "task_wait", "Wait for a task's events after a cursor", TaskPath,

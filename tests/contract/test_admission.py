@@ -125,6 +125,40 @@ async def test_runtime_admission_validates_platform_support_and_workspace_access
         await submit(core, profile="claude", runtime="ro")
 
 
+async def reregister(hub, name: str, **caps) -> None:
+    hub.settings.profiles.presets = {}  # no preset pins a runtime: these tasks name none
+    await hub.runtimes.register(hub.admin, p.Register(name=name, slots=2, capabilities={**CAPS, **caps}))
+
+
+async def test_a_task_naming_no_runtime_is_refused_when_only_unsupported_platforms_offer_its_engine(core):
+    for name in ("gpu", "cpu"):
+        await reregister(core, name, platform="windows")
+    with pytest.raises(Invalid) as e:
+        await submit(core, profile="codex")
+    assert "cpu runs on windows, gpu runs on windows" in e.value.message and "linux or macOS" in e.value.message
+
+
+async def test_admission_freezes_the_launch_platforms_and_the_door_that_admitted_the_task(core):
+    core.settings.profiles.presets = {}
+    snap = await snapshot_of(core, await submit(core, profile="codex"))
+    assert snap["platforms"] == ["darwin", "linux"] and snap["origin"] == "submit"
+
+
+async def test_placement_never_puts_a_task_naming_no_runtime_on_an_unsupported_platform_or_unwritable_workspace(core):
+    await reregister(core, "gpu", platform="windows")
+    await reregister(core, "cpu", workspace_writable=False, workspace_root="/ro")
+    tid = await submit(core, profile="codex")
+    assert await core.dispatcher.place_once() == 0
+    view = await core.tasks.get(core.admin, tid)
+    assert view["status"] == "queued" and view["runtime"] is None
+    assert view["waiting_for"] == ("waiting for a runtime that offers engine codex on linux or macOS; none can take "
+                                   "it: cpu cannot write its workspace root '/ro'; gpu runs on windows; this task "
+                                   "launches on linux or macOS only")
+    await reregister(core, "cpu")  # its operator fixed the workspace
+    assert await core.dispatcher.place_once() == 1
+    assert (await core.tasks.get(core.admin, tid))["runtime"] == "cpu"
+
+
 async def test_a_model_override_the_runtime_cannot_serve_is_refused(core):
     await core.runtimes.register(core.admin, p.Register(name="pinned", slots=1, capabilities={**CAPS, "fixed_models": {"claude": "m1"}}))
     with pytest.raises(Invalid, match="serves only model"):

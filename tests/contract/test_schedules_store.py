@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from hub.app import Hub
+from hub.config import PresetSettings
 from hub.errors import Invalid, NotFound
 from hub.runner import protocol as p
 from hub.services.schedule_firing import Due, ScheduleFiring
@@ -107,14 +109,37 @@ async def test_a_due_schedule_persists_one_firing_admits_a_task_and_records_ok_w
 async def test_content_and_omitted_defaults_are_resolved_again_at_each_trigger(core):
     s = await core.schedules.create(core.alice, spec())
     await fire_at(core, 300)
+    [first] = await ledger(core, s["schedule_id"])
+    frozen = dict((await task(core, first.task_id)).snapshot)  # as admitted at the first trigger
     core.settings.hub.default_timeout_s = 77  # an omitted default changes between fires
+    core.settings.profiles.presets = {"scripted": PresetSettings(model="m-later", reasoning_effort="low")}
     await core.schedules.update(core.alice, s["schedule_id"], ScheduleSpec(prompt="say again"))
     await fire_at(core, 300)
     first, second = await ledger(core, s["schedule_id"])
     t1, t2 = await task(core, first.task_id), await task(core, second.task_id)
     assert t1.snapshot["timeout_s"] == 3600 and t2.snapshot["timeout_s"] == 77
     assert t1.prompt == "say hi" and t2.prompt == "say again"
-    assert t1.snapshot == (await task(core, first.task_id)).snapshot  # an admitted Task's snapshot stays frozen
+    # What the changed preset resolves to now differs from what the first Task froze, and that Task kept its own.
+    assert (t2.snapshot["model"], t2.snapshot["reasoning_effort"]) == ("m-later", "low")
+    assert (frozen["model"], frozen["reasoning_effort"]) == (None, None) and t2.snapshot != frozen
+    assert t1.snapshot == frozen  # an admitted Task's snapshot stays frozen
+
+
+async def test_a_tasks_snapshot_keeps_the_profile_it_was_admitted_with_after_the_profile_changes(core):
+    manifest = {"manifest_version": 2, "name": "nightly-bot", "engine": "scripted", "description": "v1",
+                "expert": {"instructions": "Follow plan v1."}}
+    await core.profiles.add(core.admin, json.dumps(manifest))
+    s = await core.schedules.create(core.alice, spec(profile="nightly-bot"))
+    await fire_at(core, 300)
+    [first] = await ledger(core, s["schedule_id"])
+    frozen = dict((await task(core, first.task_id)).snapshot)
+    await core.profiles.add(core.admin, json.dumps({**manifest, "expert": {"instructions": "Follow plan v2."}}))
+    await fire_at(core, 300)
+    first, second = await ledger(core, s["schedule_id"])
+    t1, t2 = await task(core, first.task_id), await task(core, second.task_id)
+    assert t2.snapshot["profile"]["instructions"] == "Follow plan v2."  # what the changed profile resolves to now
+    assert t2.snapshot["profile"]["digest"] != frozen["profile"]["digest"]
+    assert t1.snapshot == frozen and frozen["profile"]["instructions"] == "Follow plan v1."
 
 
 async def test_no_eligible_runtime_online_is_skipped_offline_and_the_rule_still_advances(core):

@@ -8,6 +8,7 @@ from hub.clock import ManualClock, utc
 from hub.store.db import Database
 from hub.store.memory import SqlMemoryStore
 from hub.store.tables import memory, principals, sessions
+from tests.contract.task_rows import CAPS, runtime, task
 
 
 @pytest.fixture
@@ -76,3 +77,18 @@ async def test_the_keys_of_a_scope_are_its_own_in_order(store, clock):
     async with store.db.read() as conn:
         assert await store.keys(conn, "global") == ["alpha", "mid", "zeta"]
         assert await store.keys(conn, "principal:nobody") == []
+
+
+async def test_a_run_outside_a_session_has_memory_only_on_a_runtime_that_reported_the_capability(store, clock):
+    async with store.db.write() as conn:
+        able = await runtime(conn, "alice", name="able", caps={**CAPS, "memory_cli": True})
+        bare = await runtime(conn, "alice", name="bare", caps=CAPS)  # reported nothing about memory
+        off = await runtime(conn, "alice", name="off", caps={**CAPS, "memory_cli": False})
+        runs = {name: await task(conn, "alice", status="running", runtime_id=rt)
+                for name, rt in (("able", able), ("bare", bare), ("off", off))}
+        runs["queued"] = await task(conn, "alice")
+    async with store.db.read() as conn:
+        assert await store.run_has_memory(conn, runs["able"])
+        for name in ("bare", "off", "queued"):
+            assert not await store.run_has_memory(conn, runs[name]), name
+        assert not await store.run_has_memory(conn, "tr_missing")

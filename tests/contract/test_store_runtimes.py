@@ -73,6 +73,17 @@ async def test_an_engine_is_offered_by_a_runtime_of_any_status(db, store):
         assert not await store.engine_offered(conn, "claude")
 
 
+async def test_platforms_offering_maps_every_runtime_of_any_status_offering_the_engine_to_its_platform(db, store):
+    async with db.write() as conn:
+        owner = await principal(conn)
+        await runtime(conn, owner, name="win", status="offline", caps={**CAPS, "platform": "windows"})
+        await runtime(conn, owner, name="mac", status="lost", caps={**CAPS, "platform": "darwin"})
+        await runtime(conn, owner, name="bare", caps={"engines": ["scripted"]})
+        await runtime(conn, owner, name="other", caps={**CAPS, "engines": ["codex"]})
+        assert await store.platforms_offering(conn, "scripted") == {"win": "windows", "mac": "darwin", "bare": None}
+        assert await store.platforms_offering(conn, "claude") == {}
+
+
 async def test_owner_name_says_who_holds_a_runtime(db, store):
     async with db.write() as conn:
         owner = await principal(conn, "alice")
