@@ -275,19 +275,21 @@ class RuntimeService:
         return True
 
     async def coordination_env(self, conn: Connection, owner_id: str, session_id: str | None,
-                               task_id: str | None = None) -> dict[str, str]:
+                               task_id: str | None = None, *, direct: bool = True) -> dict[str, str]:
         """What a task child needs to reach the hub: its address, a run token (and its session's id, if any).
 
         The token is the run's own (kind `run`, bound to `task_id`; without one, the session's running
         turn), labeled `amux-session:<id>` for a session's runs (delegations and memory key on it),
-        `run:<task id>` otherwise; it is revoked when the run ends.
+        `run:<task id>` otherwise; it is revoked when the run ends. Only a direct Session's Turn (`direct`) is
+        told AMUX_SESSION_ID, which is what gives its agent the hub's MCP tools: an instance's runs are task
+        children (memory CLI, no recursive task MCP tools), though their token still names their session.
         """
         if task_id is None and session_id:
             task_id = await self.store.current_run_of_session(conn, session_id)
         label = f"amux-session:{session_id}" if session_id else f"run:{task_id}"
         token = await self.auth.mint_run(conn, owner_id, task_id, label)
         env = {"AMUX_HUB_URL": self.hub_url, "AMUX_TOKEN": token}
-        if session_id:
+        if session_id and direct:
             env["AMUX_SESSION_ID"] = session_id
         return env
 
@@ -352,7 +354,8 @@ class RuntimeService:
                 await self.tasks.finish(conn, r.task_id, Status.FAILED, now, error=e.message)
                 continue
             if self.auth is not None:
-                env.update(await self.coordination_env(conn, r.owner_id, r.session_id, r.task_id))
+                env.update(await self.coordination_env(conn, r.owner_id, r.session_id, r.task_id,
+                                                       direct=r.kind == "turn"))
             if self.auth is not None:
                 await self._bind_memory(conn, r, caps, now)
             out.append(p.Dispatch(task_id=r.task_id, attempt=r.attempt, prompt=r.prompt, snapshot=r.snapshot,

@@ -377,3 +377,16 @@ async def test_a_turn_that_ends_on_a_question_counts_as_delivered_for_schedule_r
     view = await hub.hub.sessions.wait_turn(admin, turn, 10)
     assert view["status"] == "waiting_for_user"
     assert await hub.hub.sessions.turn_outcome(turn) == "succeeded"
+
+
+async def test_an_instance_run_is_a_task_child_its_token_names_its_session_but_it_gets_no_session_id(hub):
+    """Only a direct Session's Turn is told AMUX_SESSION_ID (what gives its agent the hub's MCP tools); an instance's
+    runs are task children: the memory CLI and a run token labelled with their session, no recursive task tools."""
+    await hub.start_runner()
+    admin = await hub.hub.auth.authenticate(hub.admin_token)
+    inst = await hub.hub.instances.create(admin, profile="scripted",
+                                          prompt="env AMUX_SESSION_ID\nenv AMUX_HUB_URL\nenv AMUX_TOKEN")
+    await hub.hub.instances.wait(admin, inst["instance_id"], timeout_s=10)
+    got = await hub.hub.tasks.get(admin, inst["task_id"])
+    session_id, url, token = got["result"]["text"].split("\n")
+    assert session_id == "" and url.startswith("http://") and token == "[redacted]"
