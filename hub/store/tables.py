@@ -299,6 +299,7 @@ firings = sa.Table(
     sa.Column("legacy", sa.Boolean, nullable=False),
     sa.UniqueConstraint("schedule_id", "nominal_time", name="uq_firings_schedule_nominal"),
     sa.Index("ix_firings_reconciled_fired", "reconciled_at", "fired_at"),
+    sa.Index("ix_firings_task_id", "task_id"),
 )
 
 # ---------------------------------------------------------------- alerts (0006_alerts)
