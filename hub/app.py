@@ -36,6 +36,7 @@ from .services.schedules import ScheduleService
 from .services.recovery import RecoveryService
 from .services.instances import InstanceService
 from .services.memory import MemoryService
+from .services.health import HealthService
 from .services.identity import IdentityService
 from .services.sessions import SessionService
 from .services.tasks import PermissionService, TaskService
@@ -130,7 +131,7 @@ class Hub:
         """Build the aiohttp application; `background` starts the placement and reaper loops."""
         app = web.Application(middlewares=[edge.edge_middleware(self.settings.hub.body_timeout_s),
                                              rest.auth_middleware(self.auth)], client_max_size=2 * 1024 * 1024)
-        health.add_routes(app, self.db, self.metrics, self.loops)
+        health.add_routes(app, HealthService(self.db), self.metrics, self.loops)
         rest.add_routes(app, rest.RestServices(
             auth=self.auth, tasks=self.tasks, permissions=self.permissions, sessions=self.sessions,
             profiles=self.profiles, credentials=self.credentials, memory=self.memory, runtimes=self.runtimes))

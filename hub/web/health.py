@@ -9,9 +9,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from ..domain.tasks import Status
 from ..loops import Loops
-from ..store.db import Database
-from ..store.runtimes import SqlRuntimeStore
-from ..store.tasks import SqlTaskStore
+from ..services.health import HealthService
 
 
 class Metrics:
@@ -36,24 +34,20 @@ class Metrics:
             r.add_metric([state], self.counts["runtimes"].get(state, 0))
         yield r
 
-    async def refresh(self, db: Database) -> None:
+    async def refresh(self, health: HealthService) -> None:
         """Read current counts from the store."""
-        async with db.read() as conn:
-            self.counts["tasks"] = await SqlTaskStore(db).count_by_status(conn)
-            self.counts["runtimes"] = await SqlRuntimeStore(db).count_by_status(conn)
+        self.counts = await health.counts()
 
 
-def add_routes(app: web.Application, db: Database, metrics: Metrics, loops: Loops) -> None:
+def add_routes(app: web.Application, health: HealthService, metrics: Metrics, loops: Loops) -> None:
     """Register the health and metrics endpoints."""
-    store = SqlTaskStore(db)
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"ok": True})
 
     async def readyz(_: web.Request) -> web.Response:
         try:
-            async with db.read() as conn:
-                await store.ping(conn)
+            await health.ping()
         except Exception as e:  # noqa: BLE001 — any failure makes the replica unready: the point is to report it
             return web.json_response({"ok": False, "database": str(e)[:200], "loops": loops.views()}, status=503)
         problems = loops.problems()
@@ -62,7 +56,7 @@ def add_routes(app: web.Application, db: Database, metrics: Metrics, loops: Loop
         return web.json_response({"ok": True, "loops": loops.views()})
 
     async def metrics_view(_: web.Request) -> web.Response:
-        await metrics.refresh(db)
+        await metrics.refresh(health)
         return web.Response(body=generate_latest(metrics.registry), content_type="text/plain", charset="utf-8")
 
     app.router.add_get("/healthz", healthz)
