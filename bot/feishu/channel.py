@@ -19,6 +19,7 @@ from lark_oapi.api.im.v1 import (CreateMessageRequest, CreateMessageRequestBody,
                                  ReplyMessageRequest, ReplyMessageRequestBody, ReplyMessageResponse)
 
 from bot.cards.alerts import render, to_content
+from hub.config import FeishuAppSettings
 from hub.services.channel import OK, PERMANENT, RETRY, SUSPEND, Delivery
 
 from .token import TenantToken, TokenError
@@ -50,7 +51,7 @@ class Pacer:
 
 
 class _App:
-    def __init__(self, cfg: Any, timeout_s: float) -> None:
+    def __init__(self, cfg: FeishuAppSettings, timeout_s: float) -> None:
         self.cfg = cfg
         self.http = AppTransport(cfg.base_url, timeout_s)
         self.token = TenantToken(cfg.base_url, cfg.app_id, cfg.app_secret, timeout_s, http=self.http)
@@ -59,7 +60,7 @@ class _App:
 class FeishuChannel:
     """Deliver notices to Feishu applications' administrators (implements hub.services.channel.Channel)."""
 
-    def __init__(self, apps: list[Any], timeout_s: float = 10.0, app_rate: float = 48.0, user_rate: float = 4.8) -> None:
+    def __init__(self, apps: list[FeishuAppSettings], timeout_s: float = 10.0, app_rate: float = 48.0, user_rate: float = 4.8) -> None:
         self.apps = {a.app_id: _App(a, timeout_s) for a in apps}
         self.app_pacer = Pacer(app_rate)
         self.user_pacer = Pacer(user_rate)

@@ -13,6 +13,8 @@ from typing import Any, Iterable, Protocol
 from lark_oapi.api.im.v1 import (PatchMessageRequest, PatchMessageRequestBody, PatchMessageResponse,
                                  ReplyMessageRequest, ReplyMessageRequestBody, ReplyMessageResponse)
 
+from hub.config import FeishuAppSettings
+
 from .token import TenantToken, TokenError
 from .transport import AppTransport
 
@@ -33,7 +35,7 @@ class Outgoing(Protocol):
 class LarkMessenger:
     """Send the bot's replies (lark-oapi models) to each configured application's Open Platform."""
 
-    def __init__(self, apps: Iterable[Any], timeout_s: float = 10.0) -> None:
+    def __init__(self, apps: Iterable[FeishuAppSettings], timeout_s: float = 10.0) -> None:
         self.apps: dict[str, tuple[AppTransport, TenantToken]] = {}
         for a in apps:
             http = AppTransport(a.base_url, timeout_s)

@@ -15,11 +15,14 @@ import hmac
 import json
 import math
 import logging
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from aiohttp import web
 from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+if TYPE_CHECKING:
+    from bot.core import FeishuBot
 
 log = logging.getLogger(__name__)
 MAX_BODY = 1024 * 1024
@@ -133,7 +136,7 @@ def _seconds(value: Any, per_second: float) -> float | None:
 class WebhookEndpoint:
     """The aiohttp handler for every configured application."""
 
-    def __init__(self, bot: Any, now_s: Callable[[], float], window_s: float = FRESH_S) -> None:
+    def __init__(self, bot: FeishuBot, now_s: Callable[[], float], window_s: float = FRESH_S) -> None:
         self.bot = bot
         self.now_s = now_s
         self.window_s = window_s

@@ -10,7 +10,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import aiohttp
 
@@ -60,7 +60,7 @@ class _Held:
 class Redactor:
     """Replace credential values wherever they would leave the runner (events, results, errors)."""
 
-    def __init__(self, secrets: Any) -> None:
+    def __init__(self, secrets: Iterable[object]) -> None:
         self.secrets = sorted((s for s in secrets if isinstance(s, str) and len(s) >= 4), key=len, reverse=True)
 
     def scrub(self, value: Any) -> Any:
