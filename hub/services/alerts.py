@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..clock import Clock, utc
 from ..config import AlertSettings, FeishuSettings
 from ..domain import alerts as rules
+from ..domain.states import DeliveryState
 from ..errors import Invalid, NotFound
 from ..ids import new_id
 from ..store.db import Connection, Database, Row
@@ -260,11 +261,11 @@ class AlertService:
             app = await self.store.lock_app(conn, app_id)
             if app is None:
                 raise NotFound(f"Feishu application {app_id!r} is not configured; add it under [[feishu.apps]]")
-            state = "ok" if app.admin_open_id else "unconfigured"
+            state = DeliveryState.OK if app.admin_open_id else DeliveryState.UNCONFIGURED
             diag = None if app.admin_open_id else diagnostic_missing_admin(app_id, True)
             await self.store.set_delivery(conn, app_id, state, diag, now)
             pending = await self.outbox.make_held_due(conn, app_id, now)
-            await self.notices.log(conn, now, "sent" if state == "ok" else "missing_admin",
+            await self.notices.log(conn, now, "sent" if state == DeliveryState.OK else "missing_admin",
                                    detail=f"recheck of {app_id}: delivery {state}; {pending} pending notices due now")
         self.kick()
         return {"app_id": app_id, "delivery_state": state, "diagnostic": diag, "pending": pending}
@@ -278,7 +279,7 @@ class AlertService:
             async with self.db.write() as conn:
                 row = await self.store.lock_app(conn, app.app_id)
                 admin = app.admin_open_id or None
-                state = "ok" if admin else "unconfigured"
+                state = DeliveryState.OK if admin else DeliveryState.UNCONFIGURED
                 diag = None if admin else diagnostic_missing_admin(app.app_id, True)
                 if row is None:
                     await self.store.add_app(conn, app_id=app.app_id, admin_open_id=admin, delivery_state=state,
@@ -289,8 +290,8 @@ class AlertService:
                     await self._change_admin(conn, row, admin, now)
                 else:
                     await self.store.set_timezone(conn, app.app_id, app.timezone, now)
-                    if row.delivery_state == "unconfigured" and admin:
-                        await self.store.set_delivery(conn, app.app_id, "ok", None, now)
+                    if row.delivery_state == DeliveryState.UNCONFIGURED and admin:
+                        await self.store.set_delivery(conn, app.app_id, DeliveryState.OK, None, now)
         self.synced = True
 
     async def _change_admin(self, conn: Connection, app: Row, admin: str | None, now: datetime) -> None:
@@ -307,7 +308,7 @@ class AlertService:
         rows = await self.store.of_app(conn, app.app_id)
         await self.store.forget_cards_of_app(conn, app.app_id, now)
         for row in rows:
-            if row.state in ("open", "recovering"):
+            if row.state in rules.CARDED:
                 inc = rules.retarget(_incident(row))
                 step = rules.Step(replace(inc, last_ping_at=now), ("card",), "opened")
                 await self._apply(conn, row, step, now,
@@ -381,7 +382,7 @@ class AlertService:
         diags = [d.get("diagnostic") or d.get("state") or "" for d in await self.diagnostics()
                  if d.get("app_id") == app_id]
         return CenterPage(incidents=rows, page=page, pages=pages,
-                          delivery_state=app.delivery_state if app else "unconfigured",
+                          delivery_state=app.delivery_state if app else DeliveryState.UNCONFIGURED,
                           diagnostics=[d for d in diags if d])
 
     async def in_app(self, incident_id: str, app_id: str) -> bool:

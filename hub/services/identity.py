@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from ..clock import Clock, utc
+from ..domain.states import BindingStatus
 from ..errors import Forbidden, Invalid, NotFound
 from ..ids import new_id
 from ..store.db import Connection, Database, Row
@@ -144,7 +145,7 @@ class IdentityService:
         changed = True
         if binding is not None:
             bid = binding.id
-            changed = binding.principal_id != row.principal_id or binding.status != "active"
+            changed = binding.principal_id != row.principal_id or binding.status != BindingStatus.ACTIVE
             await self.store.point_binding(conn, binding, row.principal_id, union_id, user_id)
         await self.store.spend_link_code(conn, row.id, bid, now)
         return Linked(bid, row.principal_id, name, changed)
@@ -190,7 +191,7 @@ class IdentityService:
                 row = await self.store.binding(conn, app_id, open_id)  # a concurrent first contact bound it first
                 if row is None:
                     return None
-            if row.status != "active":
+            if row.status != BindingStatus.ACTIVE:
                 return None
             await self.store.fill_ids(conn, row, union_id, user_id)
             return await self._contact(conn, row.id, row.principal_id)

@@ -9,6 +9,7 @@ from typing import Any, Callable
 from ..clock import Clock, utc
 from ..config import FeishuSettings, SchedulesSettings
 from ..domain import schedule_rules as rules
+from ..domain.states import BindingStatus
 from ..errors import Invalid
 from ..ids import new_id
 from ..store.db import Connection, Database
@@ -115,7 +116,7 @@ class ScheduleService:
         if receipt.get("source") != "feishu" or not receipt.get("binding_id"):
             return None, None
         binding = await self.store.binding(conn, receipt["binding_id"])
-        if binding is None or binding.status != "active" or binding.principal_id != caller.principal_id \
+        if binding is None or binding.status != BindingStatus.ACTIVE or binding.principal_id != caller.principal_id \
                 or binding.app_id != receipt.get("app_id"):
             return None, None
         return binding.id, binding.app_id
