@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..clock import Clock, utc
+from ..clock import Clock, iso, utc
 from ..config import AlertSettings, FeishuSettings
 from ..domain import alerts as rules
 from ..domain.states import DeliveryState
@@ -39,19 +39,15 @@ def _incident(row: Row) -> rules.Incident:
                              for f in INCIDENT_FIELDS})
 
 
-def _iso(dt: datetime | None) -> str | None:
-    dt = utc(dt)
-    return dt.isoformat() if dt else None
-
 
 def incident_view(inc: rules.Incident, incident_id: str, sched: Row, creator: str | None, app_id: str) -> dict:
     """Return the card view model of an incident (what the channel renders)."""
     return {"v": 1, "kind": "incident", "incident_id": incident_id, "app_id": app_id,
             "schedule_id": sched.id, "schedule_name": sched.name, "creator": creator, "timezone": sched.timezone,
             "status": inc.state, "failures": inc.failures, "missed": inc.missed, "unknowns": inc.unknowns,
-            "last_outcome": inc.last_outcome, "opened_at": _iso(inc.opened_at),
-            "recovering_since": _iso(inc.recovering_since), "closed_at": _iso(inc.closed_at),
-            "acknowledged": inc.acked_at is not None, "snoozed_until": _iso(inc.snoozed_until)}
+            "last_outcome": inc.last_outcome, "opened_at": iso(inc.opened_at),
+            "recovering_since": iso(inc.recovering_since), "closed_at": iso(inc.closed_at),
+            "acknowledged": inc.acked_at is not None, "snoozed_until": iso(inc.snoozed_until)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,7 +161,7 @@ class AlertService:
                 payload = {"v": 1, "kind": "receipt", "app_id": app_id, "schedule_id": sched.id,
                            "schedule_name": sched.name, "creator": creator, "timezone": sched.timezone,
                            "outcome": ev.outcome or ev.admission, "firing_id": ev.firing_id,
-                           "nominal_time": _iso(ev.nominal_time), "task_id": ev.task_id, "turn_id": ev.turn_id}
+                           "nominal_time": iso(ev.nominal_time), "task_id": ev.task_id, "turn_id": ev.turn_id}
             else:
                 payload = incident_view(inc, iid, sched, creator, app_id)
                 payload["notice"] = kind
@@ -323,7 +319,7 @@ class AlertService:
             if row is None:
                 raise NotFound(f"incident {incident_id!r} does not exist; list incidents with `amux alerts list`")
             notices = await self.outbox.of_incident(conn, incident_id)
-        view = {c: (_iso(v) if isinstance(v, datetime) else v) for c, v in row._mapping.items()}
+        view = {c: (iso(v) if isinstance(v, datetime) else v) for c, v in row._mapping.items()}
         view["notices"] = [dict(n._mapping) for n in notices]
         return view
 
@@ -343,7 +339,7 @@ class AlertService:
         """Return incidents, newest first."""
         async with self.db.read() as conn:
             rows = await self.store.newest(conn, active_only=active_only, limit=limit)
-        return [{c: (_iso(v) if isinstance(v, datetime) else v) for c, v in r._mapping.items()} for r in rows]
+        return [{c: (iso(v) if isinstance(v, datetime) else v) for c, v in r._mapping.items()} for r in rows]
 
     async def explain(self, ref: str) -> dict:
         """Return the decision log for an incident (`inc_…`) or a firing (`fir_…`), oldest first."""
@@ -355,7 +351,7 @@ class AlertService:
         if not rows:
             raise NotFound(f"no decisions recorded for {ref!r}; pass an incident id (inc_…) or a firing id (fir_…) "
                            "from `amux schedule history`")
-        return {"ref": ref, "decisions": [{"at": _iso(r.at), "decision": r.decision, "detail": r.detail,
+        return {"ref": ref, "decisions": [{"at": iso(r.at), "decision": r.decision, "detail": r.detail,
                                            "firing_id": r.firing_id, "incident_id": r.incident_id,
                                            "notice_id": r.notice_id, "outcome": r.outcome} for r in rows]}
 

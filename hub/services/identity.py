@@ -12,7 +12,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from ..clock import Clock, utc
+from ..clock import Clock, iso, utc
 from ..domain.states import BindingStatus
 from ..errors import Forbidden, Invalid, NotFound
 from ..ids import new_id
@@ -50,16 +50,12 @@ def code_hash(code: str) -> str:
     return hashlib.sha256(f"amux-link:{code}".encode()).hexdigest()
 
 
-def _iso(dt: datetime | None) -> str | None:
-    dt = utc(dt)
-    return dt.isoformat() if dt else None
-
 
 def binding_view(row: Row, principal_name: str | None = None) -> dict:
     """Return one identity binding as the CLI and REST show it."""
     return {"binding_id": row.id, "principal_id": row.principal_id, "principal": principal_name,
             "app_id": row.app_id, "open_id": row.open_id, "union_id": row.union_id, "user_id": row.user_id,
-            "status": row.status, "created_at": _iso(row.created_at)}
+            "status": row.status, "created_at": iso(row.created_at)}
 
 
 @dataclass(frozen=True)
@@ -103,7 +99,7 @@ class IdentityService:
                                            code_hash=code_hash(code), now=now,
                                            expires_at=now + timedelta(seconds=self.ttl_s))
         shown = "-".join(code[i:i + 4] for i in range(0, CODE_LEN, 4))
-        return {"code": shown, "principal": caller.principal, "expires_at": _iso(now + timedelta(seconds=self.ttl_s)),
+        return {"code": shown, "principal": caller.principal, "expires_at": iso(now + timedelta(seconds=self.ttl_s)),
                 "valid_s": int(self.ttl_s), "how": f"send `/amux link {shown}` to the amux bot in Feishu"}
 
     async def redeem(self, code: str | None, app_id: str, open_id: str, union_id: str | None = None,

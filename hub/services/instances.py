@@ -5,7 +5,7 @@ import asyncio
 import time
 from typing import Callable
 
-from ..clock import Clock
+from ..clock import Clock, iso
 from ..domain.states import InstanceStatus, MailState
 from ..domain.tasks import Status, is_terminal
 from ..errors import Conflict, Invalid, NotFound
@@ -16,7 +16,7 @@ from ..store.sessions import SqlSessionStore
 from .auth import Caller
 from .notify import Notifier
 from .sessions import SessionService
-from .tasks import TaskService, _iso
+from .tasks import TaskService
 
 IDENTITY = ("profile", "engine", "model", "runtime", "reasoning_effort")
 
@@ -213,5 +213,5 @@ class InstanceService:
                 "workspace_ref": f"{runtime or '?'}:{inst.session_id}",
                 "home_ref": f"{runtime or '?'}:{inst.session_id}/.home", "resume_handle": s.resume_handle,
                 "current_task_id": inst.current_task_id, "current_task_status": current,
-                "mailbox_queued": queued, "created_at": _iso(inst.created_at)}
+                "mailbox_queued": queued, "created_at": iso(inst.created_at)}
 
