@@ -55,7 +55,7 @@ DECISIONS = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Numbers:
     """The rule numbers (built from `AlertSettings` + `FeishuSettings.dedup_window_s`)."""
 
@@ -79,7 +79,7 @@ class Numbers:
         return cls(dedup_window_s=dedup_window_s, **{k: getattr(alerts, k) for k in keys})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Incident:
     """One schedule's ongoing trouble, as the rules see it."""
 
@@ -98,7 +98,7 @@ class Incident:
     last_outcome: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Outcome:
     """A reconciled firing outcome, as the rules see it."""
 

@@ -119,8 +119,8 @@ class AlertService:
         if ev.outcome == "missed":
             seen = await self.store.missed_counts_decided(conn, ev.firing_id)
             missed = max(1, ev.missed_count - max(seen, default=0))
-        o = rules.Outcome(ev.outcome, ev.admission, ev.one_shot, missed, has_creator=ev.creator_id is not None
-                          and sched is not None, has_app=app_id is not None,
+        o = rules.Outcome(outcome=ev.outcome, admission=ev.admission, one_shot=ev.one_shot, missed_count=missed,
+                          has_creator=ev.creator_id is not None and sched is not None, has_app=app_id is not None,
                           notify=(getattr(sched, "notify", None) or "failures") if sched is not None else "failures")
         row = await self.store.lock_active(conn, ev.schedule_id) if app_id is not None else None
         step = rules.on_outcome(_incident(row) if row is not None else None, o, now, self.n)
