@@ -181,8 +181,8 @@ def on_outcome(inc: Incident | None, o: Outcome, now: datetime, n: Numbers) -> S
 def on_tick(inc: Incident, now: datetime, n: Numbers) -> Step | None:
     """Advance an active incident by time alone; None when nothing is due."""
     if inc.state == IncidentState.PENDING and inc.notify_at is not None and now >= inc.notify_at:
-        return Step(replace(inc, state=IncidentState.RECOVERING if inc.recovering_since else IncidentState.OPEN, notify_at=None,
-                            notified_at=now, last_ping_at=now), ("card",), "opened")
+        state = IncidentState.RECOVERING if inc.recovering_since else IncidentState.OPEN
+        return Step(replace(inc, state=state, notify_at=None, notified_at=now, last_ping_at=now), ("card",), "opened")
     if inc.state in CARDED and inc.recovering_since is not None \
             and now - inc.recovering_since >= timedelta(seconds=n.recovery_stable_s):
         return Step(replace(inc, state=IncidentState.CLOSED, closed_at=now), ("update",), "closed")

@@ -114,8 +114,8 @@ class InstanceService:
             if inst.archived_at is not None:
                 raise Conflict(f"instance {iid} is archived; create a new instance with instance_create")
             mid = new_id("mb")
-            await self.store.add_mail(conn, message_id=mid, instance_id=iid, text=text, kind="queued", state=MailState.QUEUED,
-                                      now=self.clock.now())
+            await self.store.add_mail(conn, message_id=mid, instance_id=iid, text=text, kind="queued",
+                                      state=MailState.QUEUED, now=self.clock.now())
         return {"instance_id": iid, "message_id": mid, "state": MailState.QUEUED}
 
     async def steer(self, caller: Caller, iid: str, text: str) -> dict:

@@ -216,7 +216,8 @@ class OutboxWorker:
             if card is not None and card[2]:  # its card is still on the way: wait for its message id
                 await self._release(c, now + timedelta(seconds=max(1.0, self.settings.poll_s)))
                 return
-            await self._finish(c, NoticeState.SUPERSEDED, detail="the incident has no card to update (folded, retired or dead)")
+            await self._finish(c, NoticeState.SUPERSEDED,
+                               detail="the incident has no card to update (folded, retired or dead)")
             return
         if rules.card_patchable(card[1], now, self.n):
             d = await self.channel.update(r.app_id, card[0], view)

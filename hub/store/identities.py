@@ -40,7 +40,8 @@ class SqlIdentityStore:
         """Return the principal every active binding with this union_id names, when they all name one; else None
         (the same person through another application of the tenant is one principal)."""
         same = set((await conn.execute(sa.select(identity_bindings.c.principal_id).where(
-            identity_bindings.c.union_id == union_id, identity_bindings.c.status == BindingStatus.ACTIVE))).scalars().all())
+            identity_bindings.c.union_id == union_id,
+            identity_bindings.c.status == BindingStatus.ACTIVE))).scalars().all())
         return same.pop() if len(same) == 1 else None
 
     async def add_binding(self, conn: Connection, *, binding_id: str, principal_id: str, app_id: str, open_id: str,

@@ -105,7 +105,8 @@ class SqlIncidentStore:
     async def bound_apps(self, conn: Connection, principal_id: str) -> list[str]:
         """Return the applications in which `principal_id` has an active Feishu binding, sorted, each once."""
         return sorted(set((await conn.execute(sa.select(identity_bindings.c.app_id).where(
-            identity_bindings.c.principal_id == principal_id, identity_bindings.c.status == BindingStatus.ACTIVE))).scalars()))
+            identity_bindings.c.principal_id == principal_id,
+            identity_bindings.c.status == BindingStatus.ACTIVE))).scalars()))
 
     # ------------------------------------------------------------ incidents
 
@@ -248,7 +249,8 @@ class SqlIncidentStore:
 
     async def apps_not_ok(self, conn: Connection) -> list[Row]:
         """Return the applications whose delivery is not ok (unconfigured or suspended)."""
-        return list((await conn.execute(sa.select(feishu_apps).where(feishu_apps.c.delivery_state != DeliveryState.OK))).all())
+        stmt = sa.select(feishu_apps).where(feishu_apps.c.delivery_state != DeliveryState.OK)
+        return list((await conn.execute(stmt)).all())
 
 
 class SqlOutboxStore:
@@ -315,7 +317,8 @@ class SqlOutboxStore:
 
     async def fold(self, conn: Connection, notice_id: str, digest_id: str) -> None:
         """End a notice as an item of digest `digest_id` (rate limit)."""
-        await conn.execute(outbox.update().where(outbox.c.id == notice_id).values(state=NoticeState.FOLDED, digest_id=digest_id))
+        await conn.execute(outbox.update().where(outbox.c.id == notice_id)
+                           .values(state=NoticeState.FOLDED, digest_id=digest_id))
 
     async def hold(self, conn: Connection, notice_id: str, until: datetime, reason: str) -> None:
         """Keep a notice pending until `until` with `reason` as its last error (never dropped while held)."""

@@ -96,6 +96,7 @@ class SqlInstanceStore:
 
     async def give_up_steer(self, conn: Connection, message_id: str, now: datetime) -> bool:
         """Mark a steer that is still pending as unknown (never queued); False when its runner settled it first."""
-        done = await conn.execute(mailbox.update().where(mailbox.c.id == message_id, mailbox.c.state == MailState.PENDING)
+        done = await conn.execute(mailbox.update()
+                                  .where(mailbox.c.id == message_id, mailbox.c.state == MailState.PENDING)
                                   .values(state=MailState.UNKNOWN, settled_at=now))
         return done.rowcount > 0

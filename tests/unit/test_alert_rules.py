@@ -29,14 +29,16 @@ OUTCOME_CASES = [
     # a failure opens a pending incident whose first notice waits the 60 s aggregation
     ("failure_aggregated_60s", None, r.Outcome(outcome="failed"), (), "aggregated", ("pending", T0 + 60 * S)),
     # a missed run is aggregated like a failure
-    ("missed_aggregated_60s", None, r.Outcome(outcome="missed", missed_count=2), (), "aggregated", ("pending", T0 + 60 * S)),
+    ("missed_aggregated_60s", None, r.Outcome(outcome="missed", missed_count=2), (), "aggregated",
+     ("pending", T0 + 60 * S)),
     # a refused dispatch (admission error, runtime offline) is trouble too
-    ("refused_dispatch_is_failure", None, r.Outcome(outcome=None, admission="skipped:offline"), (), "aggregated", ("pending", T0 + 60 * S)),
+    ("refused_dispatch_is_failure", None, r.Outcome(outcome=None, admission="skipped:offline"), (), "aggregated",
+     ("pending", T0 + 60 * S)),
     # an unknown outcome waits five minutes
     ("unknown_waits_5min", None, r.Outcome(outcome="unknown"), (), "waiting_unknown", ("pending", T0 + 300 * S)),
     # a failure inside the window only adds to the count (one card later)
-    ("failure_inside_window_aggregates", inc("pending", notify_at=T0 + 60 * S), r.Outcome(outcome="failed"), (), "aggregated",
-     ("pending", T0 + 60 * S)),
+    ("failure_inside_window_aggregates", inc("pending", notify_at=T0 + 60 * S), r.Outcome(outcome="failed"), (),
+     "aggregated", ("pending", T0 + 60 * S)),
     # a failure after an unknown brings the notice forward to the aggregation window
     ("failure_after_unknown_shortens_wait", inc("pending", failures=0, unknowns=1, notify_at=T0 + 300 * S),
      r.Outcome(outcome="failed"), (), "aggregated", ("pending", T0 + 60 * S)),
@@ -46,10 +48,11 @@ OUTCOME_CASES = [
     # an ongoing incident updates its card in place
     ("ongoing_failure_updates_card", inc("open"), r.Outcome(outcome="failed"), ("update",), "updated", ("open", None)),
     # success on an open incident starts recovery (card updated)
-    ("success_starts_recovery", inc("open"), r.Outcome(outcome="succeeded"), ("update",), "recovering", ("recovering", None)),
+    ("success_starts_recovery", inc("open"), r.Outcome(outcome="succeeded"), ("update",), "recovering",
+     ("recovering", None)),
     # trouble during recovery re-opens the incident
-    ("failure_during_recovery_reopens", inc("recovering", recovering_since=T0), r.Outcome(outcome="failed"), ("update",), "updated",
-     ("open", None)),
+    ("failure_during_recovery_reopens", inc("recovering", recovering_since=T0), r.Outcome(outcome="failed"),
+     ("update",), "updated", ("open", None)),
     # one-shot terminal outcomes receive a receipt
     ("one_shot_receipt", None, r.Outcome(outcome="succeeded", one_shot=True), ("receipt",), "receipt", None),
     # a cancelled run is not trouble
