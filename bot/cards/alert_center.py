@@ -4,13 +4,15 @@ from __future__ import annotations
 from typing import Any
 
 from bot.i18n import Catalogs, _
+from hub.domain.states import IncidentState
 
 from .actions import CardAction
 from .base import button, button_row, card, check_limits, esc, hr, join, markdown, same
 from .views import AlertCenterView
 
-STATES = {"pending": _("failing"), "open": _("failing"), "recovering": _("recovering"),
-          "closed": _("recovered"), "withdrawn": _("withdrawn")}
+STATES = {IncidentState.PENDING: _("failing"), IncidentState.OPEN: _("failing"),
+          IncidentState.RECOVERING: _("recovering"), IncidentState.CLOSED: _("recovered"),
+          IncidentState.WITHDRAWN: _("withdrawn")}
 
 
 def render_alert_center(v: AlertCenterView, tr: Catalogs) -> dict[str, Any]:

@@ -11,6 +11,8 @@ import json
 from typing import Any
 
 from bot.i18n import _, catalogs
+from hub.domain.alerts import ACTIVE
+from hub.domain.states import IncidentState
 
 from .actions import CardAction
 
@@ -18,8 +20,9 @@ MAX_CARD_BYTES = 30 * 1024
 ACTIONS = ("ack", "snooze", "recheck")
 MAX_DIGEST_ITEMS = 60   # each item may take two elements; a card holds at most 200
 
-STATUS = {"pending": _("Failing"), "open": _("Failing"), "recovering": _("Recovering"), "closed": _("Recovered"),
-          "withdrawn": _("Withdrawn")}
+STATUS = {IncidentState.PENDING: _("Failing"), IncidentState.OPEN: _("Failing"),
+          IncidentState.RECOVERING: _("Recovering"), IncidentState.CLOSED: _("Recovered"),
+          IncidentState.WITHDRAWN: _("Withdrawn")}
 OUTCOME = {"succeeded": _("succeeded"), "failed": _("failed"), "cancelled": _("cancelled"), "timed_out": _("timed out"),
            "missed": _("missed"), "unknown": _("unknown (not observed)")}
 BUTTONS = {"ack": _("Acknowledge"), "snooze": _("Snooze 24 h"), "recheck": _("Recheck")}
@@ -88,7 +91,7 @@ def _creator(view: dict[str, Any]) -> dict[str, str]:
 
 def render_incident(view: dict[str, Any]) -> dict[str, Any]:
     """Render an incident card (new card, update or reminder)."""
-    status = view.get("status", "open")
+    status = view.get("status", IncidentState.OPEN)
     lines = [_t(_("**Status**: {status}"), status=_status(status)), _creator(view),
              _t(_("**Failures** {failures} · **Missed runs** {missed} · **Unknown** {unknowns}"),
                 failures=view.get("failures", 0), missed=view.get("missed", 0), unknowns=view.get("unknowns", 0)),
@@ -100,9 +103,10 @@ def render_incident(view: dict[str, Any]) -> dict[str, Any]:
         lines.append(_t(_("Snoozed until {until}."), until=view["snoozed_until"]))
     if view.get("notice") == "reminder":
         lines.insert(0, _t(_("Reminder: this incident is still unacknowledged.")))
-    template = {"closed": "green", "recovering": "yellow", "withdrawn": "grey"}.get(status, "red")
+    template = {IncidentState.CLOSED: "green", IncidentState.RECOVERING: "yellow",
+                IncidentState.WITHDRAWN: "grey"}.get(status, "red")
     elements: list[dict[str, Any]] = [_md(_join(*lines))]
-    if status in ("pending", "open", "recovering"):
+    if status in ACTIVE:
         elements.append(_buttons(view))
     return _card(_header(_t(_("Scheduled task alert: {name}"), name=view.get("schedule_name", "?")), template), elements)
 
@@ -131,7 +135,7 @@ def render_digest(view: dict[str, Any]) -> dict[str, Any]:
             elements.append(_md(_t(_("- {name}: {status} (created by {creator})"), name=it.get("schedule_name", "?"),
                                    status=_status(it.get("status") or it.get("outcome")),
                                    creator=it.get("creator") or _Word(UNKNOWN_CREATOR))))
-            if it.get("incident_id") and it.get("status") in ("pending", "open", "recovering") and not it.get("acknowledged"):
+            if it.get("incident_id") and it.get("status") in ACTIVE and not it.get("acknowledged"):
                 elements.append({"tag": "column_set", "flex_mode": "flow", "columns": [
                     _button_column("ack", "primary", it["incident_id"], ""),
                     _button_column("snooze", "default", it["incident_id"], "")]})

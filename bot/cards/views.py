@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hub.domain.states import DeliveryState
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -114,5 +116,5 @@ class AlertCenterView:
     incidents: tuple[IncidentItem, ...]
     page: int
     pages: int
-    delivery_state: str = "ok"
+    delivery_state: str = DeliveryState.OK
     diagnostics: tuple[str, ...] = field(default_factory=tuple)

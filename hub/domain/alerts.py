@@ -14,9 +14,12 @@ from datetime import datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from hub.domain.states import DeliveryState, IncidentState, NoticeState
+
 NEW_KINDS = frozenset({"card", "reminder", "receipt", "digest"})  # ping the recipient: quiet hours + rate limit
 UPDATE_KINDS = frozenset({"update"})                               # in place (PATCH): allowed any time
-ACTIVE = ("pending", "open", "recovering")
+ACTIVE = frozenset({IncidentState.PENDING, IncidentState.OPEN, IncidentState.RECOVERING})
+CARDED = frozenset({IncidentState.OPEN, IncidentState.RECOVERING})  # active with its card out
 TROUBLE = {"failed": "failure", "timed_out": "failure", "missed": "missed", "unknown": "unknown"}
 
 # Decision codes: why an outcome did or did not produce a notice (the decision log's vocabulary).
@@ -52,7 +55,7 @@ DECISIONS = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Numbers:
     """The rule numbers (built from `AlertSettings` + `FeishuSettings.dedup_window_s`)."""
 
@@ -76,11 +79,11 @@ class Numbers:
         return cls(dedup_window_s=dedup_window_s, **{k: getattr(alerts, k) for k in keys})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Incident:
     """One schedule's ongoing trouble, as the rules see it."""
 
-    state: str
+    state: IncidentState
     opened_at: datetime
     failures: int = 0
     missed: int = 0
@@ -95,7 +98,7 @@ class Incident:
     last_outcome: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Outcome:
     """A reconciled firing outcome, as the rules see it."""
 
@@ -150,40 +153,40 @@ def on_outcome(inc: Incident | None, o: Outcome, now: datetime, n: Numbers) -> S
         if not active:
             return Step(inc, ("receipt",), "receipt_all") if o.notify == "all" else Step(inc, (), "quiet_success")
         assert inc is not None  # active implies an incident
-        if inc.state == "pending" and inc.failures == 0 and inc.missed == 0:
-            return Step(replace(inc, state="withdrawn", closed_at=now, notify_at=None), (), "withdrawn")
+        if inc.state == IncidentState.PENDING and inc.failures == 0 and inc.missed == 0:
+            return Step(replace(inc, state=IncidentState.WITHDRAWN, closed_at=now, notify_at=None), (), "withdrawn")
         if inc.recovering_since is not None:
             return Step(inc, (), "recovering")
-        state = "pending" if inc.state == "pending" else "recovering"
+        state = IncidentState.PENDING if inc.state == IncidentState.PENDING else IncidentState.RECOVERING
         nxt = replace(inc, state=state, recovering_since=now, last_outcome=_label(o))
-        return Step(nxt, () if state == "pending" else ("update",), "recovering")
+        return Step(nxt, () if state == IncidentState.PENDING else ("update",), "recovering")
     add = {"failures": int(kind == "failure"), "missed": max(1, o.missed_count) if kind == "missed" else 0,
            "unknowns": int(kind == "unknown")}
     wait = n.unknown_wait_s if kind == "unknown" else n.aggregation_s
     if not active:
-        fresh = Incident(state="pending", opened_at=now, notify_at=now + timedelta(seconds=wait),
+        fresh = Incident(state=IncidentState.PENDING, opened_at=now, notify_at=now + timedelta(seconds=wait),
                          last_outcome=_label(o), failures=add["failures"], missed=add["missed"],
                          unknowns=add["unknowns"])
         return Step(fresh, (), "waiting_unknown" if kind == "unknown" else "aggregated")
     assert inc is not None  # active implies an incident
     counts = {k: getattr(inc, k) + v for k, v in add.items()}
-    if inc.state == "pending":
+    if inc.state == IncidentState.PENDING:
         due = min(inc.notify_at or now, now + timedelta(seconds=wait))
         nxt = replace(inc, notify_at=due, recovering_since=None, last_outcome=_label(o), **counts)
         return Step(nxt, (), "waiting_unknown" if kind == "unknown" and nxt.failures + nxt.missed == 0 else "aggregated")
-    nxt = replace(inc, state="open", recovering_since=None, last_outcome=_label(o), **counts)
+    nxt = replace(inc, state=IncidentState.OPEN, recovering_since=None, last_outcome=_label(o), **counts)
     return Step(nxt, ("update",), "updated")
 
 
 def on_tick(inc: Incident, now: datetime, n: Numbers) -> Step | None:
     """Advance an active incident by time alone; None when nothing is due."""
-    if inc.state == "pending" and inc.notify_at is not None and now >= inc.notify_at:
-        return Step(replace(inc, state="recovering" if inc.recovering_since else "open", notify_at=None,
-                            notified_at=now, last_ping_at=now), ("card",), "opened")
-    if inc.state in ("open", "recovering") and inc.recovering_since is not None \
+    if inc.state == IncidentState.PENDING and inc.notify_at is not None and now >= inc.notify_at:
+        state = IncidentState.RECOVERING if inc.recovering_since else IncidentState.OPEN
+        return Step(replace(inc, state=state, notify_at=None, notified_at=now, last_ping_at=now), ("card",), "opened")
+    if inc.state in CARDED and inc.recovering_since is not None \
             and now - inc.recovering_since >= timedelta(seconds=n.recovery_stable_s):
-        return Step(replace(inc, state="closed", closed_at=now), ("update",), "closed")
-    if inc.state == "open" and inc.acked_at is None and inc.last_ping_at is not None \
+        return Step(replace(inc, state=IncidentState.CLOSED, closed_at=now), ("update",), "closed")
+    if inc.state == IncidentState.OPEN and inc.acked_at is None and inc.last_ping_at is not None \
             and now - inc.last_ping_at >= timedelta(seconds=n.reminder_interval_s):
         if inc.snoozed_until is not None and now < inc.snoozed_until:
             return None
@@ -193,9 +196,9 @@ def on_tick(inc: Incident, now: datetime, n: Numbers) -> Step | None:
 
 def next_tick(inc: Incident, n: Numbers) -> datetime | None:
     """Return when `on_tick` may next have something to do (for the loop's sleep and the due-incident query)."""
-    if inc.state == "pending":
+    if inc.state == IncidentState.PENDING:
         return inc.notify_at
-    if inc.state not in ("open", "recovering"):
+    if inc.state not in CARDED:
         return None
     times = []
     if inc.recovering_since is not None:
@@ -248,7 +251,7 @@ class AppState:
     """A Feishu application's delivery state, as the gate sees it."""
 
     admin_open_id: str | None
-    delivery_state: str = "ok"   # ok | suspended | unconfigured
+    delivery_state: str = DeliveryState.OK
 
 
 @dataclass(frozen=True)
@@ -265,7 +268,7 @@ def gate(kind: str, recipient: str | None, tz: str, app: AppState | None, slots:
     """Decide whether a due notice may be sent now; `slots` are the send times of recent new messages."""
     if app is None or not app.admin_open_id:
         return Gate("hold", "missing_admin")
-    if app.delivery_state == "suspended":
+    if app.delivery_state == DeliveryState.SUSPENDED:
         return Gate("hold", "suspended")
     if recipient is not None and recipient != app.admin_open_id:
         return Gate("retire", "retired")
@@ -297,14 +300,14 @@ def after_failure(verdict: str, attempts: int, first_attempt_at: datetime, now: 
                   retry_after_s: float | None, n: Numbers) -> tuple[str, datetime | None, str]:
     """Return (state, next_attempt_at, decision) after a failed attempt (`attempts` counts it)."""
     if verdict == "permanent":
-        return "dead", None, "dead"
+        return NoticeState.DEAD, None, "dead"
     if verdict == "suspend":
-        return "pending", now, "suspended"
+        return NoticeState.PENDING, now, "suspended"
     nxt = now + timedelta(seconds=max(backoff_s(attempts, n), retry_after_s or 0))
     # A retry reuses the uuid; Feishu only deduplicates it for dedup_window_s after the first attempt.
     if nxt - first_attempt_at >= timedelta(seconds=n.dedup_window_s):
-        return "unconfirmed", None, "unconfirmed"
-    return "pending", nxt, "retry"
+        return NoticeState.UNCONFIRMED, None, "unconfirmed"
+    return NoticeState.PENDING, nxt, "retry"
 
 
 def card_patchable(card_sent_at: datetime | None, now: datetime, n: Numbers) -> bool:

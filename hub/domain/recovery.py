@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
+from .states import BindingStatus
+
 BOUND, UNBOUND, IGNORED = "bound", "unbound", "ignored"
 # Token labels an agent or child session acts under (`mcp:<client>` is claimed by MCP clients,
 # `amux-session:<id>` is minted for child sessions); alone they name no human origin actor.
@@ -108,7 +110,7 @@ def _actor_refusal(schedule: Any, principal: Any) -> str | None:
 def _alias(principal: Any, bindings: Iterable[Any]) -> Verdict:
     """Pick exactly one active Feishu alias across all applications."""
     mine = [b for b in bindings if b.principal_id == principal.id]
-    active = [b for b in mine if b.status == "active"]
+    active = [b for b in mine if b.status == BindingStatus.ACTIVE]
     if len(active) == 1:
         b = active[0]
         return Verdict(BOUND, f"single active Feishu alias {b.open_id} in application {b.app_id}", b)

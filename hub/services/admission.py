@@ -9,6 +9,7 @@ from ..domain import scripted
 from ..domain.placement import LAUNCH_PLATFORMS, platforms_text
 from ..domain.policy import DEFAULT_POLICY, POLICIES, normalize_native_args
 from ..domain.resolution import Choices, Preset, SessionContext, resolve
+from ..domain.states import RuntimeStatus
 from ..errors import Invalid
 from ..store.db import Connection, Row
 from ..store.runtimes import SqlRuntimeStore
@@ -176,6 +177,6 @@ class Admission:
                           "configured; set profiles.authoring_runtime to a runner that offers authoring "
                           "(builtin profiles still run)")
         row = await self.runtimes.by_name(conn, name)
-        if row is None or row.status != "online" or not row.capabilities.get("authoring"):
+        if row is None or row.status != RuntimeStatus.ONLINE or not row.capabilities.get("authoring"):
             raise Invalid(f"profile {profile_name!r} needs the authoring runtime {name!r}, which is not online with "
                           "the authoring capability; start it, or use a builtin profile")

@@ -13,9 +13,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..clock import Clock, utc
+from ..clock import Clock, iso, utc
 from ..config import AlertSettings, FeishuSettings
 from ..domain import alerts as rules
+from ..domain.states import DeliveryState
 from ..errors import Invalid, NotFound
 from ..ids import new_id
 from ..store.db import Connection, Database, Row
@@ -38,19 +39,15 @@ def _incident(row: Row) -> rules.Incident:
                              for f in INCIDENT_FIELDS})
 
 
-def _iso(dt: datetime | None) -> str | None:
-    dt = utc(dt)
-    return dt.isoformat() if dt else None
-
 
 def incident_view(inc: rules.Incident, incident_id: str, sched: Row, creator: str | None, app_id: str) -> dict:
     """Return the card view model of an incident (what the channel renders)."""
     return {"v": 1, "kind": "incident", "incident_id": incident_id, "app_id": app_id,
             "schedule_id": sched.id, "schedule_name": sched.name, "creator": creator, "timezone": sched.timezone,
             "status": inc.state, "failures": inc.failures, "missed": inc.missed, "unknowns": inc.unknowns,
-            "last_outcome": inc.last_outcome, "opened_at": _iso(inc.opened_at),
-            "recovering_since": _iso(inc.recovering_since), "closed_at": _iso(inc.closed_at),
-            "acknowledged": inc.acked_at is not None, "snoozed_until": _iso(inc.snoozed_until)}
+            "last_outcome": inc.last_outcome, "opened_at": iso(inc.opened_at),
+            "recovering_since": iso(inc.recovering_since), "closed_at": iso(inc.closed_at),
+            "acknowledged": inc.acked_at is not None, "snoozed_until": iso(inc.snoozed_until)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,8 +119,8 @@ class AlertService:
         if ev.outcome == "missed":
             seen = await self.store.missed_counts_decided(conn, ev.firing_id)
             missed = max(1, ev.missed_count - max(seen, default=0))
-        o = rules.Outcome(ev.outcome, ev.admission, ev.one_shot, missed, has_creator=ev.creator_id is not None
-                          and sched is not None, has_app=app_id is not None,
+        o = rules.Outcome(outcome=ev.outcome, admission=ev.admission, one_shot=ev.one_shot, missed_count=missed,
+                          has_creator=ev.creator_id is not None and sched is not None, has_app=app_id is not None,
                           notify=(getattr(sched, "notify", None) or "failures") if sched is not None else "failures")
         row = await self.store.lock_active(conn, ev.schedule_id) if app_id is not None else None
         step = rules.on_outcome(_incident(row) if row is not None else None, o, now, self.n)
@@ -164,7 +161,7 @@ class AlertService:
                 payload = {"v": 1, "kind": "receipt", "app_id": app_id, "schedule_id": sched.id,
                            "schedule_name": sched.name, "creator": creator, "timezone": sched.timezone,
                            "outcome": ev.outcome or ev.admission, "firing_id": ev.firing_id,
-                           "nominal_time": _iso(ev.nominal_time), "task_id": ev.task_id, "turn_id": ev.turn_id}
+                           "nominal_time": iso(ev.nominal_time), "task_id": ev.task_id, "turn_id": ev.turn_id}
             else:
                 payload = incident_view(inc, iid, sched, creator, app_id)
                 payload["notice"] = kind
@@ -260,11 +257,11 @@ class AlertService:
             app = await self.store.lock_app(conn, app_id)
             if app is None:
                 raise NotFound(f"Feishu application {app_id!r} is not configured; add it under [[feishu.apps]]")
-            state = "ok" if app.admin_open_id else "unconfigured"
+            state = DeliveryState.OK if app.admin_open_id else DeliveryState.UNCONFIGURED
             diag = None if app.admin_open_id else diagnostic_missing_admin(app_id, True)
             await self.store.set_delivery(conn, app_id, state, diag, now)
             pending = await self.outbox.make_held_due(conn, app_id, now)
-            await self.notices.log(conn, now, "sent" if state == "ok" else "missing_admin",
+            await self.notices.log(conn, now, "sent" if state == DeliveryState.OK else "missing_admin",
                                    detail=f"recheck of {app_id}: delivery {state}; {pending} pending notices due now")
         self.kick()
         return {"app_id": app_id, "delivery_state": state, "diagnostic": diag, "pending": pending}
@@ -278,7 +275,7 @@ class AlertService:
             async with self.db.write() as conn:
                 row = await self.store.lock_app(conn, app.app_id)
                 admin = app.admin_open_id or None
-                state = "ok" if admin else "unconfigured"
+                state = DeliveryState.OK if admin else DeliveryState.UNCONFIGURED
                 diag = None if admin else diagnostic_missing_admin(app.app_id, True)
                 if row is None:
                     await self.store.add_app(conn, app_id=app.app_id, admin_open_id=admin, delivery_state=state,
@@ -289,8 +286,8 @@ class AlertService:
                     await self._change_admin(conn, row, admin, now)
                 else:
                     await self.store.set_timezone(conn, app.app_id, app.timezone, now)
-                    if row.delivery_state == "unconfigured" and admin:
-                        await self.store.set_delivery(conn, app.app_id, "ok", None, now)
+                    if row.delivery_state == DeliveryState.UNCONFIGURED and admin:
+                        await self.store.set_delivery(conn, app.app_id, DeliveryState.OK, None, now)
         self.synced = True
 
     async def _change_admin(self, conn: Connection, app: Row, admin: str | None, now: datetime) -> None:
@@ -307,7 +304,7 @@ class AlertService:
         rows = await self.store.of_app(conn, app.app_id)
         await self.store.forget_cards_of_app(conn, app.app_id, now)
         for row in rows:
-            if row.state in ("open", "recovering"):
+            if row.state in rules.CARDED:
                 inc = rules.retarget(_incident(row))
                 step = rules.Step(replace(inc, last_ping_at=now), ("card",), "opened")
                 await self._apply(conn, row, step, now,
@@ -322,7 +319,7 @@ class AlertService:
             if row is None:
                 raise NotFound(f"incident {incident_id!r} does not exist; list incidents with `amux alerts list`")
             notices = await self.outbox.of_incident(conn, incident_id)
-        view = {c: (_iso(v) if isinstance(v, datetime) else v) for c, v in row._mapping.items()}
+        view = {c: (iso(v) if isinstance(v, datetime) else v) for c, v in row._mapping.items()}
         view["notices"] = [dict(n._mapping) for n in notices]
         return view
 
@@ -342,7 +339,7 @@ class AlertService:
         """Return incidents, newest first."""
         async with self.db.read() as conn:
             rows = await self.store.newest(conn, active_only=active_only, limit=limit)
-        return [{c: (_iso(v) if isinstance(v, datetime) else v) for c, v in r._mapping.items()} for r in rows]
+        return [{c: (iso(v) if isinstance(v, datetime) else v) for c, v in r._mapping.items()} for r in rows]
 
     async def explain(self, ref: str) -> dict:
         """Return the decision log for an incident (`inc_…`) or a firing (`fir_…`), oldest first."""
@@ -354,7 +351,7 @@ class AlertService:
         if not rows:
             raise NotFound(f"no decisions recorded for {ref!r}; pass an incident id (inc_…) or a firing id (fir_…) "
                            "from `amux schedule history`")
-        return {"ref": ref, "decisions": [{"at": _iso(r.at), "decision": r.decision, "detail": r.detail,
+        return {"ref": ref, "decisions": [{"at": iso(r.at), "decision": r.decision, "detail": r.detail,
                                            "firing_id": r.firing_id, "incident_id": r.incident_id,
                                            "notice_id": r.notice_id, "outcome": r.outcome} for r in rows]}
 
@@ -381,7 +378,7 @@ class AlertService:
         diags = [d.get("diagnostic") or d.get("state") or "" for d in await self.diagnostics()
                  if d.get("app_id") == app_id]
         return CenterPage(incidents=rows, page=page, pages=pages,
-                          delivery_state=app.delivery_state if app else "unconfigured",
+                          delivery_state=app.delivery_state if app else DeliveryState.UNCONFIGURED,
                           diagnostics=[d for d in diags if d])
 
     async def in_app(self, incident_id: str, app_id: str) -> bool:

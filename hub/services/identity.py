@@ -12,7 +12,8 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from ..clock import Clock, utc
+from ..clock import Clock, iso, utc
+from ..domain.states import BindingStatus
 from ..errors import Forbidden, Invalid, NotFound
 from ..ids import new_id
 from ..store.db import Connection, Database, Row
@@ -49,16 +50,12 @@ def code_hash(code: str) -> str:
     return hashlib.sha256(f"amux-link:{code}".encode()).hexdigest()
 
 
-def _iso(dt: datetime | None) -> str | None:
-    dt = utc(dt)
-    return dt.isoformat() if dt else None
-
 
 def binding_view(row: Row, principal_name: str | None = None) -> dict:
     """Return one identity binding as the CLI and REST show it."""
     return {"binding_id": row.id, "principal_id": row.principal_id, "principal": principal_name,
             "app_id": row.app_id, "open_id": row.open_id, "union_id": row.union_id, "user_id": row.user_id,
-            "status": row.status, "created_at": _iso(row.created_at)}
+            "status": row.status, "created_at": iso(row.created_at)}
 
 
 @dataclass(frozen=True)
@@ -102,7 +99,7 @@ class IdentityService:
                                            code_hash=code_hash(code), now=now,
                                            expires_at=now + timedelta(seconds=self.ttl_s))
         shown = "-".join(code[i:i + 4] for i in range(0, CODE_LEN, 4))
-        return {"code": shown, "principal": caller.principal, "expires_at": _iso(now + timedelta(seconds=self.ttl_s)),
+        return {"code": shown, "principal": caller.principal, "expires_at": iso(now + timedelta(seconds=self.ttl_s)),
                 "valid_s": int(self.ttl_s), "how": f"send `/amux link {shown}` to the amux bot in Feishu"}
 
     async def redeem(self, code: str | None, app_id: str, open_id: str, union_id: str | None = None,
@@ -144,7 +141,7 @@ class IdentityService:
         changed = True
         if binding is not None:
             bid = binding.id
-            changed = binding.principal_id != row.principal_id or binding.status != "active"
+            changed = binding.principal_id != row.principal_id or binding.status != BindingStatus.ACTIVE
             await self.store.point_binding(conn, binding, row.principal_id, union_id, user_id)
         await self.store.spend_link_code(conn, row.id, bid, now)
         return Linked(bid, row.principal_id, name, changed)
@@ -190,7 +187,7 @@ class IdentityService:
                 row = await self.store.binding(conn, app_id, open_id)  # a concurrent first contact bound it first
                 if row is None:
                     return None
-            if row.status != "active":
+            if row.status != BindingStatus.ACTIVE:
                 return None
             await self.store.fill_ids(conn, row, union_id, user_id)
             return await self._contact(conn, row.id, row.principal_id)

@@ -5,7 +5,8 @@ import asyncio
 import time
 from typing import Callable
 
-from ..clock import Clock
+from ..clock import Clock, iso
+from ..domain.states import InstanceStatus, MailState
 from ..domain.tasks import Status, is_terminal
 from ..errors import Conflict, Invalid, NotFound
 from ..ids import new_id
@@ -15,7 +16,7 @@ from ..store.sessions import SqlSessionStore
 from .auth import Caller
 from .notify import Notifier
 from .sessions import SessionService
-from .tasks import TaskService, _iso
+from .tasks import TaskService
 
 IDENTITY = ("profile", "engine", "model", "runtime", "reasoning_effort")
 
@@ -113,9 +114,9 @@ class InstanceService:
             if inst.archived_at is not None:
                 raise Conflict(f"instance {iid} is archived; create a new instance with instance_create")
             mid = new_id("mb")
-            await self.store.add_mail(conn, message_id=mid, instance_id=iid, text=text, kind="queued", state="queued",
-                                      now=self.clock.now())
-        return {"instance_id": iid, "message_id": mid, "state": "queued"}
+            await self.store.add_mail(conn, message_id=mid, instance_id=iid, text=text, kind="queued",
+                                      state=MailState.QUEUED, now=self.clock.now())
+        return {"instance_id": iid, "message_id": mid, "state": MailState.QUEUED}
 
     async def steer(self, caller: Caller, iid: str, text: str) -> dict:
         """Correct the running Turn, else queue it in the mailbox (idle too); `delivery`: delivered|queued|unknown."""
@@ -130,13 +131,13 @@ class InstanceService:
             running = current is not None and current.status == Status.RUNNING.value
             mid = new_id("mb")
             await self.store.add_mail(conn, message_id=mid, instance_id=iid, text=text, kind="steer",
-                                      state="pending" if running else "queued",
+                                      state=MailState.PENDING if running else MailState.QUEUED,
                                       task_id=inst.current_task_id if running else None, now=self.clock.now())
         if not running:
             idle = current is None or is_terminal(current.status)
             why = ("the instance is idle, so no turn could take the correction" if idle else
                    "its turn has not started yet, so it could not take the correction")
-            return {"instance_id": iid, "delivery": "queued", "message_id": mid,
+            return {"instance_id": iid, "delivery": MailState.QUEUED, "message_id": mid,
                     "note": f"{why}; it is queued in the mailbox and goes ahead of the next prompt "
                             "(instance_followup)"}
         self.notifier.notify(f"runtime:{current.runtime_id}")
@@ -147,18 +148,18 @@ class InstanceService:
         while time.monotonic() < deadline:
             async with self.db.read() as conn:
                 state = await self.store.mail_state(conn, mid)
-            if state == "delivered":
-                return {"instance_id": iid, "delivery": "delivered", "message_id": mid,
+            if state == MailState.DELIVERED:
+                return {"instance_id": iid, "delivery": MailState.DELIVERED, "message_id": mid,
                         "note": "the running turn took the correction"}
-            if state == "queued":
-                return {"instance_id": iid, "delivery": "queued", "message_id": mid,
+            if state == MailState.QUEUED:
+                return {"instance_id": iid, "delivery": MailState.QUEUED, "message_id": mid,
                         "note": "no turn could take the correction; it is queued in the mailbox for the next wake"}
             await asyncio.sleep(0.05)
         async with self.db.write() as conn:
             gave_up = await self.store.give_up_steer(conn, mid, self.clock.now())
         if not gave_up:
             return await self._settle(iid, mid)
-        return {"instance_id": iid, "delivery": "unknown", "message_id": mid,
+        return {"instance_id": iid, "delivery": MailState.UNKNOWN, "message_id": mid,
                 "note": "the runner did not confirm delivery; the correction was not queued — check the turn "
                         "(instance_get), then steer again if needed"}
 
@@ -203,7 +204,8 @@ class InstanceService:
             current = run.status if run is not None else None
             runtime = await self.session_store.runtime_name(conn, s.runtime_id)
             queued = await self.store.count_queued(conn, iid)
-        status = "archived" if inst.archived_at else ("active" if current and not is_terminal(current) else "idle")
+        status = (InstanceStatus.ARCHIVED if inst.archived_at else
+                  InstanceStatus.ACTIVE if current and not is_terminal(current) else InstanceStatus.IDLE)
         snap = inst.snapshot
         return {"instance_id": iid, "name": inst.name, "status": status, "session_id": inst.session_id,
                 "profile": snap["profile"]["ref"], "engine": snap["engine"], "model": snap.get("model"),
@@ -211,5 +213,5 @@ class InstanceService:
                 "workspace_ref": f"{runtime or '?'}:{inst.session_id}",
                 "home_ref": f"{runtime or '?'}:{inst.session_id}/.home", "resume_handle": s.resume_handle,
                 "current_task_id": inst.current_task_id, "current_task_status": current,
-                "mailbox_queued": queued, "created_at": _iso(inst.created_at)}
+                "mailbox_queued": queued, "created_at": iso(inst.created_at)}
 

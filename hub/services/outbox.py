@@ -20,6 +20,7 @@ from typing import Any
 from ..clock import Clock, utc
 from ..config import AlertSettings
 from ..domain import alerts as rules
+from ..domain.states import DeliveryState, NoticeState
 from ..ids import new_id
 from ..store.db import Connection, Database, Row
 from ..store.incidents import LIVE, SqlIncidentStore, SqlOutboxStore
@@ -149,8 +150,8 @@ class OutboxWorker:
             await self.outbox.hold(conn, r.id, now + timedelta(seconds=self.settings.unconfigured_retry_s), text)
             if r.last_error != text:
                 await self.notices.log(conn, now, g.decision, detail=text, **refs)
-            if g.decision == "missing_admin" and app is not None and app.delivery_state != "unconfigured":
-                await self.incidents.set_delivery(conn, r.app_id, "unconfigured", text, now)
+            if g.decision == "missing_admin" and app is not None and app.delivery_state != DeliveryState.UNCONFIGURED:
+                await self.incidents.set_delivery(conn, r.app_id, DeliveryState.UNCONFIGURED, text, now)
 
     async def _digest_for(self, conn: Connection, r: Row, recipient: str, due: datetime, now: datetime) -> str:
         """Append `r` to the recipient's open digest (never attempted yet), creating it due at the next free slot."""
@@ -215,7 +216,8 @@ class OutboxWorker:
             if card is not None and card[2]:  # its card is still on the way: wait for its message id
                 await self._release(c, now + timedelta(seconds=max(1.0, self.settings.poll_s)))
                 return
-            await self._finish(c, "superseded", detail="the incident has no card to update (folded, retired or dead)")
+            await self._finish(c, NoticeState.SUPERSEDED,
+                               detail="the incident has no card to update (folded, retired or dead)")
             return
         if rules.card_patchable(card[1], now, self.n):
             d = await self.channel.update(r.app_id, card[0], view)
@@ -268,7 +270,7 @@ class OutboxWorker:
             if verdict == SUSPEND:
                 text = (f"delivery to the administrator of {r.app_id} is suspended ({error}); fix the bot's "
                         f"availability or the block, then run `amux feishu recheck --app {r.app_id}`")
-                await self.incidents.set_delivery(conn, r.app_id, "suspended", text, now)
+                await self.incidents.set_delivery(conn, r.app_id, DeliveryState.SUSPENDED, text, now)
                 await self.notices.log(conn, now, "suspended", detail=text, **refs)
             else:
                 await self.notices.log(conn, now, decision, detail=f"{rules.DECISIONS[decision]} ({error})", **refs)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from ..clock import Clock, utc
+from ..clock import Clock, iso, utc
 from ..domain import recovery as rules
 from ..ids import new_id
 from ..store.db import Connection, Database, Row
@@ -25,10 +25,6 @@ from .schedule_access import FeishuScope, ScheduleAccess
 HYDRATED = "recovered_history"
 HYDRATED_DETAIL = "historical outcome hydrated by creator recovery: never notified"
 
-
-def _iso(dt: datetime | None) -> str | None:
-    dt = utc(dt)
-    return dt.isoformat() if dt else None
 
 
 class RecoveryService:
@@ -79,7 +75,7 @@ class RecoveryService:
             await self.store.insert_run(conn, run_id, cutoff, now, counts)
             for row, v in new:
                 await self._record(conn, run_id, row, v, now)
-        return {"cutoff": _iso(cutoff), "cutoff_recorded": first is not None, "dry_run": dry_run, "run_id": run_id,
+        return {"cutoff": iso(cutoff), "cutoff_recorded": first is not None, "dry_run": dry_run, "run_id": run_id,
                 "counts": counts, "schedules": report}
 
     async def _context(self, conn: Connection, rows: list[Row]) -> dict:
@@ -94,7 +90,7 @@ class RecoveryService:
     def _entry(row: Row, principal: Row | None, outcome: str, reason: str, binding_id: str | None, app_id: str | None,
                *, recorded: bool) -> dict:
         return {"schedule_id": row.id, "name": row.name, "schedule_type": row.type,
-                "creator": principal.name if principal is not None else None, "created_at": _iso(row.created_at),
+                "creator": principal.name if principal is not None else None, "created_at": iso(row.created_at),
                 "outcome": outcome, "reason": reason, "binding_id": binding_id, "app_id": app_id, "recorded": recorded}
 
     async def _record(self, conn: Connection, run_id: str, row: Row, v: rules.Verdict, now: datetime) -> None:
@@ -124,7 +120,7 @@ class RecoveryService:
         async with self.db.read() as conn:
             rows = await self.store.unbound(conn, app_id)
         return [{"schedule_id": r.schedule_id, "name": r.name, "creator": r.creator, "creator_id": r.creator_id,
-                 "reason": r.reason, "recorded_at": _iso(r.recorded_at)} for r in rows]
+                 "reason": r.reason, "recorded_at": iso(r.recorded_at)} for r in rows]
 
     async def unbound_for_app(self, app_id: str) -> list[dict]:
         """List the unbound schedules an application's administrator can attribute (see `unbound`)."""
@@ -148,5 +144,5 @@ class RecoveryService:
             v = await self.access.for_identity(conn, b.principal_id, FeishuScope(app_id, b.id))
             rows = await self.store.visible_with_outcome(conn, v)
         return [{"schedule_id": r.id, "name": r.name, "rule": r.rule, "timezone": r.timezone, "paused": r.paused,
-                 "next_fire_at": _iso(r.next_fire_at), "app_id": r.app_id, "recovered": r.recovery == rules.BOUND}
+                 "next_fire_at": iso(r.next_fire_at), "app_id": r.app_id, "recovered": r.recovery == rules.BOUND}
                 for r in rows]

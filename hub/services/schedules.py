@@ -6,9 +6,10 @@ from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any, Callable
 
-from ..clock import Clock, utc
+from ..clock import Clock, iso, utc
 from ..config import FeishuSettings, SchedulesSettings
 from ..domain import schedule_rules as rules
+from ..domain.states import BindingStatus
 from ..errors import Invalid
 from ..ids import new_id
 from ..store.db import Connection, Database
@@ -74,10 +75,6 @@ def submit_request(row: Any) -> SubmitRequest:
                          credential_profile=row.credential_profile)
 
 
-def _iso(dt: datetime | None) -> str | None:
-    dt = utc(dt)
-    return dt.isoformat() if dt else None
-
 
 class ScheduleService:
     """Keep schedule definitions; each trigger resolves content and omitted defaults again (schedule_firing)."""
@@ -115,7 +112,7 @@ class ScheduleService:
         if receipt.get("source") != "feishu" or not receipt.get("binding_id"):
             return None, None
         binding = await self.store.binding(conn, receipt["binding_id"])
-        if binding is None or binding.status != "active" or binding.principal_id != caller.principal_id \
+        if binding is None or binding.status != BindingStatus.ACTIVE or binding.principal_id != caller.principal_id \
                 or binding.app_id != receipt.get("app_id"):
             return None, None
         return binding.id, binding.app_id
@@ -282,11 +279,11 @@ class ScheduleService:
         return {
             "schedule_id": row.id, "name": row.name, "schedule_type": row.type, "session_ref": row.session_ref,
             "prompt": row.prompt, "rule": row.rule, "timezone": row.timezone, "one_shot": one_shot,
-            "paused": row.paused, "next_fire_at": _iso(row.next_fire_at), "notify": row.notify,
+            "paused": row.paused, "next_fire_at": iso(row.next_fire_at), "notify": row.notify,
             "consumed": one_shot and row.next_fire_at is None and not row.paused,
             **{k: getattr(row, k) for k in CHOICES},
             "creator": creator, "creator_id": row.creator_id, "app_id": row.app_id,
-            "created_at": _iso(row.created_at), "updated_at": _iso(row.updated_at),
+            "created_at": iso(row.created_at), "updated_at": iso(row.updated_at),
         }
 
     async def history(self, caller: Caller, schedule_id: str, cursor: int = 0, limit: int = 50) -> dict:
@@ -363,7 +360,7 @@ def firing_view(f: Any) -> dict:
     receipt = f.admission
     if f.admission == "ok":
         receipt = f"ok:task:{f.task_id}" if f.task_id else f"ok:turn:{f.turn_id}"
-    return {"firing_id": f.id, "nominal_time": _iso(f.nominal_time), "fired_at": _iso(f.fired_at),
+    return {"firing_id": f.id, "nominal_time": iso(f.nominal_time), "fired_at": iso(f.fired_at),
             "admission": f.admission, "receipt": receipt, "task_id": f.task_id, "turn_id": f.turn_id,
-            "outcome": f.outcome, "missed_count": f.missed_count, "reconciled_at": _iso(f.reconciled_at),
+            "outcome": f.outcome, "missed_count": f.missed_count, "reconciled_at": iso(f.reconciled_at),
             "legacy": f.legacy}

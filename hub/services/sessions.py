@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..clock import Clock
+from ..clock import Clock, iso
 from ..domain import memory as memory_rules
 from ..domain.tasks import Status, is_terminal
 from ..errors import Invalid, NotFound
@@ -15,7 +15,7 @@ from .admission import Admission, SubmitRequest
 from .auth import Caller
 from .notify import Notifier
 from .questions import answerable, chosen_answer, question_view
-from .tasks import TaskService, _iso, task_key
+from .tasks import TaskService, task_key
 
 
 class SessionService:
@@ -98,7 +98,7 @@ class SessionService:
             rows = await self.store.owned(conn, caller.principal_id, max(1, min(int(limit), 500)))
         return [{"session_id": r.id, "name": r.name, "kind": r.kind, "source": r.source, "engine": r.engine,
                  "model": r.model, "reasoning_effort": r.reasoning_effort, "runtime": r.runtime, "turns": r.turns,
-                 "resume_handle": r.resume_handle, "created_at": _iso(r.created_at), "updated_at": _iso(r.updated_at)}
+                 "resume_handle": r.resume_handle, "created_at": iso(r.created_at), "updated_at": iso(r.updated_at)}
                 for r in rows]
 
     async def send(self, caller: Caller, ref: str | None, text: str, *, source: str,
@@ -230,5 +230,5 @@ class SessionService:
         return {"session_id": s.id, "name": s.name, "kind": s.kind, "engine": s.engine, "model": s.model,
                 "reasoning_effort": s.reasoning_effort, "runtime": runtime, "resume_handle": s.resume_handle,
                 "turns": [{"id": r.id, "seq": r.turn_seq, "kind": r.kind, "status": r.status, "result": r.result_text}
-                          for r in rows], "created_at": _iso(s.created_at), "updated_at": _iso(s.updated_at),
+                          for r in rows], "created_at": iso(s.created_at), "updated_at": iso(s.updated_at),
                 "question": question}

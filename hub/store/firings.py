@@ -14,6 +14,7 @@ from typing import Any, Collection, Sequence
 
 import sqlalchemy as sa
 
+from ..domain.states import RuntimeStatus
 from ..domain.tasks import OUTCOMES as TASK_OUTCOMES
 from .db import Connection, Database, Row
 from .tables import firings, legacy_submissions, principals, runtimes, schedules, task_runs
@@ -138,7 +139,7 @@ class SqlFiringStore:
 
     async def online_runtimes(self, conn: Connection) -> list[Row]:
         """Return the name and capabilities of every runtime online now (where a scheduled Task may be admitted)."""
-        stmt = sa.select(runtimes.c.name, runtimes.c.capabilities).where(runtimes.c.status == "online")
+        stmt = sa.select(runtimes.c.name, runtimes.c.capabilities).where(runtimes.c.status == RuntimeStatus.ONLINE)
         return list((await conn.execute(stmt)).all())
 
     async def claim_unrecorded(self, conn: Connection, firing_ids: Collection[str]) -> set[str]:

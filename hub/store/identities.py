@@ -6,6 +6,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
+from ..domain.states import BindingStatus
 from .db import Connection, Database, Row
 from .tables import identity_bindings, identity_link_codes, principals
 
@@ -28,7 +29,7 @@ class SqlIdentityStore:
         """Return the binding of (app_id, open_id) only while it is active."""
         return (await conn.execute(sa.select(identity_bindings).where(
             identity_bindings.c.app_id == app_id, identity_bindings.c.open_id == open_id,
-            identity_bindings.c.status == "active"))).first()
+            identity_bindings.c.status == BindingStatus.ACTIVE))).first()
 
     async def binding_by_id(self, conn: Connection, binding_id: str, *, lock: bool = False) -> Row | None:
         """Return one binding by id; `lock` holds it for this transaction."""
@@ -39,7 +40,8 @@ class SqlIdentityStore:
         """Return the principal every active binding with this union_id names, when they all name one; else None
         (the same person through another application of the tenant is one principal)."""
         same = set((await conn.execute(sa.select(identity_bindings.c.principal_id).where(
-            identity_bindings.c.union_id == union_id, identity_bindings.c.status == "active"))).scalars().all())
+            identity_bindings.c.union_id == union_id,
+            identity_bindings.c.status == BindingStatus.ACTIVE))).scalars().all())
         return same.pop() if len(same) == 1 else None
 
     async def add_binding(self, conn: Connection, *, binding_id: str, principal_id: str, app_id: str, open_id: str,
@@ -50,7 +52,7 @@ class SqlIdentityStore:
             async with conn.begin_nested():
                 await conn.execute(identity_bindings.insert().values(
                     id=binding_id, principal_id=principal_id, app_id=app_id, open_id=open_id,
-                    union_id=union_id or None, user_id=user_id or None, status="active", created_at=now))
+                    union_id=union_id or None, user_id=user_id or None, status=BindingStatus.ACTIVE, created_at=now))
         except IntegrityError:
             return False
         return True
@@ -67,12 +69,12 @@ class SqlIdentityStore:
         missing."""
         fill = {k: v for k, v in (("union_id", union_id), ("user_id", user_id)) if v and not getattr(binding, k)}
         await conn.execute(identity_bindings.update().where(identity_bindings.c.id == binding.id).values(
-            principal_id=principal_id, status="active", **fill))
+            principal_id=principal_id, status=BindingStatus.ACTIVE, **fill))
 
     async def revoke_binding(self, conn: Connection, binding_id: str) -> None:
         """Mark a binding revoked (idempotent); the row stays, so the identity may link again."""
         await conn.execute(identity_bindings.update().where(identity_bindings.c.id == binding_id)
-                           .values(status="revoked"))
+                           .values(status=BindingStatus.REVOKED))
 
     async def list_bindings(self, conn: Connection, principal_id: str | None) -> list[Row]:
         """List bindings with their `principal_name`, oldest first: one principal's, or everyone's for None."""

@@ -12,12 +12,13 @@ from typing import Any, Iterable, Mapping
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
+from ..domain.states import BindingStatus, DeliveryState, NoticeState
 from .db import Connection, Database, Row
 from .tables import (decisions, feishu_apps, firings, identity_bindings, incidents, outbox, principals,
                      recovery_results, schedules)
 
-LIVE = "pending"  # the one notice state a worker claims; the rest are terminal: sent|dead|unconfirmed|retired|…
-TROUBLED = ("unconfirmed", "dead")
+LIVE = NoticeState.PENDING  # the one notice state a worker claims; the rest are terminal
+TROUBLED = (NoticeState.UNCONFIRMED, NoticeState.DEAD)
 
 
 class DecidedElsewhere(Exception):
@@ -104,7 +105,8 @@ class SqlIncidentStore:
     async def bound_apps(self, conn: Connection, principal_id: str) -> list[str]:
         """Return the applications in which `principal_id` has an active Feishu binding, sorted, each once."""
         return sorted(set((await conn.execute(sa.select(identity_bindings.c.app_id).where(
-            identity_bindings.c.principal_id == principal_id, identity_bindings.c.status == "active"))).scalars()))
+            identity_bindings.c.principal_id == principal_id,
+            identity_bindings.c.status == BindingStatus.ACTIVE))).scalars()))
 
     # ------------------------------------------------------------ incidents
 
@@ -247,7 +249,8 @@ class SqlIncidentStore:
 
     async def apps_not_ok(self, conn: Connection) -> list[Row]:
         """Return the applications whose delivery is not ok (unconfigured or suspended)."""
-        return list((await conn.execute(sa.select(feishu_apps).where(feishu_apps.c.delivery_state != "ok"))).all())
+        stmt = sa.select(feishu_apps).where(feishu_apps.c.delivery_state != DeliveryState.OK)
+        return list((await conn.execute(stmt)).all())
 
 
 class SqlOutboxStore:
@@ -269,7 +272,7 @@ class SqlOutboxStore:
         """Supersede the incident's pending card updates no worker has claimed (only the newest one matters)."""
         await conn.execute(outbox.update().where(outbox.c.incident_id == incident_id, outbox.c.kind == "update",
                                                  outbox.c.state == LIVE, outbox.c.claimed_by.is_(None))
-                           .values(state="superseded"))
+                           .values(state=NoticeState.SUPERSEDED))
 
     # ------------------------------------------------------------ claims
 
@@ -310,11 +313,12 @@ class SqlOutboxStore:
 
     async def retire(self, conn: Connection, notice_id: str) -> None:
         """End a notice unsent: its recipient is no longer the administrator."""
-        await conn.execute(outbox.update().where(outbox.c.id == notice_id).values(state="retired"))
+        await conn.execute(outbox.update().where(outbox.c.id == notice_id).values(state=NoticeState.RETIRED))
 
     async def fold(self, conn: Connection, notice_id: str, digest_id: str) -> None:
         """End a notice as an item of digest `digest_id` (rate limit)."""
-        await conn.execute(outbox.update().where(outbox.c.id == notice_id).values(state="folded", digest_id=digest_id))
+        await conn.execute(outbox.update().where(outbox.c.id == notice_id)
+                           .values(state=NoticeState.FOLDED, digest_id=digest_id))
 
     async def hold(self, conn: Connection, notice_id: str, until: datetime, reason: str) -> None:
         """Keep a notice pending until `until` with `reason` as its last error (never dropped while held)."""
@@ -348,7 +352,7 @@ class SqlOutboxStore:
         """Mark the notice sent as `message_id`, only while `worker` still holds its claim and it is pending;
         say whether it did (a late answer to an expired claim changes nothing)."""
         res = await conn.execute(outbox.update().where(*self._held(notice_id, worker)).values(
-            state="sent", message_id=message_id, sent_at=now, attempts=attempts, claimed_by=None,
+            state=NoticeState.SENT, message_id=message_id, sent_at=now, attempts=attempts, claimed_by=None,
             claimed_until=None, last_error=None))
         return bool(res.rowcount)
 
@@ -388,7 +392,7 @@ class SqlOutboxStore:
     async def retire_live_of_app(self, conn: Connection, app_id: str) -> None:
         """Retire every pending notice of the application, dropping their claims (the recipient changed)."""
         await conn.execute(outbox.update().where(outbox.c.app_id == app_id, outbox.c.state == LIVE)
-                           .values(state="retired", claimed_by=None, claimed_until=None))
+                           .values(state=NoticeState.RETIRED, claimed_by=None, claimed_until=None))
 
     async def of_incident(self, conn: Connection, incident_id: str) -> list[Row]:
         """Return the incident's notices (`id`, `kind`, `state`, `last_error`, `message_id`), oldest first."""

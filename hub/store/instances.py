@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 import sqlalchemy as sa
 
+from ..domain.states import MailState
 from .db import Connection, Database, Row
 from .tables import instances, mailbox, task_runs
 
@@ -65,20 +66,20 @@ class SqlInstanceStore:
     async def queued_mail(self, conn: Connection, instance_id: str) -> list[Mail]:
         """Return the instance's queued mailbox input, oldest first: the order it goes ahead of the next prompt."""
         rows = (await conn.execute(sa.select(mailbox.c.id, mailbox.c.text).where(
-            mailbox.c.instance_id == instance_id, mailbox.c.state == "queued")
+            mailbox.c.instance_id == instance_id, mailbox.c.state == MailState.QUEUED)
             .order_by(mailbox.c.created_at, mailbox.c.id))).all()
         return [Mail(r.id, r.text) for r in rows]
 
     async def count_queued(self, conn: Connection, instance_id: str) -> int:
         """Count the instance's queued mailbox input (not yet delivered to any run)."""
         return (await conn.execute(sa.select(sa.func.count()).select_from(mailbox).where(
-            mailbox.c.instance_id == instance_id, mailbox.c.state == "queued"))).scalar() or 0
+            mailbox.c.instance_id == instance_id, mailbox.c.state == MailState.QUEUED))).scalar() or 0
 
     async def deliver(self, conn: Connection, message_ids: Sequence[str], task_id: str, now: datetime) -> None:
         """Mark the messages delivered into the run `task_id` (they were prepended to its prompt)."""
         if message_ids:
             await conn.execute(mailbox.update().where(mailbox.c.id.in_(list(message_ids)))
-                               .values(state="delivered", task_id=task_id, settled_at=now))
+                               .values(state=MailState.DELIVERED, task_id=task_id, settled_at=now))
 
     async def add_mail(self, conn: Connection, *, message_id: str, instance_id: str, text: str, kind: str,
                        state: str, now: datetime, task_id: str | None = None) -> None:
@@ -95,6 +96,7 @@ class SqlInstanceStore:
 
     async def give_up_steer(self, conn: Connection, message_id: str, now: datetime) -> bool:
         """Mark a steer that is still pending as unknown (never queued); False when its runner settled it first."""
-        done = await conn.execute(mailbox.update().where(mailbox.c.id == message_id, mailbox.c.state == "pending")
-                                  .values(state="unknown", settled_at=now))
+        done = await conn.execute(mailbox.update()
+                                  .where(mailbox.c.id == message_id, mailbox.c.state == MailState.PENDING)
+                                  .values(state=MailState.UNKNOWN, settled_at=now))
         return done.rowcount > 0

@@ -8,6 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from ..domain.states import BindingStatus
 from .db import Connection, Database, Row
 from .tables import identity_bindings, incidents, principals, schedules, task_runs
 
@@ -109,7 +110,7 @@ class SqlScheduleStore:
         rows = (await conn.execute(sa.select(identity_bindings.c.id, identity_bindings.c.principal_id,
                                              identity_bindings.c.app_id, identity_bindings.c.status)
                                    .where(identity_bindings.c.principal_id == principal_id,
-                                          identity_bindings.c.status == "active")
+                                          identity_bindings.c.status == BindingStatus.ACTIVE)
                                    .order_by(identity_bindings.c.id))).all()
         return [Binding(r.id, r.principal_id, r.app_id, r.status) for r in rows]
 
@@ -125,7 +126,7 @@ class SqlScheduleStore:
         r = (await conn.execute(sa.select(identity_bindings.c.id, identity_bindings.c.principal_id,
                                           identity_bindings.c.app_id, identity_bindings.c.status)
                                 .where(identity_bindings.c.app_id == app_id, identity_bindings.c.open_id == open_id,
-                                       identity_bindings.c.status == "active"))).first()
+                                       identity_bindings.c.status == BindingStatus.ACTIVE))).first()
         return Binding(r.id, r.principal_id, r.app_id, r.status) if r is not None else None
 
     async def turn_receipt(self, conn: Connection, turn_id: str) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from ..domain.tasks import Status
+from ..domain.states import RuntimeStatus
 from ..loops import Loops
 from ..services.health import HealthService
 
@@ -30,8 +31,8 @@ class Metrics:
             g.add_metric([status.value], self.counts["tasks"].get(status.value, 0))
         yield g
         r = GaugeMetricFamily("amux_runtimes", "Runtimes by status", labels=["status"])
-        for state in ("online", "offline", "lost"):
-            r.add_metric([state], self.counts["runtimes"].get(state, 0))
+        for state in RuntimeStatus:
+            r.add_metric([state.value], self.counts["runtimes"].get(state.value, 0))
         yield r
 
     async def refresh(self, health: HealthService) -> None:

@@ -21,39 +21,42 @@ def inc(state: str = "open", **kw) -> r.Incident:
 
 OUTCOME_CASES = [
     # recurring success is quiet
-    ("recurring_success_is_quiet", None, r.Outcome("succeeded"), (), "quiet_success", None),
+    ("recurring_success_is_quiet", None, r.Outcome(outcome="succeeded"), (), "quiet_success", None),
     # a schedule without an attributable creator gets no proactive notice (no fallback recipient)
-    ("no_creator_no_notice", None, r.Outcome("failed", has_creator=False), (), "no_creator", None),
+    ("no_creator_no_notice", None, r.Outcome(outcome="failed", has_creator=False), (), "no_creator", None),
     # no attributable Feishu application: no notice either
-    ("no_app_no_notice", None, r.Outcome("failed", has_app=False), (), "no_app", None),
+    ("no_app_no_notice", None, r.Outcome(outcome="failed", has_app=False), (), "no_app", None),
     # a failure opens a pending incident whose first notice waits the 60 s aggregation
-    ("failure_aggregated_60s", None, r.Outcome("failed"), (), "aggregated", ("pending", T0 + 60 * S)),
+    ("failure_aggregated_60s", None, r.Outcome(outcome="failed"), (), "aggregated", ("pending", T0 + 60 * S)),
     # a missed run is aggregated like a failure
-    ("missed_aggregated_60s", None, r.Outcome("missed", missed_count=2), (), "aggregated", ("pending", T0 + 60 * S)),
-    # a refused dispatch (admission error, runtime offline) is trouble too
-    ("refused_dispatch_is_failure", None, r.Outcome(None, "skipped:offline"), (), "aggregated", ("pending", T0 + 60 * S)),
-    # an unknown outcome waits five minutes
-    ("unknown_waits_5min", None, r.Outcome("unknown"), (), "waiting_unknown", ("pending", T0 + 300 * S)),
-    # a failure inside the window only adds to the count (one card later)
-    ("failure_inside_window_aggregates", inc("pending", notify_at=T0 + 60 * S), r.Outcome("failed"), (), "aggregated",
+    ("missed_aggregated_60s", None, r.Outcome(outcome="missed", missed_count=2), (), "aggregated",
      ("pending", T0 + 60 * S)),
+    # a refused dispatch (admission error, runtime offline) is trouble too
+    ("refused_dispatch_is_failure", None, r.Outcome(outcome=None, admission="skipped:offline"), (), "aggregated",
+     ("pending", T0 + 60 * S)),
+    # an unknown outcome waits five minutes
+    ("unknown_waits_5min", None, r.Outcome(outcome="unknown"), (), "waiting_unknown", ("pending", T0 + 300 * S)),
+    # a failure inside the window only adds to the count (one card later)
+    ("failure_inside_window_aggregates", inc("pending", notify_at=T0 + 60 * S), r.Outcome(outcome="failed"), (),
+     "aggregated", ("pending", T0 + 60 * S)),
     # a failure after an unknown brings the notice forward to the aggregation window
     ("failure_after_unknown_shortens_wait", inc("pending", failures=0, unknowns=1, notify_at=T0 + 300 * S),
-     r.Outcome("failed"), (), "aggregated", ("pending", T0 + 60 * S)),
+     r.Outcome(outcome="failed"), (), "aggregated", ("pending", T0 + 60 * S)),
     # a success before an unknown-only incident's wait ends withdraws it without a notice
     ("unknown_then_success_withdrawn", inc("pending", failures=0, unknowns=1, notify_at=T0 + 300 * S),
-     r.Outcome("succeeded"), (), "withdrawn", ("withdrawn", None)),
+     r.Outcome(outcome="succeeded"), (), "withdrawn", ("withdrawn", None)),
     # an ongoing incident updates its card in place
-    ("ongoing_failure_updates_card", inc("open"), r.Outcome("failed"), ("update",), "updated", ("open", None)),
+    ("ongoing_failure_updates_card", inc("open"), r.Outcome(outcome="failed"), ("update",), "updated", ("open", None)),
     # success on an open incident starts recovery (card updated)
-    ("success_starts_recovery", inc("open"), r.Outcome("succeeded"), ("update",), "recovering", ("recovering", None)),
+    ("success_starts_recovery", inc("open"), r.Outcome(outcome="succeeded"), ("update",), "recovering",
+     ("recovering", None)),
     # trouble during recovery re-opens the incident
-    ("failure_during_recovery_reopens", inc("recovering", recovering_since=T0), r.Outcome("failed"), ("update",), "updated",
-     ("open", None)),
+    ("failure_during_recovery_reopens", inc("recovering", recovering_since=T0), r.Outcome(outcome="failed"),
+     ("update",), "updated", ("open", None)),
     # one-shot terminal outcomes receive a receipt
-    ("one_shot_receipt", None, r.Outcome("succeeded", one_shot=True), ("receipt",), "receipt", None),
+    ("one_shot_receipt", None, r.Outcome(outcome="succeeded", one_shot=True), ("receipt",), "receipt", None),
     # a cancelled run is not trouble
-    ("cancelled_is_quiet", None, r.Outcome("cancelled"), (), "quiet_cancelled", None),
+    ("cancelled_is_quiet", None, r.Outcome(outcome="cancelled"), (), "quiet_cancelled", None),
 ]
 
 
