@@ -22,11 +22,13 @@ from ..clock import Clock, utc
 from ..config import AlertSettings
 from ..domain import alerts as rules
 from ..ids import new_id
+from ..loops import Tasks
 from ..store.db import Connection, Database, Row
 from ..store.incidents import LIVE, NewDecision, NoticeClaim, NoticeSent, SqlIncidentStore, SqlOutboxStore
 from .channel import OK, PERMANENT, SUSPEND, Channel, Delivery
 
 log = logging.getLogger(__name__)
+PIPELINED_ROUNDS = 8  # rounds one `deliver_once` runs back to back while full ones keep coming
 __all__ = ["LIVE", "Notices", "OutboxWorker", "diagnostic_missing_admin"]
 
 
@@ -80,6 +82,7 @@ class OutboxWorker:
         self.outbox = self.notices.outbox
         self.incidents = self.notices.incidents
         self.sent = 0
+        self._rounds = Tasks("outbox rounds")  # the round in flight while the next one is claimed
 
     # ------------------------------------------------------------ claim + gate
 
@@ -174,11 +177,22 @@ class OutboxWorker:
     # ------------------------------------------------------------ send + record
 
     async def deliver_once(self) -> int:
-        """Run one claim → send → record round; return how many notices were attempted."""
-        claims = await self.claim()
-        if claims:
-            await self._send_round(claims)
-        return len(claims)
+        """Run claim → send → record rounds; return how many notices were attempted. While a full round sends,
+        the next one is claimed (two rounds in flight, up to `PIPELINED_ROUNDS`); every round started is recorded
+        before this returns."""
+        claims, attempted, rounds = await self.claim(), 0, 0
+        while claims:
+            attempted, rounds = attempted + len(claims), rounds + 1
+            inflight = self._rounds.spawn(self._send_round(claims))
+            more = len(claims) >= self.settings.claim_batch and rounds < PIPELINED_ROUNDS
+            try:
+                claims = await self.claim() if more else []
+            except asyncio.CancelledError:
+                inflight.cancel()  # its claims expire; the notices are retried with their uuids
+                raise
+            finally:
+                await asyncio.wait([inflight])
+        return attempted
 
     async def _send_round(self, claims: list["_Claim"]) -> None:
         """Send a round's claims (`send_concurrency` at a time), then record every result in one transaction."""

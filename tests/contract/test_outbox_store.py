@@ -126,3 +126,17 @@ async def test_a_round_records_every_result_and_a_late_one_from_an_expired_claim
     assert (rows[c3.row.id].state, rows[c3.row.id].claimed_by, rows[c3.row.id].message_id) == ("pending", "b", None)
     assert sorted(n for n, d in logged if d == "sent") == [c1.row.id]
     assert c3.row.id not in {n for n, _ in logged}
+
+
+async def test_full_rounds_are_claimed_while_the_previous_one_sends_and_all_are_recorded_before_it_returns(db, clock):
+    await _seed(db, clock, 30, kind="receipt")
+    ch = CountingChannel()
+    w = _worker(db, clock, ch, "a")
+    assert await w.deliver_once() == 30            # 5 rounds of ≤ 7: full ones are followed by the next claim
+    assert len(ch.sends) == 30 and len(set(ch.sends)) == 30
+    async with db.read() as conn:
+        states = dict((await conn.execute(sa.select(outbox.c.state, sa.func.count()).group_by(outbox.c.state))).all())
+        sent = (await conn.execute(sa.select(sa.func.count()).select_from(decisions)
+                                   .where(decisions.c.decision == "sent"))).scalar()
+    assert states == {"sent": 30} and sent == 30
+    assert await w.deliver_once() == 0
