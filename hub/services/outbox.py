@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import socket
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,11 +23,13 @@ from ..config import AlertSettings
 from ..domain import alerts as rules
 from ..domain.states import DeliveryState, NoticeState
 from ..ids import new_id
+from ..loops import Tasks
 from ..store.db import Connection, Database, Row
-from ..store.incidents import LIVE, SqlIncidentStore, SqlOutboxStore
+from ..store.incidents import LIVE, NewDecision, NoticeClaim, NoticeSent, SqlIncidentStore, SqlOutboxStore
 from .channel import OK, PERMANENT, SUSPEND, Channel, Delivery
 
 log = logging.getLogger(__name__)
+PIPELINED_ROUNDS = 8  # rounds one `deliver_once` runs back to back while full ones keep coming
 __all__ = ["LIVE", "Notices", "OutboxWorker", "diagnostic_missing_admin"]
 
 
@@ -80,6 +83,7 @@ class OutboxWorker:
         self.outbox = self.notices.outbox
         self.incidents = self.notices.incidents
         self.sent = 0
+        self._rounds = Tasks("outbox rounds")  # the round in flight while the next one is claimed
 
     # ------------------------------------------------------------ claim + gate
 
@@ -96,26 +100,31 @@ class OutboxWorker:
                 return []
             apps = await self.incidents.lock_apps(conn, {r.app_id for r in rows})
             slots = await self._slots(conn, rows, now)
+            until = now + timedelta(seconds=self.settings.lease_s)
+            leases: list[NoticeClaim] = []
+            gated: list[tuple[Row, rules.Gate, Row | None]] = []
             for r in rows:
                 app = apps.get(r.app_id)
                 state = rules.AppState(app.admin_open_id, app.delivery_state) if app else None
                 g = rules.gate(r.kind, r.recipient, r.timezone, state,
                                slots.get((r.app_id, r.recipient or (app and app.admin_open_id)), []), now, self.n)
-                if g.action == "send":
-                    recipient = r.recipient or app.admin_open_id
-                    values = {"claimed_by": self.worker_id,
-                              "claimed_until": now + timedelta(seconds=self.settings.lease_s), "recipient": recipient,
-                              "first_attempt_at": utc(r.first_attempt_at) or now}
-                    slot = None
-                    if r.kind in rules.NEW_KINDS:
-                        values["slot_at"] = slot = now
-                        slots.setdefault((r.app_id, recipient), []).append(now)
-                    await self.outbox.claim(conn, r.id, worker=self.worker_id, until=values["claimed_until"],
-                                            recipient=recipient, first_attempt_at=values["first_attempt_at"],
-                                            slot_at=slot)
-                    claimed.append(_Claim(r, values))
-                else:
-                    await self._gated(conn, r, g, app, now)
+                if g.action != "send":
+                    gated.append((r, g, app))
+                    continue
+                recipient = r.recipient or app.admin_open_id
+                values = {"claimed_by": self.worker_id, "claimed_until": until, "recipient": recipient,
+                          "first_attempt_at": utc(r.first_attempt_at) or now}
+                slot = None
+                if r.kind in rules.NEW_KINDS:
+                    values["slot_at"] = slot = now
+                    slots.setdefault((r.app_id, recipient), []).append(now)
+                leases.append(NoticeClaim(notice_id=r.id, recipient=recipient,
+                                          first_attempt_at=values["first_attempt_at"], slot_at=slot))
+                claimed.append(_Claim(r, values))
+            # Claimed before the gated rows are handled, so a digest leased in this round takes no folded item.
+            await self.outbox.claim_many(conn, leases, worker=self.worker_id, until=until)
+            for r, g, app in gated:
+                await self._gated(conn, r, g, app, now)
         return claimed
 
     async def _slots(self, conn: Connection, rows: list[Row], now: datetime) -> dict:
@@ -169,28 +178,48 @@ class OutboxWorker:
     # ------------------------------------------------------------ send + record
 
     async def deliver_once(self) -> int:
-        """Run one claim → send → record round; return how many notices were attempted."""
-        claims = await self.claim()
-        if not claims:
-            return 0
+        """Run claim → send → record rounds; return how many notices were attempted. While a full round sends,
+        the next one is claimed (two rounds in flight, up to `PIPELINED_ROUNDS`); every round started is recorded
+        before this returns."""
+        claims, attempted, rounds = await self.claim(), 0, 0
+        while claims:
+            attempted, rounds = attempted + len(claims), rounds + 1
+            inflight = self._rounds.spawn(self._send_round(claims))
+            more = len(claims) >= self.settings.claim_batch and rounds < PIPELINED_ROUNDS
+            try:
+                claims = await self.claim() if more else []
+            except asyncio.CancelledError:
+                inflight.cancel()  # its claims expire; the notices are retried with their uuids
+                raise
+            finally:
+                await asyncio.wait([inflight])
+        return attempted
+
+    async def _send_round(self, claims: list["_Claim"]) -> None:
+        """Send a round's claims (`send_concurrency` at a time), then record every result in one transaction."""
         sem = asyncio.Semaphore(self.settings.send_concurrency)
 
-        async def one(c: "_Claim") -> None:
+        async def one(c: "_Claim") -> "_Result | None":
             async with sem:
                 try:
-                    await self._deliver(c)
+                    return await self._deliver(c)
                 except Exception:  # noqa: BLE001 — the claim expires and the notice is retried with its uuid
                     log.exception("delivering notice %s failed", c.row.id)
+                    return None
 
-        await asyncio.gather(*(one(c) for c in claims))
-        return len(claims)
+        results = [x for x in await asyncio.gather(*(one(c) for c in claims)) if x is not None]
+        if not results:
+            return
+        try:
+            await self._record_round(results)
+        except Exception:  # noqa: BLE001 — the claims expire and the notices are retried with their uuids
+            log.exception("recording a round of %d results failed", len(results))
 
-    async def _deliver(self, c: "_Claim") -> None:
+    async def _deliver(self, c: "_Claim") -> "_Result | None":
         r = c.row
         view = dict(r.payload)
         if r.kind == "update":
-            await self._deliver_update(c, view)
-            return
+            return await self._deliver_update(c, view)
         card = None
         if r.kind == "reminder" and r.incident_id:
             card = await self._card(r.incident_id)
@@ -198,7 +227,7 @@ class OutboxWorker:
             d = await self.channel.reply(r.app_id, card[0], view, r.request_uuid)
         else:
             d = await self.channel.send(r.app_id, c.recipient, view, r.request_uuid)
-        await self._record(c, d, card_from_send=r.kind == "card")
+        return _Result(c, d, card_from_send=r.kind == "card")
 
     async def _card(self, incident_id: str) -> tuple[str | None, datetime | None, bool] | None:
         async with self.db.read() as conn:
@@ -208,25 +237,24 @@ class OutboxWorker:
             return None
         return row.card_message_id, utc(row.card_sent_at), pending_card
 
-    async def _deliver_update(self, c: "_Claim", view: dict) -> None:
+    async def _deliver_update(self, c: "_Claim", view: dict) -> "_Result | None":
         r = c.row
         card = await self._card(r.incident_id) if r.incident_id else None
         now = self.clock.now()
         if card is None or not card[0]:
             if card is not None and card[2]:  # its card is still on the way: wait for its message id
                 await self._release(c, now + timedelta(seconds=max(1.0, self.settings.poll_s)))
-                return
+                return None
             await self._finish(c, NoticeState.SUPERSEDED,
                                detail="the incident has no card to update (folded, retired or dead)")
-            return
+            return None
         if rules.card_patchable(card[1], now, self.n):
             d = await self.channel.update(r.app_id, card[0], view)
             if d.result != PERMANENT or not d.card_gone:
-                await self._record(c, d, message_id=card[0])
-                return
+                return _Result(c, d, message_id=card[0])
         # Older than Feishu allows, recalled or deleted: send a fresh card and record its new message id.
         d = await self.channel.send(r.app_id, c.recipient, view, r.request_uuid)
-        await self._record(c, d, card_from_send=True)
+        return _Result(c, d, card_from_send=True)
 
     async def _release(self, c: "_Claim", when: datetime) -> None:
         async with self.db.write() as conn:
@@ -241,39 +269,55 @@ class OutboxWorker:
 
     async def _record(self, c: "_Claim", d: Delivery, *, card_from_send: bool = False,
                       message_id: str | None = None) -> None:
-        """Store the classified result; only a success records the message id (and the incident's card)."""
-        r = c.row
+        """Store one classified result (a round of one)."""
+        await self._record_round([_Result(c, d, card_from_send=card_from_send, message_id=message_id)])
+
+    async def _record_round(self, results: list["_Result"]) -> None:
+        """Store a round's classified results in one transaction, each only while this worker still holds its
+        claim; only a success records the message id (and the incident's card)."""
         now = self.clock.now()
+        ok = [x for x in results if x.d.result == OK]
+
+        async def record(conn: Connection) -> None:
+            sent = [NoticeSent(notice_id=x.c.row.id, message_id=x.mid, attempts=x.c.row.attempts + 1) for x in ok]
+            recorded = await self.outbox.record_sent_round(conn, self.worker_id, sent, now)
+            done = [x for x in ok if x.c.row.id in recorded]
+            for x in sorted((x for x in done if x.card_from_send and x.c.row.incident_id),
+                            key=lambda x: x.c.row.incident_id):
+                await self.incidents.set_card(conn, x.c.row.incident_id, x.mid, now)
+            await self.incidents.log_many(conn, now, [NewDecision(
+                decision_id=new_id("dec"), decision="sent", detail=f"{x.c.row.kind} delivered as {x.mid}",
+                notice_id=x.c.row.id, incident_id=x.c.row.incident_id, schedule_id=x.c.row.schedule_id)
+                for x in done])
+            for x in results:
+                if x.d.result != OK:
+                    await self._record_failure(conn, x.c, x.d, now)
+
+        await self.db.transaction(record)
+        self.sent += len(ok)
+
+    async def _record_failure(self, conn: Connection, c: "_Claim", d: Delivery, now: datetime) -> None:
+        """Classify a failed attempt: retry (same uuid), end it, or suspend the application's delivery."""
+        r = c.row
         refs = {"notice_id": r.id, "incident_id": r.incident_id, "schedule_id": r.schedule_id}
         attempts = r.attempts + 1
-        async with self.db.write() as conn:
-            if d.result == OK:
-                mid = d.message_id or message_id
-                recorded = await self.outbox.record_sent(conn, r.id, self.worker_id, message_id=mid,
-                                                         attempts=attempts, now=now)
-                if recorded and card_from_send and r.incident_id:
-                    await self.incidents.set_card(conn, r.incident_id, mid, now)
-                if recorded:
-                    await self.notices.log(conn, now, "sent", detail=f"{r.kind} delivered as {mid}", **refs)
-                self.sent += 1
-                return
-            verdict = PERMANENT if d.result == PERMANENT else (SUSPEND if d.result == SUSPEND else "retry")
-            state, nxt, decision = rules.after_failure(verdict, attempts, c.values["first_attempt_at"], now,
-                                                       d.retry_after_s, self.n)
-            error = f"{d.code}: {d.error}" if d.code is not None else (d.error or d.result)
-            if verdict == SUSPEND:
-                # Not delivered at all: the next attempt (after recheck) starts a fresh dedup window and slot.
-                nxt = now + timedelta(seconds=self.settings.unconfigured_retry_s)
-            if not await self.outbox.record_failure(conn, r.id, self.worker_id, state=state, attempts=attempts,
-                                                    error=error, next_attempt_at=nxt, new_window=verdict == SUSPEND):
-                return
-            if verdict == SUSPEND:
-                text = (f"delivery to the administrator of {r.app_id} is suspended ({error}); fix the bot's "
-                        f"availability or the block, then run `amux feishu recheck --app {r.app_id}`")
-                await self.incidents.set_delivery(conn, r.app_id, DeliveryState.SUSPENDED, text, now)
-                await self.notices.log(conn, now, "suspended", detail=text, **refs)
-            else:
-                await self.notices.log(conn, now, decision, detail=f"{rules.DECISIONS[decision]} ({error})", **refs)
+        verdict = PERMANENT if d.result == PERMANENT else (SUSPEND if d.result == SUSPEND else "retry")
+        state, nxt, decision = rules.after_failure(verdict, attempts, c.values["first_attempt_at"], now,
+                                                   d.retry_after_s, self.n)
+        error = f"{d.code}: {d.error}" if d.code is not None else (d.error or d.result)
+        if verdict == SUSPEND:
+            # Not delivered at all: the next attempt (after recheck) starts a fresh dedup window and slot.
+            nxt = now + timedelta(seconds=self.settings.unconfigured_retry_s)
+        if not await self.outbox.record_failure(conn, r.id, self.worker_id, state=state, attempts=attempts,
+                                                error=error, next_attempt_at=nxt, new_window=verdict == SUSPEND):
+            return
+        if verdict == SUSPEND:
+            text = (f"delivery to the administrator of {r.app_id} is suspended ({error}); fix the bot's "
+                    f"availability or the block, then run `amux feishu recheck --app {r.app_id}`")
+            await self.incidents.set_delivery(conn, r.app_id, DeliveryState.SUSPENDED, text, now)
+            await self.notices.log(conn, now, "suspended", detail=text, **refs)
+        else:
+            await self.notices.log(conn, now, decision, detail=f"{rules.DECISIONS[decision]} ({error})", **refs)
 
 
 class _Claim:
@@ -283,3 +327,18 @@ class _Claim:
         self.row = row
         self.values = values
         self.recipient = values["recipient"]
+
+
+@dataclass(frozen=True)
+class _Result:
+    """A claim's classified delivery, waiting to be recorded with the rest of its round."""
+
+    c: _Claim
+    d: Delivery
+    card_from_send: bool = False
+    message_id: str | None = None
+
+    @property
+    def mid(self) -> str | None:
+        """Return the message the notice became (the channel's answer, else the card it updated)."""
+        return self.d.message_id or self.message_id

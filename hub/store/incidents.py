@@ -6,8 +6,9 @@ Services hold the transaction (`conn`); every method states the rule it keeps.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -19,6 +20,37 @@ from .tables import (decisions, feishu_apps, firings, identity_bindings, inciden
 
 LIVE = NoticeState.PENDING  # the one notice state a worker claims; the rest are terminal
 TROUBLED = (NoticeState.UNCONFIRMED, NoticeState.DEAD)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewDecision:
+    """One decision-log row written with others in one statement (no `ingest_key`: not an outcome's decision)."""
+
+    decision_id: str
+    decision: str
+    detail: str | None
+    notice_id: str | None = None
+    incident_id: str | None = None
+    schedule_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoticeClaim:
+    """What a worker's claim fixes on one locked notice (`slot_at` None: the notice takes no new-message slot)."""
+
+    notice_id: str
+    recipient: str
+    first_attempt_at: datetime
+    slot_at: datetime | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoticeSent:
+    """A notice the channel delivered as `message_id`, on attempt number `attempts`."""
+
+    notice_id: str
+    message_id: str | None
+    attempts: int
 
 
 class DecidedElsewhere(Exception):
@@ -55,6 +87,14 @@ class SqlIncidentStore:
                 schedule_id=schedule_id, incident_id=incident_id, notice_id=notice_id, outcome=outcome))
         except IntegrityError as e:
             raise DecidedElsewhere(f"outcome {ingest_key} was decided concurrently") from e
+
+    async def log_many(self, conn: Connection, at: datetime, rows: Sequence[NewDecision]) -> None:
+        """Append the decisions of one round at `at` in one statement (none of them keyed by an outcome)."""
+        if rows:
+            await conn.execute(decisions.insert(), [dict(
+                id=r.decision_id, at=at, decision=r.decision, detail=r.detail, ingest_key=None, firing_id=None,
+                schedule_id=r.schedule_id, incident_id=r.incident_id, notice_id=r.notice_id, outcome=None)
+                for r in rows])
 
     async def decisions_of_incident(self, conn: Connection, incident_id: str) -> list[Row]:
         """Return the decisions about `incident_id`, oldest first."""
@@ -307,6 +347,19 @@ class SqlOutboxStore:
             values["slot_at"] = slot_at
         await conn.execute(outbox.update().where(outbox.c.id == notice_id).values(**values))
 
+    async def claim_many(self, conn: Connection, claims: Sequence[NoticeClaim], *, worker: str,
+                         until: datetime) -> None:
+        """Lease the locked notices of `claims` to `worker` until `until` in one statement, fixing each one's
+        recipient and first attempt (and the new-message slot of those that ping; the others keep theirs)."""
+        if not claims:
+            return
+        stmt = outbox.update().where(outbox.c.id == sa.bindparam("c_id")).values(
+            claimed_by=worker, claimed_until=until, recipient=sa.bindparam("c_recipient"),
+            first_attempt_at=sa.bindparam("c_first"),
+            slot_at=sa.func.coalesce(sa.bindparam("c_slot", type_=outbox.c.slot_at.type), outbox.c.slot_at))
+        await conn.execute(stmt, [{"c_id": c.notice_id, "c_recipient": c.recipient, "c_first": c.first_attempt_at,
+                                   "c_slot": c.slot_at} for c in claims])
+
     async def defer(self, conn: Connection, notice_id: str, until: datetime) -> None:
         """Make a notice due again at `until` (quiet hours)."""
         await conn.execute(outbox.update().where(outbox.c.id == notice_id).values(next_attempt_at=until))
@@ -355,6 +408,31 @@ class SqlOutboxStore:
             state=NoticeState.SENT, message_id=message_id, sent_at=now, attempts=attempts, claimed_by=None,
             claimed_until=None, last_error=None))
         return bool(res.rowcount)
+
+    async def lock_held(self, conn: Connection, notice_ids: Iterable[str], worker: str) -> set[str]:
+        """Return which of `notice_ids` `worker` still holds pending, locked until the transaction ends (in id
+        order); a notice whose claim expired and was taken over is absent, so its late result is not recorded."""
+        ids = sorted(set(notice_ids))
+        if not ids:
+            return set()
+        stmt = sa.select(outbox.c.id).where(outbox.c.id.in_(ids), outbox.c.claimed_by == worker,
+                                            outbox.c.state == LIVE).order_by(outbox.c.id)
+        return set((await conn.execute(self.db.for_update(stmt))).scalars())
+
+    async def record_sent_round(self, conn: Connection, worker: str, sent: Sequence[NoticeSent],
+                                now: datetime) -> set[str]:
+        """Mark a round's delivered notices sent in one statement, only those `worker` still holds pending (a late
+        answer to an expired claim changes nothing); return the ids it marked."""
+        held = await self.lock_held(conn, (s.notice_id for s in sent), worker)
+        rows = [{"s_id": s.notice_id, "s_mid": s.message_id, "s_attempts": s.attempts}
+                for s in sent if s.notice_id in held]
+        if rows:
+            stmt = outbox.update().where(outbox.c.id == sa.bindparam("s_id"), outbox.c.claimed_by == worker,
+                                         outbox.c.state == LIVE).values(
+                state="sent", message_id=sa.bindparam("s_mid"), sent_at=now, attempts=sa.bindparam("s_attempts"),
+                claimed_by=None, claimed_until=None, last_error=None)
+            await conn.execute(stmt, rows)
+        return {r["s_id"] for r in rows}
 
     async def record_failure(self, conn: Connection, notice_id: str, worker: str, *, state: str, attempts: int,
                              error: str, next_attempt_at: datetime | None, new_window: bool = False) -> bool:

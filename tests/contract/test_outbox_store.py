@@ -11,8 +11,8 @@ from hub.clock import ManualClock
 from hub.config import AlertSettings
 from hub.domain.alerts import Numbers
 from hub.services.channel import OK, Delivery
-from hub.services.outbox import Notices, OutboxWorker
-from hub.store.tables import feishu_apps, outbox
+from hub.services.outbox import Notices, OutboxWorker, _Result
+from hub.store.tables import decisions, feishu_apps, outbox
 
 APP = "cli_contract"
 
@@ -102,3 +102,41 @@ async def test_due_time_orders_claims_and_future_notices_wait(db, clock):
     assert await w.claim() == []
     clock.advance(60)
     assert len(await w.claim()) == 1
+
+
+async def test_a_round_records_every_result_and_a_late_one_from_an_expired_claim_changes_nothing(db, clock):
+    await _seed(db, clock, 3, kind="receipt")
+    ch = CountingChannel()
+    a, b = _worker(db, clock, ch, "a", lease_s=30), _worker(db, clock, ch, "b", lease_s=30)
+    c1, c2, c3 = await a.claim()
+    clock.advance(31)
+    async with db.write() as conn:  # c3's claim expired and b took it over; c1 and c2 are still a's
+        await conn.execute(outbox.update().where(outbox.c.id.in_([c1.row.id, c2.row.id]))
+                           .values(claimed_until=clock.now() + timedelta(seconds=30)))
+    (cb,) = await b.claim()
+    assert cb.row.id == c3.row.id
+    await a._record_round([  # noqa: SLF001 — one round: a success, a retry, and a late success over b's claim
+        _Result(c1, Delivery(OK, message_id="om_1")), _Result(c2, Delivery("retry", error="busy")),
+        _Result(c3, Delivery(OK, message_id="om_late"))])
+    async with db.read() as conn:
+        rows = {r.id: r for r in (await conn.execute(sa.select(outbox))).all()}
+        logged = (await conn.execute(sa.select(decisions.c.notice_id, decisions.c.decision))).all()
+    assert (rows[c1.row.id].state, rows[c1.row.id].message_id, rows[c1.row.id].attempts) == ("sent", "om_1", 1)
+    assert (rows[c2.row.id].state, rows[c2.row.id].claimed_by, rows[c2.row.id].attempts) == ("pending", None, 1)
+    assert (rows[c3.row.id].state, rows[c3.row.id].claimed_by, rows[c3.row.id].message_id) == ("pending", "b", None)
+    assert sorted(n for n, d in logged if d == "sent") == [c1.row.id]
+    assert c3.row.id not in {n for n, _ in logged}
+
+
+async def test_full_rounds_are_claimed_while_the_previous_one_sends_and_all_are_recorded_before_it_returns(db, clock):
+    await _seed(db, clock, 30, kind="receipt")
+    ch = CountingChannel()
+    w = _worker(db, clock, ch, "a")
+    assert await w.deliver_once() == 30            # 5 rounds of ≤ 7: full ones are followed by the next claim
+    assert len(ch.sends) == 30 and len(set(ch.sends)) == 30
+    async with db.read() as conn:
+        states = dict((await conn.execute(sa.select(outbox.c.state, sa.func.count()).group_by(outbox.c.state))).all())
+        sent = (await conn.execute(sa.select(sa.func.count()).select_from(decisions)
+                                   .where(decisions.c.decision == "sent"))).scalar()
+    assert states == {"sent": 30} and sent == 30
+    assert await w.deliver_once() == 0

@@ -9,8 +9,9 @@ import sqlalchemy as sa
 
 from hub.clock import utc
 from hub.store.db import Database
-from hub.store.incidents import LIVE, DecidedElsewhere, SqlIncidentStore, SqlOutboxStore
-from hub.store.tables import (firings, identity_bindings, incidents, outbox, principals, recovery_results,
+from hub.store.incidents import (LIVE, DecidedElsewhere, NewDecision, NoticeClaim, NoticeSent, SqlIncidentStore,
+                                 SqlOutboxStore)
+from hub.store.tables import (decisions, firings, identity_bindings, incidents, outbox, principals, recovery_results,
                               recovery_runs, schedules)
 
 APP = "cli_store"
@@ -94,6 +95,21 @@ async def test_an_outcome_is_decided_once_a_second_decision_with_its_ingest_key_
     async with db.write() as conn:  # rows without a key are a log: any number of them
         for i in range(3):
             await store.log(conn, decision_id=f"dec_free{i}", at=now, decision="sent", detail=None, firing_id="fir_1")
+
+
+async def test_log_many_appends_every_decision_of_a_round_at_one_time(db, store, clock):
+    now = clock.now()
+    async with db.write() as conn:
+        await store.log_many(conn, now, [])
+        await store.log_many(conn, now, [
+            NewDecision(decision_id="dec_a", decision="sent", detail="card delivered as om_1", notice_id="ntc_a",
+                        incident_id="inc_1", schedule_id="sch_1"),
+            NewDecision(decision_id="dec_b", decision="sent", detail=None, notice_id="ntc_b")])
+    async with db.read() as conn:
+        rows = (await conn.execute(sa.select(decisions).order_by(decisions.c.id))).all()
+    assert [(r.id, r.decision, r.detail, r.notice_id, r.incident_id, r.schedule_id, r.ingest_key, utc(r.at))
+            for r in rows] == [("dec_a", "sent", "card delivered as om_1", "ntc_a", "inc_1", "sch_1", None, now),
+                               ("dec_b", "sent", None, "ntc_b", None, None, None, now)]
 
 
 async def test_missed_counts_decided_reads_the_count_from_each_keyed_decision_of_the_firing(db, store, clock):
@@ -494,6 +510,95 @@ async def test_claim_leases_a_notice_and_records_a_slot_only_when_it_pings(db, b
     assert (ping.claimed_by, ping.recipient, utc(ping.slot_at)) == ("w1", "ou_admin", now)
     assert utc(ping.claimed_until) == now + timedelta(seconds=30) and utc(ping.first_attempt_at) == now
     assert quiet.claimed_by == "w1" and quiet.slot_at is None
+
+
+async def test_claim_many_leases_every_notice_in_one_statement_and_only_pinging_ones_take_a_new_slot(db, box, clock):
+    now = clock.now()
+    earlier = now - timedelta(minutes=5)
+    until = now + timedelta(seconds=30)
+    for nid in ("ntc_ping", "ntc_quiet", "ntc_kept", "ntc_other"):
+        await add_notice(db, box, now, nid, recipient=None)
+    async with db.write() as conn:
+        await box.claim(conn, "ntc_kept", worker="w0", until=earlier, recipient="ou_admin", first_attempt_at=earlier,
+                        slot_at=earlier)
+        await box.claim_many(conn, [], worker="w1", until=until)
+        await box.claim_many(conn, [
+            NoticeClaim(notice_id="ntc_ping", recipient="ou_admin", first_attempt_at=now, slot_at=now),
+            NoticeClaim(notice_id="ntc_quiet", recipient="ou_other", first_attempt_at=now),
+            NoticeClaim(notice_id="ntc_kept", recipient="ou_admin", first_attempt_at=earlier)],
+            worker="w1", until=until)
+    ping, quiet, kept, other = [await notice(db, n) for n in ("ntc_ping", "ntc_quiet", "ntc_kept", "ntc_other")]
+    assert (ping.claimed_by, utc(ping.claimed_until), ping.recipient, utc(ping.first_attempt_at),
+            utc(ping.slot_at)) == ("w1", until, "ou_admin", now, now)
+    assert (quiet.claimed_by, quiet.recipient, quiet.slot_at) == ("w1", "ou_other", None)
+    assert (kept.claimed_by, utc(kept.first_attempt_at), utc(kept.slot_at)) == ("w1", earlier, earlier)
+    assert (other.claimed_by, other.recipient) == (None, None)
+
+
+async def test_record_sent_round_marks_only_the_notices_the_worker_still_holds_pending(db, box, clock):
+    now = clock.now()
+    for nid in ("ntc_1", "ntc_2", "ntc_theirs", "ntc_done"):
+        await add_notice(db, box, now, nid)
+    async with db.write() as conn:
+        await box.claim_many(conn, [NoticeClaim(notice_id=n, recipient="ou_admin", first_attempt_at=now)
+                                    for n in ("ntc_1", "ntc_2", "ntc_done")], worker="w1", until=now)
+        await box.claim(conn, "ntc_theirs", worker="w2", until=now, recipient="ou_admin", first_attempt_at=now,
+                        slot_at=None)
+        await conn.execute(outbox.update().where(outbox.c.id == "ntc_done").values(state="dead"))
+        assert await box.record_sent_round(conn, "w1", [], now) == set()
+        got = await box.record_sent_round(conn, "w1", [
+            NoticeSent(notice_id="ntc_1", message_id="om_1", attempts=1),
+            NoticeSent(notice_id="ntc_2", message_id="om_2", attempts=3),
+            NoticeSent(notice_id="ntc_theirs", message_id="om_x", attempts=1),
+            NoticeSent(notice_id="ntc_done", message_id="om_y", attempts=1)], now)
+    assert got == {"ntc_1", "ntc_2"}
+    one, two, theirs, done = [await notice(db, n) for n in ("ntc_1", "ntc_2", "ntc_theirs", "ntc_done")]
+    assert (one.state, one.message_id, one.attempts, one.claimed_by, one.claimed_until, utc(one.sent_at)) == (
+        "sent", "om_1", 1, None, None, now)
+    assert (two.state, two.message_id, two.attempts) == ("sent", "om_2", 3)
+    assert (theirs.state, theirs.message_id, theirs.claimed_by) == (LIVE, None, "w2")
+    assert (done.state, done.message_id) == ("dead", None)
+
+
+async def test_a_late_record_round_from_an_expired_claim_changes_nothing_for_the_new_owner(db, box, clock):
+    now = clock.now()
+    await add_notice(db, box, now, "ntc_1")
+    async with db.write() as conn:
+        await box.claim_many(conn, [NoticeClaim(notice_id="ntc_1", recipient="ou_admin", first_attempt_at=now)],
+                             worker="w1", until=now + timedelta(seconds=30))
+    later = now + timedelta(seconds=31)
+    async with db.write() as conn:  # w1's lease expired: w2 takes the notice over
+        assert [r.id for r in await box.lock_due(conn, later, 10)] == ["ntc_1"]
+        await box.claim_many(conn, [NoticeClaim(notice_id="ntc_1", recipient="ou_admin", first_attempt_at=now)],
+                             worker="w2", until=later + timedelta(seconds=30))
+    async with db.write() as conn:  # w1's answer arrives late
+        assert await box.lock_held(conn, ["ntc_1"], "w1") == set()
+        assert await box.record_sent_round(conn, "w1", [NoticeSent(notice_id="ntc_1", message_id="om_late",
+                                                                   attempts=1)], later) == set()
+    row = await notice(db, "ntc_1")
+    assert (row.state, row.claimed_by, row.message_id, row.attempts) == (LIVE, "w2", None, 0)
+    async with db.write() as conn:
+        assert await box.lock_held(conn, ["ntc_1", "ntc_unknown"], "w2") == {"ntc_1"}
+
+
+async def test_lock_held_locks_the_notices_so_another_replica_waits_to_write_them(db, box, clock):
+    now = clock.now()
+    await add_notice(db, box, now, "ntc_1")
+    async with db.write() as conn:
+        await box.claim_many(conn, [NoticeClaim(notice_id="ntc_1", recipient="ou_admin", first_attempt_at=now)],
+                             worker="w1", until=now)
+    if db.is_sqlite:  # one process: the in-process writer lock serializes the two transactions instead
+        async with db.write() as conn:
+            assert await box.lock_held(conn, ["ntc_1"], "w1") == {"ntc_1"}
+        return
+    other = Database(db.url)
+    try:
+        async with db.write() as conn:
+            assert await box.lock_held(conn, ["ntc_1"], "w1") == {"ntc_1"}
+            async with other.write() as conn2:  # an expired claim is due, but the row is locked: skipped
+                assert await SqlOutboxStore(other).lock_due(conn2, now + timedelta(seconds=1), 10) == []
+    finally:
+        await other.close()
 
 
 async def test_slots_since_lists_the_slots_taken_after_the_cutoff_in_those_applications(db, box, clock):
