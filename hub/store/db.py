@@ -85,10 +85,20 @@ class Database:
                 yield conn
             return
         async with self._write_lock:
-            async with self.engine.connect() as conn:
+            conn = await self.engine.connect()
+            try:
                 conn = await conn.execution_options(amux_write=True)
-                async with conn.begin():
+                trans = await conn.begin()
+                try:
                     yield conn
+                except BaseException:
+                    await asyncio.shield(trans.rollback())
+                    raise
+                await asyncio.shield(trans.commit())
+            finally:
+                # A cancelled writer (shutdown, a client gone) must still end its transaction now: left to the
+                # garbage collector, SQLite's write lock outlives it and the next writer waits `busy_timeout`.
+                await asyncio.shield(conn.close())
 
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[Connection]:
