@@ -424,15 +424,15 @@ class SqlOutboxStore:
         """Mark a round's delivered notices sent in one statement, only those `worker` still holds pending (a late
         answer to an expired claim changes nothing); return the ids it marked."""
         held = await self.lock_held(conn, (s.notice_id for s in sent), worker)
-        rows = [{"s_id": s.notice_id, "s_mid": s.message_id, "s_attempts": s.attempts}
-                for s in sent if s.notice_id in held]
+        marked = [s for s in sent if s.notice_id in held]
+        rows = [{"s_id": s.notice_id, "s_mid": s.message_id, "s_attempts": s.attempts} for s in marked]
         if rows:
             stmt = outbox.update().where(outbox.c.id == sa.bindparam("s_id"), outbox.c.claimed_by == worker,
                                          outbox.c.state == LIVE).values(
-                state="sent", message_id=sa.bindparam("s_mid"), sent_at=now, attempts=sa.bindparam("s_attempts"),
+                state=NoticeState.SENT, message_id=sa.bindparam("s_mid"), sent_at=now, attempts=sa.bindparam("s_attempts"),
                 claimed_by=None, claimed_until=None, last_error=None)
             await conn.execute(stmt, rows)
-        return {r["s_id"] for r in rows}
+        return {s.notice_id for s in marked}
 
     async def record_failure(self, conn: Connection, notice_id: str, worker: str, *, state: str, attempts: int,
                              error: str, next_attempt_at: datetime | None, new_window: bool = False) -> bool:
