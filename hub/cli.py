@@ -101,7 +101,8 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
     admin_token = await _token_file(hub, settings.home / "admin.token", "admin", "cli")
     print(f"amux hub listening on {url}  (MCP: {url}/mcp, database: {hub.db.url.split('@')[-1]})", flush=True)
     print(f"admin token written to {settings.home / 'admin.token'}; hub address written to {hub_file}", flush=True)
-    print(f"console (the bot without a Feishu tenant): {url}/console — paste that token; boxes: {url}/boxes", flush=True)
+    print(f"console (the bot without a Feishu tenant): {url}/console — paste that token; boxes: {url}/boxes",
+          flush=True)
     local = None
     tasks = []
     if with_runner:
@@ -110,7 +111,8 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
         local = Runner(url, runner_token, name=f"local-{socket.gethostname()}", slots=args.slots,
                        workspace_root=(settings.home / "workspaces").resolve(), engines=engines)
         tasks.append(asyncio.create_task(local.run_forever()))
-        print(f"in-process runner {local.name} with {args.slots} slots, engines: {', '.join(sorted(local.engines))}", flush=True)
+        print(f"in-process runner {local.name} with {args.slots} slots, engines: {', '.join(sorted(local.engines))}",
+              flush=True)
     del admin_token
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -134,7 +136,8 @@ async def _runner(args: argparse.Namespace) -> None:
 
     token = args.token or os.environ.get("AMUX_TOKEN")
     if not token:
-        raise AmuxError("amux runner needs --token (or AMUX_TOKEN); create one with `amux token create --principal NAME --runner`")
+        raise AmuxError("amux runner needs --token (or AMUX_TOKEN); create one with `amux token create --principal "
+                        "NAME --runner`")
     root = Path(args.workspace_root or Path.home() / ".amux" / "workspaces")
     runner = Runner(args.hub, token, name=args.name or socket.gethostname(), slots=args.slots,
                     workspace_root=root, engines=default_engines(), authoring=args.authoring)
@@ -187,7 +190,8 @@ async def _token(args: argparse.Namespace) -> None:
     if args.token_cmd == "list":
         res = await api.call("GET", "tokens", params={"all": "1"} if args.all else None)
         lines = [f"{t['id']}  {t['kind']:<6} {t['principal']:<16} {t['label'] or '-':<24} created {t['created'][:19]}  "
-                 f"last used {(t['last_used'] or '-')[:19]}  {'revoked ' + t['revoked'][:19] if t['revoked'] else 'active'}"
+                 f"last used {(t['last_used'] or '-')[:19]}  "
+                 f"{'revoked ' + t['revoked'][:19] if t['revoked'] else 'active'}"
                  for t in res["tokens"]]
         _print(args, res, "\n".join(lines) or "no tokens")
     else:
@@ -212,11 +216,13 @@ class ApiClient:
 
         async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"}) as http:
             try:
-                async with http.request(method, f"{self.hub}/api/v1/{path}", json=body, params=params, data=data) as resp:
+                async with http.request(method, f"{self.hub}/api/v1/{path}", json=body, params=params,
+                                        data=data) as resp:
                     data = await resp.json(content_type=None)
             except aiohttp.ClientConnectionError as e:
-                raise AmuxError(f"cannot reach the hub at {self.hub} (from {self.source}): {e}; start it with `amux up`, "
-                                "or pass --hub URL / set AMUX_HUB_URL / set AMUX_HOME to the home of the running hub") from e
+                raise AmuxError(f"cannot reach the hub at {self.hub} (from {self.source}): {e}; start it "
+                                "with `amux up`, or pass --hub URL / set AMUX_HUB_URL / set AMUX_HOME to the home "
+                                "of the running hub") from e
         if resp.status >= 400:
             raise AmuxError(data.get("message") or str(data))
         return data
@@ -303,7 +309,8 @@ async def _profile(args: argparse.Namespace) -> None:
         _print(args, res, f"stored profile {res['name']} ({res['engine']}, {res['digest']})")
     else:
         data = await api.call("GET", "profiles")
-        _print(args, data, "\n".join(f"{p['name']:<16} {p['engine']:<9} {p['kind']:<9} {p['description']}" for p in data["profiles"]))
+        _print(args, data, "\n".join(f"{p['name']:<16} {p['engine']:<9} {p['kind']:<9} {p['description']}"
+                                     for p in data["profiles"]))
 
 
 async def _credential(args: argparse.Namespace) -> None:
@@ -504,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except OSError as e:  # a home file that cannot be read or written: one line, not a traceback
         where = f" {e.filename}" if e.filename else ""
-        print(f"amux: {e.strerror or e}:{where}; check AMUX_HOME (or --db / --config) and its permissions", file=sys.stderr)
+        print(f"amux: {e.strerror or e}:{where}; check AMUX_HOME (or --db / --config) and its permissions",
+              file=sys.stderr)
         return 2
     return 0
 

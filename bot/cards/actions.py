@@ -17,7 +17,8 @@ NEEDS_SCHEDULE = ("detail", "history", "results", "pause", "resume", "delete", "
 NEEDS_INCIDENT = ("ack", "snooze")
 NEEDS_QUESTION = ("answer",)
 MAX_OPTION = 49  # a question offers at most 50 options (hub.runner.protocol.Question)
-VIEWS = ("", "inc")   # which card the answer refreshes: "" the card pressed (alert center), "inc" a pushed incident card
+# which card the answer refreshes: "" the card pressed (alert center), "inc" a pushed incident card
+VIEWS = ("", "inc")
 MAX_PAGE = 10_000
 
 

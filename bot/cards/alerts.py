@@ -108,7 +108,8 @@ def render_incident(view: dict[str, Any]) -> dict[str, Any]:
     elements: list[dict[str, Any]] = [_md(_join(*lines))]
     if status in ACTIVE:
         elements.append(_buttons(view))
-    return _card(_header(_t(_("Scheduled task alert: {name}"), name=view.get("schedule_name", "?")), template), elements)
+    return _card(_header(_t(_("Scheduled task alert: {name}"), name=view.get("schedule_name", "?")), template),
+                 elements)
 
 
 def render_receipt(view: dict[str, Any]) -> dict[str, Any]:
@@ -151,7 +152,8 @@ def render_digest(view: dict[str, Any]) -> dict[str, Any]:
 def _recheck_center() -> dict[str, Any]:
     label = _t(BUTTONS["recheck"])
     return {"tag": "column", "width": "auto", "elements": [{
-        "tag": "button", "type": "default", "text": {"tag": "plain_text", "content": label["en_us"], "i18n_content": label},
+        "tag": "button", "type": "default",
+        "text": {"tag": "plain_text", "content": label["en_us"], "i18n_content": label},
         "behaviors": [{"type": "callback", "value": CardAction("recheck").pack()}]}]}
 
 

@@ -68,7 +68,8 @@ def render_detail(v: ScheduleDetailView, tr: Catalogs) -> dict[str, Any]:
     lines[-1] = {lang: lines[-1][lang] + mode[lang] for lang in mode}
     elements: list[dict[str, Any]] = [markdown(join(*lines))]
     if v.recent:
-        elements.append(markdown(join(tr.text(_("**Last outcomes**")), *[outcome_line(tr, o, False) for o in v.recent[:5]])))
+        elements.append(markdown(join(tr.text(_("**Last outcomes**")),
+                                      *[outcome_line(tr, o, False) for o in v.recent[:5]])))
     else:
         elements.append(markdown(tr.text(_("No runs yet."))))
     if v.notice:
@@ -132,9 +133,11 @@ def render_results(v: ResultsView, tr: Catalogs) -> dict[str, Any]:
         elements.append({"tag": "markdown", "content": v.text or "—"})
         parts = []
         if v.part > 0:
-            parts.append(button(tr.text(_("Previous part")), CardAction("results", v.schedule_id, page=v.page, sub=v.part - 1)))
+            parts.append(button(tr.text(_("Previous part")),
+                                CardAction("results", v.schedule_id, page=v.page, sub=v.part - 1)))
         if v.part + 1 < v.parts:
-            parts.append(button(tr.text(_("Next part")), CardAction("results", v.schedule_id, page=v.page, sub=v.part + 1)))
+            parts.append(button(tr.text(_("Next part")),
+                                CardAction("results", v.schedule_id, page=v.page, sub=v.part + 1)))
         if parts:
             elements.append(button_row(*parts))
         runs = []

@@ -81,7 +81,8 @@ def parse(text: str, tz_name: str) -> Rule:
         if not m or int(m.group(1)) <= 0:
             raise Invalid(f"rule {text!r} is not a valid interval; write one of: {EXAMPLES}")
         if int(m.group(1)) * _UNITS[m.group(2)] > MAX_INTERVAL_S:
-            raise Invalid(f"rule {text!r} is longer than {MAX_INTERVAL_S // 86400} days; use an `at` rule for a one-off")
+            raise Invalid(f"rule {text!r} is longer than {MAX_INTERVAL_S // 86400} days; use an `at` rule "
+                          "for a one-off")
         return Rule(s, "interval", tz, interval=timedelta(seconds=int(m.group(1)) * _UNITS[m.group(2)]))
     if low.startswith("at "):
         try:

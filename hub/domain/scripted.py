@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from ..errors import Invalid
 
 COMMANDS = ("say", "tool", "usage", "write", "sleep", "ask", "fail", "env", "permission", "wait-steer")
-EXAMPLE = "say hello | tool Read 'read a file' | usage input=10 output=5 | write out.txt hi | sleep 0.5 | ask 'which branch?' | fail REASON"
+EXAMPLE = ("say hello | tool Read 'read a file' | usage input=10 output=5 | write out.txt hi | sleep 0.5 "
+           "| ask 'which branch?' | fail REASON")
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ def parse_line(line: str, lineno: int) -> Step | None:
     op, _, rest = raw.partition(" ")
     rest = rest.strip()
     if op not in COMMANDS:
-        raise Invalid(f"scripted line {lineno}: unknown command {op!r}; use one of {', '.join(COMMANDS)} (e.g. {EXAMPLE})")
+        raise Invalid(f"scripted line {lineno}: unknown command {op!r}; use one of {', '.join(COMMANDS)} "
+                      f"(e.g. {EXAMPLE})")
     if op in ("say", "ask", "fail"):
         return Step(op, (), text=rest)
     if op == "env":
@@ -39,7 +41,8 @@ def parse_line(line: str, lineno: int) -> Step | None:
     if op == "permission":
         parts = _split(rest, lineno)
         if not parts:
-            raise Invalid(f"scripted line {lineno}: `permission TOOL TITLE` needs a tool, e.g. permission Bash 'rm -rf build'")
+            raise Invalid(f"scripted line {lineno}: `permission TOOL TITLE` needs a tool, e.g. permission Bash "
+                          "'rm -rf build'")
         return Step(op, (parts[0], " ".join(parts[1:])))
     if op == "wait-steer":
         try:
@@ -47,7 +50,8 @@ def parse_line(line: str, lineno: int) -> Step | None:
         except ValueError:
             seconds = -1.0
         if not 0 < seconds <= 3600:
-            raise Invalid(f"scripted line {lineno}: `wait-steer [SECONDS]` waits up to SECONDS (default 30) for a correction")
+            raise Invalid(f"scripted line {lineno}: `wait-steer [SECONDS]` waits up to SECONDS (default 30) for "
+                          "a correction")
         return Step(op, (), seconds=seconds)
     if op == "tool":
         parts = _split(rest, lineno)
@@ -59,7 +63,8 @@ def parse_line(line: str, lineno: int) -> Step | None:
         for item in _split(rest, lineno):
             key, eq, val = item.partition("=")
             if not eq or not val.isascii() or not val.isdigit():  # `²`.isdigit() is True, int('²') fails
-                raise Invalid(f"scripted line {lineno}: `usage` takes key=N pairs with N ≥ 0, e.g. usage input=10 output=5")
+                raise Invalid(f"scripted line {lineno}: `usage` takes key=N pairs with N ≥ 0, e.g. usage "
+                              "input=10 output=5")
             nums.append((key, int(val)))
         return Step(op, (), numbers=tuple(nums))
     if op == "write":

@@ -116,7 +116,8 @@ def schedule_tools(service: ScheduleService):  # noqa: ANN201
                                   extra_args: list[str] | None = None, permission_policy: str | None = None,
                                   reasoning_effort: str | None = None, credential_profile: str | None = None,
                                   timeout_s: float | None = None, notify: str | None = None) -> ScheduleView:
-            """Create a schedule. rule: cron "*/5 * * * *", interval "every 30s|5m|2h", one-shot "at 2026-12-01T09:00:00+08:00".
+            """Create a schedule. rule: cron "*/5 * * * *", interval "every 30s|5m|2h",
+            one-shot "at 2026-12-01T09:00:00+08:00".
 
             schedule_type "subtask" (default) submits a child Task at each fire; "session-prompt" submits the prompt
             into session_ref (session_list finds one; omitted: the caller's own Session, for an agent inside one).

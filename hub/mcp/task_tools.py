@@ -47,7 +47,8 @@ def task_tools(tasks: TaskService, profiles: ProfileService, permissions: Permis
 
         @server.tool()
         async def task_wait(task_id: str, ctx: Context, cursor: int = 0, timeout_s: float = 30) -> m.EventPage:
-            """Wait for events after `cursor` (or the end); a timeout returns what there is and never cancels the task."""
+            """Wait for events after `cursor` (or the end); a timeout returns what there is and never cancels the task.
+            """
             return m.EventPage(**await guarded(lambda: tasks.wait(caller_of(ctx), task_id, cursor, timeout_s)))
 
         @server.tool()

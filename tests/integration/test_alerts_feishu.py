@@ -49,7 +49,8 @@ class Env:
                 id=new_id("rt"), name="r1", principal_id=self.alice.principal_id, shared=True,
                 capabilities={"engines": ["scripted"]}, slots=4, status="online", registered_at=now, last_seen_at=now))
         s = await self.hub.schedules.create(self.alice, ScheduleSpec(prompt="say hello", rule=rule, name=name,
-                                                                      schedule_type="subtask", timezone="Asia/Shanghai"))
+                                                                     schedule_type="subtask",
+                                                                     timezone="Asia/Shanghai"))
         self.sid = s["schedule_id"]
         return self
 
@@ -57,7 +58,8 @@ class Env:
         """Let the schedule fire once, finish its Task with `outcome`, reconcile; return the firing id."""
         self.clock.advance(advance_s)
         async with self.hub.db.write() as conn:  # fire now (tests move the clock in big steps; no missed runs)
-            await conn.execute(schedules.update().where(schedules.c.id == self.sid).values(next_fire_at=self.clock.now()))
+            await conn.execute(schedules.update().where(schedules.c.id == self.sid)
+                               .values(next_fire_at=self.clock.now()))
         await self.hub.schedule_firing.fire_due()
         async with self.hub.db.write() as conn:
             row = (await conn.execute(sa.select(firings).where(firings.c.schedule_id == self.sid)
@@ -78,7 +80,8 @@ class Env:
             return (await conn.execute(sa.select(outbox).order_by(outbox.c.created_at))).all()
 
 
-async def make_env(db_url: str, tmp: Path, clock: ManualClock, fake: FakeFeishu, admin: str | None = ADMIN, **alerts) -> Env:
+async def make_env(db_url: str, tmp: Path, clock: ManualClock, fake: FakeFeishu, admin: str | None = ADMIN,
+                   **alerts) -> Env:
     settings = hub_settings(db_url, tmp)
     settings.feishu.apps = [FeishuAppSettings(app_id=fake.app_id, app_secret=fake.app_secret, admin_open_id=admin,
                                               base_url=fake.base_url, timezone="Asia/Shanghai")]

@@ -93,5 +93,6 @@ async def test_a_cli_child_sees_none_of_the_runners_variables_and_its_token_stop
     assert child["AMUX_TOKEN"] not in (runner_token, hub.admin_token)
     assert child["HOME"] != os.environ.get("HOME") and not Path(child["HOME"]).exists()  # per-run, removed after
     async with aiohttp.ClientSession() as http:
-        async with http.get(f"{hub.url}/api/v1/memory", headers={"Authorization": f"Bearer {child['AMUX_TOKEN']}"}) as r:
+        async with http.get(f"{hub.url}/api/v1/memory",
+                            headers={"Authorization": f"Bearer {child['AMUX_TOKEN']}"}) as r:
             assert r.status == 401, await r.text()

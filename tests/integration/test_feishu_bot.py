@@ -55,7 +55,8 @@ class Bot:
             "event_id": event_id or uuid.uuid4().hex, "token": VT, "event_type": event_type, "tenant_key": "t1",
             "app_id": self.app_id, "create_time": str(int(self.clock.now().timestamp() * 1000))}, "event": event}
 
-    async def post(self, envelope: dict, *, ts: int | None = None, key: str = EK, tamper: bool = False) -> tuple[int, dict]:
+    async def post(self, envelope: dict, *, ts: int | None = None, key: str = EK,
+                   tamper: bool = False) -> tuple[int, dict]:
         body = json.dumps({"encrypt": encrypt(json.dumps(envelope), EK, os.urandom(16))}).encode()
         headers = self.headers(body, ts, key)
         if tamper:
@@ -77,7 +78,8 @@ class Bot:
         status, body = await self.post(self.envelope("im.message.receive_v1", event, event_id), **kw)
         return status, body, mid
 
-    async def press(self, open_id: str, action: CardAction | dict, message_id: str = "om_card", **kw) -> tuple[int, dict]:
+    async def press(self, open_id: str, action: CardAction | dict, message_id: str = "om_card",
+                    **kw) -> tuple[int, dict]:
         value = action.pack() if isinstance(action, CardAction) else action
         event = {"operator": {"tenant_key": "t1", "open_id": open_id, "union_id": f"on_{open_id[3:]}"},
                  "token": f"c-{uuid.uuid4().hex}", "action": {"value": value, "tag": "button"}, "host": "im_message",
@@ -95,11 +97,13 @@ class Bot:
 
     async def principal(self, open_id: str) -> Caller:
         async with self.hub.db.read() as conn:
-            row = (await conn.execute(sa.select(identity_bindings).where(identity_bindings.c.open_id == open_id))).first()
+            row = (await conn.execute(sa.select(identity_bindings)
+                                      .where(identity_bindings.c.open_id == open_id))).first()
         return Caller(row.principal_id, f"feishu:{self.app_id}:{open_id}", "t", "feishu", False)
 
     async def schedule(self, caller: Caller, name: str, rule: str = "every 1h") -> str:
-        s = await self.hub.schedules.create(caller, ScheduleSpec(prompt=f"say secret prompt of {name}", rule=rule, name=name))
+        s = await self.hub.schedules.create(caller,
+                                            ScheduleSpec(prompt=f"say secret prompt of {name}", rule=rule, name=name))
         return s["schedule_id"]
 
 
@@ -333,7 +337,8 @@ async def test_results_are_split_across_parts_under_30kb_and_history_pages(bot: 
             tid = new_id("tr")
             await conn.execute(task_runs.insert().values(
                 id=tid, owner_id=alice.principal_id, prompt="x", snapshot={}, status="succeeded", outcome="succeeded",
-                result_text=text if i == 11 else f"short {i}", attempt=0, event_seq=0, last_rseq=0, created_at=now, kind="task"))
+                result_text=text if i == 11 else f"short {i}", attempt=0, event_seq=0, last_rseq=0, created_at=now,
+                kind="task"))
             await conn.execute(firings.insert().values(
                 id=new_id("fir"), schedule_id=sid, nominal_time=now + timedelta(hours=i), fired_at=now,
                 admission="ok", task_id=tid, outcome="succeeded", missed_count=0, legacy=False))
@@ -346,7 +351,8 @@ async def test_results_are_split_across_parts_under_30kb_and_history_pages(bot: 
         status, res = await bot.press("ou_alice", CardAction("results", sid, sub=part))
         card = res["card"]["data"]
         assert size_bytes(card) <= MAX_CARD_BYTES
-        seen.append(next(e["content"] for e in card["body"]["elements"] if e.get("tag") == "markdown" and "i18n_content" not in e))
+        seen.append(next(e["content"] for e in card["body"]["elements"]
+                         if e.get("tag") == "markdown" and "i18n_content" not in e))
     joined = "".join(seen)
     assert re.search(r"(?<!\\)<at", joined) is None and "\\<at id=all\\>" in joined   # no mention sneaks in
     assert joined.replace("\\", "") == text.replace("\\", "")                             # nothing lost across parts

@@ -1,4 +1,4 @@
-"""`amux runner --authoring` advertises the authoring capability, so a profile with local expert authoring runs there."""
+"""`amux runner --authoring` advertises the authoring capability: a profile with local expert authoring runs there."""
 from __future__ import annotations
 
 import asyncio

@@ -17,7 +17,8 @@ from tests.helpers import REPO, eventually, runner_command, start_hub
 async def spawn_runner(url: str, token: str, tmp_path: Path, name: str = "proc", slots: int = 2):
     return await asyncio.create_subprocess_exec(
         *runner_command(url, token, name, slots, tmp_path / "ws"), cwd=REPO,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, env={**os.environ, "AMUX_HOME": str(tmp_path)})
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        env={**os.environ, "AMUX_HOME": str(tmp_path)})
 
 
 async def runtime_status(hub, name: str):

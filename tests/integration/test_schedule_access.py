@@ -94,7 +94,8 @@ async def test_personal_views_card_actions_rest_reads_and_recovery_make_the_same
 async def test_schedule_with_no_creator_binding_is_visible_only_to_its_creators_own_linked_identities(hub):
     hub = hub.hub
     _carol, _dave, viewers = await _setup(hub)
-    assert "unbound" in await _bot_view(hub, viewers["carol_a"]) and "unbound" in await _bot_view(hub, viewers["carol_b"])
+    assert "unbound" in await _bot_view(hub, viewers["carol_a"])
+    assert "unbound" in await _bot_view(hub, viewers["carol_b"])
     assert "unbound" not in await _bot_view(hub, viewers["dave_a"])
 
 

@@ -44,7 +44,8 @@ AGENTS = {**ENGINES, "pi": PiEngine}  # pi has none: its agent runs the `amux` C
 def launcher(tmp_path: Path, engine: str, record: Path, scenario: str) -> Path:
     """An executable that starts the engine's fake with a scenario: the runner passes no test variables through."""
     path = tmp_path / f"{engine}-agent"
-    path.write_text(f"#!/bin/sh\nFAKE_SCENARIO={scenario} FAKE_RECORD_DIR={record} exec {sys.executable} {BIN / engine} \"$@\"\n")
+    path.write_text(f"#!/bin/sh\nFAKE_SCENARIO={scenario} FAKE_RECORD_DIR={record} exec {sys.executable} "
+                    f"{BIN / engine} \"$@\"\n")
     path.chmod(0o755)
     return path
 
@@ -58,8 +59,10 @@ async def post_message(url: str, app_id: str, fake: FakeFeishu, clock: ManualClo
                         "tenant_key": "t1"},
              "message": {"message_id": mid, "chat_id": f"oc_{open_id}", "chat_type": "p2p", "message_type": "text",
                          "content": json.dumps({"text": text}), "create_time": now_ms, "mentions": []}}
-    envelope = {"schema": "2.0", "header": {"event_id": uuid.uuid4().hex, "token": VT, "event_type": "im.message.receive_v1",
-                                            "tenant_key": "t1", "app_id": app_id, "create_time": now_ms}, "event": event}
+    envelope = {"schema": "2.0",
+                "header": {"event_id": uuid.uuid4().hex, "token": VT, "event_type": "im.message.receive_v1",
+                           "tenant_key": "t1", "app_id": app_id, "create_time": now_ms},
+                "event": event}
     body = json.dumps({"encrypt": encrypt(json.dumps(envelope), EK, os.urandom(16))}).encode()
     ts, nonce = str(int(clock.now().timestamp())), uuid.uuid4().hex
     headers = {"Content-Type": "application/json", "X-Lark-Request-Timestamp": ts, "X-Lark-Request-Nonce": nonce,
@@ -173,7 +176,8 @@ async def test_a_task_child_gets_no_task_mcp_tools(engine, tmp_path: Path, monke
     assert "--mcp-config" not in argv and not any(a.startswith("mcp_servers.") for a in argv), argv
 
 
-async def test_a_session_turns_claude_config_file_is_private_in_its_home_and_removed_after_the_run(tmp_path, monkeypatch):
+async def test_a_session_turns_claude_config_file_is_private_in_its_home_and_removed_after_the_run(tmp_path,
+                                                                                                   monkeypatch):
     monkeypatch.setenv("AMUX_CLAUDE_BIN", str(BIN / "claude"))
     j = job(tmp_path, "claude", {**COORDINATION, "AMUX_SESSION_ID": "ses_1"})
     seen: dict = {}

@@ -132,7 +132,8 @@ async def test_an_explicit_identity_or_policy_change_is_refused_by_the_no_switch
     await hub.start_runner()
     async with mcp_client(hub.url, hub.admin_token) as c:
         iid = (await ok(c, "instance_create", profile="scripted"))["instance_id"]
-        assert "cannot switch" in await refused(c, "instance_followup", instance_id=iid, prompt="say x", engine="claude")
+        assert "cannot switch" in await refused(c, "instance_followup", instance_id=iid, prompt="say x",
+                                                engine="claude")
         assert "cannot switch" in await refused(c, "instance_followup", instance_id=iid, prompt="say x", model="other")
         assert "new instance" in await refused(c, "instance_followup", instance_id=iid, prompt="say x",
                                                permission_policy="deny-all")

@@ -1,8 +1,9 @@
 """Packaging: the wheel carries the compiled catalogs, so an installed hub renders Chinese.
 
 Builds the wheel from a copy of the source the way `pip install .` does (in build isolation, unless the
-project venv can build wheels itself: then with its setuptools, no downloads), installs it with `--no-deps` into a fresh venv outside the source tree whose only other
-import path is the project venv's third-party packages, and renders the overview card there.
+project venv can build wheels itself: then with its setuptools, no downloads), installs it with `--no-deps` into a
+fresh venv outside the source tree whose only other import path is the project venv's third-party packages, and
+renders the overview card there.
 """
 from __future__ import annotations
 

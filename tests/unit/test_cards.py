@@ -35,10 +35,12 @@ def check_card(card: dict) -> None:
         if isinstance(node, dict):
             assert node.get("tag") != "action", "Card 2.0 has no action rows"
             if "i18n_content" in node:
-                assert set(node["i18n_content"]) == {"en_us", "zh_cn"} and node["content"] == node["i18n_content"]["en_us"]
+                assert set(node["i18n_content"]) == {"en_us", "zh_cn"}
+                assert node["content"] == node["i18n_content"]["en_us"]
             if node.get("tag") == "button":
                 (behavior,) = node["behaviors"]
-                assert behavior["type"] == "callback" and CardAction.unpack(behavior["value"]).pack() == behavior["value"]
+                assert behavior["type"] == "callback"
+                assert CardAction.unpack(behavior["value"]).pack() == behavior["value"]
     walk(card, rules)
 
     def buttons_in_columns(node):  # noqa: ANN001, ANN202
@@ -58,7 +60,9 @@ INCIDENT = {"v": 1, "kind": "incident", "incident_id": "inc_1", "app_id": "cli_1
 
 def _values(card: dict) -> list[dict]:
     out: list[dict] = []
-    walk(card, lambda n: out.append(n["behaviors"][0]["value"]) if isinstance(n, dict) and n.get("tag") == "button" else None)
+    walk(card,
+         lambda n: out.append(n["behaviors"][0]["value"]) if isinstance(n, dict) and n.get("tag") == "button"
+         else None)
     return out
 
 
@@ -76,10 +80,12 @@ def test_acknowledged_incident_card_keeps_only_recheck_and_closed_card_has_no_bu
 
 
 def test_digest_card_acts_per_incident_and_answers_with_the_alert_center():
-    card = render_notice({"v": 1, "kind": "digest", "app_id": "cli_1", "items": [INCIDENT, {**INCIDENT, "incident_id": "inc_2"}]})
+    card = render_notice({"v": 1, "kind": "digest", "app_id": "cli_1",
+                          "items": [INCIDENT, {**INCIDENT, "incident_id": "inc_2"}]})
     actions = [CardAction.unpack(v) for v in _values(card)]
     assert [(a.op, a.incident_id, a.view) for a in actions] == [
-        ("ack", "inc_1", ""), ("snooze", "inc_1", ""), ("ack", "inc_2", ""), ("snooze", "inc_2", ""), ("recheck", None, "")]
+        ("ack", "inc_1", ""), ("snooze", "inc_1", ""), ("ack", "inc_2", ""), ("snooze", "inc_2", ""),
+        ("recheck", None, "")]
 
 
 OVERVIEW = OverviewView("alice", total=3, failing=1, paused=1,
@@ -123,7 +129,8 @@ def test_user_text_is_escaped():
     render_detail(ScheduleDetailView("sch_1", "nightly", "cron 0 2 * * *", "Asia/Shanghai", "subtask", False,
                                      "2026-01-06T02:00:00+08:00", (Outcome("nightly", None, "unknown"),)), TR),
     render_detail(ScheduleDetailView("sch_1", "nightly", "every 1h", "UTC", "subtask", True, None), TR),
-    render_history(HistoryView("sch_1", "nightly", tuple(Outcome("n", None, "missed") for _ in range(10)), 2, True), TR),
+    render_history(HistoryView("sch_1", "nightly", tuple(Outcome("n", None, "missed") for _ in range(10)), 2, True),
+                   TR),
     render_results(ResultsView("sch_1", "n", 0, 2, 1, 3, Outcome("n", None, "succeeded"), "x" * 9000), TR),
     render_results(ResultsView("sch_1", "n", 0, 0, 0, 0), TR),
     render_alert_center(AlertCenterView("cli_1", tuple(IncidentItem(f"inc_{i}", "nightly", "alice", "open", 2, 1, 0,
@@ -132,7 +139,8 @@ def test_user_text_is_escaped():
     render_notice(INCIDENT),
     render_notice({**INCIDENT, "notice": "reminder"}),
     render_notice({**INCIDENT, "acknowledged": True}),
-    render_notice({"v": 1, "kind": "digest", "app_id": "cli_1", "items": [INCIDENT, {**INCIDENT, "incident_id": "inc_2"}]}),
+    render_notice({"v": 1, "kind": "digest", "app_id": "cli_1",
+                   "items": [INCIDENT, {**INCIDENT, "incident_id": "inc_2"}]}),
     render_notice({"v": 1, "kind": "digest", "app_id": "cli_1", "items": [{**INCIDENT, "incident_id": f"inc_{i}"}
                                                                           for i in range(500)]}),
 ])
@@ -143,7 +151,9 @@ def test_every_card_obeys_card_2_rules(card: dict):
 def test_list_pagination_buttons():
     card = render_list(ScheduleListView((), page=1, pages=3, total=13), TR)
     values = []
-    walk(card, lambda n: values.append(n["behaviors"][0]["value"]) if isinstance(n, dict) and n.get("tag") == "button" else None)
+    walk(card,
+         lambda n: values.append(n["behaviors"][0]["value"])
+         if isinstance(n, dict) and n.get("tag") == "button" else None)
     assert {"p": "amux", "v": 1, "op": "schedules"} in values          # previous = page 0
     assert {"p": "amux", "v": 1, "op": "schedules", "pg": 2} in values
     assert {"p": "amux", "v": 1, "op": "overview"} in values           # back
@@ -155,7 +165,8 @@ def test_results_split_keeps_every_part_under_the_limit():
     assert len(parts) > 5 and all(len(p.encode()) <= 9000 for p in parts)
     assert "".join(parts).replace("\\", "") == text
     for i, part in enumerate(parts):
-        check_card(render_results(ResultsView("sch_1", "n", 0, 1, i, len(parts), Outcome("n", None, "succeeded"), part), TR))
+        check_card(render_results(ResultsView("sch_1", "n", 0, 1, i, len(parts), Outcome("n", None, "succeeded"), part),
+                                  TR))
 
 
 @pytest.mark.parametrize("value", [
