@@ -126,8 +126,11 @@ def schedule_tools(service: ScheduleService):  # noqa: ANN201
             """
             caller = caller_of(ctx)
             ref = session_ref_of(caller, schedule_type, session_ref)
-            spec = ScheduleSpec(name, prompt, rule, timezone, schedule_type, ref, profile, runtime, model,
-                                reasoning_effort, extra_args, permission_policy, credential_profile, timeout_s, notify)
+            spec = ScheduleSpec(name=name, prompt=prompt, rule=rule, timezone=timezone, schedule_type=schedule_type,
+                                session_ref=ref, profile=profile, runtime=runtime, model=model,
+                                reasoning_effort=reasoning_effort, extra_args=extra_args,
+                                permission_policy=permission_policy, credential_profile=credential_profile,
+                                timeout_s=timeout_s, notify=notify)
             return ScheduleView(**await guarded(lambda: service.create(caller, spec, source="mcp")))
 
         @server.tool()
@@ -153,8 +156,11 @@ def schedule_tools(service: ScheduleService):  # noqa: ANN201
 
             notify: "failures" | "all" | "none" (which outcomes reach the Feishu administrator).
             """
-            spec = ScheduleSpec(name, prompt, rule, timezone, None, session_ref, profile, runtime, model,
-                                reasoning_effort, extra_args, permission_policy, credential_profile, timeout_s, notify)
+            spec = ScheduleSpec(name=name, prompt=prompt, rule=rule, timezone=timezone, schedule_type=None,
+                                session_ref=session_ref, profile=profile, runtime=runtime, model=model,
+                                reasoning_effort=reasoning_effort, extra_args=extra_args,
+                                permission_policy=permission_policy, credential_profile=credential_profile,
+                                timeout_s=timeout_s, notify=notify)
             return ScheduleView(**await guarded(lambda: service.update(caller_of(ctx), schedule_id, spec)))
 
         @server.tool()

@@ -25,8 +25,9 @@ def task_tools(tasks: TaskService, profiles: ProfileService, permissions: Permis
                               reasoning_effort: str | None = None, permission_policy: str | None = None,
                               credential_profile: str | None = None) -> m.Submitted:
             """Admit a task (returns at once with its task_id); follow it with task_wait or task_get."""
-            req = SubmitRequest(prompt, profile, runtime, model, extra_args, timeout_s, name,
-                                reasoning_effort, permission_policy, credential_profile)
+            req = SubmitRequest(prompt=prompt, profile=profile, runtime=runtime, model=model, extra_args=extra_args,
+                                timeout_s=timeout_s, name=name, reasoning_effort=reasoning_effort,
+                                permission_policy=permission_policy, credential_profile=credential_profile)
             return m.Submitted(**await guarded(lambda: tasks.submit(caller_of(ctx), req)))
 
         @server.tool()
@@ -36,8 +37,9 @@ def task_tools(tasks: TaskService, profiles: ProfileService, permissions: Permis
                            reasoning_effort: str | None = None, permission_policy: str | None = None,
                            credential_profile: str | None = None) -> m.TaskView:
             """Submit a task and block until it is terminal; returns its result."""
-            req = SubmitRequest(prompt, profile, runtime, model, extra_args, timeout_s, name,
-                                reasoning_effort, permission_policy, credential_profile)
+            req = SubmitRequest(prompt=prompt, profile=profile, runtime=runtime, model=model, extra_args=extra_args,
+                                timeout_s=timeout_s, name=name, reasoning_effort=reasoning_effort,
+                                permission_policy=permission_policy, credential_profile=credential_profile)
             return m.TaskView(**await guarded(lambda: tasks.run(caller_of(ctx), req)))
 
         @server.tool()

@@ -39,7 +39,8 @@ async def snapshot_of(hub, task_id):
 
 
 async def submit(hub, caller=None, **kw):
-    return (await hub.tasks.submit(caller or hub.admin, SubmitRequest(kw.pop("prompt", "review it"), **kw)))["task_id"]
+    return (await hub.tasks.submit(caller or hub.admin,
+                                   SubmitRequest(prompt=kw.pop("prompt", "review it"), **kw)))["task_id"]
 
 
 async def test_a_v2_manifest_is_stored_and_a_task_on_it_uses_the_distribution_default_preset(core):
@@ -104,7 +105,8 @@ async def test_an_unknown_policy_or_one_the_engine_cannot_enforce_is_refused_bef
 
 async def test_escalation_is_refused_for_blocking_task_run(core):
     with pytest.raises(Invalid, match="task_run"):
-        await core.tasks.submit(core.admin, SubmitRequest("x", profile="claude", permission_policy="escalate-to-main"),
+        await core.tasks.submit(core.admin,
+                                SubmitRequest(prompt="x", profile="claude", permission_policy="escalate-to-main"),
                                 origin="run")
 
 

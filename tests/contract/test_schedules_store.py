@@ -235,7 +235,8 @@ async def test_a_firing_whose_dispatch_was_never_recorded_becomes_unknown_and_is
     # a dispatch result arriving after that is discarded: no Task is admitted for it
     async with core.db.read() as conn:
         row = (await conn.execute(sa.select(schedules).where(schedules.c.id == s["schedule_id"]))).first()
-    d = Due("fir_crash", row, now, ("ok", "tr_late", None), {"id": "tr_late"})
+    d = Due(firing_id="fir_crash", schedule=row, nominal=now, result=("ok", "tr_late", None),
+            task_row={"id": "tr_late"})
     await core.schedule_firing._record([d], core.clock.now())  # noqa: SLF001
     assert await task(core, "tr_late") is None
     assert (await ledger(core, s["schedule_id"]))[0].outcome == "unknown"

@@ -104,7 +104,7 @@ async def test_an_admin_revokes_any_token_and_it_stops_at_once_here_and_within_t
 async def dispatch_one(core, prompt: str = "say hi"):
     """Register a runtime, submit a task and take its dispatch; return (dispatch, runtime id, connection id)."""
     rt, conn_id, _ = await core.runtimes.register(core.admin, reg("rt"))
-    await core.tasks.submit(core.admin, SubmitRequest(prompt, profile="scripted"))
+    await core.tasks.submit(core.admin, SubmitRequest(prompt=prompt, profile="scripted"))
     await core.dispatcher.place_once()
     out = await core.runtimes.outgoing(rt, conn_id, set())
     return out[0], rt, conn_id
@@ -160,7 +160,7 @@ async def test_a_revoked_runner_gets_no_dispatch(core):
     runner = await core.auth.authenticate(token, surface="runner")
     rt, conn_id, _ = await core.runtimes.register(runner, reg("shared-rt"))
     await core.tokens.revoke(core.admin, runner.token_id)
-    await core.tasks.submit(core.admin, SubmitRequest("say hi", profile="scripted"))
+    await core.tasks.submit(core.admin, SubmitRequest(prompt="say hi", profile="scripted"))
     await core.dispatcher.place_once()
     with pytest.raises(TokenRevoked):
         await core.runtimes.outgoing(rt, conn_id, set(), runner.token_id)

@@ -24,7 +24,7 @@ TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 _counter = itertools.count(1)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Message:
     """One accepted message."""
 
@@ -219,7 +219,7 @@ class FakeFeishu:
             card = json.loads(content)
         except (TypeError, ValueError):
             card = {"raw": content}
-        m = Message(mid, receive_id, uuid, card, now, reply_to)
+        m = Message(message_id=mid, receive_id=receive_id, uuid=uuid, content=card, at=now, reply_to=reply_to)
         self.messages[mid] = m
         self.sent.append(m)
         if uuid:

@@ -375,8 +375,9 @@ async def _event(env: Env, fid: str):
 
     async with env.hub.db.read() as conn:
         f = (await conn.execute(sa.select(firings).where(firings.c.id == fid))).first()
-    return FiringOutcome(env.sid, fid, f.nominal_time, f.outcome, f.admission, env.alice.principal_id, None,
-                         "subtask", False)
+    return FiringOutcome(schedule_id=env.sid, firing_id=fid, nominal_time=f.nominal_time, outcome=f.outcome,
+                         admission=f.admission, creator_id=env.alice.principal_id, app_id=None,
+                         schedule_type="subtask", one_shot=False)
 
 
 async def test_explain_tells_why_for_incident_and_firing(env: Env):

@@ -68,7 +68,8 @@ async def start(hub, tmp_path: Path, credentials: dict[str, str]):
 
 
 async def run_task(hub, admin, profile: str, timeout_s: float, **kw) -> tuple[dict, list[str]]:
-    sub = await hub.hub.tasks.submit(admin, SubmitRequest("say hello", profile=profile, credential_profile="model",
+    sub = await hub.hub.tasks.submit(admin,
+                                     SubmitRequest(prompt="say hello", profile=profile, credential_profile="model",
                                                           timeout_s=timeout_s, **kw))
     view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=timeout_s + 30)
     page = await hub.hub.tasks.events(admin, sub["task_id"])

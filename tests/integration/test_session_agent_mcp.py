@@ -53,7 +53,8 @@ def launcher(tmp_path: Path, engine: str, record: Path, scenario: str) -> Path:
 async def post_message(url: str, app_id: str, fake: FakeFeishu, clock: ManualClock, open_id: str, text: str) -> str:
     """Post `text` as Feishu would: an encrypted, signed im.message.receive_v1 webhook; return the message id."""
     mid = f"om_{uuid.uuid4().hex[:12]}"
-    fake.messages.setdefault(mid, Message(mid, open_id, None, {"text": text}, clock.now().timestamp()))
+    fake.messages.setdefault(mid, Message(message_id=mid, receive_id=open_id, uuid=None, content={"text": text},
+                                          at=clock.now().timestamp()))
     now_ms = str(int(clock.now().timestamp() * 1000))
     event = {"sender": {"sender_id": {"open_id": open_id, "union_id": f"on_{open_id[3:]}"}, "sender_type": "user",
                         "tenant_key": "t1"},
@@ -206,7 +207,7 @@ async def test_a_plain_tasks_child_gets_the_memory_cli_and_a_run_token_but_no_mc
     hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
     await asyncio.wait_for(runner.registered.wait(), 10)
     admin = await hub.hub.auth.authenticate(hub.admin_token)
-    sub = await hub.hub.tasks.submit(admin, SubmitRequest("say hello", profile=engine))
+    sub = await hub.hub.tasks.submit(admin, SubmitRequest(prompt="say hello", profile=engine))
     view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=30)
     assert view["status"] == "succeeded", view
     child = json.loads((record / "environ.json").read_text())

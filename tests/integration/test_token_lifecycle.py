@@ -46,7 +46,7 @@ async def test_a_revoked_runners_socket_is_closed_and_it_receives_no_dispatch(hu
     assert runner.ws is None
     await eventually(lambda: _is(runtime_status(hub, "pool"), "offline"))
     admin = await hub.hub.auth.authenticate(hub.admin_token)
-    sub = await hub.hub.tasks.submit(admin, SubmitRequest("say hi", profile="scripted"))
+    sub = await hub.hub.tasks.submit(admin, SubmitRequest(prompt="say hi", profile="scripted"))
     await asyncio.sleep(0.5)
     assert (await hub.hub.tasks.get(admin, sub["task_id"]))["status"] == "queued"
     async with hub.hub.db.read() as conn:

@@ -88,7 +88,7 @@ def test_digest_card_acts_per_incident_and_answers_with_the_alert_center():
         ("recheck", None, "")]
 
 
-OVERVIEW = OverviewView("alice", total=3, failing=1, paused=1,
+OVERVIEW = OverviewView(viewer="alice", total=3, failing=1, paused=1,
                         latest=(Outcome("nightly", "2026-01-05T09:00:00+00:00", "failed"),), is_admin=False)
 
 
@@ -117,25 +117,37 @@ def test_admin_overview_has_both_entries_in_one_row():
 
 
 def test_user_text_is_escaped():
-    card = render_overview(OverviewView("<at id=all></at>", 0, 0, 0), TR)
+    card = render_overview(OverviewView(viewer="<at id=all></at>", total=0, failing=0, paused=0), TR)
     assert "\\<at id=all\\>" in card["body"]["elements"][0]["content"]
 
 
 @pytest.mark.parametrize("card", [
-    render_list(ScheduleListView(tuple(ScheduleItem(f"sch_{i}", f"job {i}", "every 1h", i % 2 == 0,
-                                                    "2026-01-05T10:00:00+00:00", "succeeded") for i in range(5)),
+    render_list(ScheduleListView(tuple(ScheduleItem(schedule_id=f"sch_{i}", name=f"job {i}", rule="every 1h",
+                                                    paused=i % 2 == 0,
+                                                    next_fire_at="2026-01-05T10:00:00+00:00",
+                                                    last="succeeded") for i in range(5)),
                                  page=1, pages=3, total=13), TR),
     render_list(ScheduleListView((), 0, 1, 0), TR),
-    render_detail(ScheduleDetailView("sch_1", "nightly", "cron 0 2 * * *", "Asia/Shanghai", "subtask", False,
-                                     "2026-01-06T02:00:00+08:00", (Outcome("nightly", None, "unknown"),)), TR),
-    render_detail(ScheduleDetailView("sch_1", "nightly", "every 1h", "UTC", "subtask", True, None), TR),
-    render_history(HistoryView("sch_1", "nightly", tuple(Outcome("n", None, "missed") for _ in range(10)), 2, True),
+    render_detail(ScheduleDetailView(schedule_id="sch_1", name="nightly", rule="cron 0 2 * * *",
+                                     timezone="Asia/Shanghai", schedule_type="subtask", paused=False,
+                                     next_fire_at="2026-01-06T02:00:00+08:00",
+                                     recent=(Outcome("nightly", None, "unknown"),)), TR),
+    render_detail(ScheduleDetailView(schedule_id="sch_1", name="nightly", rule="every 1h", timezone="UTC",
+                                     schedule_type="subtask", paused=True, next_fire_at=None), TR),
+    render_history(HistoryView(schedule_id="sch_1", name="nightly",
+                               firings=tuple(Outcome("n", None, "missed") for _ in range(10)), page=2, has_more=True),
                    TR),
-    render_results(ResultsView("sch_1", "n", 0, 2, 1, 3, Outcome("n", None, "succeeded"), "x" * 9000), TR),
-    render_results(ResultsView("sch_1", "n", 0, 0, 0, 0), TR),
-    render_alert_center(AlertCenterView("cli_1", tuple(IncidentItem(f"inc_{i}", "nightly", "alice", "open", 2, 1, 0,
-                                                                    "failed", i == 0, None) for i in range(5)),
-                                        0, 2, "suspended", ("230013: bot not available to the user",)), TR),
+    render_results(ResultsView(schedule_id="sch_1", name="n", page=0, pages=2, part=1, parts=3,
+                               firing=Outcome("n", None, "succeeded"), text="x" * 9000), TR),
+    render_results(ResultsView(schedule_id="sch_1", name="n", page=0, pages=0, part=0, parts=0), TR),
+    render_alert_center(AlertCenterView(app_id="cli_1",
+                                        incidents=tuple(IncidentItem(incident_id=f"inc_{i}", schedule_name="nightly",
+                                                                     creator="alice", state="open", failures=2,
+                                                                     missed=1, unknowns=0, last_outcome="failed",
+                                                                     acknowledged=i == 0, snoozed_until=None)
+                                                        for i in range(5)),
+                                        page=0, pages=2, delivery_state="suspended",
+                                        diagnostics=("230013: bot not available to the user",)), TR),
     render_notice(INCIDENT),
     render_notice({**INCIDENT, "notice": "reminder"}),
     render_notice({**INCIDENT, "acknowledged": True}),
@@ -165,7 +177,8 @@ def test_results_split_keeps_every_part_under_the_limit():
     assert len(parts) > 5 and all(len(p.encode()) <= 9000 for p in parts)
     assert "".join(parts).replace("\\", "") == text
     for i, part in enumerate(parts):
-        check_card(render_results(ResultsView("sch_1", "n", 0, 1, i, len(parts), Outcome("n", None, "succeeded"), part),
+        check_card(render_results(ResultsView(schedule_id="sch_1", name="n", page=0, pages=1, part=i, parts=len(parts),
+                                              firing=Outcome("n", None, "succeeded"), text=part),
                                   TR))
 
 
@@ -183,6 +196,6 @@ def test_bad_payloads_are_refused(value):  # noqa: ANN001
 
 
 def test_payload_round_trip():
-    a = CardAction("results", "sch_1", page=3, sub=2)
+    a = CardAction(op="results", schedule_id="sch_1", page=3, sub=2)
     assert a.pack() == {"p": "amux", "v": 1, "op": "results", "s": "sch_1", "pg": 3, "sub": 2}
     assert CardAction.unpack(a.pack()) == a
