@@ -48,7 +48,7 @@ def render_list(v: ScheduleListView, tr: Catalogs) -> dict[str, Any]:
     return check_limits(card(tr.text(_("Personal schedules")), elements))
 
 
-NOTIFY_MODES = ("failures", "all", "none")   # CardAction("notify", sub=index) picks one
+NOTIFY_MODES = ("failures", "all", "none")   # CardAction(op="notify", sub=index) picks one
 NOTIFY_LABELS = {"failures": _("failures only"), "all": _("every run"), "none": _("off")}
 NOTIFY_BUTTONS = {"failures": _("Notify failures only"), "all": _("Notify every run"), "none": _("Notifications off")}
 
