@@ -66,6 +66,7 @@ async def _token_file(hub: Hub, path: Path, principal: str, label: str, *, runne
     return token
 
 
+# Long by design: one start-up sequence (hub, token files, in-process runner, signals, shutdown), in order.
 async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
     from aiohttp import web
 
@@ -347,21 +348,21 @@ def _human(t: dict) -> str:
 
 # ---------------------------------------------------------------- parser
 
-def build_parser() -> argparse.ArgumentParser:
-    """Return the `amux` argument parser."""
-    ap = argparse.ArgumentParser(prog="amux", description="amux hub: run coding-agent work on a fleet of machines")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+def server_opts(p: argparse.ArgumentParser) -> None:
+    """Add the options of a command that opens the database itself."""
+    p.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8787)")
+    p.add_argument("--db", help="database URL (default sqlite in $AMUX_HOME)")
+    p.add_argument("--config", help="TOML config file (default $AMUX_HOME/amux.toml)")
 
-    def server_opts(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8787)")
-        p.add_argument("--db", help="database URL (default sqlite in $AMUX_HOME)")
-        p.add_argument("--config", help="TOML config file (default $AMUX_HOME/amux.toml)")
+def client_opts(p: argparse.ArgumentParser) -> None:
+    """Add the options of a command that calls a hub over HTTP."""
+    p.add_argument("--hub", help=f"hub URL (default $AMUX_HUB_URL, else $AMUX_HOME/hub.json, else {DEFAULT_HUB})")
+    p.add_argument("--token", help="API token (default $AMUX_TOKEN or $AMUX_HOME/admin.token)")
+    p.add_argument("--json", action="store_true", help="print JSON")
 
-    def client_opts(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--hub", help=f"hub URL (default $AMUX_HUB_URL, else $AMUX_HOME/hub.json, else {DEFAULT_HUB})")
-        p.add_argument("--token", help="API token (default $AMUX_TOKEN or $AMUX_HOME/admin.token)")
-        p.add_argument("--json", action="store_true", help="print JSON")
 
+def _add_server_commands(sub: argparse._SubParsersAction) -> None:
+    """Add `up`, `hub serve`, `runner` and `db`."""
     up = sub.add_parser("up", help="hub + in-process runner on the embedded database")
     server_opts(up)
     up.add_argument("--slots", type=int, default=8)
@@ -386,6 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import cli_recovery
     cli_recovery.add_parser(db_sub, server_opts)
 
+
+def _add_token_commands(sub: argparse._SubParsersAction) -> None:
+    """Add `token create|list|revoke`."""
     tok = sub.add_parser("token", help="API tokens")
     tok_sub = tok.add_subparsers(dest="token_cmd", required=True)
     tc = tok_sub.add_parser("create", help="create a token (shown once)")
@@ -403,6 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     client_opts(tr)
     tr.add_argument("id", help="the token id (tok_…), from `amux token list`")
 
+
+def _add_task_commands(sub: argparse._SubParsersAction) -> None:
+    """Add `task …`, `session …` and `instance …`."""
     task = sub.add_parser("task", help="tasks")
     task_sub = task.add_subparsers(dest="task_cmd", required=True)
     ts = task_sub.add_parser("submit", help="submit a task")
@@ -432,6 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import cli_instances
     cli_instances.add_parser(sub, client_opts)
 
+
+def _add_resource_commands(sub: argparse._SubParsersAction) -> None:
+    """Add `memory`, `profile`, `credential`, `schedule`, `alerts` and `identity`."""
     mem = sub.add_parser("memory", help="hub memory of this conversation's scope (for task children)")
     mem_sub = mem.add_subparsers(dest="memory_cmd", required=True)
     for name in ("get", "set", "delete", "list"):
@@ -466,6 +476,16 @@ def build_parser() -> argparse.ArgumentParser:
     cli_alerts.add_parser(sub, client_opts)
     from . import cli_identity
     cli_identity.add_parser(sub, client_opts)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the `amux` argument parser."""
+    ap = argparse.ArgumentParser(prog="amux", description="amux hub: run coding-agent work on a fleet of machines")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    _add_server_commands(sub)
+    _add_token_commands(sub)
+    _add_task_commands(sub)
+    _add_resource_commands(sub)
     return ap
 
 

@@ -104,6 +104,7 @@ def session_ref_of(caller: Caller, schedule_type: str, session_ref: str | None) 
     return own
 
 
+# Long by design: one short closure per MCP tool (its signature is the tool's schema); `register` likewise.
 def schedule_tools(service: ScheduleService):  # noqa: ANN201
     """Return a registrar adding the schedule_* tools."""
 

@@ -9,6 +9,7 @@ from . import models as m
 from .server import caller_of, guarded
 
 
+# Long by design: one short closure per MCP tool (its signature is the tool's schema).
 def task_tools(tasks: TaskService, profiles: ProfileService, permissions: PermissionService):  # noqa: ANN201
     """Return a registrar adding profile_list, the task_* tools and permission_respond."""
 

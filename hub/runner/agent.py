@@ -347,6 +347,7 @@ class Runner:
         msg["last_rseq"] = events[-1].rseq
         await self._send(h, msg)
 
+    # Long by design: the engine's emit closure and the Finished report share one attempt's state.
     async def _execute(self, h: _Held, d: p.Dispatch) -> None:
         await self._send(h, {**p.Accepted(task_id=d.task_id, attempt=d.attempt).model_dump(), "rseq": 0})
         # A session's turns and an instance's runs share the session's workspace; a plain task gets its own.

@@ -74,6 +74,7 @@ def test_dockerfile_runs_its_steps_through_install_sh_as_a_non_root_user():
     assert "AMUX_HOME=/var/lib/amux" in text
 
 
+# Long by design: one install journey in one container; each step needs the one before.
 async def test_the_install_script_builds_installs_migrates_and_serves_as_an_unprivileged_user():
     root = os.geteuid() == 0
     if root and not shutil.which("runuser"):

@@ -44,6 +44,7 @@ async def start_hub(home: Path, port: int) -> asyncio.subprocess.Process:
     return proc
 
 
+# Long by design: one kill-and-restart journey over real processes; the checks follow its order.
 async def test_kill_9_while_sending_then_restart_delivers_each_notice_exactly_once(tmp_path):
     fake = await FakeFeishu(slow_s=3.0).start()
     home = tmp_path / "home"

@@ -107,6 +107,7 @@ async def _dispatch_waiting_on(conn, table: str) -> int:  # noqa: ANN001
         "WHERE c.relname = :t AND NOT l.granted AND l.pid <> pg_backend_pid()"), {"t": table})).scalar()
 
 
+# Long by design: one kill-and-restart journey over real processes; the checks follow its order.
 async def test_kill_9_between_persisting_a_firing_and_dispatching_it_leaves_unknown_not_replayed(pg_url, tmp_path):
     """The fault is injected here, at an observed point: the test holds a lock on `principals`, which dispatch reads
     first (it acts as the schedule's creator) and the firing's commit does not touch; once the committed firing is

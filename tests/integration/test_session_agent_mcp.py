@@ -74,6 +74,7 @@ async def post_message(url: str, app_id: str, fake: FakeFeishu, clock: ManualClo
     return mid
 
 
+# Long by design: one chat turn's journey; the agent's MCP calls and their attribution are checked in order.
 @pytest.mark.parametrize("engine", sorted(AGENTS))
 async def test_a_chat_turns_agent_delegates_a_task_and_a_schedule_over_mcp_attributed_to_that_turn(
         engine, sqlite_url: str, tmp_path: Path, clock: ManualClock, monkeypatch):
