@@ -103,7 +103,8 @@ class Runner:
         try:
             return pwd.getpwnam(PG_USER).pw_name
         except KeyError:
-            raise Failure(f"cannot create the unprivileged user {PG_USER!r} PostgreSQL needs when run as root") from None
+            raise Failure(f"cannot create the unprivileged user {PG_USER!r} PostgreSQL needs when run as "
+                          "root") from None
 
     def run(self, cmd: list[str], cwd: str, timeout: float = 120) -> tuple[int, str]:
         """Run `cmd` as that user; output goes to a file, not a pipe a daemonized postmaster would hold open."""
@@ -165,7 +166,8 @@ class Cluster:
             port = s.getsockname()[1]
         opts = shlex.join(["-p", str(port), "-k", self.sock, "-c", f"listen_addresses={HOST}", "-c", "fsync=off",
                            "-c", "synchronous_commit=off", "-c", "full_page_writes=off", "-c", "max_connections=300"])
-        rc, out = self.runner.run([self.bin("pg_ctl"), "-D", self.data, "-l", self.logfile, "-w", "-t", "60", "-o", opts,
+        rc, out = self.runner.run([self.bin("pg_ctl"), "-D", self.data, "-l", self.logfile, "-w", "-t", "60", "-o",
+                                   opts,
                                    "start"], cwd=self.base)
         if rc != 0:
             raise Failure(f"pg_ctl start failed:\n{out.strip()}")

@@ -81,7 +81,7 @@ async def peer(n: int, window: float) -> dict:
     start = datetime.now(timezone.utc) + timedelta(seconds=5)
     step = 60.0 / n
     lags: list[float] = []
-    req = SubmitRequest("say hi", profile="scripted", name="peer")
+    req = SubmitRequest(prompt="say hi", profile="scripted", name="peer")
 
     async def job(i: int) -> None:
         nominal = start + timedelta(seconds=i * step)

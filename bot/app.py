@@ -38,7 +38,8 @@ class BotApp:
         long_apps = [a.app_id for a in feishu.apps if a.mode == "long-connection"]
         if long_apps:
             require_lark(f"Feishu application {', '.join(long_apps)} (mode = \"long-connection\")")
-        self.longconn = LongConnections(self.core, services, lease_s=feishu.long_connection_lease_s) if long_apps else None
+        self.longconn = LongConnections(self.core, services,
+                                        lease_s=feishu.long_connection_lease_s) if long_apps else None
 
     def add_routes(self, app: web.Application) -> None:
         """Mount `POST /feishu/{app_id}/events` and the local console."""

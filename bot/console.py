@@ -101,7 +101,8 @@ class Console:
             await self._admin(request)
         except AmuxError as e:
             raise web.HTTPUnauthorized(text=e.message) from None
-        return web.json_response([{"app_id": a.app_id, "admin_open_id": a.admin_open_id} for a in self.bot.apps.values()],
+        return web.json_response([{"app_id": a.app_id, "admin_open_id": a.admin_open_id}
+                                  for a in self.bot.apps.values()],
                                  headers=HEADERS)
 
     async def message(self, request: web.Request) -> web.Response:
@@ -148,33 +149,40 @@ PAGE = r"""<!doctype html>
 body{font:14px/1.45 system-ui,sans-serif;margin:1.5rem;color:#1d1d1f;max-width:60rem}
 h1{font-size:1.3rem}fieldset{border:1px solid #e3e3e6;border-radius:6px;margin:0 0 1rem}
 label{margin-right:1rem}input,select{font:inherit;padding:.2rem .4rem}
-#log{display:flex;flex-direction:column;gap:.8rem}.me{align-self:flex-end;background:#e8f0fe;padding:.4rem .7rem;border-radius:8px}
+#log{display:flex;flex-direction:column;gap:.8rem}
+.me{align-self:flex-end;background:#e8f0fe;padding:.4rem .7rem;border-radius:8px}
 .card{border:1px solid #d0d0d5;border-radius:8px;overflow:hidden;max-width:36rem}
 .card header{padding:.5rem .8rem;color:#fff;font-weight:600;background:#3370ff}
 .card header.orange{background:#f80}.card header.grey{background:#8f959e}
-.card .body{padding:.6rem .8rem}.md{white-space:pre-wrap;margin:.3rem 0}.row{display:flex;gap:.4rem;flex-wrap:wrap;margin:.4rem 0}
+.card .body{padding:.6rem .8rem}.md{white-space:pre-wrap;margin:.3rem 0}
+.row{display:flex;gap:.4rem;flex-wrap:wrap;margin:.4rem 0}
 button.primary{background:#3370ff;color:#fff;border:1px solid #3370ff}button.danger{color:#d83931}
 button{font:inherit;padding:.25rem .7rem;border-radius:6px;border:1px solid #c9c9ce;background:#fff;cursor:pointer}
 .text{background:#f5f5f7;padding:.4rem .7rem;border-radius:8px;white-space:pre-wrap;max-width:36rem}
-#toast{position:fixed;top:1rem;right:1rem;padding:.5rem .9rem;border-radius:6px;background:#1d1d1f;color:#fff;display:none}
+#toast{position:fixed;top:1rem;right:1rem;padding:.5rem .9rem;border-radius:6px;
+background:#1d1d1f;color:#fff;display:none}
 #toast.error{background:#d83931}#toast.warning{background:#f80}
 </style></head><body>
 <h1>amux bot console</h1>
-<p>Talk to the bot as a simulated Feishu user. Messages and clicks go through the same handlers and authorization as real Feishu events.</p>
+<p>Talk to the bot as a simulated Feishu user. Messages and clicks go through the same handlers and authorization as
+real Feishu events.</p>
 <fieldset><legend>Who</legend>
 <label>Admin token <input id="token" type="password" size="30" autocomplete="off"></label>
 <label>Application <select id="app"></select></label>
 <label>User open_id <input id="user" value="ou_console_user" size="18"></label>
-<label>Language <select id="lang"><option value="en_us">English</option><option value="zh_cn">简体中文</option></select></label>
+<label>Language <select id="lang"><option value="en_us">English</option>
+<option value="zh_cn">简体中文</option></select></label>
 <button id="connect">Connect</button>
 </fieldset>
-<form id="send"><input id="text" size="50" placeholder="/amux or any message"> <button id="sendbtn" type="submit">Send</button></form>
+<form id="send"><input id="text" size="50" placeholder="/amux or any message">
+<button id="sendbtn" type="submit">Send</button></form>
 <div id="log"></div><div id="toast" role="status"></div>
 <script nonce="__NONCE__">
 const $ = (id) => document.getElementById(id);
 const log = $("log");
 function headers(){ return {"Content-Type":"application/json","Authorization":"Bearer "+$("token").value.trim()}; }
-function say(text, cls){ const d=document.createElement("div"); d.className=cls; d.textContent=text; log.appendChild(d); return d; }
+function say(text, cls){ const d=document.createElement("div"); d.className=cls;
+  d.textContent=text; log.appendChild(d); return d; }
 function toast(t){ if(!t) return; const el=$("toast"); const lang=$("lang").value;
   el.textContent=(t.i18n&&t.i18n[lang])||t.content; el.className=t.type; el.style.display="block";
   clearTimeout(el._t); el._t=setTimeout(()=>{el.style.display="none";}, 4000); }
@@ -182,12 +190,14 @@ function txt(node){ const lang=$("lang").value; return (node.i18n_content&&node.
 function mdInto(parent, text){ // **bold** only; everything is text, never HTML
   const p=document.createElement("div"); p.className="md";
   text.replace(/\\([\\`*~\[\]()<>#|])/g,"$1").split(/(\*\*[^*]+\*\*)/).forEach(part=>{
-    if(part.startsWith("**")&&part.endsWith("**")&&part.length>4){const b=document.createElement("b");b.textContent=part.slice(2,-2);p.appendChild(b);}
+    if(part.startsWith("**")&&part.endsWith("**")&&part.length>4){
+      const b=document.createElement("b");b.textContent=part.slice(2,-2);p.appendChild(b);}
     else p.appendChild(document.createTextNode(part)); });
   parent.appendChild(p); }
 function renderInto(box, card, messageId){
   box.replaceChildren(); box.card=card; box.messageId=messageId;
-  const h=document.createElement("header"); h.textContent=txt(card.header.title); h.className=card.header.template||""; box.appendChild(h);
+  const h=document.createElement("header"); h.textContent=txt(card.header.title);
+  h.className=card.header.template||""; box.appendChild(h);
   const body=document.createElement("div"); body.className="body"; box.appendChild(body);
   for(const el of card.body.elements){
     if(el.tag==="markdown") mdInto(body, txt(el));
@@ -197,22 +207,29 @@ function renderInto(box, card, messageId){
         const btn=document.createElement("button"); btn.textContent=txt(b.text); btn.className=b.type||"";
         btn.addEventListener("click", ()=>press(box, b.behaviors[0].value)); row.appendChild(btn); }
       body.appendChild(row); } } }
-function cardBox(card, messageId){ const box=document.createElement("div"); box.className="card"; renderInto(box, card, messageId); log.appendChild(box); return box; }
+function cardBox(card, messageId){ const box=document.createElement("div"); box.className="card";
+  renderInto(box, card, messageId); log.appendChild(box); return box; }
 async function post(path, data){
-  const r=await fetch(path,{method:"POST",headers:headers(),body:JSON.stringify(Object.assign({app_id:$("app").value,open_id:$("user").value.trim()},data))});
+  const r=await fetch(path,{method:"POST",headers:headers(),
+    body:JSON.stringify(Object.assign({app_id:$("app").value,open_id:$("user").value.trim()},data))});
   if(!r.ok){ toast({type:"error",content:await r.text()}); return null; } return r.json(); }
 async function press(box, value){
   const res=await post("/console/api/action",{value:value,message_id:box.messageId}); if(!res) return;
   toast(res.toast); if(res.card&&res.card.data) renderInto(box, res.card.data, box.messageId); }
-$("send").addEventListener("submit", async (e)=>{ e.preventDefault(); const text=$("text").value; if(!text.trim()) return;
+$("send").addEventListener("submit", async (e)=>{ e.preventDefault();
+  const text=$("text").value; if(!text.trim()) return;
   say(text,"me"); $("text").value="";
   const res=await post("/console/api/message",{text:text}); if(!res) return;
-  for(const r of res.replies){ if(r.msg_type==="interactive") cardBox(r.content, r.message_id); else say(r.content.text,"text"); } });
+  for(const r of res.replies){
+    if(r.msg_type==="interactive") cardBox(r.content, r.message_id); else say(r.content.text,"text"); } });
 $("connect").addEventListener("click", async ()=>{
-  const r=await fetch("/console/api/apps",{headers:headers()}); if(!r.ok){ toast({type:"error",content:await r.text()}); return; }
+  const r=await fetch("/console/api/apps",{headers:headers()});
+  if(!r.ok){ toast({type:"error",content:await r.text()}); return; }
   const apps=await r.json(); const sel=$("app"); sel.replaceChildren();
-  for(const a of apps){ const o=document.createElement("option"); o.value=a.app_id; o.textContent=a.app_id+(a.admin_open_id?" (admin "+a.admin_open_id+")":""); sel.appendChild(o); }
+  for(const a of apps){ const o=document.createElement("option"); o.value=a.app_id;
+    o.textContent=a.app_id+(a.admin_open_id?" (admin "+a.admin_open_id+")":""); sel.appendChild(o); }
   toast({type:"success",content:"connected"}); });
-$("lang").addEventListener("change", ()=>{ for(const box of document.querySelectorAll(".card")) renderInto(box, box.card, box.messageId); });
+$("lang").addEventListener("change", ()=>{
+  for(const box of document.querySelectorAll(".card")) renderInto(box, box.card, box.messageId); });
 </script></body></html>
 """

@@ -7,7 +7,7 @@ from hub.services.auth import Caller
 from hub.services.identity import Contact, IdentityService
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Viewer:
     """An authenticated Feishu operator: application, open_id, principal and active binding."""
 
@@ -42,5 +42,5 @@ class IdentityBindings:
 def _viewer(contact: Contact | None, app_id: str, open_id: str, admin_open_id: str | None) -> Viewer | None:
     if contact is None:
         return None
-    return Viewer(app_id, open_id, contact.principal_id, contact.name, contact.binding_id,
-                  bool(admin_open_id) and open_id == admin_open_id)
+    return Viewer(app_id=app_id, open_id=open_id, principal_id=contact.principal_id, name=contact.name,
+                  binding_id=contact.binding_id, is_admin=bool(admin_open_id) and open_id == admin_open_id)

@@ -66,6 +66,7 @@ async def _token_file(hub: Hub, path: Path, principal: str, label: str, *, runne
     return token
 
 
+# Long by design: one start-up sequence (hub, token files, in-process runner, signals, shutdown), in order.
 async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
     from aiohttp import web
 
@@ -101,7 +102,8 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
     admin_token = await _token_file(hub, settings.home / "admin.token", "admin", "cli")
     print(f"amux hub listening on {url}  (MCP: {url}/mcp, database: {hub.db.url.split('@')[-1]})", flush=True)
     print(f"admin token written to {settings.home / 'admin.token'}; hub address written to {hub_file}", flush=True)
-    print(f"console (the bot without a Feishu tenant): {url}/console — paste that token; boxes: {url}/boxes", flush=True)
+    print(f"console (the bot without a Feishu tenant): {url}/console — paste that token; boxes: {url}/boxes",
+          flush=True)
     local = None
     tasks = []
     if with_runner:
@@ -110,7 +112,8 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
         local = Runner(url, runner_token, name=f"local-{socket.gethostname()}", slots=args.slots,
                        workspace_root=(settings.home / "workspaces").resolve(), engines=engines)
         tasks.append(asyncio.create_task(local.run_forever()))
-        print(f"in-process runner {local.name} with {args.slots} slots, engines: {', '.join(sorted(local.engines))}", flush=True)
+        print(f"in-process runner {local.name} with {args.slots} slots, engines: {', '.join(sorted(local.engines))}",
+              flush=True)
     del admin_token
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -134,7 +137,8 @@ async def _runner(args: argparse.Namespace) -> None:
 
     token = args.token or os.environ.get("AMUX_TOKEN")
     if not token:
-        raise AmuxError("amux runner needs --token (or AMUX_TOKEN); create one with `amux token create --principal NAME --runner`")
+        raise AmuxError("amux runner needs --token (or AMUX_TOKEN); create one with `amux token create --principal "
+                        "NAME --runner`")
     root = Path(args.workspace_root or Path.home() / ".amux" / "workspaces")
     runner = Runner(args.hub, token, name=args.name or socket.gethostname(), slots=args.slots,
                     workspace_root=root, engines=default_engines(), authoring=args.authoring)
@@ -187,7 +191,8 @@ async def _token(args: argparse.Namespace) -> None:
     if args.token_cmd == "list":
         res = await api.call("GET", "tokens", params={"all": "1"} if args.all else None)
         lines = [f"{t['id']}  {t['kind']:<6} {t['principal']:<16} {t['label'] or '-':<24} created {t['created'][:19]}  "
-                 f"last used {(t['last_used'] or '-')[:19]}  {'revoked ' + t['revoked'][:19] if t['revoked'] else 'active'}"
+                 f"last used {(t['last_used'] or '-')[:19]}  "
+                 f"{'revoked ' + t['revoked'][:19] if t['revoked'] else 'active'}"
                  for t in res["tokens"]]
         _print(args, res, "\n".join(lines) or "no tokens")
     else:
@@ -212,11 +217,13 @@ class ApiClient:
 
         async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"}) as http:
             try:
-                async with http.request(method, f"{self.hub}/api/v1/{path}", json=body, params=params, data=data) as resp:
+                async with http.request(method, f"{self.hub}/api/v1/{path}", json=body, params=params,
+                                        data=data) as resp:
                     data = await resp.json(content_type=None)
             except aiohttp.ClientConnectionError as e:
-                raise AmuxError(f"cannot reach the hub at {self.hub} (from {self.source}): {e}; start it with `amux up`, "
-                                "or pass --hub URL / set AMUX_HUB_URL / set AMUX_HOME to the home of the running hub") from e
+                raise AmuxError(f"cannot reach the hub at {self.hub} (from {self.source}): {e}; start it "
+                                "with `amux up`, or pass --hub URL / set AMUX_HUB_URL / set AMUX_HOME to the home "
+                                "of the running hub") from e
         if resp.status >= 400:
             raise AmuxError(data.get("message") or str(data))
         return data
@@ -303,7 +310,8 @@ async def _profile(args: argparse.Namespace) -> None:
         _print(args, res, f"stored profile {res['name']} ({res['engine']}, {res['digest']})")
     else:
         data = await api.call("GET", "profiles")
-        _print(args, data, "\n".join(f"{p['name']:<16} {p['engine']:<9} {p['kind']:<9} {p['description']}" for p in data["profiles"]))
+        _print(args, data, "\n".join(f"{p['name']:<16} {p['engine']:<9} {p['kind']:<9} {p['description']}"
+                                     for p in data["profiles"]))
 
 
 async def _credential(args: argparse.Namespace) -> None:
@@ -340,21 +348,21 @@ def _human(t: dict) -> str:
 
 # ---------------------------------------------------------------- parser
 
-def build_parser() -> argparse.ArgumentParser:
-    """Return the `amux` argument parser."""
-    ap = argparse.ArgumentParser(prog="amux", description="amux hub: run coding-agent work on a fleet of machines")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+def server_opts(p: argparse.ArgumentParser) -> None:
+    """Add the options of a command that opens the database itself."""
+    p.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8787)")
+    p.add_argument("--db", help="database URL (default sqlite in $AMUX_HOME)")
+    p.add_argument("--config", help="TOML config file (default $AMUX_HOME/amux.toml)")
 
-    def server_opts(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8787)")
-        p.add_argument("--db", help="database URL (default sqlite in $AMUX_HOME)")
-        p.add_argument("--config", help="TOML config file (default $AMUX_HOME/amux.toml)")
+def client_opts(p: argparse.ArgumentParser) -> None:
+    """Add the options of a command that calls a hub over HTTP."""
+    p.add_argument("--hub", help=f"hub URL (default $AMUX_HUB_URL, else $AMUX_HOME/hub.json, else {DEFAULT_HUB})")
+    p.add_argument("--token", help="API token (default $AMUX_TOKEN or $AMUX_HOME/admin.token)")
+    p.add_argument("--json", action="store_true", help="print JSON")
 
-    def client_opts(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--hub", help=f"hub URL (default $AMUX_HUB_URL, else $AMUX_HOME/hub.json, else {DEFAULT_HUB})")
-        p.add_argument("--token", help="API token (default $AMUX_TOKEN or $AMUX_HOME/admin.token)")
-        p.add_argument("--json", action="store_true", help="print JSON")
 
+def _add_server_commands(sub: argparse._SubParsersAction) -> None:
+    """Add `up`, `hub serve`, `runner` and `db`."""
     up = sub.add_parser("up", help="hub + in-process runner on the embedded database")
     server_opts(up)
     up.add_argument("--slots", type=int, default=8)
@@ -379,6 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import cli_recovery
     cli_recovery.add_parser(db_sub, server_opts)
 
+
+def _add_token_commands(sub: argparse._SubParsersAction) -> None:
+    """Add `token create|list|revoke`."""
     tok = sub.add_parser("token", help="API tokens")
     tok_sub = tok.add_subparsers(dest="token_cmd", required=True)
     tc = tok_sub.add_parser("create", help="create a token (shown once)")
@@ -396,6 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     client_opts(tr)
     tr.add_argument("id", help="the token id (tok_…), from `amux token list`")
 
+
+def _add_task_commands(sub: argparse._SubParsersAction) -> None:
+    """Add `task …`, `session …` and `instance …`."""
     task = sub.add_parser("task", help="tasks")
     task_sub = task.add_subparsers(dest="task_cmd", required=True)
     ts = task_sub.add_parser("submit", help="submit a task")
@@ -425,6 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import cli_instances
     cli_instances.add_parser(sub, client_opts)
 
+
+def _add_resource_commands(sub: argparse._SubParsersAction) -> None:
+    """Add `memory`, `profile`, `credential`, `schedule`, `alerts` and `identity`."""
     mem = sub.add_parser("memory", help="hub memory of this conversation's scope (for task children)")
     mem_sub = mem.add_subparsers(dest="memory_cmd", required=True)
     for name in ("get", "set", "delete", "list"):
@@ -459,6 +476,16 @@ def build_parser() -> argparse.ArgumentParser:
     cli_alerts.add_parser(sub, client_opts)
     from . import cli_identity
     cli_identity.add_parser(sub, client_opts)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the `amux` argument parser."""
+    ap = argparse.ArgumentParser(prog="amux", description="amux hub: run coding-agent work on a fleet of machines")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    _add_server_commands(sub)
+    _add_token_commands(sub)
+    _add_task_commands(sub)
+    _add_resource_commands(sub)
     return ap
 
 
@@ -504,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except OSError as e:  # a home file that cannot be read or written: one line, not a traceback
         where = f" {e.filename}" if e.filename else ""
-        print(f"amux: {e.strerror or e}:{where}; check AMUX_HOME (or --db / --config) and its permissions", file=sys.stderr)
+        print(f"amux: {e.strerror or e}:{where}; check AMUX_HOME (or --db / --config) and its permissions",
+              file=sys.stderr)
         return 2
     return 0
 

@@ -15,7 +15,8 @@ def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # 
     client_opts(ex)
     ex.add_argument("ref", help="an incident id (inc_…) or a firing id (fir_…)")
     for name in ("ack", "snooze", "pause"):
-        p = sub.add_parser(name, help=f"{name} an incident" + (" (pauses its schedule: future dispatch only)" if name == "pause" else ""))
+        p = sub.add_parser(name, help=f"{name} an incident"
+                           + (" (pauses its schedule: future dispatch only)" if name == "pause" else ""))
         client_opts(p)
         p.add_argument("id")
     fs = subparsers.add_parser("feishu", help="Feishu delivery")
@@ -39,7 +40,8 @@ async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
         emit(args, res, "\n".join(lines))
     elif args.alerts_cmd == "list":
         res = await api.call("GET", "alerts", params={"all": "1"} if args.all else None)
-        lines = [f"{i['id']}  {i['state']:<10} schedule={i['schedule_id']} failures={i['failures']} missed={i['missed']} "
+        lines = [f"{i['id']}  {i['state']:<10} schedule={i['schedule_id']} failures={i['failures']} "
+                 f"missed={i['missed']} "
                  f"unknown={i['unknowns']}" for i in res["incidents"]]
         lines += [f"diagnostic: {d}" for d in res["diagnostics"]]
         emit(args, res, "\n".join(lines) or "no active incidents")

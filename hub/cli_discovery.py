@@ -45,7 +45,8 @@ def check_home(home: Path, *, create: bool) -> Path:
         try:
             home.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise HomeError(f"cannot create {_where(home)} ({e.strerror}); set AMUX_HOME to a writable directory") from e
+            raise HomeError(f"cannot create {_where(home)} ({e.strerror}); set AMUX_HOME to a writable "
+                            "directory") from e
     if not os.access(home, os.R_OK | os.X_OK) or (create and not os.access(home, os.W_OK)):
         raise HomeError(f"{_where(home)} is not readable{' and writable' if create else ''} by this user; "
                         "fix its permissions or set AMUX_HOME to your own home")
@@ -139,7 +140,8 @@ def listen_address(listen: str) -> tuple[str, int]:
         if not 0 <= number <= 65535:
             raise ValueError(port)
     except ValueError as e:
-        raise HomeError(f"--listen {listen!r} is not HOST:PORT; pass e.g. 127.0.0.1:8787 (port 0 picks a free one)") from e
+        raise HomeError(f"--listen {listen!r} is not HOST:PORT; pass e.g. 127.0.0.1:8787 (port 0 picks a free "
+                        "one)") from e
     return host.strip("[]") or "127.0.0.1", number
 
 

@@ -8,7 +8,8 @@ def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # 
     """Add `amux identity …`; `client_opts` adds --hub/--token/--json."""
     idp = subparsers.add_parser("identity", help="Feishu identities linked to your principal")
     sub = idp.add_subparsers(dest="identity_cmd", required=True)
-    client_opts(sub.add_parser("link", help="print a one-time code (10 minutes) to send as `/amux link CODE` in Feishu"))
+    client_opts(sub.add_parser("link",
+                               help="print a one-time code (10 minutes) to send as `/amux link CODE` in Feishu"))
     ls = sub.add_parser("list", help="your identity bindings (active and revoked)")
     client_opts(ls)
     ls.add_argument("--all", action="store_true", help="everyone's (admin token)")
@@ -27,7 +28,8 @@ async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
     if args.identity_cmd == "link":
         res = await api.call("POST", "identity/link-codes")
         emit(args, res, f"{res['code']}\nSend `/amux link {res['code']}` to the amux bot in Feishu within "
-                        f"{res['valid_s'] // 60} minutes (until {res['expires_at'][:19]}Z); it links that Feishu identity "
+                        f"{res['valid_s'] // 60} minutes (until {res['expires_at'][:19]}Z); it links that "
+                        "Feishu identity "
                         f"to {res['principal']}. The code works once.")
     elif args.identity_cmd == "list":
         res = await api.call("GET", "identities", params={"all": "1"} if args.all else None)

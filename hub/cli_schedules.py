@@ -19,7 +19,8 @@ def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # 
     sub = sch.add_subparsers(dest="schedule_cmd", required=True)
     c = sub.add_parser("create", help="create a schedule (session-prompt into <session-ref> by default)")
     client_opts(c)
-    c.add_argument("session_ref", nargs="?", help="session id or name (default $AMUX_SESSION_ID); omit with --type subtask")
+    c.add_argument("session_ref", nargs="?",
+                   help="session id or name (default $AMUX_SESSION_ID); omit with --type subtask")
     c.add_argument("--rule", required=True, help='"*/5 * * * *" | "every 30s|5m|2h" | "at 2026-12-01T09:00:00+08:00"')
     c.add_argument("--prompt", help="what each firing asks ('-' or omitted: read stdin)")
     c.add_argument("--name")
@@ -75,7 +76,8 @@ async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
         prompt = args.prompt
         if prompt in (None, "-"):
             prompt = sys.stdin.read()
-        body = {k: getattr(args, k) for k in ("rule", "name", "timezone", "schedule_type", "profile", "runtime", "model",
+        body = {k: getattr(args, k) for k in ("rule", "name", "timezone", "schedule_type", "profile", "runtime",
+                                              "model",
                                                "reasoning_effort", "permission_policy", "credential_profile",
                                                "timeout_s", "extra_args", "notify") if getattr(args, k) is not None}
         body["prompt"] = prompt

@@ -195,7 +195,8 @@ def load_settings(
     elif config_file:
         raise Invalid(f"config file {path} does not exist; pass an existing file to --config")
     for key, value in env.items():
-        if key.startswith("AMUX_") and key not in ("AMUX_TEST_DATABASE_URL", "AMUX_SESSION_ID", "AMUX_TOKEN", "AMUX_HUB_URL"):
+        if key.startswith("AMUX_") and key not in ("AMUX_TEST_DATABASE_URL", "AMUX_SESSION_ID", "AMUX_TOKEN",
+                                                   "AMUX_HUB_URL"):
             _set_path(data, key[5:].lower().split("__"), value)
     for key, value in overrides.items():
         if value is not None:
@@ -203,4 +204,5 @@ def load_settings(
     try:
         return Settings.model_validate(data)
     except ValidationError as e:
-        raise Invalid(f"bad configuration: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}; fix it in {path} or the AMUX_* variable") from e
+        raise Invalid(f"bad configuration: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}; fix it in {path} or the "
+                      "AMUX_* variable") from e

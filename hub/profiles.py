@@ -1,4 +1,4 @@
-"""Builtin shortcut profiles (stored manifest-v2 profiles live in hub/services/profiles.py; launch presets in config)."""
+"""Builtin shortcut profiles (stored manifest-v2 profiles: hub/services/profiles.py; launch presets: config)."""
 from __future__ import annotations
 
 import hashlib
@@ -32,6 +32,7 @@ BUILTINS: dict[str, Profile] = {
         Profile("claude", "claude", description="Claude Code CLI"),
         Profile("codex", "codex", description="OpenAI Codex CLI"),
         Profile("pi", "pi", description="Pi coding agent"),
-        Profile("scripted", "scripted", description="Deterministic scripted engine for tests and demos; the prompt is the script"),
+        Profile("scripted", "scripted",
+                description="Deterministic scripted engine for tests and demos; the prompt is the script"),
     )
 }

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 class Databases:
-    """Migrated template databases, copied per test (a file copy on SQLite, CREATE DATABASE … TEMPLATE on PostgreSQL)."""
+    """Migrated template databases, copied per test (a file copy on SQLite, CREATE DATABASE … TEMPLATE on PG)."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp

@@ -17,7 +17,8 @@ NEEDS_SCHEDULE = ("detail", "history", "results", "pause", "resume", "delete", "
 NEEDS_INCIDENT = ("ack", "snooze")
 NEEDS_QUESTION = ("answer",)
 MAX_OPTION = 49  # a question offers at most 50 options (hub.runner.protocol.Question)
-VIEWS = ("", "inc")   # which card the answer refreshes: "" the card pressed (alert center), "inc" a pushed incident card
+# which card the answer refreshes: "" the card pressed (alert center), "inc" a pushed incident card
+VIEWS = ("", "inc")
 MAX_PAGE = 10_000
 
 
@@ -25,7 +26,7 @@ class BadPayload(ValueError):
     """The callback value is not a payload this version of the bot understands."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CardAction:
     """What a button asks for: an operation, its target and a page (0-based)."""
 
@@ -84,4 +85,5 @@ class CardAction:
             raise BadPayload("bad option in card action")
         if view not in VIEWS or (view == "inc" and not iid):
             raise BadPayload("bad view in card action")
-        return cls(op, sid, iid, page, sub, view, qid, option)
+        return cls(op=op, schedule_id=sid, incident_id=iid, page=page, sub=sub, view=view, question_id=qid,
+                   option=option)

@@ -66,7 +66,7 @@ def _header(title: dict[str, str], template: str) -> dict[str, Any]:
 
 def _button_column(action: str, style: str, incident_id: str, view: str) -> dict[str, Any]:
     label = _t(BUTTONS[action])
-    value = CardAction(action, incident_id=incident_id, view=view).pack()
+    value = CardAction(op=action, incident_id=incident_id, view=view).pack()
     return {"tag": "column", "width": "auto", "elements": [{
         "tag": "button", "type": style, "text": {"tag": "plain_text", "content": label["en_us"], "i18n_content": label},
         "behaviors": [{"type": "callback", "value": value}]}]}
@@ -108,7 +108,8 @@ def render_incident(view: dict[str, Any]) -> dict[str, Any]:
     elements: list[dict[str, Any]] = [_md(_join(*lines))]
     if status in ACTIVE:
         elements.append(_buttons(view))
-    return _card(_header(_t(_("Scheduled task alert: {name}"), name=view.get("schedule_name", "?")), template), elements)
+    return _card(_header(_t(_("Scheduled task alert: {name}"), name=view.get("schedule_name", "?")), template),
+                 elements)
 
 
 def render_receipt(view: dict[str, Any]) -> dict[str, Any]:
@@ -151,8 +152,9 @@ def render_digest(view: dict[str, Any]) -> dict[str, Any]:
 def _recheck_center() -> dict[str, Any]:
     label = _t(BUTTONS["recheck"])
     return {"tag": "column", "width": "auto", "elements": [{
-        "tag": "button", "type": "default", "text": {"tag": "plain_text", "content": label["en_us"], "i18n_content": label},
-        "behaviors": [{"type": "callback", "value": CardAction("recheck").pack()}]}]}
+        "tag": "button", "type": "default",
+        "text": {"tag": "plain_text", "content": label["en_us"], "i18n_content": label},
+        "behaviors": [{"type": "callback", "value": CardAction(op="recheck").pack()}]}]}
 
 
 def render(view: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,8 @@ from bot.i18n import Catalogs, _
 from .base import card, check_limits, esc, markdown
 
 LINK_REFUSED = {
-    "missing": _("No link code. Run `amux identity link` on your computer and send `/amux link CODE` with the code it prints."),
+    "missing": _("No link code. Run `amux identity link` on your computer and send `/amux link CODE` with the "
+                 "code it prints."),
     "malformed": _("That is not a link code. Run `amux identity link` and send the code it prints, "
                    "like `/amux link ABCD-EFGH-JKLM`."),
     "unknown": _("This link code is not known. Check it, or run `amux identity link` for a new one."),

@@ -41,8 +41,8 @@ def render_overview(v: OverviewView, tr: Catalogs) -> dict[str, Any]:
     if v.is_admin:
         elements.append(markdown(tr.text(_("**Active incidents** (administrator): {count}"), count=v.active_incidents)))
     elements.append(hr())
-    buttons = [button(tr.text(_("Personal schedules")), CardAction("schedules"), "primary")]
+    buttons = [button(tr.text(_("Personal schedules")), CardAction(op="schedules"), "primary")]
     if v.is_admin:
-        buttons.append(button(tr.text(_("Alert center")), CardAction("alerts")))
+        buttons.append(button(tr.text(_("Alert center")), CardAction(op="alerts")))
     elements.append(button_row(*buttons))
     return check_limits(card(tr.text(_("amux overview")), elements))

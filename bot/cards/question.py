@@ -15,7 +15,7 @@ TEXT_LIMIT = 4_000   # characters of the question on the card
 
 def answer_action(question_id: str, option: int) -> CardAction:
     """Return the payload of the button that answers `question_id` with option `option`."""
-    return CardAction("answer", question_id=question_id, option=option)
+    return CardAction(op="answer", question_id=question_id, option=option)
 
 
 def render_question(tr: Catalogs, question: dict[str, Any]) -> dict[str, Any]:

@@ -20,14 +20,14 @@ def _when(iso: str | None) -> str:
 def _pager(tr: Catalogs, op: str, page: int, has_prev: bool, has_next: bool, **kw: Any) -> list[dict[str, Any]]:
     buttons = []
     if has_prev:
-        buttons.append(button(tr.text(_("Previous")), CardAction(op, page=page - 1, **kw)))
+        buttons.append(button(tr.text(_("Previous")), CardAction(op=op, page=page - 1, **kw)))
     if has_next:
-        buttons.append(button(tr.text(_("Next")), CardAction(op, page=page + 1, **kw)))
+        buttons.append(button(tr.text(_("Next")), CardAction(op=op, page=page + 1, **kw)))
     return [button_row(*buttons)] if buttons else []
 
 
 def _back(tr: Catalogs, *extra: dict[str, Any]) -> dict[str, Any]:
-    return button_row(*extra, button(tr.text(_("Back to overview")), CardAction("overview")))
+    return button_row(*extra, button(tr.text(_("Back to overview")), CardAction(op="overview")))
 
 
 def render_list(v: ScheduleListView, tr: Catalogs) -> dict[str, Any]:
@@ -40,7 +40,7 @@ def render_list(v: ScheduleListView, tr: Catalogs) -> dict[str, Any]:
         last = outcome_text(tr, it.last) if it.last else tr.text(_("no runs yet"))
         head = same(f"**{esc(it.name)}** · `{esc(it.rule)}`")
         elements.append(markdown(join(head, join(state, last, sep=" · "))))
-        elements.append(button_row(button(tr.text(_("Open")), CardAction("detail", it.schedule_id))))
+        elements.append(button_row(button(tr.text(_("Open")), CardAction(op="detail", schedule_id=it.schedule_id))))
     elements.append(markdown(tr.text(_("Page {page} of {pages} · {total} schedules"),
                                      page=v.page + 1, pages=max(v.pages, 1), total=v.total)))
     elements += _pager(tr, "schedules", v.page, v.page > 0, v.page + 1 < v.pages)
@@ -48,7 +48,7 @@ def render_list(v: ScheduleListView, tr: Catalogs) -> dict[str, Any]:
     return check_limits(card(tr.text(_("Personal schedules")), elements))
 
 
-NOTIFY_MODES = ("failures", "all", "none")   # CardAction("notify", sub=index) picks one
+NOTIFY_MODES = ("failures", "all", "none")   # CardAction(op="notify", sub=index) picks one
 NOTIFY_LABELS = {"failures": _("failures only"), "all": _("every run"), "none": _("off")}
 NOTIFY_BUTTONS = {"failures": _("Notify failures only"), "all": _("Notify every run"), "none": _("Notifications off")}
 
@@ -68,27 +68,30 @@ def render_detail(v: ScheduleDetailView, tr: Catalogs) -> dict[str, Any]:
     lines[-1] = {lang: lines[-1][lang] + mode[lang] for lang in mode}
     elements: list[dict[str, Any]] = [markdown(join(*lines))]
     if v.recent:
-        elements.append(markdown(join(tr.text(_("**Last outcomes**")), *[outcome_line(tr, o, False) for o in v.recent[:5]])))
+        elements.append(markdown(join(tr.text(_("**Last outcomes**")),
+                                      *[outcome_line(tr, o, False) for o in v.recent[:5]])))
     else:
         elements.append(markdown(tr.text(_("No runs yet."))))
     if v.notice:
         elements.append(markdown(tr.text(v.notice)))
-    toggle = (button(tr.text(_("Resume")), CardAction("resume", v.schedule_id), "primary") if v.paused
-              else button(tr.text(_("Pause")), CardAction("pause", v.schedule_id)))
+    toggle = (button(tr.text(_("Resume")), CardAction(op="resume", schedule_id=v.schedule_id), "primary") if v.paused
+              else button(tr.text(_("Pause")), CardAction(op="pause", schedule_id=v.schedule_id)))
     elements += [hr(),
-                 button_row(button(tr.text(_("History")), CardAction("history", v.schedule_id)),
-                            button(tr.text(_("Results")), CardAction("results", v.schedule_id))),
-                 button_row(toggle, button(tr.text(_("Delete")), CardAction("delete", v.schedule_id), "danger")),
-                 button_row(*[button(tr.text(NOTIFY_BUTTONS[m]), CardAction("notify", v.schedule_id, sub=i))
+                 button_row(button(tr.text(_("History")), CardAction(op="history", schedule_id=v.schedule_id)),
+                            button(tr.text(_("Results")), CardAction(op="results", schedule_id=v.schedule_id))),
+                 button_row(toggle,
+                            button(tr.text(_("Delete")), CardAction(op="delete", schedule_id=v.schedule_id), "danger")),
+                 button_row(*[button(tr.text(NOTIFY_BUTTONS[m]),
+                                     CardAction(op="notify", schedule_id=v.schedule_id, sub=i))
                               for i, m in enumerate(NOTIFY_MODES) if m != v.notify]),
-                 _back(tr, button(tr.text(_("All schedules")), CardAction("schedules")))]
+                 _back(tr, button(tr.text(_("All schedules")), CardAction(op="schedules")))]
     return check_limits(card(tr.text(_("Schedule")), elements))
 
 
 def render_deleted(name: str, tr: Catalogs) -> dict[str, Any]:
     """Render the card left after a schedule was deleted."""
     elements = [markdown(tr.text(_("Schedule {name} is deleted; its history stays."), name=esc(name))), hr(),
-                _back(tr, button(tr.text(_("All schedules")), CardAction("schedules")))]
+                _back(tr, button(tr.text(_("All schedules")), CardAction(op="schedules")))]
     return check_limits(card(tr.text(_("Schedule")), elements, template="grey"))
 
 
@@ -100,7 +103,7 @@ def render_history(v: HistoryView, tr: Catalogs) -> dict[str, Any]:
         body = join(same(f"**{esc(v.name)}**"), tr.text(_("No runs yet.")))
     elements: list[dict[str, Any]] = [markdown(body), markdown(tr.text(_("Page {page}"), page=v.page + 1))]
     elements += _pager(tr, "history", v.page, v.page > 0, v.has_more, schedule_id=v.schedule_id)
-    elements += [hr(), _back(tr, button(tr.text(_("Schedule")), CardAction("detail", v.schedule_id)))]
+    elements += [hr(), _back(tr, button(tr.text(_("Schedule")), CardAction(op="detail", schedule_id=v.schedule_id)))]
     return check_limits(card(tr.text(_("History")), elements))
 
 
@@ -132,17 +135,21 @@ def render_results(v: ResultsView, tr: Catalogs) -> dict[str, Any]:
         elements.append({"tag": "markdown", "content": v.text or "—"})
         parts = []
         if v.part > 0:
-            parts.append(button(tr.text(_("Previous part")), CardAction("results", v.schedule_id, page=v.page, sub=v.part - 1)))
+            parts.append(button(tr.text(_("Previous part")),
+                                CardAction(op="results", schedule_id=v.schedule_id, page=v.page, sub=v.part - 1)))
         if v.part + 1 < v.parts:
-            parts.append(button(tr.text(_("Next part")), CardAction("results", v.schedule_id, page=v.page, sub=v.part + 1)))
+            parts.append(button(tr.text(_("Next part")),
+                                CardAction(op="results", schedule_id=v.schedule_id, page=v.page, sub=v.part + 1)))
         if parts:
             elements.append(button_row(*parts))
         runs = []
         if v.page > 0:
-            runs.append(button(tr.text(_("Newer run")), CardAction("results", v.schedule_id, page=v.page - 1)))
+            runs.append(button(tr.text(_("Newer run")),
+                               CardAction(op="results", schedule_id=v.schedule_id, page=v.page - 1)))
         if v.page + 1 < v.pages:
-            runs.append(button(tr.text(_("Older run")), CardAction("results", v.schedule_id, page=v.page + 1)))
+            runs.append(button(tr.text(_("Older run")),
+                               CardAction(op="results", schedule_id=v.schedule_id, page=v.page + 1)))
         if runs:
             elements.append(button_row(*runs))
-    elements += [hr(), _back(tr, button(tr.text(_("Schedule")), CardAction("detail", v.schedule_id)))]
+    elements += [hr(), _back(tr, button(tr.text(_("Schedule")), CardAction(op="detail", schedule_id=v.schedule_id)))]
     return check_limits(card(tr.text(_("Results")), elements))

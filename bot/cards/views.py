@@ -16,7 +16,7 @@ class Outcome:
     firing_id: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OverviewView:
     """The `/amux` overview: a personal summary and the schedule entries."""
 
@@ -29,7 +29,7 @@ class OverviewView:
     active_incidents: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ScheduleItem:
     """One row of the personal schedule list."""
 
@@ -51,7 +51,7 @@ class ScheduleListView:
     total: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ScheduleDetailView:
     """One schedule: rule, next fire, recent outcomes and its controls."""
 
@@ -67,7 +67,7 @@ class ScheduleDetailView:
     notify: str = "failures"    # the creator's notification preference: failures | all | none
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HistoryView:
     """A page of one schedule's firings."""
 
@@ -78,7 +78,7 @@ class HistoryView:
     has_more: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ResultsView:
     """One part of one firing's Task result."""
 
@@ -92,7 +92,7 @@ class ResultsView:
     text: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class IncidentItem:
     """An incident as the administrator sees it (names and status, never prompts or results)."""
 
@@ -108,7 +108,7 @@ class IncidentItem:
     snoozed_until: str | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AlertCenterView:
     """The administrator alert center of one application."""
 

@@ -60,7 +60,8 @@ class _App:
 class FeishuChannel:
     """Deliver notices to Feishu applications' administrators (implements hub.services.channel.Channel)."""
 
-    def __init__(self, apps: list[FeishuAppSettings], timeout_s: float = 10.0, app_rate: float = 48.0, user_rate: float = 4.8) -> None:
+    def __init__(self, apps: list[FeishuAppSettings], timeout_s: float = 10.0, app_rate: float = 48.0,
+                 user_rate: float = 4.8) -> None:
         self.apps = {a.app_id: _App(a, timeout_s) for a in apps}
         self.app_pacer = Pacer(app_rate)
         self.user_pacer = Pacer(user_rate)

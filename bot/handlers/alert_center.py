@@ -41,11 +41,13 @@ async def _admin_of_card(ctx: Ctx, a: CardAction) -> None:
 
 async def _card(ctx: Ctx, page: int) -> dict:
     center = await ctx.services.alerts.center(ctx.viewer.app_id, page, PAGE)
-    items = tuple(IncidentItem(r.id, r.schedule_name or r.schedule_id, r.creator_name, r.state, r.failures, r.missed,
-                               r.unknowns, r.last_outcome, r.acked_at is not None,
-                               r.snoozed_until.isoformat() if r.snoozed_until else None) for r in center.incidents)
-    view = AlertCenterView(ctx.viewer.app_id, items, center.page, center.pages, center.delivery_state,
-                           tuple(center.diagnostics))
+    items = tuple(IncidentItem(incident_id=r.id, schedule_name=r.schedule_name or r.schedule_id, creator=r.creator_name,
+                               state=r.state, failures=r.failures, missed=r.missed, unknowns=r.unknowns,
+                               last_outcome=r.last_outcome, acknowledged=r.acked_at is not None,
+                               snoozed_until=r.snoozed_until.isoformat() if r.snoozed_until else None)
+                  for r in center.incidents)
+    view = AlertCenterView(app_id=ctx.viewer.app_id, incidents=items, page=center.page, pages=center.pages,
+                           delivery_state=center.delivery_state, diagnostics=tuple(center.diagnostics))
     return render_alert_center(view, ctx.tr)
 
 

@@ -35,15 +35,18 @@ def _outcome(f: FiringLine) -> Outcome:
 async def list_schedules(ctx: Ctx, a: CardAction) -> Answer:
     """Show one page of the viewer's own schedules."""
     p = await ctx.services.schedules.page(ctx.viewer.caller(), a.page, PAGE)
-    items = tuple(ScheduleItem(i.schedule_id, i.name, i.rule, i.paused, _iso(i.next_fire_at), i.last_state)
+    items = tuple(ScheduleItem(schedule_id=i.schedule_id, name=i.name, rule=i.rule, paused=i.paused,
+                               next_fire_at=_iso(i.next_fire_at), last=i.last_state)
                   for i in p.items)
     return Answer(card=render_list(ScheduleListView(items, p.page, p.pages, p.total), ctx.tr))
 
 
 async def _detail_card(ctx: Ctx, schedule_id: str, notice: str | None = None) -> dict:
     s = await owned(ctx, schedule_id, recent=5)
-    view = ScheduleDetailView(s.schedule_id, s.name, s.rule, s.timezone, s.schedule_type, s.paused,
-                              _iso(s.next_fire_at), tuple(_outcome(f) for f in s.recent), notice, s.notify)
+    view = ScheduleDetailView(schedule_id=s.schedule_id, name=s.name, rule=s.rule, timezone=s.timezone,
+                              schedule_type=s.schedule_type, paused=s.paused,
+                              next_fire_at=_iso(s.next_fire_at), recent=tuple(_outcome(f) for f in s.recent),
+                              notice=notice, notify=s.notify)
     return render_detail(view, ctx.tr)
 
 
@@ -59,7 +62,8 @@ async def history(ctx: Ctx, a: CardAction) -> Answer:
                                         limit=HISTORY_PAGE)
     items = tuple(Outcome(s.name, f["nominal_time"], firing_state(f["outcome"], f["admission"]), f["firing_id"])
                   for f in h["firings"])
-    return Answer(card=render_history(HistoryView(s.schedule_id, s.name, items, a.page, h["next_cursor"] is not None),
+    return Answer(card=render_history(HistoryView(schedule_id=s.schedule_id, name=s.name, firings=items, page=a.page,
+                                                  has_more=h["next_cursor"] is not None),
                                       ctx.tr))
 
 
@@ -68,10 +72,12 @@ async def results(ctx: Ctx, a: CardAction) -> Answer:
     with yours():
         r = await ctx.services.schedules.result_page(ctx.viewer.caller(), a.schedule_id, a.page)
     if not r.pages or r.firing is None:
-        return Answer(card=render_results(ResultsView(r.schedule_id, r.name, 0, 0, 0, 0), ctx.tr))
+        return Answer(card=render_results(ResultsView(schedule_id=r.schedule_id, name=r.name, page=0, pages=0, part=0,
+                                                      parts=0), ctx.tr))
     parts = split_result(r.text)
     part = min(a.sub, len(parts) - 1)
-    view = ResultsView(r.schedule_id, r.name, r.page, r.pages, part, len(parts), _outcome(r.firing), parts[part])
+    view = ResultsView(schedule_id=r.schedule_id, name=r.name, page=r.page, pages=r.pages, part=part, parts=len(parts),
+                       firing=_outcome(r.firing), text=parts[part])
     return Answer(card=render_results(view, ctx.tr))
 
 

@@ -1,4 +1,4 @@
-"""Per-box resource limits: a cgroup per box (v2, else v1) under the hub's own cgroup, rlimits where none is writable."""
+"""Per-box resource limits: a cgroup per box (v2, else v1) under the hub's cgroup, rlimits where none is writable."""
 from __future__ import annotations
 
 import contextlib

@@ -39,7 +39,7 @@ NO_BWRAP = ("bubblewrap (`bwrap`) is not installed on this hub's machine, so box
 
 
 class LocalBoxDriver:
-    """Run each box as a long-lived bubblewrap sandbox (`boxes.driver = "local"`), or unsandboxed when the operator says so.
+    """Run each box as a long-lived bubblewrap sandbox (`boxes.driver = "local"`), or unsandboxed if the operator says.
 
     Sandboxed: the box's init is `bwrap --unshare-all` (own user, PID, mount, IPC, UTS, cgroup and, unless
     `boxes.network = "host"`, network namespaces), started detached so it outlives a hub restart; root inside
@@ -72,7 +72,8 @@ class LocalBoxDriver:
     def _dir(self, handle: dict[str, Any]) -> tuple[str, Path]:
         box_id = str(handle.get("box_id", ""))
         if not _BOX_ID.fullmatch(box_id):
-            raise BoxError("box handle names no box; destroy it with `rift_vm_destroy` and make another with `rift_vm_new`")
+            raise BoxError("box handle names no box; destroy it with `rift_vm_destroy` and make another with "
+                           "`rift_vm_new`")
         return box_id, self.root / box_id
 
     def _elsewhere(self, handle: dict[str, Any], box_dir: Path) -> str | None:
@@ -115,7 +116,8 @@ class LocalBoxDriver:
                 raise BoxError(f"`{tool}` is missing on this hub's machine; the operator installs util-linux")
         limits = self.limits
         cgroups = await asyncio.to_thread(setup_cgroups, box_id, limits)
-        uid = UID_BASE + int(hashlib.sha256(box_id.encode()).hexdigest()[:8], 16) % UID_SPAN if os.geteuid() == 0 else None
+        uid = (UID_BASE + int(hashlib.sha256(box_id.encode()).hexdigest()[:8], 16) % UID_SPAN
+               if os.geteuid() == 0 else None)
         info_r, info_w = os.pipe()
         argv = bw.init_argv(bwrap, box_id, network=self.settings.network, disk_bytes=self.settings.disk_mb << 20,
                             hide=self.hide, info_fd=info_w)
@@ -156,7 +158,8 @@ class LocalBoxDriver:
     @staticmethod
     def _fix() -> str:
         return ("the operator makes user namespaces available to bubblewrap (sysctl user.max_user_namespaces), "
-                "or sets boxes.driver = \"unsandboxed\" (AMUX_BOXES__DRIVER=unsandboxed) to run boxes without isolation")
+                "or sets boxes.driver = \"unsandboxed\" (AMUX_BOXES__DRIVER=unsandboxed) to run boxes "
+                "without isolation")
 
     def _init_pid(self, handle: dict[str, Any], box_id: str) -> int:
         """Return the pid of the box's running init, or refuse when it is gone."""
@@ -266,7 +269,8 @@ class LocalBoxDriver:
         """Read a pipe to its end, keeping the first `output_cap` bytes and draining the rest."""
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=1 << 20)
-        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                                    os.fdopen(fd, "rb", 0))
         kept, truncated = bytearray(), False
         try:
             while chunk := await reader.read(1 << 16):

@@ -148,7 +148,8 @@ def on_outcome(inc: Incident | None, o: Outcome, now: datetime, n: Numbers) -> S
     kind = classify(o)
     active = inc is not None and inc.state in ACTIVE
     if kind == "cancelled":
-        return Step(inc, ("receipt",) if o.notify == "all" else (), "receipt_all" if o.notify == "all" else "quiet_cancelled")
+        return Step(inc, ("receipt",) if o.notify == "all" else (),
+                    "receipt_all" if o.notify == "all" else "quiet_cancelled")
     if kind == "success":
         if not active:
             return Step(inc, ("receipt",), "receipt_all") if o.notify == "all" else Step(inc, (), "quiet_success")
@@ -173,7 +174,8 @@ def on_outcome(inc: Incident | None, o: Outcome, now: datetime, n: Numbers) -> S
     if inc.state == IncidentState.PENDING:
         due = min(inc.notify_at or now, now + timedelta(seconds=wait))
         nxt = replace(inc, notify_at=due, recovering_since=None, last_outcome=_label(o), **counts)
-        return Step(nxt, (), "waiting_unknown" if kind == "unknown" and nxt.failures + nxt.missed == 0 else "aggregated")
+        return Step(nxt, (),
+                    "waiting_unknown" if kind == "unknown" and nxt.failures + nxt.missed == 0 else "aggregated")
     nxt = replace(inc, state=IncidentState.OPEN, recovering_since=None, last_outcome=_label(o), **counts)
     return Step(nxt, ("update",), "updated")
 

@@ -132,7 +132,8 @@ def ago(dt: datetime, now: datetime) -> str:
 
 def not_yours(task_id: str) -> str:
     """Refuse a task that does not exist or belongs to someone else (the same words for both)."""
-    return f"task {task_id} does not exist or is not yours; `rift_task_list` shows your tasks, `rift_task_new` opens one"
+    return (f"task {task_id} does not exist or is not yours; `rift_task_list` shows your tasks, "
+            "`rift_task_new` opens one")
 
 
 def closed(task_id: str, reason: str | None) -> str:

@@ -75,7 +75,8 @@ ENGINE_CAPS: dict[str, EngineCaps] = {
         ),
         reserved={
             "-p": "the prompt", "--print": "the prompt", "--output-format": "the event stream",
-            "--input-format": "the event stream", "--model": "the model field", "--effort": "the reasoning_effort field",
+            "--input-format": "the event stream", "--model": "the model field",
+            "--effort": "the reasoning_effort field",
             "--resume": "the resume handle", "-r": "the resume handle", "--continue": "the resume handle",
             "-c": "the resume handle", "--session-id": "the resume handle",
         },

@@ -42,7 +42,7 @@ def zone(name: str) -> ZoneInfo:
                       "\"America/New_York\"") from e
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Rule:
     """A parsed rule: `kind` is cron | interval | at."""
 
@@ -81,8 +81,9 @@ def parse(text: str, tz_name: str) -> Rule:
         if not m or int(m.group(1)) <= 0:
             raise Invalid(f"rule {text!r} is not a valid interval; write one of: {EXAMPLES}")
         if int(m.group(1)) * _UNITS[m.group(2)] > MAX_INTERVAL_S:
-            raise Invalid(f"rule {text!r} is longer than {MAX_INTERVAL_S // 86400} days; use an `at` rule for a one-off")
-        return Rule(s, "interval", tz, interval=timedelta(seconds=int(m.group(1)) * _UNITS[m.group(2)]))
+            raise Invalid(f"rule {text!r} is longer than {MAX_INTERVAL_S // 86400} days; use an `at` rule "
+                          "for a one-off")
+        return Rule(text=s, kind="interval", tz=tz, interval=timedelta(seconds=int(m.group(1)) * _UNITS[m.group(2)]))
     if low.startswith("at "):
         try:
             when = datetime.fromisoformat(s[3:].strip())
@@ -95,7 +96,7 @@ def parse(text: str, tz_name: str) -> Rule:
                     raise Invalid(f"rule {text!r} names a local time that does not exist in {tz_name} (DST gap); "
                                   "pick another time")
             DateTrigger(when, timezone=tz)  # the same validation APScheduler applies
-            return Rule(s, "at", tz, at=when.astimezone(timezone.utc))
+            return Rule(text=s, kind="at", tz=tz, at=when.astimezone(timezone.utc))
         except OverflowError as e:  # year 1 or 9999 shifted across UTC
             raise Invalid(f"rule {text!r} is out of the range of dates; pick a time between years 2 and 9998") from e
     fields = s.split(" ")
@@ -105,7 +106,7 @@ def parse(text: str, tz_name: str) -> Rule:
         trigger = CronTrigger.from_crontab(s, timezone=timezone.utc)
     except ValueError as e:
         raise Invalid(f"rule {text!r} is not a valid cron expression ({e}); write one of: {EXAMPLES}") from e
-    return Rule(s, "cron", tz, cron=trigger)
+    return Rule(text=s, kind="cron", tz=tz, cron=trigger)
 
 
 def _exists(wall: datetime, tz: ZoneInfo) -> bool:

@@ -42,7 +42,8 @@ from .streams import launch_value, mapped_usage, tool_title
 
 QUESTION_TOOL = "AskUserQuestion"
 SYNTHETIC = "<synthetic>"  # the model name on messages the CLI writes itself (its API error text)
-INIT_REQUEST = {"type": "control_request", "request_id": "amux_init", "request": {"subtype": "initialize", "hooks": None}}
+INIT_REQUEST = {"type": "control_request", "request_id": "amux_init",
+                "request": {"subtype": "initialize", "hooks": None}}
 
 
 class ClaudeEngine(CliEngine):
@@ -126,7 +127,8 @@ class _ClaudeStream:
             return
         servers = {s.get("name"): s.get("status") for s in msg.get("mcp_servers") or [] if isinstance(s, dict)}
         if servers.get(SERVER) != "connected":  # say so now: the agent will not find its task and schedule tools
-            await self.emit("warning", {"text": f"the hub's MCP endpoint did not connect ({servers.get(SERVER) or 'absent'}); "
+            await self.emit("warning",
+                            {"text": f"the hub's MCP endpoint did not connect ({servers.get(SERVER) or 'absent'}); "
                                                 "this turn's agent cannot delegate tasks or create schedules"})
 
     async def _assistant(self, msg: dict[str, Any]) -> EngineResult | None:
@@ -161,7 +163,8 @@ class _ClaudeStream:
         request_id, request = str(msg.get("request_id") or ""), msg.get("request") or {}
         if request.get("subtype") != "can_use_tool":
             await self.child.send({"type": "control_response", "response": {
-                "subtype": "error", "request_id": request_id, "error": f"amux does not serve {request.get('subtype')}"}})
+                "subtype": "error", "request_id": request_id,
+                "error": f"amux does not serve {request.get('subtype')}"}})
             return None
         tool, args = str(request.get("tool_name") or ""), request.get("input") or {}
         if tool == QUESTION_TOOL:  # a question is never an approval
@@ -199,7 +202,8 @@ class _ClaudeStream:
             await self.emit("usage", {"usage": usage})
         text = msg["result"] if isinstance(msg.get("result"), str) else "\n".join(self.texts)
         if msg.get("subtype") == "success" and not msg.get("is_error"):
-            return EngineResult("succeeded", text=text, json=msg.get("structured_output"), resume_handle=self.session_id)
+            return EngineResult("succeeded", text=text, json=msg.get("structured_output"),
+                                resume_handle=self.session_id)
         detail = "; ".join(str(e) for e in msg.get("errors") or []) or text
         if self.retry is not None:  # the model API failed until the CLI gave up retrying
             error = self.retry.gave_up() + (f" (claude: {detail})" if detail else "")
@@ -215,7 +219,8 @@ class _ClaudeStream:
 
 
 # Claude Code's retry categories (its `api_retry` `error` field) in words, by HTTP status when there is one.
-RETRY_CAUSES = {"overloaded": "API overloaded", "rate_limit": "rate limited", "authentication_failed": "credential rejected",
+RETRY_CAUSES = {"overloaded": "API overloaded", "rate_limit": "rate limited",
+                "authentication_failed": "credential rejected",
                 "server_error": "server error"}
 
 
@@ -253,7 +258,8 @@ class ApiRetry:
     def rejected(self) -> str:
         """Return why a run whose credential the model API keeps rejecting fails, naming the fix."""
         status = f" (HTTP {self.http_status})" if self.http_status is not None else ""
-        return f"the model API rejected the credential{status} {self.attempt} times in a row; fix the credential profile"
+        return (f"the model API rejected the credential{status} {self.attempt} times in a row; fix the credential "
+                "profile")
 
     def gave_up(self) -> str:
         """Return why the run failed once the CLI stopped retrying, naming what to check."""
@@ -273,4 +279,5 @@ def _control_response(request_id: str, decision: Decision, args: Any) -> dict[st
         answer: dict[str, Any] = {"behavior": "allow", "updatedInput": args}
     else:
         answer = {"behavior": "deny", "message": decision.message or "denied"}
-    return {"type": "control_response", "response": {"subtype": "success", "request_id": request_id, "response": answer}}
+    return {"type": "control_response",
+            "response": {"subtype": "success", "request_id": request_id, "response": answer}}

@@ -40,7 +40,8 @@ from .streams import launch_value, mapped_usage, program_name
 
 TRUST_WORKSPACE = "--skip-git-repo-check"
 NO_APP_SERVER = ("permission_policy escalate-to-main needs `codex app-server`, which {binary} does not have; "
-                 "upgrade Codex on this runner (npm install -g @openai/codex@latest) or choose policy-allow or deny-all")
+                 "upgrade Codex on this runner (npm install -g @openai/codex@latest) or choose "
+                 "policy-allow or deny-all")
 USAGE_NAMES = {"reasoning_output_tokens": "reasoning_tokens"}
 TOOL_ITEMS = frozenset({"command_execution", "file_change", "mcp_tool_call", "web_search", "collab_tool_call"})
 STATUSES = {"in_progress": "running", "completed": "completed", "failed": "failed", "declined": "failed"}
@@ -165,7 +166,8 @@ class _CodexStream:
             status = STATUSES.get(str(item.get("status")), default)
             if self.tool_status.get(item_id) != status:
                 self.tool_status[item_id] = status
-                await self.emit("tool", {"tool": {"id": item_id, "name": item_type, "title": _title(item), "status": status}})
+                await self.emit("tool",
+                                {"tool": {"id": item_id, "name": item_type, "title": _title(item), "status": status}})
 
     async def _question(self, questions: Any) -> EngineResult:
         qs = [q for q in questions or [] if isinstance(q, dict)]

@@ -235,7 +235,8 @@ class AppServerRun:
             return await self._question(params.get("questions"))
         ask = self._approval(method, params)
         if ask is None:
-            failure = await self.child.send({"id": rid, "error": {"code": -32601, "message": f"amux does not serve {method}"}})
+            failure = await self.child.send({"id": rid,
+                                             "error": {"code": -32601, "message": f"amux does not serve {method}"}})
             return self._failed(f"codex app-server stopped answering: {failure}") if failure else None
         tool, title, answer = ask
         # JSON-RPC ids restart at 0 with every server: the turn's id makes the request id unique across attempts.

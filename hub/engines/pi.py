@@ -116,7 +116,8 @@ class _PiStream:
         options = [str(o) for o in msg.get("options") or []]
         await self.emit("question", {"text": text, "options": options})
         self.child.kill()  # it would wait for an answer that never comes
-        return EngineResult("failed", text=self.text, error="pi asked the user a question", resume_handle=self.session_id)
+        return EngineResult("failed", text=self.text, error="pi asked the user a question",
+                            resume_handle=self.session_id)
 
     def _end(self) -> EngineResult:
         reason, message = self.stop

@@ -35,14 +35,16 @@ async def interpret(prompt: str, workspace: Path, emit: Emit, job: Job | None = 
             await emit("text", {"text": step.text})
         elif step.op == "tool":
             tools += 1
-            await emit("tool", {"tool": {"id": f"tool_{tools}", "name": step.args[0], "title": step.args[1], "status": "completed"}})
+            await emit("tool", {"tool": {"id": f"tool_{tools}", "name": step.args[0], "title": step.args[1],
+                                         "status": "completed"}})
         elif step.op == "usage":
             names = {"input": "input_tokens", "output": "output_tokens"}
             await emit("usage", {"usage": {names.get(k, k): v for k, v in step.numbers}})
         elif step.op == "write":
             target = (workspace / step.args[0]).resolve()
             if workspace.resolve() not in target.parents:
-                return EngineResult("failed", text="\n".join(said), error=f"write {step.args[0]!r} leaves the workspace; use a relative path inside it")
+                return EngineResult("failed", text="\n".join(said),
+                                    error=f"write {step.args[0]!r} leaves the workspace; use a relative path inside it")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(step.text + "\n")
         elif step.op == "sleep":
@@ -51,9 +53,11 @@ async def interpret(prompt: str, workspace: Path, emit: Emit, job: Job | None = 
             await emit("question", {"text": step.text, "options": []})
             return EngineResult("failed", text="\n".join(said), error="question")
         elif step.op == "fail":
-            return EngineResult("failed", text="\n".join(said), json={"lines": said}, error=step.text or "script failed")
+            return EngineResult("failed", text="\n".join(said), json={"lines": said},
+                                error=step.text or "script failed")
         elif step.op == "env":  # `env *` lists every variable (NAME=value lines), for environment checks
-            value = "\n".join(f"{k}={v}" for k, v in sorted(env.items())) if step.args[0] == "*" else env.get(step.args[0], "")
+            value = ("\n".join(f"{k}={v}" for k, v in sorted(env.items())) if step.args[0] == "*"
+                     else env.get(step.args[0], ""))
             said.append(value)
             await emit("text", {"text": value})
         elif step.op == "permission":
@@ -86,7 +90,8 @@ async def _permission(step: scripted.Step, policy: str, job: Job | None, emit: E
     while True:
         reply = await job.permission_replies.get()
         if reply.request_id == request_id:
-            return None if reply.allow else f"permission for {step.args[0]} denied: {reply.message or 'no reason given'}"
+            return (None if reply.allow
+                    else f"permission for {step.args[0]} denied: {reply.message or 'no reason given'}")
 
 
 class ScriptedEngine:
@@ -125,7 +130,8 @@ async def run_subprocess(job: Job, emit: Emit) -> EngineResult:
             except ValueError:
                 continue  # garbage lines are not events
             if msg.get("type") == "result":
-                result = EngineResult(msg.get("outcome", "failed"), msg.get("text", ""), msg.get("json"), msg.get("error"))
+                result = EngineResult(msg.get("outcome", "failed"), msg.get("text", ""), msg.get("json"),
+                                      msg.get("error"))
             elif isinstance(msg.get("type"), str):
                 await emit(msg.pop("type"), msg)
         code = await proc.wait()
@@ -154,7 +160,8 @@ async def _cli(workspace: str) -> None:
         sys.stdout.flush()
 
     res = await interpret(sys.stdin.read(), Path(workspace), emit)
-    sys.stdout.write(json.dumps({"type": "result", "outcome": res.outcome, "text": res.text, "json": res.json, "error": res.error}) + "\n")
+    sys.stdout.write(json.dumps({"type": "result", "outcome": res.outcome, "text": res.text, "json": res.json,
+                                 "error": res.error}) + "\n")
 
 
 if __name__ == "__main__":

@@ -88,7 +88,8 @@ def instance_tools(instances: InstanceService):  # noqa: ANN201
 
         @server.tool()
         async def instance_steer(instance_id: str, text: str, ctx: Context) -> SteerAnswer:
-            """Correct the running turn; answers delivered, queued (fell back to the mailbox) or unknown (not queued)."""
+            """Correct the running turn; answers delivered, queued (fell back to the mailbox) or unknown (not queued).
+            """
             return SteerAnswer(**await guarded(lambda: instances.steer(caller_of(ctx), instance_id, text)))
 
         @server.tool()

@@ -104,6 +104,7 @@ def session_ref_of(caller: Caller, schedule_type: str, session_ref: str | None) 
     return own
 
 
+# Long by design: one short closure per MCP tool (its signature is the tool's schema); `register` likewise.
 def schedule_tools(service: ScheduleService):  # noqa: ANN201
     """Return a registrar adding the schedule_* tools."""
 
@@ -116,7 +117,8 @@ def schedule_tools(service: ScheduleService):  # noqa: ANN201
                                   extra_args: list[str] | None = None, permission_policy: str | None = None,
                                   reasoning_effort: str | None = None, credential_profile: str | None = None,
                                   timeout_s: float | None = None, notify: str | None = None) -> ScheduleView:
-            """Create a schedule. rule: cron "*/5 * * * *", interval "every 30s|5m|2h", one-shot "at 2026-12-01T09:00:00+08:00".
+            """Create a schedule. rule: cron "*/5 * * * *", interval "every 30s|5m|2h",
+            one-shot "at 2026-12-01T09:00:00+08:00".
 
             schedule_type "subtask" (default) submits a child Task at each fire; "session-prompt" submits the prompt
             into session_ref (session_list finds one; omitted: the caller's own Session, for an agent inside one).
@@ -125,8 +127,11 @@ def schedule_tools(service: ScheduleService):  # noqa: ANN201
             """
             caller = caller_of(ctx)
             ref = session_ref_of(caller, schedule_type, session_ref)
-            spec = ScheduleSpec(name, prompt, rule, timezone, schedule_type, ref, profile, runtime, model,
-                                reasoning_effort, extra_args, permission_policy, credential_profile, timeout_s, notify)
+            spec = ScheduleSpec(name=name, prompt=prompt, rule=rule, timezone=timezone, schedule_type=schedule_type,
+                                session_ref=ref, profile=profile, runtime=runtime, model=model,
+                                reasoning_effort=reasoning_effort, extra_args=extra_args,
+                                permission_policy=permission_policy, credential_profile=credential_profile,
+                                timeout_s=timeout_s, notify=notify)
             return ScheduleView(**await guarded(lambda: service.create(caller, spec, source="mcp")))
 
         @server.tool()
@@ -152,8 +157,11 @@ def schedule_tools(service: ScheduleService):  # noqa: ANN201
 
             notify: "failures" | "all" | "none" (which outcomes reach the Feishu administrator).
             """
-            spec = ScheduleSpec(name, prompt, rule, timezone, None, session_ref, profile, runtime, model,
-                                reasoning_effort, extra_args, permission_policy, credential_profile, timeout_s, notify)
+            spec = ScheduleSpec(name=name, prompt=prompt, rule=rule, timezone=timezone, schedule_type=None,
+                                session_ref=session_ref, profile=profile, runtime=runtime, model=model,
+                                reasoning_effort=reasoning_effort, extra_args=extra_args,
+                                permission_policy=permission_policy, credential_profile=credential_profile,
+                                timeout_s=timeout_s, notify=notify)
             return ScheduleView(**await guarded(lambda: service.update(caller_of(ctx), schedule_id, spec)))
 
         @server.tool()

@@ -9,6 +9,7 @@ from . import models as m
 from .server import caller_of, guarded
 
 
+# Long by design: one short closure per MCP tool (its signature is the tool's schema).
 def task_tools(tasks: TaskService, profiles: ProfileService, permissions: PermissionService):  # noqa: ANN201
     """Return a registrar adding profile_list, the task_* tools and permission_respond."""
 
@@ -25,8 +26,9 @@ def task_tools(tasks: TaskService, profiles: ProfileService, permissions: Permis
                               reasoning_effort: str | None = None, permission_policy: str | None = None,
                               credential_profile: str | None = None) -> m.Submitted:
             """Admit a task (returns at once with its task_id); follow it with task_wait or task_get."""
-            req = SubmitRequest(prompt, profile, runtime, model, extra_args, timeout_s, name,
-                                reasoning_effort, permission_policy, credential_profile)
+            req = SubmitRequest(prompt=prompt, profile=profile, runtime=runtime, model=model, extra_args=extra_args,
+                                timeout_s=timeout_s, name=name, reasoning_effort=reasoning_effort,
+                                permission_policy=permission_policy, credential_profile=credential_profile)
             return m.Submitted(**await guarded(lambda: tasks.submit(caller_of(ctx), req)))
 
         @server.tool()
@@ -36,8 +38,9 @@ def task_tools(tasks: TaskService, profiles: ProfileService, permissions: Permis
                            reasoning_effort: str | None = None, permission_policy: str | None = None,
                            credential_profile: str | None = None) -> m.TaskView:
             """Submit a task and block until it is terminal; returns its result."""
-            req = SubmitRequest(prompt, profile, runtime, model, extra_args, timeout_s, name,
-                                reasoning_effort, permission_policy, credential_profile)
+            req = SubmitRequest(prompt=prompt, profile=profile, runtime=runtime, model=model, extra_args=extra_args,
+                                timeout_s=timeout_s, name=name, reasoning_effort=reasoning_effort,
+                                permission_policy=permission_policy, credential_profile=credential_profile)
             return m.TaskView(**await guarded(lambda: tasks.run(caller_of(ctx), req)))
 
         @server.tool()
@@ -47,7 +50,8 @@ def task_tools(tasks: TaskService, profiles: ProfileService, permissions: Permis
 
         @server.tool()
         async def task_wait(task_id: str, ctx: Context, cursor: int = 0, timeout_s: float = 30) -> m.EventPage:
-            """Wait for events after `cursor` (or the end); a timeout returns what there is and never cancels the task."""
+            """Wait for events after `cursor` (or the end); a timeout returns what there is and never cancels the task.
+            """
             return m.EventPage(**await guarded(lambda: tasks.wait(caller_of(ctx), task_id, cursor, timeout_s)))
 
         @server.tool()

@@ -157,7 +157,8 @@ class Runner:
         self.slots = slots
         self.workspace_root = Path(workspace_root)
         # Task children's HOME folders: never the runner's own home.
-        self.home_root = Path(home_root) if home_root else self.workspace_root.parent / f"{self.workspace_root.name}-homes"
+        self.home_root = (Path(home_root) if home_root
+                          else self.workspace_root.parent / f"{self.workspace_root.name}-homes")
         self.engines = {k: e for k, e in engines.items() if e.available()}
         self.held: dict[str, _Held] = {}
         self.ws: aiohttp.ClientWebSocketResponse | None = None
@@ -194,7 +195,8 @@ class Runner:
                     if e.status in (401, 403):  # a revoked or wrong token: retrying cannot help
                         self._give_up()
                         raise RunnerRefused(f"hub refused the runner's token ({e.status}: revoked or invalid); "
-                                            "create a new one with `amux token create --principal NAME --runner`") from e
+                                            "create a new one with `amux token create --principal NAME "
+                                            "--runner`") from e
                     log.info("hub refused the connection (%s); retrying in %.1fs", e.status, delay)
                 except RunnerRefused as e:
                     log.error("%s", e.message)
@@ -202,7 +204,7 @@ class Runner:
                     raise
                 except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
                     log.info("hub unreachable (%s); retrying in %.1fs", e, delay)
-                except Exception as e:  # a protocol surprise (say, a proxy's error page mid-stream): reconnect
+                except Exception as e:  # noqa: BLE001 - a protocol surprise (a proxy's error page mid-stream): reconnect
                     log.warning("connection to the hub failed (%s: %s); retrying in %.1fs", type(e).__name__, e, delay)
                 self.ws = None
                 self.registered.clear()
@@ -284,7 +286,8 @@ class Runner:
             if delivered:
                 h.steering.put_nowait(steer.text)
             if self.ws is not None and not self.ws.closed:
-                await self.ws.send_json(p.Steered(task_id=steer.task_id, steer_id=steer.steer_id, delivered=delivered).model_dump())
+                await self.ws.send_json(p.Steered(task_id=steer.task_id, steer_id=steer.steer_id,
+                                                  delivered=delivered).model_dump())
         elif kind == "cancel":
             h = self.held.get(msg["task_id"])
             if h and h.task and not h.task.done():
@@ -344,6 +347,7 @@ class Runner:
         msg["last_rseq"] = events[-1].rseq
         await self._send(h, msg)
 
+    # Long by design: the engine's emit closure and the Finished report share one attempt's state.
     async def _execute(self, h: _Held, d: p.Dispatch) -> None:
         await self._send(h, {**p.Accepted(task_id=d.task_id, attempt=d.attempt).model_dump(), "rseq": 0})
         # A session's turns and an instance's runs share the session's workspace; a plain task gets its own.
@@ -382,20 +386,24 @@ class Runner:
         question: p.Question | None = None
         try:
             if engine is None:
-                result = EngineResult("failed", error=f"engine {d.snapshot.get('engine')!r} is not installed on runner {self.name}")
+                result = EngineResult("failed", error=f"engine {d.snapshot.get('engine')!r} is not installed on "
+                                                      f"runner {self.name}")
             else:
                 if getattr(engine, "accepts_steering", False):
                     h.steering = asyncio.Queue()
-                job = Job(d.task_id, d.attempt, launch_prompt(d), d.snapshot, workspace, env=launch_env(d, home, engine),
+                job = Job(d.task_id, d.attempt, launch_prompt(d), d.snapshot, workspace,
+                          env=launch_env(d, home, engine),
                           permission_replies=h.replies, steering=h.steering)
-                result = await asyncio.wait_for(engine.run(job, emit), timeout=float(d.snapshot.get("timeout_s") or 3600))
+                result = await asyncio.wait_for(engine.run(job, emit),
+                                                timeout=float(d.snapshot.get("timeout_s") or 3600))
             outcome = result.outcome
             if asked is not None and d.direct_session:  # its attached person answers, as the next Turn
                 outcome, result.error, question = "waiting_for_user", None, asked_question(asked)
             elif asked is not None:
                 outcome, result.error = "failed", QUESTION_DIAGNOSTIC
         except asyncio.TimeoutError:
-            error = f"timed out after {d.snapshot.get('timeout_s')}s" + (f"; last status: {last_status}" if last_status else "")
+            error = (f"timed out after {d.snapshot.get('timeout_s')}s"
+                     + (f"; last status: {last_status}" if last_status else ""))
             outcome, result = "timed_out", EngineResult("timed_out", error=error)
         except asyncio.CancelledError:
             if not h.cancel_intent:
@@ -410,7 +418,8 @@ class Runner:
         changed = diff_trees(before, await asyncio.to_thread(snapshot_tree, workspace))
         h.rseq += 1
         fin = p.Finished(
-            task_id=d.task_id, attempt=d.attempt, rseq=h.rseq, outcome=outcome, result_text=redact.scrub(result.text or ""),
+            task_id=d.task_id, attempt=d.attempt, rseq=h.rseq, outcome=outcome,
+            result_text=redact.scrub(result.text or ""),
             result_json=redact.scrub(result.json), error=redact.scrub(result.error), usage=last_usage,
             changed_files=changed, resume_handle=result.resume_handle, question=question,
         )

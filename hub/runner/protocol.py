@@ -163,5 +163,7 @@ class ErrorMsg(BaseModel):
     code: str | None = None  # "token_revoked": the runner stops (reconnecting cannot help)
 
 
-RUNNER_MESSAGES = {m.model_fields["type"].default: m for m in (Register, Accepted, Events, Finished, Steered, Heartbeat)}
-HUB_MESSAGES = {m.model_fields["type"].default: m for m in (Registered, Dispatch, Cancel, PermissionAnswer, Steer, Ack, ErrorMsg)}
+RUNNER_MESSAGES = {m.model_fields["type"].default: m for m in (Register, Accepted, Events, Finished, Steered,
+                                                               Heartbeat)}
+HUB_MESSAGES = {m.model_fields["type"].default: m for m in (Registered, Dispatch, Cancel, PermissionAnswer, Steer, Ack,
+                                                            ErrorMsg)}

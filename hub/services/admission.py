@@ -20,7 +20,7 @@ from .profiles import ProfileService
 MAX_TIMEOUT_S = 7 * 86400
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SubmitRequest:
     """What a caller asks for; omitted (None) choices are resolved at admission."""
 

@@ -319,8 +319,9 @@ class AlertService:
             if row is None:
                 raise NotFound(f"incident {incident_id!r} does not exist; list incidents with `amux alerts list`")
             notices = await self.outbox.of_incident(conn, incident_id)
-        view = {c: (iso(v) if isinstance(v, datetime) else v) for c, v in row._mapping.items()}
-        view["notices"] = [dict(n._mapping) for n in notices]
+        # Row._mapping is SQLAlchemy's public mapping view of a row, despite its underscore
+        view = {c: (iso(v) if isinstance(v, datetime) else v) for c, v in row._mapping.items()}  # noqa: SLF001
+        view["notices"] = [dict(n._mapping) for n in notices]  # noqa: SLF001
         return view
 
     async def card_view(self, incident_id: str) -> dict:
@@ -339,7 +340,8 @@ class AlertService:
         """Return incidents, newest first."""
         async with self.db.read() as conn:
             rows = await self.store.newest(conn, active_only=active_only, limit=limit)
-        return [{c: (iso(v) if isinstance(v, datetime) else v) for c, v in r._mapping.items()} for r in rows]
+        return [{c: (iso(v) if isinstance(v, datetime) else v) for c, v in r._mapping.items()}  # noqa: SLF001
+                for r in rows]  # Row._mapping: SQLAlchemy's public mapping view of a row
 
     async def explain(self, ref: str) -> dict:
         """Return the decision log for an incident (`inc_…`) or a firing (`fir_…`), oldest first."""

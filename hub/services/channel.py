@@ -8,7 +8,7 @@ explicit choice when no application is configured: then lark-oapi is never impor
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Protocol
 
 from ..errors import Invalid
@@ -27,6 +27,7 @@ class Delivery:
     """
 
     result: str
+    _: KW_ONLY  # the result reads best positionally (`Delivery(OK, message_id=...)`); the rest by name
     message_id: str | None = None
     error: str | None = None
     code: int | None = None

@@ -70,7 +70,7 @@ class RedirectError(Exception):
         self.redirect_uri, self.error, self.description, self.state = redirect_uri, error, description, state
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Client:
     """A registered OAuth client."""
 
@@ -82,7 +82,7 @@ class Client:
     secret_hash: str | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AuthorizeRequest:
     """A validated authorization request, waiting for the user's decision."""
 
@@ -189,8 +189,8 @@ class OAuthService:
             row = await self.store.client(conn, client_id)
         if row is None:
             return None
-        return Client(row.id, row.name, tuple(row.redirect_uris), tuple(row.scope.split()), row.auth_method,
-                      row.secret_hash)
+        return Client(id=row.id, name=row.name, redirect_uris=tuple(row.redirect_uris), scopes=tuple(row.scope.split()),
+                      auth_method=row.auth_method, secret_hash=row.secret_hash)
 
     async def authenticate_client(self, client_id: str | None, secret: str | None) -> Client:
         """Return the client a token request names, checking its secret when it has one (RFC 6749 §2.3)."""
@@ -243,7 +243,8 @@ class OAuthService:
         resource = q.get("resource") or None
         if resource and not same_resource(resource, resources):
             raise fail("invalid_target", f"resource must be this hub's MCP endpoint {resources[0]}")
-        return AuthorizeRequest(client, redirect, explicit, state, challenge, tuple(scopes), resource)
+        return AuthorizeRequest(client=client, redirect_uri=redirect, redirect_explicit=explicit, state=state,
+                                code_challenge=challenge, scopes=tuple(scopes), resource=resource)
 
     async def approve(self, req: AuthorizeRequest, principal_id: str, scopes: list[str]) -> str:
         """Record the user's approval and return a single-use authorization code (short-lived)."""

@@ -13,7 +13,7 @@ from ..store.profiles import SqlProfileStore
 from .auth import Caller
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ResolvedProfile:
     """A profile as admission uses it."""
 
@@ -55,13 +55,14 @@ class ProfileService:
         """Return a builtin or stored profile, refusing unknown names with where to look."""
         builtin = BUILTINS.get(name)
         if builtin is not None:
-            return ResolvedProfile(builtin.name, builtin.engine, "builtin", builtin.digest(), None)
+            return ResolvedProfile(name=builtin.name, engine=builtin.engine, kind="builtin", digest=builtin.digest(),
+                                   manifest=None)
         row = await self.store.get(conn, name)
         if row is None:
             raise Invalid(f"unknown profile {name!r}; choose a builtin ({', '.join(sorted(BUILTINS))}) "
                           f"or a stored profile (see profile_list)")
         manifest = ManifestV2.model_validate(row.manifest)
-        return ResolvedProfile(row.name, row.engine, "manifest", row.digest, manifest)
+        return ResolvedProfile(name=row.name, engine=row.engine, kind="manifest", digest=row.digest, manifest=manifest)
 
     async def list(self) -> list[dict]:
         """Return builtins, then stored profiles."""

@@ -35,7 +35,7 @@ def _rule(text: str, tz: str) -> rules.Rule:
     return rules.parse(text, tz)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Due:
     """A firing committed and waiting for dispatch."""
 
@@ -90,7 +90,7 @@ class ScheduleFiring:
                 if p.missed_count:
                     events.append(await self._record_missed(conn, row, p, now))
                 if p.dispatch is not None:
-                    d = Due(new_id("fir"), row, p.dispatch)
+                    d = Due(firing_id=new_id("fir"), schedule=row, nominal=p.dispatch)
                     due.append(d)
                     new_firings.append(NewFiring(id=d.firing_id, schedule_id=row.id, nominal_time=p.dispatch,
                                                  fired_at=now))

@@ -10,7 +10,7 @@ from .auth import Caller
 OUTCOMES = ("succeeded", "failed", "cancelled", "timed_out", "missed", "unknown")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FiringOutcome:
     """A firing's outcome was reconciled (or, for a refused dispatch, its admission was recorded).
 

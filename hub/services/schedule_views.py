@@ -26,7 +26,7 @@ def firing_state(outcome: str | None, admission: str | None) -> str:
     return "unknown"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FiringLine:
     """One firing as a personal view shows it."""
 
@@ -39,7 +39,8 @@ class FiringLine:
 
 def firing_line(f: Any, schedule_name: str) -> FiringLine:
     """Return the line of one ledger row (any object with the firing's columns)."""
-    return FiringLine(f.id, f.schedule_id, schedule_name, f.nominal_time, firing_state(f.outcome, f.admission))
+    return FiringLine(firing_id=f.id, schedule_id=f.schedule_id, schedule_name=schedule_name,
+                      nominal_time=f.nominal_time, state=firing_state(f.outcome, f.admission))
 
 
 @dataclass(frozen=True, kw_only=True)

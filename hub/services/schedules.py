@@ -32,7 +32,7 @@ NO_SESSIONS = ("session-prompt schedules need Sessions, which this hub does not 
                "use schedule_type \"subtask\" (the default) to submit a child Task instead")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ScheduleSpec:
     """What a caller asks for; every field may be omitted on update (None = keep)."""
 

@@ -41,7 +41,9 @@ class SessionService:
         if name is not None and (not isinstance(name, str) or not name.strip() or len(name) > 200
                                  or name.startswith("ses_")):
             raise Invalid("session name must be 1–200 characters and must not start with ses_")
-        req = SubmitRequest("", profile, runtime, model, extra_args, None, name, reasoning_effort, permission_policy)
+        req = SubmitRequest(prompt="", profile=profile, runtime=runtime, model=model, extra_args=extra_args,
+                            timeout_s=None, name=name, reasoning_effort=reasoning_effort,
+                            permission_policy=permission_policy)
         if conn is not None:
             return await self._create(conn, caller, req, name, source, kind)
         async with self.db.write() as c:
@@ -198,7 +200,7 @@ class SessionService:
             row = await self.store.turn(conn, turn_id)
             if row is None or (row.owner_id != caller.principal_id and not caller.admin):
                 raise NotFound(f"turn {turn_id!r} does not exist or is not yours")
-            view = await self.tasks._view(conn, row)
+            view = await self.tasks.view_of(conn, row)
             question = question_view(await self.questions.of_turn(conn, turn_id))
         if question is not None:
             view["question"] = question

@@ -85,9 +85,10 @@ class TaskService:
     async def get(self, caller: Caller, task_id: str) -> dict:
         """Return a task's public view."""
         async with self.db.read() as conn:
-            return await self._view(conn, await self._row(conn, caller, task_id))
+            return await self.view_of(conn, await self._row(conn, caller, task_id))
 
-    async def _view(self, conn: Connection, row: Row) -> dict:
+    async def view_of(self, conn: Connection, row: Row) -> dict:
+        """Return the public view of a task row the caller may already see."""
         runtime_name = None
         if row.runtime_id:
             runtime_name = await self.runtimes.name_of(conn, row.runtime_id)

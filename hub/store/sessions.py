@@ -41,7 +41,7 @@ class NewRun:
     instance_id: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DelegationParent:
     """The session a delegation from an amux-session token belongs to, and its running Turn."""
 
@@ -152,4 +152,5 @@ class SqlSessionStore:
         active = (await conn.execute(sa.select(task_runs.c.id).where(
             task_runs.c.session_id == session_id, task_runs.c.status == Status.RUNNING.value)
             .order_by(task_runs.c.turn_seq.desc()).limit(1))).scalar()
-        return DelegationParent(session_id, active, s.engine, s.model, s.reasoning_effort)
+        return DelegationParent(session_id=session_id, active_turn_id=active, engine=s.engine, model=s.model,
+                                reasoning_effort=s.reasoning_effort)

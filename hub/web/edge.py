@@ -55,7 +55,8 @@ def edge_middleware(body_timeout_s: float = 30.0) -> Callable:
             response = await handler(request)
         except web.HTTPException:
             raise
-        except Exception as e:  # the one place an unexpected failure is logged, without its message or SQL parameters
+        # the one place an unexpected failure is logged, without its message or SQL parameters
+        except Exception as e:  # noqa: BLE001 - any failure becomes a logged 500, never a leaked traceback
             frames = "".join(traceback.format_tb(e.__traceback__))
             log.error("request %s %s %s failed: %s\n%s", rid, request.method, request.path, type(e).__name__, frames)
             return refusal(500, "internal", f"the hub failed on this request; retry, and if it persists give the "

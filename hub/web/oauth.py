@@ -59,7 +59,8 @@ class OAuthWeb:
     async def protected_resource(self, request: web.Request) -> web.Response:
         """Serve RFC 9728 protected resource metadata for `/mcp`."""
         base = self.base(request)
-        meta = ProtectedResourceMetadata(resource=f"{base}/mcp", authorization_servers=[base], scopes_supported=list(SCOPES),
+        meta = ProtectedResourceMetadata(resource=f"{base}/mcp", authorization_servers=[base],
+                                         scopes_supported=list(SCOPES),
                                          resource_name="amux hub")
         return _json(meta.model_dump(mode="json", exclude_none=True), cache=True)
 
@@ -125,7 +126,8 @@ class OAuthWeb:
     async def authorize(self, request: web.Request) -> web.StreamResponse:
         """Show the approval page (GET) or act on the user's decision (POST)."""
         form = await request.post() if request.method == "POST" else None
-        params = {k: str((form or request.query).get(k)) for k in AUTH_PARAMS if (form or request.query).get(k) is not None}
+        params = {k: str((form or request.query).get(k)) for k in AUTH_PARAMS
+                  if (form or request.query).get(k) is not None}
         try:
             req = await self.oauth.check_authorize(params, self.resources(request))
         except PageError as e:
@@ -151,12 +153,14 @@ class OAuthWeb:
                 principal_id = signed_in[0]
             else:
                 return self._approval_page(req, params, signed_in, session, status=401,
-                                           error="Paste your amux token (or sign in with a Feishu login link) to approve.")
+                                           error="Paste your amux token (or sign in with a Feishu login "
+                                                 "link) to approve.")
         except AmuxError as e:
             return self._approval_page(req, params, signed_in, session, status=401, error=e.message)
         chosen = [s for s in req.scopes if s in form.getall("grant", [])]
         if not chosen:
-            return self._approval_page(req, params, signed_in, session, status=400, error="Choose at least one permission.")
+            return self._approval_page(req, params, signed_in, session, status=400,
+                                       error="Choose at least one permission.")
         code = await self.oauth.approve(req, principal_id, chosen)
         return _redirect_to(req.redirect_uri, {"code": code, "state": req.state, "iss": self.base(request)})
 
@@ -164,10 +168,12 @@ class OAuthWeb:
                        session: str | None, *, status: int = 200, error: str | None = None) -> web.Response:
         e = html.escape
         hidden = "".join(f'<input type="hidden" name="{e(k)}" value="{e(v)}">' for k, v in params.items())
-        boxes = "".join(f'<label><input type="checkbox" name="grant" value="{s}" checked> <b>{s}</b> — {e(SCOPE_TEXT[s])}</label>'
+        boxes = "".join(f'<label><input type="checkbox" name="grant" value="{s}" checked> <b>{s}</b> — '
+                        f'{e(SCOPE_TEXT[s])}</label>'
                         for s in req.scopes)
         if signed_in and session:
-            who = (f'<p>Signed in as <b>{e(signed_in[1])}</b>.</p><input type="hidden" name="csrf" value="{_csrf(session)}">'
+            who = (f'<p>Signed in as <b>{e(signed_in[1])}</b>.</p><input type="hidden" name="csrf" '
+                   f'value="{_csrf(session)}">'
                    '<p><small>Or approve as someone else with their token:</small></p>')
         else:
             who = ""
@@ -176,11 +182,13 @@ class OAuthWeb:
             f"<p><b>{e(req.client.name)}</b> asks to use amux on your behalf. After approval you return to "
             f"<code>{e(host)}</code>.</p>"
             + (f'<p class="err">{e(error)}</p>' if error else "")
-            + f'<form method="post" action="/oauth/authorize">{hidden}<fieldset><legend>Allow</legend>{boxes}</fieldset>{who}'
+            + '<form method="post" '
+              f'action="/oauth/authorize">{hidden}<fieldset><legend>Allow</legend>{boxes}</fieldset>{who}'
             '<label>amux token <input type="password" name="token" autocomplete="off" placeholder="amux.…"></label>'
             '<p><small>No token at hand? Send <code>/amux login</code> to the amux bot in Feishu: it answers with a '
             'one-time sign-in link. Open it in this browser, then come back to this page.</small></p>'
-            '<button name="decision" value="approve">Approve</button> <button name="decision" value="deny">Deny</button>'
+            '<button name="decision" value="approve">Approve</button> <button name="decision" '
+            'value="deny">Deny</button>'
             "</form>"
         )
         return _page("Connect to amux", body, status=status)
@@ -272,7 +280,8 @@ def _oauth_error(e: OAuthError, *, basic: bool = False) -> web.Response:
 def _redirect_to(uri: str, params: dict[str, str | None]) -> web.Response:
     parts = urlsplit(uri)
     query = parse_qsl(parts.query, keep_blank_values=True) + [(k, v) for k, v in params.items() if v is not None]
-    return web.Response(status=302, headers={**NO_STORE, "Location": urlunsplit(parts._replace(query=urlencode(query)))})
+    return web.Response(status=302,
+                        headers={**NO_STORE, "Location": urlunsplit(parts._replace(query=urlencode(query)))})
 
 
 def _page(title: str, body: str, *, status: int = 200) -> web.Response:
@@ -280,6 +289,7 @@ def _page(title: str, body: str, *, status: int = 200) -> web.Response:
     doc = (f'<!doctype html><html><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">'
            f"<title>{e(title)}</title><style>body{{font:15px system-ui,sans-serif;max-width:34rem;margin:3rem auto;"
            "padding:0 1rem}label{display:block;margin:.5rem 0}input[type=password]{width:100%}.err{color:#b00}"
-           f"button{{padding:.4rem 1rem}}fieldset{{border:1px solid #ccc}}</style></head><body><h1>{e(title)}</h1>{body}"
+           f"button{{padding:.4rem 1rem}}fieldset{{border:1px solid "
+           f"#ccc}}</style></head><body><h1>{e(title)}</h1>{body}"
            "</body></html>")
     return web.Response(text=doc, content_type="text/html", status=status, headers=PAGE_HEADERS)

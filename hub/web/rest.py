@@ -68,6 +68,7 @@ class RestServices:
     runtimes: RuntimeService
 
 
+# Long by design: the REST route table, one short handler per endpoint, reads best as one list.
 def add_routes(app: web.Application, hub: RestServices) -> None:
     """Register the REST endpoints over the hub's services."""
     tasks = hub.tasks

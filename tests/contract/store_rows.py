@@ -67,7 +67,8 @@ async def incident(conn: Connection, iid: str, sid: str, app_id: str, *, active:
     """Insert an incident (active: it holds the schedule's active key)."""
     await conn.execute(incidents.insert().values(
         id=iid, schedule_id=sid, app_id=app_id, creator_id=creator, kind="failure",
-        state="open" if active else "closed", active_key=sid if active else None, failures=1, missed=0, unknowns=0, opened_at=T0, updated_at=T0))
+        state="open" if active else "closed", active_key=sid if active else None, failures=1, missed=0, unknowns=0,
+        opened_at=T0, updated_at=T0))
     return iid
 
 

@@ -39,7 +39,8 @@ async def snapshot_of(hub, task_id):
 
 
 async def submit(hub, caller=None, **kw):
-    return (await hub.tasks.submit(caller or hub.admin, SubmitRequest(kw.pop("prompt", "review it"), **kw)))["task_id"]
+    return (await hub.tasks.submit(caller or hub.admin,
+                                   SubmitRequest(prompt=kw.pop("prompt", "review it"), **kw)))["task_id"]
 
 
 async def test_a_v2_manifest_is_stored_and_a_task_on_it_uses_the_distribution_default_preset(core):
@@ -104,7 +105,9 @@ async def test_an_unknown_policy_or_one_the_engine_cannot_enforce_is_refused_bef
 
 async def test_escalation_is_refused_for_blocking_task_run(core):
     with pytest.raises(Invalid, match="task_run"):
-        await core.tasks.submit(core.admin, SubmitRequest("x", profile="claude", permission_policy="escalate-to-main"), origin="run")
+        await core.tasks.submit(core.admin,
+                                SubmitRequest(prompt="x", profile="claude", permission_policy="escalate-to-main"),
+                                origin="run")
 
 
 async def test_native_permission_flags_are_normalized_to_the_policy_and_other_args_keep_their_order(core):
@@ -117,8 +120,10 @@ async def test_native_permission_flags_are_normalized_to_the_policy_and_other_ar
 
 
 async def test_runtime_admission_validates_platform_support_and_workspace_access(core):
-    await core.runtimes.register(core.admin, p.Register(name="win", slots=1, capabilities={**CAPS, "platform": "windows"}))
-    await core.runtimes.register(core.admin, p.Register(name="ro", slots=1, capabilities={**CAPS, "workspace_writable": False}))
+    await core.runtimes.register(core.admin,
+                                 p.Register(name="win", slots=1, capabilities={**CAPS, "platform": "windows"}))
+    await core.runtimes.register(core.admin,
+                                 p.Register(name="ro", slots=1, capabilities={**CAPS, "workspace_writable": False}))
     with pytest.raises(Invalid, match="windows"):
         await submit(core, profile="claude", runtime="win")
     with pytest.raises(Invalid, match="workspace"):
@@ -160,7 +165,8 @@ async def test_placement_never_puts_a_task_naming_no_runtime_on_an_unsupported_p
 
 
 async def test_a_model_override_the_runtime_cannot_serve_is_refused(core):
-    await core.runtimes.register(core.admin, p.Register(name="pinned", slots=1, capabilities={**CAPS, "fixed_models": {"claude": "m1"}}))
+    await core.runtimes.register(core.admin, p.Register(name="pinned", slots=1,
+                                                        capabilities={**CAPS, "fixed_models": {"claude": "m1"}}))
     with pytest.raises(Invalid, match="serves only model"):
         await submit(core, profile="claude", runtime="pinned", model="m2")
     assert await submit(core, profile="claude", runtime="pinned")
@@ -181,7 +187,8 @@ async def test_only_declared_variables_of_the_effective_principal_are_materializ
     bob = await core.auth.authenticate(await core.auth.create_token("bob"))
     await core.credentials.set_value(core.admin, "openai", "OPENAI_API_KEY", "sk-admin-only")
     await core.credentials.set_value(bob, "openai", "OPENAI_API_KEY", "sk-bob-only")
-    await core.credentials.declare(core.admin, "openai", ["OPENAI_ORG"])  # redeclared: the old name is no longer declared
+    # redeclared: the old name is no longer declared
+    await core.credentials.declare(core.admin, "openai", ["OPENAI_ORG"])
     async with core.db.read() as conn:
         assert await core.credentials.materialize(conn, "openai", bob.principal_id) == {}
     await core.credentials.declare(core.admin, "openai", ["OPENAI_API_KEY"])

@@ -93,7 +93,8 @@ async def test_attach_on_a_lease_active_lately_is_refused_without_takeover(lease
     assert (await leases.vm_list(alice, t["handle"])) == []  # the holder keeps working
 
 
-async def test_attach_with_takeover_mints_a_new_secret_and_the_previous_handle_stops_working(leases, alice, alice_codex, clock):
+async def test_attach_with_takeover_mints_a_new_secret_and_the_previous_handle_stops_working(leases, alice, alice_codex,
+                                                                                             clock):
     t = await leases.new(alice, "work")
     clock.advance(minutes=1)
     a = await leases.attach(alice_codex, t["task_id"], takeover=True)
@@ -127,7 +128,8 @@ async def test_release_stops_the_handle_and_attach_takes_it_up_without_takeover(
     r = await leases.release(alice, t["handle"])
     assert r["held"] is False and r["holder"] is None and r["last_holder"] == "mcp:Claude"
     e = await refusal(leases.vm_list(alice, t["handle"]))
-    assert e.message == f"task {t['task_id']} was released and has no holder; `rift_task_attach {t['task_id']}` takes it up"
+    assert e.message == (f"task {t['task_id']} was released and has no holder; `rift_task_attach {t['task_id']}` "
+                         "takes it up")
     a = await leases.attach(alice_codex, t["task_id"])
     assert a["holder"] == "mcp:Codex" and not a["took_over"]
 
@@ -161,7 +163,8 @@ async def test_a_task_quiet_for_4_hours_closes_itself_and_its_boxes_are_destroye
     row = await row_of(db, t["task_id"])
     assert row.status == "closed" and row.closed_reason == "quiet for 4 hours"
     async with db.read() as conn:
-        assert (await conn.execute(sa.select(boxes.c.state).where(boxes.c.id == box["vm_id"]))).scalar_one() == "destroyed"
+        state = (await conn.execute(sa.select(boxes.c.state).where(boxes.c.id == box["vm_id"]))).scalar_one()
+        assert state == "destroyed"
     e = await refusal(leases.vm_list(alice, t["handle"]))
     assert "is closed (quiet for 4 hours); its VMs are gone; `rift_task_new` opens another" in e.message
 
@@ -208,7 +211,8 @@ async def test_the_reaper_destroys_live_boxes_left_in_a_closed_task(db, leases, 
         await conn.execute(lease_tasks.update().where(lease_tasks.c.id == t["task_id"]).values(status="closed"))
     assert await leases.reap_once() == {"closed": 0, "destroyed": 1}
     async with db.read() as conn:
-        assert (await conn.execute(sa.select(boxes.c.state).where(boxes.c.id == box["vm_id"]))).scalar_one() == "destroyed"
+        state = (await conn.execute(sa.select(boxes.c.state).where(boxes.c.id == box["vm_id"]))).scalar_one()
+        assert state == "destroyed"
 
 
 async def test_reapers_on_several_replicas_close_each_quiet_task_once(db_url, leases, alice, clock, tmp_path):

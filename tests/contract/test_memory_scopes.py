@@ -23,7 +23,7 @@ async def core(db, clock, tmp_path: Path):
 
 
 async def launch_first_run(hub, caps, profile="scripted"):
-    """Create a session, queue a turn and hand it to a runtime with `caps`; return (session id, turn id, child caller)."""
+    """Create a session, queue a turn, hand it to a runtime with `caps`; return (session id, turn id, child caller)."""
     rt, conn_id, _ = await hub.runtimes.register(hub.admin, p.Register(name="rt", slots=2, capabilities=caps))
     sid = (await hub.sessions.create(hub.admin, profile=profile))["session_id"]
     turn = await hub.sessions.submit_turn(hub.admin, sid, "say hi")

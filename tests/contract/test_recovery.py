@@ -38,7 +38,8 @@ async def old_schedule(hub: Hub, caller, name: str, *, age_days: float = 30, kin
     """Insert a schedule as an older hub wrote it: frozen creator and receipt, no binding, no application."""
     now = hub.clock.now()
     sid = new_id("sch")
-    receipt = {"source": "cli", "token_id": caller.token_id, "label": caller.label, "principal": caller.principal, **prov}
+    receipt = {"source": "cli", "token_id": caller.token_id, "label": caller.label, "principal": caller.principal,
+               **prov}
     async with hub.db.write() as conn:
         await conn.execute(schedules.insert().values(
             id=sid, creator_id=caller.principal_id, creator_binding_id=None, app_id=None, provenance=receipt, type=kind,
@@ -151,7 +152,8 @@ async def test_a_schedule_created_after_the_cutoff_is_never_included(seeded):
     assert e["outcome"] == "ignored" and "after the upgrade cutoff" in e["reason"]
     assert (await row(seeded.db, late)).creator_binding_id is None
     async with seeded.db.read() as conn:
-        assert (await conn.execute(sa.select(recovery_results).where(recovery_results.c.schedule_id == late))).first() is None
+        assert (await conn.execute(sa.select(recovery_results)
+                                   .where(recovery_results.c.schedule_id == late))).first() is None
 
 
 async def test_running_recovery_twice_changes_nothing(seeded):
@@ -160,15 +162,18 @@ async def test_running_recovery_twice_changes_nothing(seeded):
     seeded.clock.advance(60)
     second = await seeded.recovery.recover_creators()
     assert await snapshot(seeded.db) == before
-    assert second["run_id"] == first["run_id"] and all(e["recorded"] for e in second["schedules"] if e["outcome"] != "ignored")
+    assert second["run_id"] == first["run_id"]
+    assert all(e["recorded"] for e in second["schedules"] if e["outcome"] != "ignored")
     strip = lambda res: {k: (v["outcome"], v["reason"], v["binding_id"]) for k, v in by_id(res).items()}  # noqa: E731
     assert strip(second) == strip(first)
 
 
 async def test_a_binding_added_after_recovery_does_not_change_a_recorded_outcome(seeded):
     await seeded.recovery.recover_creators()
-    async with seeded.db.write() as conn:  # carol binds again later: her recorded outcome stays (new schedules bind themselves)
-        await conn.execute(identity_bindings.update().where(identity_bindings.c.principal_id == seeded.callers["carol"].principal_id)
+    # carol binds again later: her recorded outcome stays (new schedules bind themselves)
+    async with seeded.db.write() as conn:
+        await conn.execute(identity_bindings.update()
+                           .where(identity_bindings.c.principal_id == seeded.callers["carol"].principal_id)
                            .values(status="active"))
     before = await snapshot(seeded.db)
     await seeded.recovery.recover_creators()
@@ -198,7 +203,8 @@ async def test_recovery_hydrates_execution_state_without_replaying_tasks_or_noti
         assert (inc.app_id, inc.creator_id) == ("cli_a", hub.callers["alice"].principal_id)
         assert (await conn.execute(sa.select(sa.func.count()).select_from(outbox))).scalar() == 0
         assert (await conn.execute(sa.select(sa.func.count()).select_from(task_runs))).scalar() == 0
-        marked = (await conn.execute(sa.select(decisions.c.decision).where(decisions.c.schedule_id == sid))).scalars().all()
+        marked = (await conn.execute(sa.select(decisions.c.decision)
+                                     .where(decisions.c.schedule_id == sid))).scalars().all()
     assert marked == ["recovered_history"] * 3
     # the alert pipeline's catch-up finds nothing to decide: past outcomes are never turned into notices
     await hub.alerts.catch_up()
@@ -255,7 +261,7 @@ async def test_legacy_history_overlapping_ledger_firings_is_shown_once(db_url, t
         async with hub.db.write() as conn:
             await conn.execute(legacy_submissions.insert(), [
                 {"id": "leg_1", "schedule_id": sid, "submitted_at": base - timedelta(minutes=20, seconds=2),
-                 "task_id": "tr_one", "detail": {"status": "ok:task:tr_one"}},        # the same Task as ledger firing f1
+                 "task_id": "tr_one", "detail": {"status": "ok:task:tr_one"}},  # the same Task as ledger firing f1
                 {"id": "leg_0", "schedule_id": sid, "submitted_at": base - timedelta(hours=2),
                  "task_id": "tr_zero", "detail": {"status": "ok:task:tr_zero"}},      # older than the ledger
                 {"id": "leg_x", "schedule_id": sid, "submitted_at": base - timedelta(hours=3),
@@ -269,7 +275,8 @@ async def test_legacy_history_overlapping_ledger_firings_is_shown_once(db_url, t
             assert [(f["legacy"], f["outcome"]) for f in page] == [
                 (False, "succeeded"), (False, "succeeded"), (True, "unconfirmed"), (True, "unconfirmed")]
             assert page[2]["receipt"] == "ok:task:tr_zero"
-            two = (await c.call_tool("schedule_history", {"schedule_id": sid, "limit": 2, "cursor": 2})).structured_content
+            two = (await c.call_tool("schedule_history",
+                                     {"schedule_id": sid, "limit": 2, "cursor": 2})).structured_content
             assert [f["firing_id"] for f in two["firings"]] == ["leg_0", "leg_x"] and two["next_cursor"] is None
     finally:
         await handle.stop()

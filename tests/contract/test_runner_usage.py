@@ -23,7 +23,7 @@ async def run(db, clock, tmp_path: Path):
     hub = Hub(hub_settings(db.url, tmp_path), db, clock)
     hub.admin = await hub.auth.authenticate(await hub.auth.create_token("admin", admin=True))
     hub.rt, hub.conn_id, _ = await hub.runtimes.register(hub.admin, p.Register(name="r1", slots=1, capabilities=CAPS))
-    hub.task_id = (await hub.tasks.submit(hub.admin, SubmitRequest("say hi", profile="scripted")))["task_id"]
+    hub.task_id = (await hub.tasks.submit(hub.admin, SubmitRequest(prompt="say hi", profile="scripted")))["task_id"]
     assert await hub.dispatcher.place_once() == 1
     await hub.runtimes.outgoing(hub.rt, hub.conn_id, set())
     await hub.runtimes.apply(hub.rt, hub.conn_id, [p.Accepted(task_id=hub.task_id, attempt=1)])

@@ -43,7 +43,8 @@ def spec(**kw) -> ScheduleSpec:
 
 async def ledger(hub: Hub, sid: str) -> list:
     async with hub.db.read() as conn:
-        return (await conn.execute(sa.select(firings).where(firings.c.schedule_id == sid).order_by(firings.c.nominal_time))).all()
+        return (await conn.execute(sa.select(firings).where(firings.c.schedule_id == sid)
+                                   .order_by(firings.c.nominal_time))).all()
 
 
 async def task(hub: Hub, task_id: str):
@@ -61,7 +62,8 @@ async def test_creator_and_provenance_are_frozen_from_the_authenticated_caller(c
     async with core.db.read() as conn:
         row = (await conn.execute(sa.select(schedules).where(schedules.c.id == s["schedule_id"]))).first()
     assert row.creator_id == core.alice.principal_id and row.creator_binding_id is None and row.app_id is None
-    assert row.provenance == {"source": "mcp", "token_id": core.alice.token_id, "label": "claude-code", "principal": "alice",
+    assert row.provenance == {"source": "mcp", "token_id": core.alice.token_id, "label": "claude-code",
+                              "principal": "alice",
                               "attribution": {"basis": "no_binding"}}   # no linked Feishu identity to freeze
     assert s["creator"] == "alice"
 
@@ -70,7 +72,8 @@ async def test_the_definition_keeps_the_callers_choices_as_given_and_omitted_one
     s = await core.schedules.create(core.alice, spec(runtime="r1", model="m-1", extra_args=["--x"],
                                                      permission_policy="deny-all"))
     got = await core.schedules.get(core.alice, s["schedule_id"])
-    assert (got["runtime"], got["model"], got["extra_args"], got["permission_policy"]) == ("r1", "m-1", ["--x"], "deny-all")
+    assert (got["runtime"], got["model"], got["extra_args"], got["permission_policy"]) == ("r1", "m-1", ["--x"],
+                                                                                           "deny-all")
     assert got["reasoning_effort"] is None and got["timeout_s"] is None and got["schedule_type"] == "subtask"
     assert got["timezone"] == "UTC" and got["next_fire_at"] == (core.clock.now() + timedelta(minutes=5)).isoformat()
 
@@ -201,7 +204,8 @@ async def test_a_fire_later_than_the_grace_is_recorded_missed_and_consecutive_mi
 
 
 async def test_the_reconciler_copies_the_tasks_canonical_terminal_outcome_and_publishes_it(core):
-    s = await core.schedules.create(core.alice, spec(rule="at " + (core.clock.now() + timedelta(seconds=5)).isoformat()))
+    s = await core.schedules.create(core.alice,
+                                    spec(rule="at " + (core.clock.now() + timedelta(seconds=5)).isoformat()))
     await fire_at(core, 5)
     [f] = await ledger(core, s["schedule_id"])
     assert await core.schedule_firing.reconcile() == 0  # still queued
@@ -231,7 +235,8 @@ async def test_a_firing_whose_dispatch_was_never_recorded_becomes_unknown_and_is
     # a dispatch result arriving after that is discarded: no Task is admitted for it
     async with core.db.read() as conn:
         row = (await conn.execute(sa.select(schedules).where(schedules.c.id == s["schedule_id"]))).first()
-    d = Due("fir_crash", row, now, ("ok", "tr_late", None), {"id": "tr_late"})
+    d = Due(firing_id="fir_crash", schedule=row, nominal=now, result=("ok", "tr_late", None),
+            task_row={"id": "tr_late"})
     await core.schedule_firing._record([d], core.clock.now())  # noqa: SLF001
     assert await task(core, "tr_late") is None
     assert (await ledger(core, s["schedule_id"]))[0].outcome == "unknown"
@@ -305,7 +310,8 @@ async def test_two_firing_loops_claiming_at_once_fire_each_nominal_time_exactly_
 async def test_session_prompt_is_refused_without_sessions_naming_the_subtask_path(core):
     svc = ScheduleService(core.db, core.clock, core.settings.schedules, core.admission, None)
     with pytest.raises(Invalid, match="use schedule_type \"subtask\""):
-        await svc.create(core.alice, ScheduleSpec(name="n", prompt="hi", rule="every 5m", schedule_type="session-prompt",
+        await svc.create(core.alice,
+                         ScheduleSpec(name="n", prompt="hi", rule="every 5m", schedule_type="session-prompt",
                                                   session_ref="main"))
 
 
@@ -324,7 +330,8 @@ async def test_session_prompt_submits_into_the_resolved_session_and_reconciles_t
     assert s["session_ref"] == "ses_1"
     await fire_at(core, 300)
     [turn] = fake.turns
-    assert turn == {"turn_id": "turn_1", "session_id": "ses_1", "prompt": "status?", "source": "schedule", "principal": "alice"}
+    assert turn == {"turn_id": "turn_1", "session_id": "ses_1", "prompt": "status?", "source": "schedule",
+                    "principal": "alice"}
     [f] = await ledger(core, s["schedule_id"])
     assert (f.admission, f.turn_id, f.task_id) == ("ok", "turn_1", None)
     assert await core.schedule_firing.reconcile() == 0

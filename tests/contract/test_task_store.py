@@ -34,7 +34,7 @@ async def register(hub: Hub, name: str = "r1", slots: int = 2, running=()) -> tu
 
 
 async def submit(hub: Hub, prompt: str = "say hi", **kw) -> str:
-    return (await hub.tasks.submit(hub.admin, SubmitRequest(prompt, profile="scripted", **kw)))["task_id"]
+    return (await hub.tasks.submit(hub.admin, SubmitRequest(prompt=prompt, profile="scripted", **kw)))["task_id"]
 
 
 async def row(hub: Hub, task_id: str):
@@ -90,7 +90,7 @@ async def test_bad_submission_names_the_fix_and_stores_nothing(core, kw, fix):
     kw = dict(kw)
     prompt = kw.pop("prompt", "say hi")
     with pytest.raises(Invalid) as e:
-        await core.tasks.submit(core.admin, SubmitRequest(prompt, **{"profile": "scripted", **kw}))
+        await core.tasks.submit(core.admin, SubmitRequest(prompt=prompt, **{"profile": "scripted", **kw}))
     assert fix in e.value.message
     async with core.db.read() as conn:
         assert (await conn.execute(sa.select(sa.func.count()).select_from(task_runs))).scalar() == 0
@@ -268,9 +268,9 @@ async def test_tasks_of_other_principals_are_invisible(core):
 async def test_a_private_runtime_only_runs_its_owners_tasks(core):
     bob = await core.auth.authenticate(await core.auth.create_token("bob"))
     await core.runtimes.register(bob, p.Register(name="bobs", slots=1, capabilities=CAPS))
-    await core.tasks.submit(core.admin, SubmitRequest("say hi", profile="scripted"))
+    await core.tasks.submit(core.admin, SubmitRequest(prompt="say hi", profile="scripted"))
     assert await core.dispatcher.place_once() == 0
-    await core.tasks.submit(bob, SubmitRequest("say hi", profile="scripted"))
+    await core.tasks.submit(bob, SubmitRequest(prompt="say hi", profile="scripted"))
     assert await core.dispatcher.place_once() == 1
 
 

@@ -55,7 +55,8 @@ async def test_a_runner_token_is_refused_everywhere_but_the_runner_socket(core):
 
 
 async def test_a_runner_token_made_by_an_admin_is_no_admin_token(core):
-    runner = await core.auth.authenticate(await core.auth.create_token("ops", admin=True, runner=True), surface="runner")
+    runner = await core.auth.authenticate(await core.auth.create_token("ops", admin=True, runner=True),
+                                          surface="runner")
     assert runner.shared and not runner.admin
 
 
@@ -103,7 +104,7 @@ async def test_an_admin_revokes_any_token_and_it_stops_at_once_here_and_within_t
 async def dispatch_one(core, prompt: str = "say hi"):
     """Register a runtime, submit a task and take its dispatch; return (dispatch, runtime id, connection id)."""
     rt, conn_id, _ = await core.runtimes.register(core.admin, reg("rt"))
-    await core.tasks.submit(core.admin, SubmitRequest(prompt, profile="scripted"))
+    await core.tasks.submit(core.admin, SubmitRequest(prompt=prompt, profile="scripted"))
     await core.dispatcher.place_once()
     out = await core.runtimes.outgoing(rt, conn_id, set())
     return out[0], rt, conn_id
@@ -113,7 +114,8 @@ async def test_a_run_token_is_scoped_to_the_runs_principal_and_stops_when_the_ru
     d, rt, conn_id = await dispatch_one(core)
     token = d["env"]["AMUX_TOKEN"]
     child = await core.auth.authenticate(token)
-    assert (child.kind, child.principal_id, child.task_id, child.admin) == ("run", core.admin.principal_id, d["task_id"], False)
+    assert (child.kind, child.principal_id, child.task_id, child.admin) == ("run", core.admin.principal_id,
+                                                                            d["task_id"], False)
     assert child.label == f"run:{d['task_id']}" and "AMUX_SESSION_ID" not in d["env"]
     with pytest.raises(Forbidden):
         await core.auth.authenticate(token, surface="runner")
@@ -158,7 +160,7 @@ async def test_a_revoked_runner_gets_no_dispatch(core):
     runner = await core.auth.authenticate(token, surface="runner")
     rt, conn_id, _ = await core.runtimes.register(runner, reg("shared-rt"))
     await core.tokens.revoke(core.admin, runner.token_id)
-    await core.tasks.submit(core.admin, SubmitRequest("say hi", profile="scripted"))
+    await core.tasks.submit(core.admin, SubmitRequest(prompt="say hi", profile="scripted"))
     await core.dispatcher.place_once()
     with pytest.raises(TokenRevoked):
         await core.runtimes.outgoing(rt, conn_id, set(), runner.token_id)
@@ -186,7 +188,8 @@ async def test_a_runtime_name_owned_by_a_user_cannot_be_taken_by_another_user_or
 
 
 async def test_a_shared_runtime_is_registered_with_an_admins_runner_token(core):
-    shared = await core.auth.authenticate(await core.auth.create_token("ops", admin=True, runner=True), surface="runner")
+    shared = await core.auth.authenticate(await core.auth.create_token("ops", admin=True, runner=True),
+                                          surface="runner")
     personal = await core.auth.authenticate(await core.auth.create_token("dave", runner=True), surface="runner")
     await core.runtimes.register(shared, reg("pool-1"))
     await core.runtimes.register(personal, reg("dave-box"))

@@ -74,6 +74,7 @@ def test_dockerfile_runs_its_steps_through_install_sh_as_a_non_root_user():
     assert "AMUX_HOME=/var/lib/amux" in text
 
 
+# Long by design: one install journey in one container; each step needs the one before.
 async def test_the_install_script_builds_installs_migrates_and_serves_as_an_unprivileged_user():
     root = os.geteuid() == 0
     if root and not shutil.which("runuser"):
@@ -105,7 +106,8 @@ async def test_the_install_script_builds_installs_migrates_and_serves_as_an_unpr
         base_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8",
                     "PYTHON": SYSTEM_PYTHON, "PIP_CACHE_DIR": str(PIP_CACHE), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
         venv = work / "venv"
-        inst = await asyncio.to_thread(subprocess.run, _as_user(user, ["sh", str(work / "install.sh"), "venv", str(venv),
+        inst = await asyncio.to_thread(subprocess.run,
+                                       _as_user(user, ["sh", str(work / "install.sh"), "venv", str(venv),
                                                                         str(dist)], base_env),
                                        capture_output=True, text=True, cwd=work, timeout=600)
         assert inst.returncode == 0, inst.stdout[-2000:] + inst.stderr[-3000:]

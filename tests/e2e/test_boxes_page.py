@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason="install 
 
 @pytest.fixture
 async def hub(sqlite_url, tmp_path, clock):  # noqa: ANN001, ANN201
-    """A hub on a real port over SQLite; the boxes a test leaves are destroyed (they outlive a stopped hub by design)."""
+    """Run a hub on a real port over SQLite; destroy the boxes a test leaves (they outlive a stopped hub by design)."""
     handle = await start_hub(sqlite_url, tmp_path, clock)
     yield handle
     await destroy_live_boxes(handle.hub)
@@ -75,7 +75,8 @@ async def test_the_boxes_page_shows_open_tasks_with_holder_activity_and_boxes_an
         assert resp.status == 200 and page.url == f"{hub.url}/boxes"  # the token left the address bar
         cookie = next(c for c in await ctx.cookies() if c["name"] == "amux_boxes")
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
-        assert made["alice_token"] not in cookie["value"] and cookie["value"].startswith("bxs_")  # a session, not the token
+        # a session, not the token
+        assert made["alice_token"] not in cookie["value"] and cookie["value"].startswith("bxs_")
         assert await page.evaluate("document.cookie") == ""
 
         rows = page.locator("#tasks tbody tr")

@@ -103,7 +103,8 @@ async def test_console_runs_the_bot_through_the_same_handlers(console):
         await card.locator("button", has_text="Personal schedules").click()
         await card.locator("header", has_text="Personal schedules").wait_for()
         assert await card.locator("button", has_text="Open").count() == 5
-        assert "job <b>0</b>" in await card.inner_text() and await card.locator(".md b b").count() == 0  # text, never HTML
+        # text, never HTML
+        assert "job <b>0</b>" in await card.inner_text() and await card.locator(".md b b").count() == 0
         await card.locator("button", has_text="Next").click()
         await card.get_by_text("Page 2 of 2").wait_for()
         await card.locator("button", has_text="Open").first.click()

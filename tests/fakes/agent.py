@@ -36,7 +36,8 @@ def claude_servers(argv: list[str]) -> dict[str, dict]:
             if mode & 0o077:
                 sys.stderr.write(f"fake: MCP config {path} has mode {oct(mode)}; it holds a token\n")
                 sys.exit(1)
-            fakecli.record("mcp_config.json", {"path": str(path), "mode": oct(mode), "config": json.loads(path.read_text())})
+            fakecli.record("mcp_config.json",
+                           {"path": str(path), "mode": oct(mode), "config": json.loads(path.read_text())})
             servers.update(json.loads(path.read_text()).get("mcpServers") or {})
     return servers
 

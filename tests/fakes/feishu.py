@@ -24,7 +24,7 @@ TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 _counter = itertools.count(1)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Message:
     """One accepted message."""
 
@@ -132,7 +132,8 @@ class FakeFeishu:
                                   "repeated_uuid_requests": self._repeats})
 
     @staticmethod
-    def _json(code: int, msg: str = "success", data: Any = None, status: int = 200, headers: dict | None = None) -> web.Response:
+    def _json(code: int, msg: str = "success", data: Any = None, status: int = 200,
+              headers: dict | None = None) -> web.Response:
         body = {"code": code, "msg": msg}
         if data is not None:
             body["data"] = data
@@ -175,7 +176,8 @@ class FakeFeishu:
         self.connections.add(request.transport.get_extra_info("peername") if request.transport else None)
         auth = request.headers.get("Authorization", "")
         if not auth.startswith("Bearer ") or auth[7:] not in self.tokens:
-            return self._json(99991663, "Invalid access token for authorization. Please make a request with token attached.")
+            return self._json(99991663,
+                              "Invalid access token for authorization. Please make a request with token attached.")
         kind = self._fault(op)
         if kind == "slow":
             await asyncio.sleep(self.slow_s)
@@ -185,15 +187,20 @@ class FakeFeishu:
         if kind == "nonjson":
             return web.Response(status=502, text="<html>bad gateway</html>", content_type="text/html")
         if kind == "429":
-            return self._json(99991400, "request trigger frequency limit", status=429, headers={"x-ogw-ratelimit-reset": "7"})
+            return self._json(99991400, "request trigger frequency limit", status=429,
+                              headers={"x-ogw-ratelimit-reset": "7"})
         if kind in ("230013", "230053", "230020", "230031", "230011", "230110"):
-            msgs = {"230013": "Bot has NO availability to this user.", "230053": "The user has stopped the bot from sending messages.",
-                    "230020": "This operation triggers the frequency limit.", "230031": "The message is too old to be updated.",
-                    "230011": "The message was recalled.", "230110": "Action unavailable as the message has been deleted."}
+            msgs = {"230013": "Bot has NO availability to this user.",
+                    "230053": "The user has stopped the bot from sending messages.",
+                    "230020": "This operation triggers the frequency limit.",
+                    "230031": "The message is too old to be updated.",
+                    "230011": "The message was recalled.",
+                    "230110": "Action unavailable as the message has been deleted."}
             status = 400
             return self._json(int(kind), msgs[kind], status=status)
         if self._limited(user, self.token_app.get(auth[7:])):
-            return self._json(99991400, "request trigger frequency limit", status=429, headers={"x-ogw-ratelimit-reset": "1"})
+            return self._json(99991400, "request trigger frequency limit", status=429,
+                              headers={"x-ogw-ratelimit-reset": "1"})
         return kind  # None or "lost"
 
     def _note_uuid(self, uuid: str | None) -> None:
@@ -212,7 +219,7 @@ class FakeFeishu:
             card = json.loads(content)
         except (TypeError, ValueError):
             card = {"raw": content}
-        m = Message(mid, receive_id, uuid, card, now, reply_to)
+        m = Message(message_id=mid, receive_id=receive_id, uuid=uuid, content=card, at=now, reply_to=reply_to)
         self.messages[mid] = m
         self.sent.append(m)
         if uuid:

@@ -56,7 +56,8 @@ class Journey:
     async def fail_once(self) -> None:
         self.clock.advance(300)
         async with self.hub.db.write() as conn:
-            await conn.execute(schedules.update().where(schedules.c.id == self.sid).values(next_fire_at=self.clock.now()))
+            await conn.execute(schedules.update().where(schedules.c.id == self.sid)
+                               .values(next_fire_at=self.clock.now()))
         await self.hub.schedule_firing.fire_due()
         async with self.hub.db.write() as conn:
             row = (await conn.execute(sa.select(firings).where(firings.c.schedule_id == self.sid)

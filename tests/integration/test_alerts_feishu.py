@@ -49,7 +49,8 @@ class Env:
                 id=new_id("rt"), name="r1", principal_id=self.alice.principal_id, shared=True,
                 capabilities={"engines": ["scripted"]}, slots=4, status="online", registered_at=now, last_seen_at=now))
         s = await self.hub.schedules.create(self.alice, ScheduleSpec(prompt="say hello", rule=rule, name=name,
-                                                                      schedule_type="subtask", timezone="Asia/Shanghai"))
+                                                                     schedule_type="subtask",
+                                                                     timezone="Asia/Shanghai"))
         self.sid = s["schedule_id"]
         return self
 
@@ -57,7 +58,8 @@ class Env:
         """Let the schedule fire once, finish its Task with `outcome`, reconcile; return the firing id."""
         self.clock.advance(advance_s)
         async with self.hub.db.write() as conn:  # fire now (tests move the clock in big steps; no missed runs)
-            await conn.execute(schedules.update().where(schedules.c.id == self.sid).values(next_fire_at=self.clock.now()))
+            await conn.execute(schedules.update().where(schedules.c.id == self.sid)
+                               .values(next_fire_at=self.clock.now()))
         await self.hub.schedule_firing.fire_due()
         async with self.hub.db.write() as conn:
             row = (await conn.execute(sa.select(firings).where(firings.c.schedule_id == self.sid)
@@ -78,7 +80,8 @@ class Env:
             return (await conn.execute(sa.select(outbox).order_by(outbox.c.created_at))).all()
 
 
-async def make_env(db_url: str, tmp: Path, clock: ManualClock, fake: FakeFeishu, admin: str | None = ADMIN, **alerts) -> Env:
+async def make_env(db_url: str, tmp: Path, clock: ManualClock, fake: FakeFeishu, admin: str | None = ADMIN,
+                   **alerts) -> Env:
     settings = hub_settings(db_url, tmp)
     settings.feishu.apps = [FeishuAppSettings(app_id=fake.app_id, app_secret=fake.app_secret, admin_open_id=admin,
                                               base_url=fake.base_url, timezone="Asia/Shanghai")]
@@ -372,8 +375,9 @@ async def _event(env: Env, fid: str):
 
     async with env.hub.db.read() as conn:
         f = (await conn.execute(sa.select(firings).where(firings.c.id == fid))).first()
-    return FiringOutcome(env.sid, fid, f.nominal_time, f.outcome, f.admission, env.alice.principal_id, None,
-                         "subtask", False)
+    return FiringOutcome(schedule_id=env.sid, firing_id=fid, nominal_time=f.nominal_time, outcome=f.outcome,
+                         admission=f.admission, creator_id=env.alice.principal_id, app_id=None,
+                         schedule_type="subtask", one_shot=False)
 
 
 async def test_explain_tells_why_for_incident_and_firing(env: Env):

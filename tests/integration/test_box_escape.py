@@ -31,14 +31,16 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
 async def destroy_live_boxes(hub: Hub) -> None:
     """Destroy every box a test left (boxes outlive their hub by design, so a test hub stopping keeps them)."""
     async with hub.db.read() as conn:
-        rows = (await conn.execute(sa.select(boxes.c.id, boxes.c.handle).where(boxes.c.state.in_(("creating", "live"))))).all()
+        rows = (await conn.execute(sa.select(boxes.c.id, boxes.c.handle)
+                                   .where(boxes.c.state.in_(("creating", "live"))))).all()
     for row in rows:
         with contextlib.suppress(Exception):
             await hub.leases.driver.destroy(row.handle or hub.leases.driver.provisional(row.id))
 
 
 @contextlib.asynccontextmanager
-async def box_hub(db_url: str, home: Path, keep_boxes: bool = False, **box_settings: Any) -> AsyncIterator[dict[str, Any]]:
+async def box_hub(db_url: str, home: Path, keep_boxes: bool = False,
+                  **box_settings: Any) -> AsyncIterator[dict[str, Any]]:
     """Serve a hub whose boxes use `box_settings`; yield its url, port, home, admin token and Hub.
 
     Its boxes are destroyed when it stops, unless `keep_boxes` (a hub restart keeps them).
@@ -188,7 +190,8 @@ async def test_a_box_cannot_list_another_boxs_processes(h):
 async def test_a_box_cannot_read_or_write_another_boxs_files(h):
     async with agent(h) as a, agent(h, "bob") as b:
         mine, theirs = await a.box(), await b.box()
-        await a.run(mine, "echo alice-secret > /box/secret.txt; echo tmp-secret > /tmp/t.txt; sleep 600 >/dev/null 2>&1 &")
+        await a.run(mine,
+                    "echo alice-secret > /box/secret.txt; echo tmp-secret > /tmp/t.txt; sleep 600 >/dev/null 2>&1 &")
         host_dir = h["home"] / "boxes" / mine
         r = await b.run(theirs, f"cat /box/secret.txt /tmp/t.txt; cat /proc/[0-9]*/root/box/secret.txt; "
                                 f"ls -A {host_dir}; cat {host_dir}/*; "
@@ -213,7 +216,8 @@ async def test_with_network_none_a_box_cannot_reach_the_hubs_port(h):
     async with agent(h) as a:
         vm = await a.box()
         r = await a.run(vm, f"bash -c 'exec 3<>/dev/tcp/127.0.0.1/{h['port']} && echo CONNECTED'; "
-                            f"python3 -c \"import urllib.request; urllib.request.urlopen('{h['url']}/healthz', timeout=3); "
+                            f"python3 -c \"import urllib.request; urllib.request.urlopen('{h['url']}/healthz', "
+                            "timeout=3); "
                             f"print('CONNECTED')\"; cat /proc/net/dev | tail -n +3 | cut -d: -f1")
     assert "CONNECTED" not in r["stdout"]
     assert r["stdout"].split() == ["lo"]  # loopback of its own, nothing else
@@ -269,12 +273,14 @@ async def test_a_box_and_its_background_processes_survive_a_hub_restart(sqlite_u
             task = (await client.call_tool("rift_task_new", {"name": "long"})).structured_content
             vm = (await client.call_tool("rift_vm_new", {"task": task["handle"]})).structured_content["vm_id"]
             r = await client.call_tool("rift_vm_exec", {"task": task["handle"], "vm_id": vm,
-                                                        "command": "sleep 6100 >/dev/null 2>&1 & echo $!; echo kept > /box/f"})
+                                                        "command": "sleep 6100 >/dev/null 2>&1 & echo $!; echo "
+                                                                   "kept > /box/f"})
             pid = r.structured_content["stdout"].strip()
     async with box_hub(sqlite_url, home) as second:  # a new hub process: the driver rebuilds from the handle
         async with mcp_client(second["url"], token, name="Claude") as client:
             r = await client.call_tool("rift_vm_exec", {"task": task["handle"], "vm_id": vm,
-                                                        "command": f"cat /proc/{pid}/cmdline | tr '\\0' ' '; cat /box/f"})
+                                                        "command": f"cat /proc/{pid}/cmdline | tr '\\0' ' "
+                                                                   "'; cat /box/f"})
             assert not r.is_error and r.structured_content["stdout"] == "sleep 6100 kept\n"
             closed = await client.call_tool("rift_task_close", {"task": task["handle"]})
             assert closed.structured_content["destroyed"] == [vm]
@@ -313,7 +319,8 @@ async def test_a_fork_bomb_hits_the_process_limit_and_the_hub_stays_responsive(t
 
 
 async def test_filling_the_disk_hits_the_box_size_and_the_hub_stays_responsive(tight):
-    r, p99, _ = await _under_load(tight, "dd if=/dev/zero of=/box/fill bs=1M count=200 2>&1; ls -l /box/fill | awk '{print $5}'")
+    r, p99, _ = await _under_load(tight, "dd if=/dev/zero of=/box/fill bs=1M count=200 2>&1; ls -l /box/fill | awk "
+                                         "'{print $5}'")
     assert "No space left on device" in r["stdout"] and int(r["stdout"].split()[-1]) <= 16 * 1024 * 1024
     assert p99 < 1.0, f"/healthz p99 {p99:.3f}s while a box filled its disk"
 

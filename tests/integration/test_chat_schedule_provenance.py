@@ -32,7 +32,8 @@ async def test_a_schedule_made_during_a_feishu_turn_is_attributed_to_that_turns_
         await handle.start_runner(slots=4)
         hub.bot.core.turn_wait_s = 30
         # alice's message starts a Turn that stays open while "her agent" creates a schedule
-        _, work = await hub.bot.core.accept("cli_prov", message("ev1", "om_alice", "ou_alice", "wait-steer 20"), ConsoleSink())
+        _, work = await hub.bot.core.accept("cli_prov", message("ev1", "om_alice", "ou_alice", "wait-steer 20"),
+                                            ConsoleSink())
         work = asyncio.ensure_future(work)  # the webhook runs the slow part after answering
 
         async def alice_turn():
@@ -52,7 +53,8 @@ async def test_a_schedule_made_during_a_feishu_turn_is_attributed_to_that_turns_
                                            ScheduleSpec(prompt="say nightly", rule="every 1h"))
         async with hub.db.read() as conn:
             rows = {r.id: r for r in await conn.execute(sa.select(schedules))}
-            alice = (await conn.execute(sa.select(identity_bindings).where(identity_bindings.c.open_id == "ou_alice"))).one()
+            alice = (await conn.execute(sa.select(identity_bindings)
+                                        .where(identity_bindings.c.open_id == "ou_alice"))).one()
         s = rows[made["schedule_id"]]
         assert (s.creator_id, s.creator_binding_id, s.app_id) == (alice.principal_id, alice.id, "cli_prov")
         assert s.provenance["turn_id"] == turn.id and s.provenance["receipt"]["message_id"] == "om_alice"

@@ -47,7 +47,8 @@ async def test_a_scripted_subprocess_child_of_a_real_runner_process_sees_none_of
     try:
         await eventually(lambda: runtime_online(hub.hub, "envcheck"), timeout=30)
         admin = await hub.hub.auth.authenticate(hub.admin_token)
-        sub = await hub.hub.tasks.submit(admin, SubmitRequest("env *", profile="scripted", extra_args=["--subprocess"],
+        sub = await hub.hub.tasks.submit(admin,
+                                         SubmitRequest(prompt="env *", profile="scripted", extra_args=["--subprocess"],
                                                               runtime="envcheck"))
         view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=30)
     finally:
@@ -84,7 +85,8 @@ async def test_a_cli_child_sees_none_of_the_runners_variables_and_its_token_stop
     admin = await hub.hub.auth.authenticate(hub.admin_token)
     await hub.hub.credentials.declare(admin, "fakecli", ["FAKE_RECORD_DIR"])
     await hub.hub.credentials.set_value(admin, "fakecli", "FAKE_RECORD_DIR", str(record))
-    sub = await hub.hub.tasks.submit(admin, SubmitRequest("hello", profile="claude", credential_profile="fakecli"))
+    sub = await hub.hub.tasks.submit(admin,
+                                     SubmitRequest(prompt="hello", profile="claude", credential_profile="fakecli"))
     view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=30)
     assert view["status"] == "succeeded", view
     child = json.loads((record / "environ.json").read_text())
@@ -93,5 +95,6 @@ async def test_a_cli_child_sees_none_of_the_runners_variables_and_its_token_stop
     assert child["AMUX_TOKEN"] not in (runner_token, hub.admin_token)
     assert child["HOME"] != os.environ.get("HOME") and not Path(child["HOME"]).exists()  # per-run, removed after
     async with aiohttp.ClientSession() as http:
-        async with http.get(f"{hub.url}/api/v1/memory", headers={"Authorization": f"Bearer {child['AMUX_TOKEN']}"}) as r:
+        async with http.get(f"{hub.url}/api/v1/memory",
+                            headers={"Authorization": f"Bearer {child['AMUX_TOKEN']}"}) as r:
             assert r.status == 401, await r.text()

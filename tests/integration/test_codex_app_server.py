@@ -71,10 +71,12 @@ async def run(j: Job, emit: Recorder) -> EngineResult:
 
 
 async def test_escalate_to_main_launches_the_app_server_with_the_policy_as_thread_parameters(tmp_path):
-    j = job(tmp_path, "success", extra=["--skip-git-repo-check", "-c", 'model_providers.x.name="x"', "--enable", "hooks"],
+    j = job(tmp_path, "success",
+            extra=["--skip-git-repo-check", "-c", 'model_providers.x.name="x"', "--enable", "hooks"],
             model="gpt-5.1-codex", effort="high")
     result = await run(j, emit := Recorder())
-    assert (result.outcome, result.text, result.resume_handle) == ("succeeded", "Hello from Codex.", THREAD), result.error
+    assert (result.outcome, result.text, result.resume_handle) == ("succeeded", "Hello from Codex.",
+                                                                   THREAD), result.error
     assert recorded(tmp_path, "argv.json") == ["app-server", "-c", 'model_providers.x.name="x"', "--enable", "hooks"]
     thread = recorded(tmp_path, "thread.json")
     assert thread == {"method": "thread/start", "params": {"cwd": str(j.workspace), "sandbox": "danger-full-access",
@@ -218,7 +220,8 @@ async def test_escalate_to_main_codex_waits_for_permission_respond_and_continues
         assert not sub.is_error, sub.content
         task_id, cursor, asked = sub.structured_content["task_id"], 0, None
         while asked is None:
-            page = (await c.call_tool("task_wait", {"task_id": task_id, "cursor": cursor, "timeout_s": 10})).structured_content
+            page = (await c.call_tool("task_wait",
+                                      {"task_id": task_id, "cursor": cursor, "timeout_s": 10})).structured_content
             cursor = page["cursor"]
             asked = next((e for e in page["events"] if e["type"] == "permission"), None)
             assert page["status"] in ("queued", "dispatched", "running"), page

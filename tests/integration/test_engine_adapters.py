@@ -256,7 +256,8 @@ async def test_tool_events_carry_only_a_redacted_id_name_title_and_status(engine
     result = await run(engine, ln)
     tools = ln.emit.of("tool")
     assert all(set(p) == {"tool"} and set(p["tool"]) == {"id", "name", "title", "status"} for p in tools)
-    assert [(t["tool"]["id"], t["tool"]["name"], t["tool"]["title"], t["tool"]["status"]) for t in tools] == TOOLS[engine]
+    assert [(t["tool"]["id"], t["tool"]["name"], t["tool"]["title"],
+             t["tool"]["status"]) for t in tools] == TOOLS[engine]
     # Raw input, output and diffs never reach task events, and a failed tool does not fail the task.
     assert "SECRET" not in json.dumps(ln.emit.events)
     assert result.outcome == "succeeded"
@@ -266,9 +267,11 @@ USAGE = {
     "claude": [{"input_tokens": 40, "output_tokens": 120, "cache_creation_input_tokens": 500,
                 "cache_read_input_tokens": 3000}],
     "codex": [{"input_tokens": 24763, "cached_input_tokens": 24448, "output_tokens": 122}],
-    "pi": [{"input_tokens": 200, "output_tokens": 20, "cache_read_input_tokens": 800, "cache_creation_input_tokens": 100,
+    "pi": [{"input_tokens": 200, "output_tokens": 20, "cache_read_input_tokens": 800,
+            "cache_creation_input_tokens": 100,
             "total_tokens": 1120},
-           {"input_tokens": 250, "output_tokens": 32, "cache_read_input_tokens": 1800, "cache_creation_input_tokens": 100,
+           {"input_tokens": 250, "output_tokens": 32, "cache_read_input_tokens": 1800,
+            "cache_creation_input_tokens": 100,
             "total_tokens": 2182}],
 }
 
@@ -431,7 +434,8 @@ async def test_an_engine_that_exits_while_awaiting_approval_fails_at_once_withou
     started = time.monotonic()
     result = await run("claude", ln)
     assert time.monotonic() - started < FAST_S
-    assert ln.emit.of("permission") == [{"request_id": "req_3_exit", "tool": "Bash", "title": "Remove the build directory"}]
+    assert ln.emit.of("permission") == [{"request_id": "req_3_exit", "tool": "Bash",
+                                         "title": "Remove the build directory"}]
     assert result.outcome == "failed"
     assert result.error == "approval reply could not be delivered: claude exited with code 1 while waiting for it"
 

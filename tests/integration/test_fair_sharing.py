@@ -19,7 +19,8 @@ LONG = "sleep 30\nsay done"
 
 async def statuses(hub, ids: list[str]) -> list[str]:  # noqa: ANN001
     async with hub.hub.db.read() as conn:
-        rows = dict((await conn.execute(sa.select(task_runs.c.id, task_runs.c.status).where(task_runs.c.id.in_(ids)))).all())
+        rows = dict((await conn.execute(sa.select(task_runs.c.id, task_runs.c.status)
+                                        .where(task_runs.c.id.in_(ids)))).all())
     return [rows[i] for i in ids]
 
 
@@ -49,9 +50,11 @@ async def test_a_principal_with_runs_yields_to_one_without(quiet_hub):
     await hub.start_runner(slots=3)
     alice = await hub.hub.auth.authenticate(await hub.token("alice"))
     bob = await hub.hub.auth.authenticate(await hub.token("bob"))
-    first = [(await hub.hub.tasks.submit(alice, SubmitRequest(prompt=LONG, profile="scripted")))["task_id"] for _ in range(2)]
+    first = [(await hub.hub.tasks.submit(alice,
+                                         SubmitRequest(prompt=LONG, profile="scripted")))["task_id"] for _ in range(2)]
     assert await hub.hub.dispatcher.place_once() == 2  # alice now runs two
-    later = [(await hub.hub.tasks.submit(alice, SubmitRequest(prompt=LONG, profile="scripted")))["task_id"] for _ in range(3)]
+    later = [(await hub.hub.tasks.submit(alice,
+                                         SubmitRequest(prompt=LONG, profile="scripted")))["task_id"] for _ in range(3)]
     bobs = (await hub.hub.tasks.submit(bob, SubmitRequest(prompt=LONG, profile="scripted")))["task_id"]
     assert await hub.hub.dispatcher.place_once() == 1
     assert (await statuses(hub, [bobs]))[0] != "queued" and set(await statuses(hub, later)) == {"queued"}
@@ -64,13 +67,15 @@ async def test_max_running_per_principal_holds_a_users_next_task_while_others_ru
         await hub.start_runner(slots=4)
         alice = await hub.hub.auth.authenticate(await hub.token("alice"))
         bob = await hub.hub.auth.authenticate(await hub.token("bob"))
-        a = [(await hub.hub.tasks.submit(alice, SubmitRequest(prompt=LONG, profile="scripted")))["task_id"] for _ in range(3)]
+        a = [(await hub.hub.tasks.submit(alice,
+                                         SubmitRequest(prompt=LONG, profile="scripted")))["task_id"] for _ in range(3)]
         b = (await hub.hub.tasks.submit(bob, SubmitRequest(prompt=LONG, profile="scripted")))["task_id"]
         assert await hub.hub.dispatcher.place_once() == 2
         assert (await statuses(hub, a)).count("queued") == 2 and (await statuses(hub, [b]))[0] != "queued"
         # an admin token's principal is exempt
         root = await hub.hub.auth.authenticate(await hub.token("root", admin=True))
-        r = [(await hub.hub.tasks.submit(root, SubmitRequest(prompt=LONG, profile="scripted")))["task_id"] for _ in range(2)]
+        r = [(await hub.hub.tasks.submit(root,
+                                         SubmitRequest(prompt=LONG, profile="scripted")))["task_id"] for _ in range(2)]
         assert await hub.hub.dispatcher.place_once() == 2
         assert "queued" not in await statuses(hub, r)
     finally:
@@ -99,13 +104,15 @@ async def test_max_queued_per_principal_refuses_naming_the_limit_and_the_setting
         await hub.stop()
 
 
-async def test_a_task_pinned_to_an_offline_runtime_says_why_it_waits_and_fails_not_placed_after_the_queue_timeout(quiet_hub):
+async def test_a_task_pinned_to_an_offline_runtime_says_why_it_waits_and_fails_not_placed_after_the_queue_timeout(
+        quiet_hub):
     hub = quiet_hub
     await hub.start_runner(name="gpu-box", slots=1)
     alice = await hub.hub.auth.authenticate(hub.admin_token)
     async with hub.hub.db.write() as conn:
         await conn.execute(runtimes.update().where(runtimes.c.name == "gpu-box").values(status="offline"))
-    task_id = (await hub.hub.tasks.submit(alice, SubmitRequest(prompt="say hi", profile="scripted", runtime="gpu-box")))["task_id"]
+    task_id = (await hub.hub.tasks.submit(alice, SubmitRequest(prompt="say hi", profile="scripted",
+                                                               runtime="gpu-box")))["task_id"]
     view = await hub.hub.tasks.get(alice, task_id)
     assert view["status"] == "queued" and view["waiting_for"].startswith("waiting for runtime gpu-box, offline since")
     hub.clock.advance(hub.hub.settings.hub.queue_timeout_s - 5)
@@ -115,14 +122,16 @@ async def test_a_task_pinned_to_an_offline_runtime_says_why_it_waits_and_fails_n
     counts = await hub.hub.dispatcher.reap_once()
     view = await hub.hub.tasks.get(alice, task_id)
     assert counts["not_placed"] == 1 and view["status"] == "failed"
-    assert re.match(r"not placed: waiting for runtime gpu-box, (offline|lost) since 2026-", view["error"]), view["error"]
+    assert re.match(r"not placed: waiting for runtime gpu-box, (offline|lost) since 2026-",
+                    view["error"]), view["error"]
 
 
 async def test_a_queued_task_waiting_only_for_a_slot_is_never_failed_by_the_queue_timeout(quiet_hub):
     hub = quiet_hub
     await hub.start_runner(slots=1)
     alice = await hub.hub.auth.authenticate(hub.admin_token)
-    ids = [(await hub.hub.tasks.submit(alice, SubmitRequest(prompt=LONG, profile="scripted")))["task_id"] for _ in range(2)]
+    ids = [(await hub.hub.tasks.submit(alice,
+                                       SubmitRequest(prompt=LONG, profile="scripted")))["task_id"] for _ in range(2)]
     await hub.hub.dispatcher.place_once()
 
     async def started() -> bool:  # the runner committed its reservation: nothing of it can expire any more

@@ -55,7 +55,8 @@ class Bot:
             "event_id": event_id or uuid.uuid4().hex, "token": VT, "event_type": event_type, "tenant_key": "t1",
             "app_id": self.app_id, "create_time": str(int(self.clock.now().timestamp() * 1000))}, "event": event}
 
-    async def post(self, envelope: dict, *, ts: int | None = None, key: str = EK, tamper: bool = False) -> tuple[int, dict]:
+    async def post(self, envelope: dict, *, ts: int | None = None, key: str = EK,
+                   tamper: bool = False) -> tuple[int, dict]:
         body = json.dumps({"encrypt": encrypt(json.dumps(envelope), EK, os.urandom(16))}).encode()
         headers = self.headers(body, ts, key)
         if tamper:
@@ -68,7 +69,8 @@ class Bot:
                       **kw) -> tuple[int, dict, str]:
         mid = message_id or f"om_{uuid.uuid4().hex[:12]}"
         # The user's message exists on the platform (the fake only knows messages it accepted itself).
-        self.fake.messages.setdefault(mid, Message(mid, open_id, None, {"text": text}, self.clock.now().timestamp()))
+        self.fake.messages.setdefault(mid, Message(message_id=mid, receive_id=open_id, uuid=None,
+                                                   content={"text": text}, at=self.clock.now().timestamp()))
         event = {"sender": {"sender_id": {"open_id": open_id, "union_id": f"on_{open_id[3:]}", "user_id": None},
                             "sender_type": "user", "tenant_key": "t1"},
                  "message": {"message_id": mid, "root_id": "", "parent_id": "", "chat_id": f"oc_{open_id}",
@@ -77,7 +79,8 @@ class Bot:
         status, body = await self.post(self.envelope("im.message.receive_v1", event, event_id), **kw)
         return status, body, mid
 
-    async def press(self, open_id: str, action: CardAction | dict, message_id: str = "om_card", **kw) -> tuple[int, dict]:
+    async def press(self, open_id: str, action: CardAction | dict, message_id: str = "om_card",
+                    **kw) -> tuple[int, dict]:
         value = action.pack() if isinstance(action, CardAction) else action
         event = {"operator": {"tenant_key": "t1", "open_id": open_id, "union_id": f"on_{open_id[3:]}"},
                  "token": f"c-{uuid.uuid4().hex}", "action": {"value": value, "tag": "button"}, "host": "im_message",
@@ -95,11 +98,13 @@ class Bot:
 
     async def principal(self, open_id: str) -> Caller:
         async with self.hub.db.read() as conn:
-            row = (await conn.execute(sa.select(identity_bindings).where(identity_bindings.c.open_id == open_id))).first()
+            row = (await conn.execute(sa.select(identity_bindings)
+                                      .where(identity_bindings.c.open_id == open_id))).first()
         return Caller(row.principal_id, f"feishu:{self.app_id}:{open_id}", "t", "feishu", False)
 
     async def schedule(self, caller: Caller, name: str, rule: str = "every 1h") -> str:
-        s = await self.hub.schedules.create(caller, ScheduleSpec(prompt=f"say secret prompt of {name}", rule=rule, name=name))
+        s = await self.hub.schedules.create(caller,
+                                            ScheduleSpec(prompt=f"say secret prompt of {name}", rule=rule, name=name))
         return s["schedule_id"]
 
 
@@ -235,13 +240,13 @@ async def test_personal_schedules_are_paginated_and_only_the_viewers_own(bot: Bo
         await bot.schedule(alice, f"alice job {i}")
         bot.clock.advance(1)
     await bot.schedule(bob, "bob secret job")
-    status, res = await bot.press("ou_alice", CardAction("schedules"))
+    status, res = await bot.press("ou_alice", CardAction(op="schedules"))
     assert status == 200
     page1 = res["card"]["data"]
     opened = [b for b in buttons(page1) if b["op"] == "detail"]
     assert len(opened) == 5 and "bob secret job" not in card_text(page1)
     assert {"p": "amux", "v": 1, "op": "schedules", "pg": 1} in buttons(page1)
-    status, res = await bot.press("ou_alice", CardAction("schedules", page=1))
+    status, res = await bot.press("ou_alice", CardAction(op="schedules", page=1))
     page2 = res["card"]["data"]
     assert len([b for b in buttons(page2) if b["op"] == "detail"]) == 2
     assert "Page 2 of 2 · 7 schedules" in card_text(page2)
@@ -253,7 +258,7 @@ async def test_a_card_action_naming_another_users_schedule_is_refused(bot: Bot):
     bob = await bot.principal("ou_bob")
     sid = await bot.schedule(bob, "bob secret job")
     for op in ("detail", "history", "results", "pause", "delete"):
-        status, res = await bot.press("ou_alice", CardAction(op, sid))
+        status, res = await bot.press("ou_alice", CardAction(op=op, schedule_id=sid))
         assert status == 200 and res["toast"]["type"] == "error" and "card" not in res, op
         assert "不是你的" in res["toast"]["i18n"]["zh_cn"]
     got = await bot.hub.schedules.get(bob, sid)
@@ -267,19 +272,19 @@ async def test_pause_resume_delete_are_idempotent_and_back_refreshes_the_overvie
     alice = await bot.principal("ou_alice")
     sid = await bot.schedule(alice, "nightly build")
     for _ in range(2):
-        status, res = await bot.press("ou_alice", CardAction("pause", sid))
+        status, res = await bot.press("ou_alice", CardAction(op="pause", schedule_id=sid))
         assert res["toast"]["type"] == "success"
         assert (await bot.hub.schedules.get(alice, sid))["paused"] is True
         assert {"p": "amux", "v": 1, "op": "resume", "s": sid} in buttons(res["card"]["data"])
-    status, res = await bot.press("ou_alice", CardAction("overview"))
+    status, res = await bot.press("ou_alice", CardAction(op="overview"))
     assert "**paused**: 1" in card_text(res["card"]["data"])
     for _ in range(2):
-        status, res = await bot.press("ou_alice", CardAction("resume", sid))
+        status, res = await bot.press("ou_alice", CardAction(op="resume", schedule_id=sid))
         assert (await bot.hub.schedules.get(alice, sid))["paused"] is False
     for _ in range(2):
-        status, res = await bot.press("ou_alice", CardAction("delete", sid))
+        status, res = await bot.press("ou_alice", CardAction(op="delete", schedule_id=sid))
         assert res["toast"]["type"] == "success" and "deleted" in card_text(res["card"]["data"])
-    status, res = await bot.press("ou_alice", CardAction("overview"))
+    status, res = await bot.press("ou_alice", CardAction(op="overview"))
     assert "**Your schedules**: 0" in card_text(res["card"]["data"])
 
 
@@ -299,8 +304,8 @@ async def test_alert_center_is_admin_only_shows_names_not_prompts_and_acknowledg
     sid = await bot.schedule(alice, "nightly build")
     iid = await _incident(bot, sid, alice.principal_id)
     await bot.hub.alerts.sync_apps()
-    for action in (CardAction("alerts"), CardAction("ack", incident_id=iid), CardAction("snooze", incident_id=iid),
-                   CardAction("recheck")):
+    for action in (CardAction(op="alerts"), CardAction(op="ack", incident_id=iid),
+                   CardAction(op="snooze", incident_id=iid), CardAction(op="recheck")):
         status, res = await bot.press("ou_alice", action)
         assert res["toast"]["type"] == "error" and "card" not in res
         assert "管理员" in res["toast"]["i18n"]["zh_cn"]
@@ -308,17 +313,17 @@ async def test_alert_center_is_admin_only_shows_names_not_prompts_and_acknowledg
         row = (await conn.execute(sa.select(incidents).where(incidents.c.id == iid))).first()
     assert row.acked_at is None and row.snoozed_until is None
     await bot.overview_card(ADMIN)
-    status, res = await bot.press(ADMIN, CardAction("alerts"))
+    status, res = await bot.press(ADMIN, CardAction(op="alerts"))
     center = card_text(res["card"]["data"])
     assert "nightly build" in center and f"feishu:{bot.app_id}:ou_alice" in center
     assert "secret prompt" not in center                      # never the creator's prompt
     assert not any(b["op"] in ("pause", "resume", "delete", "results", "detail") for b in buttons(res["card"]["data"]))
-    status, res = await bot.press(ADMIN, CardAction("ack", incident_id=iid))
+    status, res = await bot.press(ADMIN, CardAction(op="ack", incident_id=iid))
     assert res["toast"]["type"] == "success"
     async with bot.hub.db.read() as conn:
         row = (await conn.execute(sa.select(incidents).where(incidents.c.id == iid))).first()
     assert row.acked_at is not None
-    status, res = await bot.press(ADMIN, CardAction("overview"))
+    status, res = await bot.press(ADMIN, CardAction(op="overview"))
     assert [b["op"] for b in buttons(res["card"]["data"])] == ["schedules", "alerts"]
 
 
@@ -333,24 +338,26 @@ async def test_results_are_split_across_parts_under_30kb_and_history_pages(bot: 
             tid = new_id("tr")
             await conn.execute(task_runs.insert().values(
                 id=tid, owner_id=alice.principal_id, prompt="x", snapshot={}, status="succeeded", outcome="succeeded",
-                result_text=text if i == 11 else f"short {i}", attempt=0, event_seq=0, last_rseq=0, created_at=now, kind="task"))
+                result_text=text if i == 11 else f"short {i}", attempt=0, event_seq=0, last_rseq=0, created_at=now,
+                kind="task"))
             await conn.execute(firings.insert().values(
                 id=new_id("fir"), schedule_id=sid, nominal_time=now + timedelta(hours=i), fired_at=now,
                 admission="ok", task_id=tid, outcome="succeeded", missed_count=0, legacy=False))
-    status, res = await bot.press("ou_alice", CardAction("results", sid))
+    status, res = await bot.press("ou_alice", CardAction(op="results", schedule_id=sid))
     card = res["card"]["data"]
     parts = int(card_text(card).split("Part 1 of ")[1].split()[0])
     assert parts > 1
     seen = []
     for part in range(parts):
-        status, res = await bot.press("ou_alice", CardAction("results", sid, sub=part))
+        status, res = await bot.press("ou_alice", CardAction(op="results", schedule_id=sid, sub=part))
         card = res["card"]["data"]
         assert size_bytes(card) <= MAX_CARD_BYTES
-        seen.append(next(e["content"] for e in card["body"]["elements"] if e.get("tag") == "markdown" and "i18n_content" not in e))
+        seen.append(next(e["content"] for e in card["body"]["elements"]
+                         if e.get("tag") == "markdown" and "i18n_content" not in e))
     joined = "".join(seen)
     assert re.search(r"(?<!\\)<at", joined) is None and "\\<at id=all\\>" in joined   # no mention sneaks in
     assert joined.replace("\\", "") == text.replace("\\", "")                             # nothing lost across parts
-    status, res = await bot.press("ou_alice", CardAction("history", sid))
+    status, res = await bot.press("ou_alice", CardAction(op="history", schedule_id=sid))
     assert {"p": "amux", "v": 1, "op": "history", "s": sid, "pg": 1} in buttons(res["card"]["data"])
-    status, res = await bot.press("ou_alice", CardAction("history", sid, page=1))
+    status, res = await bot.press("ou_alice", CardAction(op="history", schedule_id=sid, page=1))
     assert "Page 2" in card_text(res["card"]["data"])

@@ -24,7 +24,8 @@ LINK = re.compile(r"\((http://[^)]+/oauth/login\?code=[^)]+)\)")
 
 async def group_message(b: Bot, open_id: str, text: str) -> str:
     mid = f"om_{uuid.uuid4().hex[:12]}"
-    b.fake.messages.setdefault(mid, Message(mid, open_id, None, {"text": text}, b.clock.now().timestamp()))
+    b.fake.messages.setdefault(mid, Message(message_id=mid, receive_id=open_id, uuid=None, content={"text": text},
+                                            at=b.clock.now().timestamp()))
     event = {"sender": {"sender_id": {"open_id": open_id}, "sender_type": "user", "tenant_key": "t1"},
              "message": {"message_id": mid, "chat_id": "oc_team", "chat_type": "group", "message_type": "text",
                          "content": json.dumps({"text": text}), "mentions": [],

@@ -30,7 +30,8 @@ async def test_only_one_replica_holds_the_long_connection_and_another_takes_over
     settings.feishu.apps = [FeishuAppSettings(app_id="cli_ws", app_secret="s", mode="long-connection")]
     hubs = [Hub(settings, Database(db_url), clock) for _ in range(2)]
     started: list[str] = []
-    conns = [LongConnections(FeishuBot(h.bot_services), h.bot_services, lease_s=30, holder=f"r{i}", starter=lambda app, loop, i=i: started.append(f"r{i}"))
+    conns = [LongConnections(FeishuBot(h.bot_services), h.bot_services, lease_s=30, holder=f"r{i}",
+                             starter=lambda app, loop, i=i: started.append(f"r{i}"))
              for i, h in enumerate(hubs)]
     try:
         assert await conns[0].claim("cli_ws") is True
@@ -131,7 +132,8 @@ async def test_a_replica_that_finds_its_lease_taken_over_stops_its_client_and_th
     settings.feishu.apps = [APP_WS]
     hubs = [Hub(settings, Database(db_url), clock) for _ in range(2)]
     log: list[str] = []
-    conns = [LongConnections(FeishuBot(h.bot_services), h.bot_services, lease_s=30, holder=f"r{i}", starter=recording_starter(f"r{i}", log))
+    conns = [LongConnections(FeishuBot(h.bot_services), h.bot_services, lease_s=30, holder=f"r{i}",
+                             starter=recording_starter(f"r{i}", log))
              for i, h in enumerate(hubs)]
     try:
         await conns[0].keep(APP_WS)
@@ -171,7 +173,8 @@ async def test_a_replica_that_cannot_renew_its_lease_before_it_expires_stops_its
     hub = Hub(settings, Database(sqlite_url), clock)
     log: list[str] = []
     leases = FailingLeases(hub)
-    conns = LongConnections(FeishuBot(hub.bot_services), hub.bot_services, lease_s=30, holder="r0", starter=recording_starter("r0", log),
+    conns = LongConnections(FeishuBot(hub.bot_services), hub.bot_services, lease_s=30, holder="r0",
+                            starter=recording_starter("r0", log),
                             service=leases)
     try:
         await conns.keep(APP_WS)
@@ -196,7 +199,8 @@ async def test_each_keeper_is_a_supervised_loop_a_failed_pass_is_counted_and_the
     settings.feishu.apps = [APP_WS]
     hub = Hub(settings, Database(sqlite_url), clock)
     log: list[str] = []
-    conns = LongConnections(FeishuBot(hub.bot_services), hub.bot_services, lease_s=0.3, holder="r0", starter=recording_starter("r0", log),
+    conns = LongConnections(FeishuBot(hub.bot_services), hub.bot_services, lease_s=0.3, holder="r0",
+                            starter=recording_starter("r0", log),
                             service=FailingLeases(hub, failures=1))
     try:
         conns.start()

@@ -192,7 +192,8 @@ async def test_schedule_with_no_binding_and_one_feishu_app_notifies_its_admin_wi
     await env.setup(name="solo job")
     async with env.hub.db.write() as conn:      # alice never linked a Feishu identity: no binding at creation
         await conn.execute(identity_bindings.delete())
-        await conn.execute(schedules.update().values(creator_binding_id=None, app_id=None, provenance={"source": "cli"}))
+        await conn.execute(schedules.update().values(creator_binding_id=None, app_id=None,
+                                                     provenance={"source": "cli"}))
     view = await env.hub.schedules.get(env.alice, env.sid)
     assert view["notifications"]["basis"] == "sole_app"
     await env.fire("failed")

@@ -27,7 +27,8 @@ async def test_mcp_without_or_with_a_wrong_token_answers_401_naming_the_fix(hub)
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
     async with httpx2.AsyncClient() as http:
         for headers in ({}, {"Authorization": "Bearer amux.nope.nope"}):
-            resp = await http.post(f"{hub.url}/mcp", json=body, headers={**headers, "Accept": "application/json, text/event-stream"})
+            resp = await http.post(f"{hub.url}/mcp", json=body,
+                                   headers={**headers, "Accept": "application/json, text/event-stream"})
             assert resp.status_code == 401
             assert "amux token create" in resp.json()["error_description"]
 
@@ -54,21 +55,26 @@ async def test_refusals_reach_the_mcp_client_as_text_naming_the_fix(hub):
 async def test_tool_schemas_are_generated_from_typed_models(hub):
     async with mcp_client(hub.url, hub.admin_token) as c:
         tools = {t.name: t for t in (await c.list_tools()).tools}
-    assert {"profile_list", "task_submit", "task_run", "task_get", "task_wait", "task_events", "task_cancel"} <= set(tools)
+    assert {"profile_list", "task_submit", "task_run", "task_get", "task_wait", "task_events",
+            "task_cancel"} <= set(tools)
     submit = tools["task_submit"].input_schema["properties"]
     assert {"prompt", "profile", "runtime", "model", "extra_args", "timeout_s", "name"} <= set(submit)
-    assert set(tools["task_get"].output_schema["properties"]) >= {"task_id", "status", "outcome", "result", "usage", "changed_files", "error"}
+    assert set(tools["task_get"].output_schema["properties"]) >= {"task_id", "status", "outcome", "result", "usage",
+                                                                  "changed_files", "error"}
 
 
 async def test_task_wait_timeout_returns_and_never_cancels_the_task(hub):
     await hub.start_runner()
     async with mcp_client(hub.url, hub.admin_token) as c:
-        sub = (await c.call_tool("task_submit", {"prompt": "sleep 2.5\nsay late", "profile": "scripted"})).structured_content
-        page = (await c.call_tool("task_wait", {"task_id": sub["task_id"], "cursor": 0, "timeout_s": 0.2})).structured_content
+        sub = (await c.call_tool("task_submit",
+                                 {"prompt": "sleep 2.5\nsay late", "profile": "scripted"})).structured_content
+        page = (await c.call_tool("task_wait",
+                                  {"task_id": sub["task_id"], "cursor": 0, "timeout_s": 0.2})).structured_content
         assert page["timed_out"] and not page["done"] and page["events"] == []
         cursor = 0
         while True:
-            page = (await c.call_tool("task_wait", {"task_id": sub["task_id"], "cursor": cursor, "timeout_s": 5})).structured_content
+            page = (await c.call_tool("task_wait",
+                                      {"task_id": sub["task_id"], "cursor": cursor, "timeout_s": 5})).structured_content
             cursor = page["cursor"]
             if page["done"]:
                 break
@@ -80,7 +86,8 @@ async def test_task_wait_timeout_returns_and_never_cancels_the_task(hub):
 async def test_task_cancelled_while_running_ends_cancelled(hub):
     await hub.start_runner()
     async with mcp_client(hub.url, hub.admin_token) as c:
-        sub = (await c.call_tool("task_submit", {"prompt": "say start\nsleep 30\nsay never", "profile": "scripted"})).structured_content
+        sub = (await c.call_tool("task_submit", {"prompt": "say start\nsleep 30\nsay never",
+                                                 "profile": "scripted"})).structured_content
         page = (await c.call_tool("task_wait", {"task_id": sub["task_id"], "timeout_s": 10})).structured_content
         assert page["events"][0]["text"] == "start"
         await c.call_tool("task_cancel", {"task_id": sub["task_id"]})
@@ -110,7 +117,8 @@ async def test_scripted_engine_as_a_real_subprocess_emits_the_same_events(hub):
     await hub.start_runner()
     async with mcp_client(hub.url, hub.admin_token) as c:
         a = (await c.call_tool("task_run", {"prompt": SCRIPT, "profile": "scripted"})).structured_content
-        b = (await c.call_tool("task_run", {"prompt": SCRIPT, "profile": "scripted", "extra_args": ["--subprocess"]})).structured_content
+        b = (await c.call_tool("task_run", {"prompt": SCRIPT, "profile": "scripted",
+                                            "extra_args": ["--subprocess"]})).structured_content
         ea = (await c.call_tool("task_events", {"task_id": a["task_id"]})).structured_content["events"]
         eb = (await c.call_tool("task_events", {"task_id": b["task_id"]})).structured_content["events"]
     strip = lambda evs: [{k: v for k, v in e.items() if k != "at"} for e in evs]  # noqa: E731
@@ -120,12 +128,14 @@ async def test_scripted_engine_as_a_real_subprocess_emits_the_same_events(hub):
 async def test_task_timeout_ends_the_run_timed_out(hub):
     await hub.start_runner()
     async with mcp_client(hub.url, hub.admin_token) as c:
-        t = (await c.call_tool("task_run", {"prompt": "sleep 5", "profile": "scripted", "timeout_s": 0.3})).structured_content
+        t = (await c.call_tool("task_run",
+                               {"prompt": "sleep 5", "profile": "scripted", "timeout_s": 0.3})).structured_content
     assert t["status"] == "timed_out"
 
 
 async def test_failing_script_ends_failed_with_its_reason(hub):
     await hub.start_runner()
     async with mcp_client(hub.url, hub.admin_token) as c:
-        t = (await c.call_tool("task_run", {"prompt": "say partial\nfail disk full", "profile": "scripted"})).structured_content
+        t = (await c.call_tool("task_run",
+                               {"prompt": "say partial\nfail disk full", "profile": "scripted"})).structured_content
     assert t["status"] == "failed" and t["error"] == "disk full" and t["result"]["text"] == "partial"

@@ -32,7 +32,8 @@ async def register(http: httpx2.AsyncClient, url: str, **meta) -> dict:
 
 
 def hidden_fields(page: str) -> dict[str, str]:
-    return {unescape(n): unescape(v) for n, v in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', page)}
+    return {unescape(n): unescape(v)
+            for n, v in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', page)}
 
 
 async def approve(http: httpx2.AsyncClient, authorize_url: str, token: str | None, grant: list[str] | None = None,
@@ -41,8 +42,8 @@ async def approve(http: httpx2.AsyncClient, authorize_url: str, token: str | Non
     page = await http.get(authorize_url)
     assert page.status_code == 200, page.text
     fields = hidden_fields(page.text)
-    form = list(fields.items()) + [("decision", decision)] + [("grant", s) for s in
-                                                              (grant or re.findall(r'name="grant" value="(\w+)"', page.text))]
+    grants = grant or re.findall(r'name="grant" value="(\w+)"', page.text)
+    form = list(fields.items()) + [("decision", decision)] + [("grant", s) for s in grants]
     if token:
         form.append(("token", token))
     base = authorize_url.split("/oauth/authorize")[0]
@@ -157,7 +158,8 @@ async def test_the_official_mcp_client_discovers_registers_signs_in_and_calls_to
         replay = await token_request(browser, url, client, grant_type="refresh_token", refresh_token=first_refresh)
         assert replay.status_code == 400 and replay.json()["error"] == "invalid_grant"
         assert (await mcp_status(url, new["access_token"])).status_code == 401
-        again = await token_request(browser, url, client, grant_type="refresh_token", refresh_token=new["refresh_token"])
+        again = await token_request(browser, url, client, grant_type="refresh_token",
+                                    refresh_token=new["refresh_token"])
         assert again.status_code == 400 and again.json()["error"] == "invalid_grant"
 
     async with any_hub.hub.db.read() as conn:
@@ -216,7 +218,8 @@ async def test_codes_are_single_use_and_short_lived_and_a_replay_revokes_what_th
         any_hub.clock.advance(601)
         late = await token_request(http, url, client, grant_type="authorization_code", code=code,
                                    redirect_uri=REDIRECT, code_verifier=verifier)
-    assert late.status_code == 400 and late.json()["error"] == "invalid_grant" and "expired" in late.json()["error_description"]
+    assert late.status_code == 400 and late.json()["error"] == "invalid_grant"
+    assert "expired" in late.json()["error_description"]
 
 
 async def test_access_tokens_expire_after_an_hour_and_a_refresh_brings_a_working_one(any_hub):
@@ -227,7 +230,8 @@ async def test_access_tokens_expire_after_an_hour_and_a_refresh_brings_a_working
         any_hub.clock.advance(3601)
         expired = await mcp_status(url, tokens["access_token"])
         assert expired.status_code == 401 and 'error="invalid_token"' in expired.headers["www-authenticate"]
-        fresh = await token_request(http, url, client, grant_type="refresh_token", refresh_token=tokens["refresh_token"])
+        fresh = await token_request(http, url, client, grant_type="refresh_token",
+                                    refresh_token=tokens["refresh_token"])
         assert fresh.status_code == 200, fresh.text
     assert (await mcp_status(url, fresh.json()["access_token"])).status_code == 200
 
@@ -279,7 +283,8 @@ async def test_an_unregistered_redirect_uri_or_unknown_client_gets_an_error_page
         # Registration refuses redirect URIs no client should use.
         for uri in ("http://evil.example/cb", "javascript:alert(1)", "https://x.example/cb#frag"):
             refused = await http.post(f"{hub.url}/oauth/register", json={"redirect_uris": [uri]})
-            assert refused.status_code == 400 and refused.json()["error"] in ("invalid_redirect_uri", "invalid_client_metadata")
+            assert refused.status_code == 400 and refused.json()["error"] in ("invalid_redirect_uri",
+                                                                              "invalid_client_metadata")
 
 
 async def test_scopes_limit_the_tools_of_an_oauth_caller_and_oauth_tokens_open_only_mcp(any_hub):

@@ -29,12 +29,14 @@ def free_port() -> int:
 async def start_hub(home: Path, port: int) -> asyncio.subprocess.Process:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "hub.cli", "up", "--listen", f"127.0.0.1:{port}", "--slots", "2", cwd=REPO,
-        env={**os.environ, "AMUX_HOME": str(home)}, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        env={**os.environ, "AMUX_HOME": str(home)}, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL)
 
     async def ready():
         try:
             async with httpx2.AsyncClient() as http:
-                return (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200 and (home / "admin.token").exists()
+                ready = (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
+                return ready and (home / "admin.token").exists()
         except httpx2.TransportError:
             return False
 
@@ -42,6 +44,7 @@ async def start_hub(home: Path, port: int) -> asyncio.subprocess.Process:
     return proc
 
 
+# Long by design: one kill-and-restart journey over real processes; the checks follow its order.
 async def test_kill_9_while_sending_then_restart_delivers_each_notice_exactly_once(tmp_path):
     fake = await FakeFeishu(slow_s=3.0).start()
     home = tmp_path / "home"
@@ -76,7 +79,8 @@ base_url = "{fake.base_url}"
                 id=new_id("ib"), principal_id=principal, app_id=fake.app_id, open_id="ou_creator", status="active",
                 created_at=sa.func.now()))
         fake.fail("slow", times=1, op="send")  # the first send hangs for 3 s: the hub dies inside it
-        async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}) as http:
+        async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}",
+                                      headers={"Authorization": f"Bearer {token}"}) as http:
             res = await http.post("/api/v1/schedules", json={"prompt": "fail boom", "profile": "scripted",
                                                                "rule": "every 1h", "name": "crashy"})
             assert res.status_code == 201, res.text

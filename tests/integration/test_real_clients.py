@@ -35,7 +35,7 @@ async def run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float = 
     except asyncio.TimeoutError:
         proc.kill()
         await proc.wait()
-        raise AssertionError(f"{argv[0]} did not finish within {timeout}s")
+        raise AssertionError(f"{argv[0]} did not finish within {timeout}s") from None
     return proc.returncode, out.decode(errors="replace")
 
 

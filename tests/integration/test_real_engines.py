@@ -68,7 +68,8 @@ async def start(hub, tmp_path: Path, credentials: dict[str, str]):
 
 
 async def run_task(hub, admin, profile: str, timeout_s: float, **kw) -> tuple[dict, list[str]]:
-    sub = await hub.hub.tasks.submit(admin, SubmitRequest("say hello", profile=profile, credential_profile="model",
+    sub = await hub.hub.tasks.submit(admin,
+                                     SubmitRequest(prompt="say hello", profile=profile, credential_profile="model",
                                                           timeout_s=timeout_s, **kw))
     view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=timeout_s + 30)
     page = await hub.hub.tasks.events(admin, sub["task_id"])
@@ -112,7 +113,8 @@ async def test_real_claude_retrying_a_rejected_key_is_stopped_at_the_second_reje
     finally:
         await api.stop()
     assert view["status"] == "failed"
-    assert view["error"] == "the model API rejected the credential (HTTP 401) 2 times in a row; fix the credential profile"
+    assert view["error"] == ("the model API rejected the credential (HTTP 401) 2 times in a row; fix the credential "
+                             "profile")
     assert statuses == [f"engine retrying: attempt {n} of 10 (credential rejected, HTTP 401)" for n in (1, 2)]
 
 
@@ -128,7 +130,8 @@ async def test_a_real_claude_session_turn_connects_to_the_hubs_mcp_endpoint_with
     ses = await hub.hub.sessions.create(admin, profile="claude-model")
     turn_id = await hub.hub.sessions.submit_turn(admin, ses["session_id"], "say hello")
     view = await hub.hub.sessions.wait_turn(admin, turn_id, timeout_s=60)
-    assert (view["status"], view["error"]) == ("failed", "claude: API Error: Unable to connect to API (ConnectionRefused)")
+    assert (view["status"], view["error"]) == ("failed",
+                                               "claude: API Error: Unable to connect to API (ConnectionRefused)")
     async with hub.hub.db.read() as conn:
         warnings = (await conn.execute(sa.select(task_events.c.payload).where(
             task_events.c.task_id == turn_id, task_events.c.type == "warning"))).scalars().all()
@@ -159,7 +162,8 @@ async def test_real_codex_with_the_model_api_unreachable_gives_up_its_endless_ne
 
 
 @pytest.mark.parametrize("policy", ["policy-allow", "escalate-to-main"])  # codex exec, and codex app-server
-async def test_real_codex_with_a_rejected_key_fails_at_once_with_the_clis_own_message(hub, tmp_path, engine_host, policy):
+async def test_real_codex_with_a_rejected_key_fails_at_once_with_the_clis_own_message(hub, tmp_path, engine_host,
+                                                                                      policy):
     api = await RejectingModelApi(should_retry=None).start()
     try:
         admin = await start(hub, tmp_path, {"OPENAI_API_KEY": "sk-test-key"})

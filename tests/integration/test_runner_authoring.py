@@ -1,4 +1,4 @@
-"""`amux runner --authoring` advertises the authoring capability, so a profile with local expert authoring runs there."""
+"""`amux runner --authoring` advertises the authoring capability: a profile with local expert authoring runs there."""
 from __future__ import annotations
 
 import asyncio
@@ -41,13 +41,14 @@ async def test_a_runner_started_with_authoring_runs_a_local_authoring_profile_an
         assert caps["authoring"] is False
         hub.hub.settings.profiles.authoring_runtime = "plain"
         with pytest.raises(Invalid, match="authoring capability"):
-            await hub.hub.tasks.submit(admin, SubmitRequest("say written", profile="author"))
+            await hub.hub.tasks.submit(admin, SubmitRequest(prompt="say written", profile="author"))
 
         authoring = await spawn(hub, tmp_path, "author-box", "--authoring")
         caps = await eventually(lambda: capabilities(hub.hub, "author-box"), timeout=30)
         assert caps["authoring"] is True
         hub.hub.settings.profiles.authoring_runtime = "author-box"
-        sub = await hub.hub.tasks.submit(admin, SubmitRequest("say written", profile="author", runtime="author-box"))
+        sub = await hub.hub.tasks.submit(admin,
+                                         SubmitRequest(prompt="say written", profile="author", runtime="author-box"))
         view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=30)
         assert (view["status"], view["runtime"], view["result"]["text"]) == ("succeeded", "author-box", "written"), view
     finally:

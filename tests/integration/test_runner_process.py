@@ -17,7 +17,8 @@ from tests.helpers import REPO, eventually, runner_command, start_hub
 async def spawn_runner(url: str, token: str, tmp_path: Path, name: str = "proc", slots: int = 2):
     return await asyncio.create_subprocess_exec(
         *runner_command(url, token, name, slots, tmp_path / "ws"), cwd=REPO,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, env={**os.environ, "AMUX_HOME": str(tmp_path)})
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        env={**os.environ, "AMUX_HOME": str(tmp_path)})
 
 
 async def runtime_status(hub, name: str):
@@ -34,7 +35,8 @@ async def test_tasks_run_end_to_end_on_a_real_runner_process(hub, tmp_path):
     try:
         await eventually(lambda: runtime_status(hub.hub, "proc"))
         admin = await hub.hub.auth.authenticate(hub.admin_token)
-        sub = await hub.hub.tasks.submit(admin, SubmitRequest("say from a process\nwrite a.txt x", profile="scripted"))
+        sub = await hub.hub.tasks.submit(admin,
+                                         SubmitRequest(prompt="say from a process\nwrite a.txt x", profile="scripted"))
         view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=20)
         assert view["status"] == "succeeded" and view["result"]["text"] == "from a process"
         assert view["runtime"] == "proc" and view["changed_files"]["created"] == ["a.txt"]
@@ -47,7 +49,7 @@ async def test_kill_9_of_a_runner_mid_task_ends_it_failed_runtime_lost_and_relea
     proc = await spawn_runner(hub.url, hub.admin_token, tmp_path)
     await eventually(lambda: runtime_status(hub.hub, "proc"))
     admin = await hub.hub.auth.authenticate(hub.admin_token)
-    sub = await hub.hub.tasks.submit(admin, SubmitRequest("say started\nsleep 60", profile="scripted"))
+    sub = await hub.hub.tasks.submit(admin, SubmitRequest(prompt="say started\nsleep 60", profile="scripted"))
     await eventually(lambda: _is(task_status(hub, admin, sub["task_id"]), "running"))
     os.kill(proc.pid, signal.SIGKILL)
     await proc.wait()
@@ -71,7 +73,8 @@ async def test_after_a_hub_restart_mid_task_the_task_completes_when_the_runner_r
     try:
         await eventually(lambda: runtime_status(first.hub, "proc"))
         admin = await first.hub.auth.authenticate(first.admin_token)
-        sub = await first.hub.tasks.submit(admin, SubmitRequest("say before\nsleep 1.5\nsay after", profile="scripted"))
+        sub = await first.hub.tasks.submit(admin,
+                                           SubmitRequest(prompt="say before\nsleep 1.5\nsay after", profile="scripted"))
         await eventually(lambda: _is(task_status(first, admin, sub["task_id"]), "running"))
         await first.stop()
         second = await start_hub(sqlite_url, tmp_path, clock, port=port)

@@ -14,7 +14,7 @@ async def test_a_runs_usage_events_and_its_final_usage_keep_only_known_metrics(h
     await hub.start_runner()
     admin = await hub.hub.auth.authenticate(hub.admin_token)
     script = "usage input=3 bogus=7\nusage input=3 bogus=8\nusage bogus=9\nsay done"
-    sub = await hub.hub.tasks.submit(admin, SubmitRequest(script, profile="scripted"))
+    sub = await hub.hub.tasks.submit(admin, SubmitRequest(prompt=script, profile="scripted"))
     view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=20)
     assert view["status"] == "succeeded", view
     assert view["usage"] == {"input_tokens": 3}  # the Finished message's usage, not the raw report
@@ -31,7 +31,7 @@ async def test_a_run_that_times_out_while_its_engine_retries_names_the_last_stat
     admin = await hub.hub.auth.authenticate(hub.admin_token)
     await hub.hub.credentials.declare(admin, "fake", ["FAKE_SCENARIO"])
     await hub.hub.credentials.set_value(admin, "fake", "FAKE_SCENARIO", "api-retry-slow")
-    sub = await hub.hub.tasks.submit(admin, SubmitRequest("say hi", profile="claude", credential_profile="fake",
+    sub = await hub.hub.tasks.submit(admin, SubmitRequest(prompt="say hi", profile="claude", credential_profile="fake",
                                                           timeout_s=3))
     view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=30)
     assert (view["status"], view["error"]) == (

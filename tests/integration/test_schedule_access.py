@@ -37,9 +37,12 @@ async def _setup(hub):  # noqa: ANN001, ANN202
                 provenance={"source": "test"}, type="subtask", name=name, prompt="say hi", rule="every 1h",
                 timezone="UTC", paused=False, created_at=now, updated_at=now))
     viewers = {
-        "carol_a": Viewer(APP_A, "ou_carol_a", carol.principal_id, "carol", ids["carol_a"], False),
-        "carol_b": Viewer(APP_B, "ou_carol_b", carol.principal_id, "carol", ids["carol_b"], False),
-        "dave_a": Viewer(APP_A, "ou_dave_a", dave.principal_id, "dave", ids["dave_a"], False),
+        "carol_a": Viewer(app_id=APP_A, open_id="ou_carol_a", principal_id=carol.principal_id, name="carol",
+                          binding_id=ids["carol_a"], is_admin=False),
+        "carol_b": Viewer(app_id=APP_B, open_id="ou_carol_b", principal_id=carol.principal_id, name="carol",
+                          binding_id=ids["carol_b"], is_admin=False),
+        "dave_a": Viewer(app_id=APP_A, open_id="ou_dave_a", principal_id=dave.principal_id, name="dave",
+                         binding_id=ids["dave_a"], is_admin=False),
     }
     return carol, dave, viewers
 
@@ -94,7 +97,8 @@ async def test_personal_views_card_actions_rest_reads_and_recovery_make_the_same
 async def test_schedule_with_no_creator_binding_is_visible_only_to_its_creators_own_linked_identities(hub):
     hub = hub.hub
     _carol, _dave, viewers = await _setup(hub)
-    assert "unbound" in await _bot_view(hub, viewers["carol_a"]) and "unbound" in await _bot_view(hub, viewers["carol_b"])
+    assert "unbound" in await _bot_view(hub, viewers["carol_a"])
+    assert "unbound" in await _bot_view(hub, viewers["carol_b"])
     assert "unbound" not in await _bot_view(hub, viewers["dave_a"])
 
 

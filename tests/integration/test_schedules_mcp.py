@@ -25,7 +25,8 @@ async def test_schedule_tools_create_get_list_update_pause_resume_delete_and_rea
     async with mcp_client(hub.url, hub.admin_token) as c:
         res = await c.call_tool("schedule_create", {
             "name": "tick", "prompt": "say tick", "rule": "*/5 * * * *", "timezone": "Asia/Shanghai",
-            "profile": "scripted", "runtime": "r1", "model": "m-1", "extra_args": ["--x"], "permission_policy": "deny-all"})
+            "profile": "scripted", "runtime": "r1", "model": "m-1", "extra_args": ["--x"],
+            "permission_policy": "deny-all"})
         assert not res.is_error, res
         sid = res.structured_content["schedule_id"]
         got = (await c.call_tool("schedule_get", {"schedule_id": sid})).structured_content
@@ -33,7 +34,8 @@ async def test_schedule_tools_create_get_list_update_pause_resume_delete_and_rea
             "r1", "m-1", "deny-all", ["--x"], "subtask")
         listed = (await c.call_tool("schedule_list", {})).structured_content["schedules"]
         assert [s["schedule_id"] for s in listed] == [sid] and listed[0]["runtime"] == "r1"
-        upd = (await c.call_tool("schedule_update", {"schedule_id": sid, "model": "", "rule": "every 2h"})).structured_content
+        upd = (await c.call_tool("schedule_update",
+                                 {"schedule_id": sid, "model": "", "rule": "every 2h"})).structured_content
         assert upd["model"] is None and upd["rule"] == "every 2h" and upd["runtime"] == "r1"
         assert (await c.call_tool("schedule_pause", {"schedule_id": sid})).structured_content["paused"] is True
         assert (await c.call_tool("schedule_resume", {"schedule_id": sid})).structured_content["paused"] is False
@@ -49,7 +51,8 @@ async def test_schedule_create_refuses_escalate_to_main_and_bad_rules_with_the_f
                                                     "permission_policy": "escalate-to-main"})
         assert res.is_error and "scheduled subtasks" in res.content[0].text
         res = await c.call_tool("schedule_create", {"prompt": "say x", "rule": "daily", "profile": "scripted"})
-        assert res.is_error and "every 30s" in res.content[0].text and "at 2026-12-01T09:00:00+08:00" in res.content[0].text
+        assert res.is_error and "every 30s" in res.content[0].text
+        assert "at 2026-12-01T09:00:00+08:00" in res.content[0].text
 
 
 async def test_a_fire_admits_a_task_the_runner_runs_and_the_reconciled_outcome_shows_in_history(hub):
@@ -112,7 +115,8 @@ async def test_cli_schedule_create_list_pause_resume_history_delete_with_json(hu
     code, out, _ = await amux("schedule", "delete", s["schedule_id"], "--json", env=env)
     assert json.loads(out)["deleted"] is True
     # session-prompt is the CLI default; the session-ref falls back to AMUX_SESSION_ID
-    code, _, err = await amux("schedule", "create", "--rule", "every 5m", "--prompt", "hi", env={**env, "AMUX_SESSION_ID": "ghost"})
+    code, _, err = await amux("schedule", "create", "--rule", "every 5m", "--prompt", "hi",
+                              env={**env, "AMUX_SESSION_ID": "ghost"})
     assert code == 2 and "ghost" in err
     async with hub.hub.db.read() as conn:
         import sqlalchemy as sa

@@ -56,7 +56,8 @@ async def services(db_url: str, home: Path):  # noqa: ANN201
     return hub, caller
 
 
-async def test_two_hub_processes_on_one_postgresql_fire_each_nominal_time_of_500_schedules_exactly_once(pg_url, tmp_path):
+async def test_two_hub_processes_on_one_postgresql_fire_each_nominal_time_of_500_schedules_exactly_once(pg_url,
+                                                                                                        tmp_path):
     hub, alice = await services(pg_url, tmp_path / "test")
     procs = []
     try:
@@ -67,7 +68,8 @@ async def test_two_hub_processes_on_one_postgresql_fire_each_nominal_time_of_500
         async with hub.db.write() as conn:  # no runner: every fire is admitted as skipped:offline (no Task churn)
             await conn.execute(runtimes.update().values(status="offline"))
         for i in range(500):
-            await hub.schedules.create(alice, ScheduleSpec(name=f"s{i}", prompt="say hi", rule="every 1s", profile="scripted"))
+            await hub.schedules.create(alice,
+                                       ScheduleSpec(name=f"s{i}", prompt="say hi", rule="every 1s", profile="scripted"))
         await asyncio.sleep(6)
         async with hub.db.write() as conn:
             await conn.execute(schedules.update().values(paused=True))
@@ -105,6 +107,7 @@ async def _dispatch_waiting_on(conn, table: str) -> int:  # noqa: ANN001
         "WHERE c.relname = :t AND NOT l.granted AND l.pid <> pg_backend_pid()"), {"t": table})).scalar()
 
 
+# Long by design: one kill-and-restart journey over real processes; the checks follow its order.
 async def test_kill_9_between_persisting_a_firing_and_dispatching_it_leaves_unknown_not_replayed(pg_url, tmp_path):
     """The fault is injected here, at an observed point: the test holds a lock on `principals`, which dispatch reads
     first (it acts as the schedule's creator) and the firing's commit does not touch; once the committed firing is

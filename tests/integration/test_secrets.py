@@ -18,7 +18,8 @@ async def test_after_a_run_no_table_and_no_log_line_contains_a_credential_value(
     await hub.hub.credentials.declare(admin, "anthropic", ["ANTHROPIC_API_KEY"])
     await hub.hub.credentials.set_value(admin, "anthropic", "ANTHROPIC_API_KEY", SECRET)
     script = "env ANTHROPIC_API_KEY\nsay done"
-    sub = await hub.hub.tasks.submit(admin, SubmitRequest(script, profile="scripted", credential_profile="anthropic"))
+    sub = await hub.hub.tasks.submit(admin,
+                                     SubmitRequest(prompt=script, profile="scripted", credential_profile="anthropic"))
     view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=20)
     assert view["result"]["text"].splitlines()[0] == "[redacted]"  # the engine saw the value; nothing kept it
     rows = []

@@ -44,7 +44,8 @@ AGENTS = {**ENGINES, "pi": PiEngine}  # pi has none: its agent runs the `amux` C
 def launcher(tmp_path: Path, engine: str, record: Path, scenario: str) -> Path:
     """An executable that starts the engine's fake with a scenario: the runner passes no test variables through."""
     path = tmp_path / f"{engine}-agent"
-    path.write_text(f"#!/bin/sh\nFAKE_SCENARIO={scenario} FAKE_RECORD_DIR={record} exec {sys.executable} {BIN / engine} \"$@\"\n")
+    path.write_text(f"#!/bin/sh\nFAKE_SCENARIO={scenario} FAKE_RECORD_DIR={record} exec {sys.executable} "
+                    f"{BIN / engine} \"$@\"\n")
     path.chmod(0o755)
     return path
 
@@ -52,14 +53,17 @@ def launcher(tmp_path: Path, engine: str, record: Path, scenario: str) -> Path:
 async def post_message(url: str, app_id: str, fake: FakeFeishu, clock: ManualClock, open_id: str, text: str) -> str:
     """Post `text` as Feishu would: an encrypted, signed im.message.receive_v1 webhook; return the message id."""
     mid = f"om_{uuid.uuid4().hex[:12]}"
-    fake.messages.setdefault(mid, Message(mid, open_id, None, {"text": text}, clock.now().timestamp()))
+    fake.messages.setdefault(mid, Message(message_id=mid, receive_id=open_id, uuid=None, content={"text": text},
+                                          at=clock.now().timestamp()))
     now_ms = str(int(clock.now().timestamp() * 1000))
     event = {"sender": {"sender_id": {"open_id": open_id, "union_id": f"on_{open_id[3:]}"}, "sender_type": "user",
                         "tenant_key": "t1"},
              "message": {"message_id": mid, "chat_id": f"oc_{open_id}", "chat_type": "p2p", "message_type": "text",
                          "content": json.dumps({"text": text}), "create_time": now_ms, "mentions": []}}
-    envelope = {"schema": "2.0", "header": {"event_id": uuid.uuid4().hex, "token": VT, "event_type": "im.message.receive_v1",
-                                            "tenant_key": "t1", "app_id": app_id, "create_time": now_ms}, "event": event}
+    envelope = {"schema": "2.0",
+                "header": {"event_id": uuid.uuid4().hex, "token": VT, "event_type": "im.message.receive_v1",
+                           "tenant_key": "t1", "app_id": app_id, "create_time": now_ms},
+                "event": event}
     body = json.dumps({"encrypt": encrypt(json.dumps(envelope), EK, os.urandom(16))}).encode()
     ts, nonce = str(int(clock.now().timestamp())), uuid.uuid4().hex
     headers = {"Content-Type": "application/json", "X-Lark-Request-Timestamp": ts, "X-Lark-Request-Nonce": nonce,
@@ -70,6 +74,7 @@ async def post_message(url: str, app_id: str, fake: FakeFeishu, clock: ManualClo
     return mid
 
 
+# Long by design: one chat turn's journey; the agent's MCP calls and their attribution are checked in order.
 @pytest.mark.parametrize("engine", sorted(AGENTS))
 async def test_a_chat_turns_agent_delegates_a_task_and_a_schedule_over_mcp_attributed_to_that_turn(
         engine, sqlite_url: str, tmp_path: Path, clock: ManualClock, monkeypatch):
@@ -173,7 +178,8 @@ async def test_a_task_child_gets_no_task_mcp_tools(engine, tmp_path: Path, monke
     assert "--mcp-config" not in argv and not any(a.startswith("mcp_servers.") for a in argv), argv
 
 
-async def test_a_session_turns_claude_config_file_is_private_in_its_home_and_removed_after_the_run(tmp_path, monkeypatch):
+async def test_a_session_turns_claude_config_file_is_private_in_its_home_and_removed_after_the_run(tmp_path,
+                                                                                                   monkeypatch):
     monkeypatch.setenv("AMUX_CLAUDE_BIN", str(BIN / "claude"))
     j = job(tmp_path, "claude", {**COORDINATION, "AMUX_SESSION_ID": "ses_1"})
     seen: dict = {}
@@ -202,7 +208,7 @@ async def test_a_plain_tasks_child_gets_the_memory_cli_and_a_run_token_but_no_mc
     hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
     await asyncio.wait_for(runner.registered.wait(), 10)
     admin = await hub.hub.auth.authenticate(hub.admin_token)
-    sub = await hub.hub.tasks.submit(admin, SubmitRequest("say hello", profile=engine))
+    sub = await hub.hub.tasks.submit(admin, SubmitRequest(prompt="say hello", profile=engine))
     view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=30)
     assert view["status"] == "succeeded", view
     child = json.loads((record / "environ.json").read_text())

@@ -250,7 +250,7 @@ async def test_a_tasks_and_an_instance_runs_question_still_fail_with_the_bilingu
     c = await start_chat(sqlite_url, tmp_path, clock, monkeypatch, "question")
     try:
         admin = await c.hub.auth.authenticate(c.handle.admin_token)
-        t = await c.hub.tasks.submit(admin, SubmitRequest("set up storage", "claude"))
+        t = await c.hub.tasks.submit(admin, SubmitRequest(prompt="set up storage", profile="claude"))
         done = await c.hub.tasks.wait_terminal(admin, t["task_id"], timeout_s=60)
         assert done["status"] == "failed" and done["error"] == QUESTION_DIAGNOSTIC
         assert "interactive session" in done["error"] and "交互式会话" in done["error"]

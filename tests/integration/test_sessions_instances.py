@@ -132,7 +132,8 @@ async def test_an_explicit_identity_or_policy_change_is_refused_by_the_no_switch
     await hub.start_runner()
     async with mcp_client(hub.url, hub.admin_token) as c:
         iid = (await ok(c, "instance_create", profile="scripted"))["instance_id"]
-        assert "cannot switch" in await refused(c, "instance_followup", instance_id=iid, prompt="say x", engine="claude")
+        assert "cannot switch" in await refused(c, "instance_followup", instance_id=iid, prompt="say x",
+                                                engine="claude")
         assert "cannot switch" in await refused(c, "instance_followup", instance_id=iid, prompt="say x", model="other")
         assert "new instance" in await refused(c, "instance_followup", instance_id=iid, prompt="say x",
                                                permission_policy="deny-all")
@@ -323,8 +324,8 @@ async def test_a_delegation_with_an_amux_session_token_keeps_the_parent_session_
         child_env = await hub.hub.runtimes.coordination_env(conn, admin.principal_id, sid)
     child = await hub.hub.auth.authenticate(child_env["AMUX_TOKEN"])
     assert child.label == f"amux-session:{sid}"
-    delegated = await hub.hub.tasks.submit(child, SubmitRequest("say sub", profile="scripted"))
-    plain = await hub.hub.tasks.submit(admin, SubmitRequest("say sub", profile="scripted"))
+    delegated = await hub.hub.tasks.submit(child, SubmitRequest(prompt="say sub", profile="scripted"))
+    plain = await hub.hub.tasks.submit(admin, SubmitRequest(prompt="say sub", profile="scripted"))
     async with hub.hub.db.read() as conn:
         rows = {r.id: r for r in await conn.execute(sa.select(task_runs).where(
             task_runs.c.id.in_([delegated["task_id"], plain["task_id"]])))}

@@ -36,7 +36,8 @@ async def open_slowloris(url: str, n: int) -> list[tuple[asyncio.StreamReader, a
     return conns
 
 
-async def test_slowloris_connections_are_closed_after_the_header_timeout_and_the_hub_stays_responsive(sqlite_url, tmp_path, clock):
+async def test_slowloris_connections_are_closed_after_the_header_timeout_and_the_hub_stays_responsive(sqlite_url,
+                                                                                                      tmp_path, clock):
     hub = await start_hub(sqlite_url, tmp_path, clock, header_timeout_s=1.0)
     try:
         conns = await open_slowloris(hub.url, 400)

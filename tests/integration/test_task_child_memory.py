@@ -59,7 +59,7 @@ async def test_a_plain_tasks_child_uses_amux_memory_in_its_owners_scope_with_its
     try:
         await eventually(lambda: online(hub.hub, "memhost"), timeout=30)
         alice = await hub.hub.auth.authenticate(await hub.token("alice"))
-        sub = await hub.hub.tasks.submit(alice, SubmitRequest("plan the release", profile="claude"))
+        sub = await hub.hub.tasks.submit(alice, SubmitRequest(prompt="plan the release", profile="claude"))
         view = await hub.hub.tasks.wait_terminal(alice, sub["task_id"], timeout_s=60)
     finally:
         proc.terminate()
@@ -98,7 +98,7 @@ async def test_a_plain_task_on_a_runtime_without_the_memory_capability_gets_a_wa
     hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
     await asyncio.wait_for(runner.registered.wait(), 10)
     admin = await hub.hub.auth.authenticate(hub.admin_token)
-    sub = await hub.hub.tasks.submit(admin, SubmitRequest("plan the release", profile="claude"))
+    sub = await hub.hub.tasks.submit(admin, SubmitRequest(prompt="plan the release", profile="claude"))
     view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=60)
     assert view["status"] == "succeeded", view
     said = (record / "memory.txt").read_text()

@@ -39,13 +39,14 @@ async def test_a_revoked_runners_socket_is_closed_and_it_receives_no_dispatch(hu
         assert status == 200 and body["revoked"], body
     else:  # another replica revoked it: this one sees it in the database on its next pump round
         async with hub.hub.db.write() as conn:
-            await conn.execute(api_tokens.update().where(api_tokens.c.id == token_id).values(revoked_at=hub.clock.now()))
+            await conn.execute(api_tokens.update().where(api_tokens.c.id == token_id)
+                               .values(revoked_at=hub.clock.now()))
     with pytest.raises(RunnerRefused, match="revoked"):
         await asyncio.wait_for(task, 5)
     assert runner.ws is None
     await eventually(lambda: _is(runtime_status(hub, "pool"), "offline"))
     admin = await hub.hub.auth.authenticate(hub.admin_token)
-    sub = await hub.hub.tasks.submit(admin, SubmitRequest("say hi", profile="scripted"))
+    sub = await hub.hub.tasks.submit(admin, SubmitRequest(prompt="say hi", profile="scripted"))
     await asyncio.sleep(0.5)
     assert (await hub.hub.tasks.get(admin, sub["task_id"]))["status"] == "queued"
     async with hub.hub.db.read() as conn:

@@ -1,8 +1,9 @@
 """Packaging: the wheel carries the compiled catalogs, so an installed hub renders Chinese.
 
 Builds the wheel from a copy of the source the way `pip install .` does (in build isolation, unless the
-project venv can build wheels itself: then with its setuptools, no downloads), installs it with `--no-deps` into a fresh venv outside the source tree whose only other
-import path is the project venv's third-party packages, and renders the overview card there.
+project venv can build wheels itself: then with its setuptools, no downloads), installs it with `--no-deps` into a
+fresh venv outside the source tree whose only other import path is the project venv's third-party packages, and
+renders the overview card there.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import json, sys, bot
 from bot.cards.overview import render_overview
 from bot.cards.views import OverviewView, Outcome
 from bot.i18n import Catalogs
-card = render_overview(OverviewView("alice", total=3, failing=1, paused=1,
+card = render_overview(OverviewView(viewer="alice", total=3, failing=1, paused=1,
                        latest=(Outcome("nightly", "2026-01-05T09:00:00+00:00", "failed"),), is_admin=False), Catalogs())
 print(json.dumps({"bot": bot.__file__, "title": card["header"]["title"]["i18n_content"]}, ensure_ascii=False))
 """

@@ -86,7 +86,8 @@ TICK_CASES = [
     ("snoozed_no_reminder", inc("open", snoozed_until=T0 + 2 * 86400 * S), T0 + 86400 * S, None),
     # recovery closes the card after ten stable minutes, not before
     ("recovery_not_closed_before_10min", inc("recovering", recovering_since=T0), T0 + 599 * S, None),
-    ("recovery_closes_after_10min", inc("recovering", recovering_since=T0), T0 + 600 * S, ("update", "closed", "closed")),
+    ("recovery_closes_after_10min", inc("recovering", recovering_since=T0), T0 + 600 * S,
+     ("update", "closed", "closed")),
 ]
 
 
@@ -134,7 +135,8 @@ GATE_CASES = [
     # at most three new messages per administrator/application in 30 minutes; the fourth folds into a digest
     ("fourth_new_message_folds", "card", "ou_admin", APP, [T0 - 60 * S, T0 - 30 * S, T0 - 10 * S], T0,
      ("fold", "rate_limited", T0 - 60 * S + 1800 * S)),
-    ("three_in_window_then_free", "card", "ou_admin", APP, [T0 - 1801 * S, T0 - 30 * S, T0 - 10 * S], T0, ("send", "sent")),
+    ("three_in_window_then_free", "card", "ou_admin", APP, [T0 - 1801 * S, T0 - 30 * S, T0 - 10 * S], T0,
+     ("send", "sent")),
     # the digest waits for the next free slot instead of folding
     ("digest_waits_for_free_slot", "digest", "ou_admin", APP, [T0 - 60 * S, T0 - 30 * S, T0 - 10 * S], T0,
      ("defer", "rate_limited", T0 - 60 * S + 1800 * S)),

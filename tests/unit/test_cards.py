@@ -35,10 +35,12 @@ def check_card(card: dict) -> None:
         if isinstance(node, dict):
             assert node.get("tag") != "action", "Card 2.0 has no action rows"
             if "i18n_content" in node:
-                assert set(node["i18n_content"]) == {"en_us", "zh_cn"} and node["content"] == node["i18n_content"]["en_us"]
+                assert set(node["i18n_content"]) == {"en_us", "zh_cn"}
+                assert node["content"] == node["i18n_content"]["en_us"]
             if node.get("tag") == "button":
                 (behavior,) = node["behaviors"]
-                assert behavior["type"] == "callback" and CardAction.unpack(behavior["value"]).pack() == behavior["value"]
+                assert behavior["type"] == "callback"
+                assert CardAction.unpack(behavior["value"]).pack() == behavior["value"]
     walk(card, rules)
 
     def buttons_in_columns(node):  # noqa: ANN001, ANN202
@@ -58,7 +60,9 @@ INCIDENT = {"v": 1, "kind": "incident", "incident_id": "inc_1", "app_id": "cli_1
 
 def _values(card: dict) -> list[dict]:
     out: list[dict] = []
-    walk(card, lambda n: out.append(n["behaviors"][0]["value"]) if isinstance(n, dict) and n.get("tag") == "button" else None)
+    walk(card,
+         lambda n: out.append(n["behaviors"][0]["value"]) if isinstance(n, dict) and n.get("tag") == "button"
+         else None)
     return out
 
 
@@ -76,13 +80,15 @@ def test_acknowledged_incident_card_keeps_only_recheck_and_closed_card_has_no_bu
 
 
 def test_digest_card_acts_per_incident_and_answers_with_the_alert_center():
-    card = render_notice({"v": 1, "kind": "digest", "app_id": "cli_1", "items": [INCIDENT, {**INCIDENT, "incident_id": "inc_2"}]})
+    card = render_notice({"v": 1, "kind": "digest", "app_id": "cli_1",
+                          "items": [INCIDENT, {**INCIDENT, "incident_id": "inc_2"}]})
     actions = [CardAction.unpack(v) for v in _values(card)]
     assert [(a.op, a.incident_id, a.view) for a in actions] == [
-        ("ack", "inc_1", ""), ("snooze", "inc_1", ""), ("ack", "inc_2", ""), ("snooze", "inc_2", ""), ("recheck", None, "")]
+        ("ack", "inc_1", ""), ("snooze", "inc_1", ""), ("ack", "inc_2", ""), ("snooze", "inc_2", ""),
+        ("recheck", None, "")]
 
 
-OVERVIEW = OverviewView("alice", total=3, failing=1, paused=1,
+OVERVIEW = OverviewView(viewer="alice", total=3, failing=1, paused=1,
                         latest=(Outcome("nightly", "2026-01-05T09:00:00+00:00", "failed"),), is_admin=False)
 
 
@@ -111,28 +117,42 @@ def test_admin_overview_has_both_entries_in_one_row():
 
 
 def test_user_text_is_escaped():
-    card = render_overview(OverviewView("<at id=all></at>", 0, 0, 0), TR)
+    card = render_overview(OverviewView(viewer="<at id=all></at>", total=0, failing=0, paused=0), TR)
     assert "\\<at id=all\\>" in card["body"]["elements"][0]["content"]
 
 
 @pytest.mark.parametrize("card", [
-    render_list(ScheduleListView(tuple(ScheduleItem(f"sch_{i}", f"job {i}", "every 1h", i % 2 == 0,
-                                                    "2026-01-05T10:00:00+00:00", "succeeded") for i in range(5)),
+    render_list(ScheduleListView(tuple(ScheduleItem(schedule_id=f"sch_{i}", name=f"job {i}", rule="every 1h",
+                                                    paused=i % 2 == 0,
+                                                    next_fire_at="2026-01-05T10:00:00+00:00",
+                                                    last="succeeded") for i in range(5)),
                                  page=1, pages=3, total=13), TR),
     render_list(ScheduleListView((), 0, 1, 0), TR),
-    render_detail(ScheduleDetailView("sch_1", "nightly", "cron 0 2 * * *", "Asia/Shanghai", "subtask", False,
-                                     "2026-01-06T02:00:00+08:00", (Outcome("nightly", None, "unknown"),)), TR),
-    render_detail(ScheduleDetailView("sch_1", "nightly", "every 1h", "UTC", "subtask", True, None), TR),
-    render_history(HistoryView("sch_1", "nightly", tuple(Outcome("n", None, "missed") for _ in range(10)), 2, True), TR),
-    render_results(ResultsView("sch_1", "n", 0, 2, 1, 3, Outcome("n", None, "succeeded"), "x" * 9000), TR),
-    render_results(ResultsView("sch_1", "n", 0, 0, 0, 0), TR),
-    render_alert_center(AlertCenterView("cli_1", tuple(IncidentItem(f"inc_{i}", "nightly", "alice", "open", 2, 1, 0,
-                                                                    "failed", i == 0, None) for i in range(5)),
-                                        0, 2, "suspended", ("230013: bot not available to the user",)), TR),
+    render_detail(ScheduleDetailView(schedule_id="sch_1", name="nightly", rule="cron 0 2 * * *",
+                                     timezone="Asia/Shanghai", schedule_type="subtask", paused=False,
+                                     next_fire_at="2026-01-06T02:00:00+08:00",
+                                     recent=(Outcome("nightly", None, "unknown"),)), TR),
+    render_detail(ScheduleDetailView(schedule_id="sch_1", name="nightly", rule="every 1h", timezone="UTC",
+                                     schedule_type="subtask", paused=True, next_fire_at=None), TR),
+    render_history(HistoryView(schedule_id="sch_1", name="nightly",
+                               firings=tuple(Outcome("n", None, "missed") for _ in range(10)), page=2, has_more=True),
+                   TR),
+    render_results(ResultsView(schedule_id="sch_1", name="n", page=0, pages=2, part=1, parts=3,
+                               firing=Outcome("n", None, "succeeded"), text="x" * 9000), TR),
+    render_results(ResultsView(schedule_id="sch_1", name="n", page=0, pages=0, part=0, parts=0), TR),
+    render_alert_center(AlertCenterView(app_id="cli_1",
+                                        incidents=tuple(IncidentItem(incident_id=f"inc_{i}", schedule_name="nightly",
+                                                                     creator="alice", state="open", failures=2,
+                                                                     missed=1, unknowns=0, last_outcome="failed",
+                                                                     acknowledged=i == 0, snoozed_until=None)
+                                                        for i in range(5)),
+                                        page=0, pages=2, delivery_state="suspended",
+                                        diagnostics=("230013: bot not available to the user",)), TR),
     render_notice(INCIDENT),
     render_notice({**INCIDENT, "notice": "reminder"}),
     render_notice({**INCIDENT, "acknowledged": True}),
-    render_notice({"v": 1, "kind": "digest", "app_id": "cli_1", "items": [INCIDENT, {**INCIDENT, "incident_id": "inc_2"}]}),
+    render_notice({"v": 1, "kind": "digest", "app_id": "cli_1",
+                   "items": [INCIDENT, {**INCIDENT, "incident_id": "inc_2"}]}),
     render_notice({"v": 1, "kind": "digest", "app_id": "cli_1", "items": [{**INCIDENT, "incident_id": f"inc_{i}"}
                                                                           for i in range(500)]}),
 ])
@@ -143,7 +163,9 @@ def test_every_card_obeys_card_2_rules(card: dict):
 def test_list_pagination_buttons():
     card = render_list(ScheduleListView((), page=1, pages=3, total=13), TR)
     values = []
-    walk(card, lambda n: values.append(n["behaviors"][0]["value"]) if isinstance(n, dict) and n.get("tag") == "button" else None)
+    walk(card,
+         lambda n: values.append(n["behaviors"][0]["value"])
+         if isinstance(n, dict) and n.get("tag") == "button" else None)
     assert {"p": "amux", "v": 1, "op": "schedules"} in values          # previous = page 0
     assert {"p": "amux", "v": 1, "op": "schedules", "pg": 2} in values
     assert {"p": "amux", "v": 1, "op": "overview"} in values           # back
@@ -155,7 +177,9 @@ def test_results_split_keeps_every_part_under_the_limit():
     assert len(parts) > 5 and all(len(p.encode()) <= 9000 for p in parts)
     assert "".join(parts).replace("\\", "") == text
     for i, part in enumerate(parts):
-        check_card(render_results(ResultsView("sch_1", "n", 0, 1, i, len(parts), Outcome("n", None, "succeeded"), part), TR))
+        check_card(render_results(ResultsView(schedule_id="sch_1", name="n", page=0, pages=1, part=i, parts=len(parts),
+                                              firing=Outcome("n", None, "succeeded"), text=part),
+                                  TR))
 
 
 @pytest.mark.parametrize("value", [
@@ -172,6 +196,6 @@ def test_bad_payloads_are_refused(value):  # noqa: ANN001
 
 
 def test_payload_round_trip():
-    a = CardAction("results", "sch_1", page=3, sub=2)
+    a = CardAction(op="results", schedule_id="sch_1", page=3, sub=2)
     assert a.pack() == {"p": "amux", "v": 1, "op": "results", "s": "sch_1", "pg": 3, "sub": 2}
     assert CardAction.unpack(a.pack()) == a

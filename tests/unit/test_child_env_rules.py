@@ -1,4 +1,4 @@
-"""Pure rules of the trust boundary: what a child inherits, what a run token may call, where an engine finds its config."""
+"""Pure rules of the trust boundary: what a child inherits, what a run token may call, where an engine finds config."""
 from __future__ import annotations
 
 import pytest
@@ -31,7 +31,8 @@ def test_a_launch_environment_has_the_runs_home_credentials_and_coordination_but
     env = launch_env(d, tmp_path / "home", None, RUNNER)
     assert env["HOME"] == str(tmp_path / "home") and env["AMUX_TOKEN"] == "amux.run.tok"
     assert env["ANTHROPIC_API_KEY"] == "cred"
-    for leaked in ("AMUX_SECRET_KEY", "AMUX_DATABASE_URL", "AMUX_HOME", "AWS_SECRET_ACCESS_KEY", "PYTHONPATH", "SSH_AUTH_SOCK"):
+    for leaked in ("AMUX_SECRET_KEY", "AMUX_DATABASE_URL", "AMUX_HOME", "AWS_SECRET_ACCESS_KEY", "PYTHONPATH",
+                   "SSH_AUTH_SOCK"):
         assert leaked not in env
 
 

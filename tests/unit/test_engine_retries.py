@@ -32,7 +32,8 @@ def test_claude_giving_up_on_an_unreachable_api_names_the_attempts_and_what_to_c
 
 
 def test_claude_giving_up_on_another_cause_names_it():
-    assert claude_retry(4, "overloaded", 529, 4).gave_up() == "the model API kept failing (API overloaded, HTTP 529) after 4 attempts"
+    assert (claude_retry(4, "overloaded", 529, 4).gave_up()
+            == "the model API kept failing (API overloaded, HTTP 529) after 4 attempts")
 
 
 def test_a_mistyped_retry_line_reads_as_zero_attempts_of_an_unknown_error():
@@ -54,9 +55,11 @@ def test_codex_bounded_reconnects_are_status_events_until_a_key_is_rejected_twic
 def test_codex_bounded_reconnects_of_other_causes_never_end_the_run():
     r = Retries()
     for n in range(1, 6):
-        status, failure = r.read(f"Reconnecting... {n}/5 (stream disconnected before completion: error sending request)")
+        status, failure = r.read(f"Reconnecting... {n}/5 (stream disconnected before completion: error "
+                                 "sending request)")
         assert failure is None and status["retry"] == {"attempt": n, "max_retries": 5,
-                                                       "cause": "stream disconnected before completion: error sending request"}
+                                                       "cause": "stream disconnected before completion: error "
+                                                                "sending request"}
 
 
 def test_codex_endless_network_wait_ends_at_the_third_report_naming_the_cause():

@@ -30,7 +30,8 @@ def test_committed_mo_catalogs_match_their_po_sources():
 
 
 def test_the_po_files_are_the_only_source_of_translations():
-    assert not list((REPO / "bot").rglob("translate_zh.py")) and not (REPO / "locales").exists(), "translations live in bot/locales/*/LC_MESSAGES/messages.po only"
+    assert not list((REPO / "bot").rglob("translate_zh.py")) and not (REPO / "locales").exists(), \
+        "translations live in bot/locales/*/LC_MESSAGES/messages.po only"
 
 
 def test_every_message_has_a_chinese_translation():

@@ -137,7 +137,8 @@ def test_quiet_time_reads_for_people(delta, text):
 
 @pytest.mark.parametrize("text, must_contain", [
     (rules.not_yours("task_abc"), ["task_abc", "does not exist or is not yours", "rift_task_list"]),
-    (rules.closed("task_abc", "quiet for 4 hours"), ["task_abc is closed", "its VMs are gone", "`rift_task_new` opens another"]),
+    (rules.closed("task_abc", "quiet for 4 hours"),
+     ["task_abc is closed", "its VMs are gone", "`rift_task_new` opens another"]),
     (rules.released("task_abc"), ["task_abc was released", "`rift_task_attach task_abc` takes it up"]),
     (rules.held_by("mcp:Claude", T0), ["held by mcp:Claude since 2026-01-05T09:00:00Z",
                                        "`rift_task_attach` with takeover takes it over — tell the user"]),

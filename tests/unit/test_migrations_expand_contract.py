@@ -58,10 +58,12 @@ def violations(source: str) -> list[tuple[int, str]]:
             elif _is_false(_kw(node, "nullable")) and _kw(node, "server_default") is None:
                 what = "alter_column(nullable=False) without server_default"
         elif name == "add_column":
-            cols = [a for a in node.args if isinstance(a, ast.Call)] + [k.value for k in node.keywords if k.arg == "column"]
+            cols = ([a for a in node.args if isinstance(a, ast.Call)]
+                    + [k.value for k in node.keywords if k.arg == "column"])
             if any(_column_not_null_without_default(c) for c in cols):
                 what = "add_column of a NOT NULL column without server_default"
-        elif name == "execute" and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+        elif (name == "execute" and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)):
             sql = node.args[0].value.upper()
             if any(w in sql for w in ("DROP TABLE", "DROP COLUMN", "RENAME ", "SET NOT NULL")):
                 what = f"execute({sql.split()[0]} ...): a contract step in raw SQL"
@@ -91,7 +93,8 @@ CASES = [
     ("def upgrade():\n    op.create_table('t', sa.Column('id', sa.String, primary_key=True))\n", []),  # expand
     ("def upgrade():\n    op.add_column('t', sa.Column('c', sa.String))\n", []),  # nullable column
     ("def upgrade():\n    op.add_column('t', sa.Column('c', sa.Integer, nullable=False, server_default='0'))\n", []),
-    ("def upgrade():\n    op.add_column('t', sa.Column('c', sa.Integer, nullable=False))\n", [2]),  # old code can't insert
+    # old code can't insert
+    ("def upgrade():\n    op.add_column('t', sa.Column('c', sa.Integer, nullable=False))\n", [2]),
     ("def upgrade():\n    op.drop_column('t', 'c')\n", [2]),  # old code still reads it
     ("def upgrade():\n    op.drop_table('t')\n", [2]),
     ("def upgrade():\n    op.alter_column('t', 'c', new_column_name='d')\n", [2]),  # a rename is a drop for old code

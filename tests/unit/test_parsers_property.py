@@ -1,4 +1,4 @@
-"""Parsers that take text from outside: any input is parsed or refused with the project's error, never another exception.
+"""Parsers that take text from outside: any input is parsed or refused with the project's error, never anything else.
 
 The scripted-engine language (hub/domain/scripted.py), schedule rules (hub/domain/schedule_rules.py) and lease
 handles (hub/domain/leases.py). `make fuzz` runs these with many more examples (AMUX_PROPERTY_EXAMPLES).

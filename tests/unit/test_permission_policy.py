@@ -82,22 +82,28 @@ NORMALIZATION = [
      ["--permission-mode", "bypassPermissions", "--verbose", "--mcp-config", "m.json"]),
     ("codex", "escalate-to-main",
      ["--skip-git-repo-check", "--yolo", "-s", "workspace-write", "--add-dir", "/data", "--sandbox=read-only",
-      "-sread-only", "-c", "approval_policy=untrusted", "-c", "model_verbosity=high", "--config", "approval_policy='never'",
-      "-capproval_policy=on-failure", "--config=sandbox_mode=read-only", "-c", "sandbox_workspace_write.network_access=true",
+      "-sread-only", "-c", "approval_policy=untrusted", "-c", "model_verbosity=high", "--config",
+      "approval_policy='never'",
+      "-capproval_policy=on-failure", "--config=sandbox_mode=read-only", "-c",
+      "sandbox_workspace_write.network_access=true",
       "--dangerously-bypass-approvals-and-sandbox", "--full-auto", "--not-so-yolo", "-a", "never",
       "--ask-for-approval=on-request", "--color", "never"],
      ["--sandbox", "danger-full-access", "-c", "approval_policy=on-request",
       "--skip-git-repo-check", "--add-dir", "/data", "-c", "model_verbosity=high", "--color", "never"]),
-    ("pi", "policy-allow", ["--tools", "read,grep", "--provider", "anthropic"], ["--tools", "read,grep", "--provider", "anthropic"]),
+    ("pi", "policy-allow", ["--tools", "read,grep", "--provider", "anthropic"],
+     ["--tools", "read,grep", "--provider", "anthropic"]),
 ]
 
 
-@pytest.mark.parametrize("engine,policy,extra,expected", NORMALIZATION, ids=[f"{e}-{p}" for e, p, _, _ in NORMALIZATION])
-def test_native_permission_flags_are_replaced_by_the_policy_and_other_args_keep_their_order(engine, policy, extra, expected):
+@pytest.mark.parametrize("engine,policy,extra,expected", NORMALIZATION,
+                         ids=[f"{e}-{p}" for e, p, _, _ in NORMALIZATION])
+def test_native_permission_flags_are_replaced_by_the_policy_and_other_args_keep_their_order(engine, policy, extra,
+                                                                                            expected):
     assert normalize_native_args(engine, policy, extra, as_root=False).args == expected
 
 
-@pytest.mark.parametrize("engine,policy,extra,expected", NORMALIZATION, ids=[f"{e}-{p}" for e, p, _, _ in NORMALIZATION])
+@pytest.mark.parametrize("engine,policy,extra,expected", NORMALIZATION,
+                         ids=[f"{e}-{p}" for e, p, _, _ in NORMALIZATION])
 def test_normalizing_normalized_args_changes_nothing(engine, policy, extra, expected):
     # A frozen snapshot's native_args can be normalized again (retries, instances) without drift.
     assert normalize_native_args(engine, policy, expected, as_root=False).args == expected

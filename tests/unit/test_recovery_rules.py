@@ -43,7 +43,8 @@ CASES = [
     # no alias at all
     ("never_bound", sched(), ALICE, TOKEN, [], "unbound", "never been bound"),
     # another principal's alias is never borrowed
-    ("someone_elses_alias", sched(), ALICE, TOKEN, [alias("cli_a", principal_id="pr_bob")], "unbound", "never been bound"),
+    ("someone_elses_alias", sched(), ALICE, TOKEN, [alias("cli_a", principal_id="pr_bob")], "unbound",
+     "never been bound"),
     # "its human origin actor": a service principal is not a person
     ("service_created", sched(), Row(id="pr_alice", kind="service", name="alice"), TOKEN, [alias("cli_a")],
      "unbound", "service principal"),
@@ -95,7 +96,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case, schedule, principal, token, bindings, outcome, reason", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case, schedule, principal, token, bindings, outcome, reason", CASES,
+                         ids=[c[0] for c in CASES])
 def test_recovery_rule(case, schedule, principal, token, bindings, outcome, reason):
     v = r.decide(schedule, principal, token, bindings, CUTOFF)
     assert v.outcome == outcome, v.reason
