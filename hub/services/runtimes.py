@@ -61,10 +61,13 @@ class Link:
 
 @dataclass(frozen=True, kw_only=True)
 class Outbound:
-    """What one pump round hands the connections: messages per connection id, and the connections to close."""
+    """What one pump round hands the connections: messages per connection id, and the connections to close —
+    revoked (their token), or stale (no longer their runtime's current connection: the runtime was marked lost,
+    or its runner registered again elsewhere)."""
 
     messages: dict[str, list[dict]]
     revoked: set[str]
+    stale: set[str] = field(default_factory=set)
 
 
 class TokenRevoked(Forbidden):
@@ -340,8 +343,8 @@ class RuntimeService:
         queries (dispatches, steers, permission answers, cancels; dispatches, steers and answers marked sent).
 
         A connection whose token is revoked is in `revoked` and gets nothing: once a revocation is committed on any
-        replica, no dispatch follows it. A connection that is no longer its runtime's current one gets nothing.
-        Cancels are sent once per connection (`Link.cancels_sent`).
+        replica, no dispatch follows it. A connection that is no longer its runtime's current one is in `stale` and
+        gets nothing (its runner must register again). Cancels are sent once per connection (`Link.cancels_sent`).
         """
         if not links:
             return Outbound(messages={}, revoked=set())
@@ -359,7 +362,9 @@ class RuntimeService:
                 if task_id not in sent:
                     sent.add(task_id)
                     due.messages.append(p.Cancel(task_id=task_id).model_dump())
-        return Outbound(messages={c: due.messages for c, due in out.items() if due.messages}, revoked=revoked)
+        stale = {x.conn_id for x in links if x.conn_id not in revoked and x.conn_id not in out}
+        return Outbound(messages={c: due.messages for c, due in out.items() if due.messages}, revoked=revoked,
+                        stale=stale)
 
     async def _outgoing_each(self, links: list[Link], now: datetime) -> tuple[dict[str, _Due], set[str]]:
         """Serve each connection in a transaction of its own, after a round for all of them failed: what one

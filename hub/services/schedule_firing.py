@@ -205,31 +205,36 @@ class ScheduleFiring:
     async def _record(self, due: list[Due], now: datetime) -> None:
         """Insert admitted Tasks and record admission + correlation in one transaction.
 
-        Only firings still unrecorded are written: one the reconciler already marked `unknown` gets no Task.
+        Only firings still unrecorded are written: one the reconciler already marked `unknown` gets no Task. Run
+        again on a transient database error (a restart): left unrecorded, the firings would turn `unknown`.
         """
-        events = []
-        admitted = False
-        async with self.db.write() as conn:
-            ids = [d.firing_id for d in due]
-            open_ = set((await conn.execute(_locked(self.db, sa.select(firings.c.id).where(
-                firings.c.id.in_(ids), firings.c.admission.is_(None), firings.c.reconciled_at.is_(None)), firings))).scalars())
-            live = [d for d in due if d.firing_id in open_]
-            tasks = [d.task_row for d in live if d.task_row is not None]
-            if tasks:
-                await conn.execute(task_runs.insert(), tasks)
-                admitted = True
-            if live:
-                await conn.execute(firings.update().where(firings.c.id == sa.bindparam("fid")).values(
-                    admission=sa.bindparam("adm"), task_id=sa.bindparam("tid"), turn_id=sa.bindparam("uid"),
-                    reconciled_at=sa.bindparam("rat")),
-                    [{"fid": d.firing_id, "adm": d.result[0], "tid": d.result[1], "uid": d.result[2],
-                      "rat": None if d.result[0] == "ok" else now} for d in live])
-            for d in live:
-                if d.result[0] != "ok":
-                    events.append(self._event(d.schedule, d.firing_id, d.nominal, None, d.result[0]))
+        events, admitted = await self.db.transaction(lambda conn: self._record_in(conn, due, now))
         if admitted:
             self.on_admitted()
         await self._publish(events)
+
+    async def _record_in(self, conn, due: list[Due], now: datetime) -> tuple[list[FiringOutcome], bool]:  # noqa: ANN001
+        """`_record`'s writes in the caller's transaction; fresh on each attempt (what a lost commit wrote is seen)."""
+        events = []
+        admitted = False
+        ids = [d.firing_id for d in due]
+        open_ = set((await conn.execute(_locked(self.db, sa.select(firings.c.id).where(
+            firings.c.id.in_(ids), firings.c.admission.is_(None), firings.c.reconciled_at.is_(None)), firings))).scalars())
+        live = [d for d in due if d.firing_id in open_]
+        tasks = [d.task_row for d in live if d.task_row is not None]
+        if tasks:
+            await conn.execute(task_runs.insert(), tasks)
+            admitted = True
+        if live:
+            await conn.execute(firings.update().where(firings.c.id == sa.bindparam("fid")).values(
+                admission=sa.bindparam("adm"), task_id=sa.bindparam("tid"), turn_id=sa.bindparam("uid"),
+                reconciled_at=sa.bindparam("rat")),
+                [{"fid": d.firing_id, "adm": d.result[0], "tid": d.result[1], "uid": d.result[2],
+                  "rat": None if d.result[0] == "ok" else now} for d in live])
+        for d in live:
+            if d.result[0] != "ok":
+                events.append(self._event(d.schedule, d.firing_id, d.nominal, None, d.result[0]))
+        return events, admitted
 
     # ------------------------------------------------------------ reconcile
 

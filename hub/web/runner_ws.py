@@ -25,6 +25,7 @@ APPLY_ATTEMPTS = 3       # tries of one batch before the socket is closed for th
 PUMP_LOOP = "runner-pump"
 SEND_TIMEOUT_S = 15.0    # a socket that takes longer to take one message is closed (the runner reconnects)
 _REVOKE = object()       # in a socket's outbox: say the token was revoked, then close
+_RECONNECT = object()    # in a socket's outbox: close it so that the runner registers again
 
 
 @dataclass(kw_only=True, eq=False)
@@ -34,7 +35,7 @@ class _Socket:
     ws: web.WebSocketResponse
     link: Link
     outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
-    revoked: bool = False
+    closing: bool = False  # revoked or stale: the pump serves it no more
 
 
 class RunnerEndpoint:
@@ -93,14 +94,19 @@ class RunnerEndpoint:
         """One round for every connection of this replica: read what each is due in one transaction (dispatches,
         cancels, permission answers, steers; the token re-verified, so a revocation made on any replica closes
         the socket within one poll interval and nothing is dispatched after it) and queue it on each socket."""
-        serving = [s for s in self.sockets.values() if not s.revoked and not s.ws.closed]
+        serving = [s for s in self.sockets.values() if not s.closing and not s.ws.closed]
         if not serving:
             return
         due = await self.runtimes.outgoing_many([s.link for s in serving])
         for s in serving:
             if s.link.conn_id in due.revoked:
-                s.revoked = True
+                s.closing = True
                 s.outbox.put_nowait(_REVOKE)
+            elif s.link.conn_id in due.stale:
+                # Marked lost (its heartbeats went unapplied) or registered again elsewhere: whatever this socket
+                # carries is ignored now, so close it; the runner registers again and resends what is unacknowledged.
+                s.closing = True
+                s.outbox.put_nowait(_RECONNECT)
             elif msgs := due.messages.get(s.link.conn_id):
                 s.outbox.put_nowait(msgs)
 
@@ -110,6 +116,11 @@ class RunnerEndpoint:
             item = await s.outbox.get()
             if item is _REVOKE:
                 await self._close_revoked(s.ws)
+                return
+            if item is _RECONNECT:
+                log.warning("runtime %s's connection is no longer current (lost or registered again); closing it so "
+                            "the runner registers again", s.link.runtime_id)
+                await s.ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=b"reconnect")
                 return
             try:
                 for msg in item:
