@@ -40,6 +40,9 @@ def _rule(text: str, tz: str) -> rules.Rule:
     return rules.parse(text, tz)
 
 
+ADMIT_ATTEMPTS = 4  # tries of a batch's admission reads before the round fails (0.2 + 0.4 + 0.8 s between)
+
+
 @dataclass
 class Due:
     """A firing committed and waiting for dispatch."""
@@ -159,25 +162,41 @@ class ScheduleFiring:
 
     async def _dispatch(self, due: list[Due], now: datetime) -> None:
         callers = await self._callers([d.schedule for d in due])
-        async with self.db.read() as conn:
-            online = (await conn.execute(sa.select(runtimes.c.name, runtimes.c.capabilities)
-                                         .where(runtimes.c.status == "online"))).all()
-            for d in due:
-                caller = callers.get(d.schedule.id)
-                if caller is None:
-                    d.result = ("error:the schedule has no attributable creator; recreate it", None, None)
-                elif d.schedule.type == "subtask":
-                    await self._admit(conn, d, caller, online, now)
+        # Admission again from the start on a database error (a restart): never an admission status. Reads only,
+        # so a read connection (not the SQLite writer lock); unrecorded after the last try, the firings turn unknown.
+        for attempt in range(ADMIT_ATTEMPTS):
+            try:
+                async with self.db.read() as conn:
+                    await self._admit_all(conn, due, callers, now)
+                break
+            except sa.exc.SQLAlchemyError:
+                if attempt + 1 == ADMIT_ATTEMPTS:
+                    raise
+                await asyncio.sleep(0.2 * 2 ** attempt)
         for d in due:
             if d.result is None and d.schedule.type == "session-prompt":
                 await self._submit_turn(d, callers[d.schedule.id])
         await self._record(due, now)
+
+    async def _admit_all(self, conn, due: list[Due], callers: dict[str, Caller], now: datetime) -> None:  # noqa: ANN001
+        """Admit each subtask firing on `conn`; fresh on each attempt (the transaction may be run again)."""
+        online = (await conn.execute(sa.select(runtimes.c.name, runtimes.c.capabilities)
+                                     .where(runtimes.c.status == "online"))).all()
+        for d in due:
+            d.result, d.task_row = None, None
+            caller = callers.get(d.schedule.id)
+            if caller is None:
+                d.result = ("error:the schedule has no attributable creator; recreate it", None, None)
+            elif d.schedule.type == "subtask":
+                await self._admit(conn, d, caller, online, now)
 
     async def _admit(self, conn, d: Due, caller: Caller, online: list[Any], now: datetime) -> None:  # noqa: ANN001
         """Resolve the content and omitted defaults again now, like a Task submission with origin "schedule"."""
         req = submit_request(d.schedule)
         try:
             snap = await self.admission.freeze(conn, caller, req, origin="schedule")
+        except sa.exc.SQLAlchemyError:
+            raise  # the database, not the schedule: admission runs again (`_dispatch`)
         except Exception as e:  # noqa: BLE001 — every refusal is an admission status, never a crash
             d.result = (_reason(e), None, None)
             return
