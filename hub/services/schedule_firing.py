@@ -238,7 +238,8 @@ class ScheduleFiring:
         admitted = False
         ids = [d.firing_id for d in due]
         open_ = set((await conn.execute(_locked(self.db, sa.select(firings.c.id).where(
-            firings.c.id.in_(ids), firings.c.admission.is_(None), firings.c.reconciled_at.is_(None)), firings))).scalars())
+            firings.c.id.in_(ids), firings.c.admission.is_(None), firings.c.reconciled_at.is_(None)),
+            firings))).scalars())
         live = [d for d in due if d.firing_id in open_]
         tasks = [d.task_row for d in live if d.task_row is not None]
         if tasks:

@@ -624,7 +624,8 @@ async def test_three_replicas_survive_kill_9_of_a_hub_and_a_runner_and_a_postgre
               f"p99 {pct(lat, .99) * 1000:.0f} ms; submit->terminal p99 {pct(e2e, .99):.2f} s")
         unknown = sum(1 for f in fir if f.admission is None and f.outcome == "unknown")
         print(f"firings: {len(fir)} rows {admissions}; {unknown} claimed but never admitted (outcome 'unknown': "
-              f"the replica died between claim and admission, never fired again); doubled nominal times {doubles}; gaps {len(gaps)}; "
+              f"the replica died between claim and admission, never fired again); doubled nominal times {doubles}; "
+              f"gaps {len(gaps)}; "
               f"first nominal time not fired {len(wrong_first)}; schedules behind at the end {len(due_late)}; "
               f"one task fired for two firings {fired_twice}")
         print(f"notices: {len(notices)} rows {notice_states}; Feishu log {len(fake.sent)} messages, "
