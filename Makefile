@@ -108,9 +108,8 @@ lint: venv
 
 ## soak: three hub replicas, real and simulated runners, faults (kill -9, PostgreSQL restart) for 10 minutes
 ##       (make soak SOAK_S=120 SOAK_SIM_RUNNERS=200); prints counts, throughput, p99 latencies, recovery times
-##       200 simulated runners do not all come online today: see docs/deploy.md, "The soak"
 SOAK_S           ?= 600
-SOAK_SIM_RUNNERS ?= 60
+SOAK_SIM_RUNNERS ?= 200
 .PHONY: soak
 soak: venv
 	AMUX_SOAK_DURATION_S=$(SOAK_S) AMUX_SOAK_SIM_RUNNERS=$(SOAK_SIM_RUNNERS) \

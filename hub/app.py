@@ -95,7 +95,7 @@ class Hub:
                                        self.auth, settings.public_url or f"http://{settings.listen}",
                                        on_started=lambda _t, s: self.metrics.dispatch_latency.observe(max(s, 0.0)))
         self.runner_endpoint = RunnerEndpoint(self.auth, self.runtimes, self.notifier, hs.heartbeat_s, hs.poll_s,
-                                              hs.hello_timeout_s)
+                                              hs.hello_timeout_s, loops=self.loops)
         self.leases = LeaseService(self.db, self.clock, settings.leases,
                                    LocalBoxDriver(settings.home / "boxes", settings.boxes, hide=[settings.home]),
                                    settings.boxes)
@@ -164,6 +164,7 @@ class Hub:
         try:
             yield
         finally:
+            await self.loops.stop()  # what is left: the runner pump (started by the first runner connection)
             await self.alerts.aclose()  # the alert channel's HTTP clients; nothing sends through it any more
 
     async def _mcp_ctx(self, _app: web.Application) -> AsyncIterator[None]:

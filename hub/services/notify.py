@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from typing import Callable
 
 
 class Notifier:
@@ -10,11 +11,19 @@ class Notifier:
 
     def __init__(self) -> None:
         self._events: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self._listeners: list[tuple[str, Callable[[str], None]]] = []
+
+    def listen(self, prefix: str, callback: Callable[[str], None]) -> None:
+        """Call `callback(key)` on every notify of a key that starts with `prefix` (one loop serving many keys)."""
+        self._listeners.append((prefix, callback))
 
     def notify(self, key: str) -> None:
-        """Wake every waiter on `key`."""
+        """Wake every waiter on `key`, and the listeners of its prefix."""
         for ev in self._events.pop(key, ()):
             ev.set()
+        for prefix, callback in self._listeners:
+            if key.startswith(prefix):
+                callback(key)
 
     async def wait(self, key: str, timeout: float) -> bool:
         """Wait for a notify on `key` or `timeout` seconds; return whether notified."""

@@ -42,6 +42,35 @@ REVOKED = ("this runner's token was revoked; the connection is closed: create a 
            "`amux token create --runner`")
 
 
+@dataclass
+class _Due:
+    """What one connection is due this round: messages in sending order, and the runs to cancel."""
+
+    messages: list[dict] = field(default_factory=list)
+    cancels: list[str] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class Link:
+    """One runner connection a replica serves: its runtime, connection id, token, and the cancels sent on it."""
+
+    runtime_id: str
+    conn_id: str
+    token_id: str | None = None
+    cancels_sent: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outbound:
+    """What one pump round hands the connections: messages per connection id, and the connections to close —
+    revoked (their token), or stale (no longer their runtime's current connection: the runtime was marked lost,
+    or its runner registered again elsewhere)."""
+
+    messages: dict[str, list[dict]]
+    revoked: set[str]
+    stale: set[str] = field(default_factory=set)
+
+
 class TokenRevoked(Forbidden):
     """The connection's token was revoked: send nothing more on it."""
 
@@ -321,32 +350,79 @@ class RuntimeService:
         With `token_id` (the connection's token), a revoked token raises TokenRevoked before anything
         is sent: a revoked runner gets no dispatch from any replica once the revocation is committed.
         """
-        now = self.clock.now()
-        out, answers, cancels = await self.db.transaction(lambda conn: self._outgoing(conn, runtime_id, conn_id,
-                                                                                      token_id, now))
-        for a in answers:
-            out.append(p.PermissionAnswer(task_id=a.task_id, request_id=a.request_id, allow=a.allow,
-                                          message=a.message or "").model_dump())
-        for task_id in cancels:
-            if task_id not in cancels_sent:
-                cancels_sent.add(task_id)
-                out.append(p.Cancel(task_id=task_id).model_dump())
-        return out
-
-    async def _outgoing(self, conn: Connection, runtime_id: str, conn_id: str, token_id: str | None,
-                        now: datetime) -> tuple[list[dict], list[Row], list[str]]:
-        """Claim what is due on this connection in the caller's transaction: dispatches and steers (as messages),
-        permission answers and the runs to cancel."""
-        out: list[dict] = []
-        if token_id is not None and not await self.store.runner_token_live(conn, token_id):
+        link = Link(runtime_id=runtime_id, conn_id=conn_id, token_id=token_id, cancels_sent=cancels_sent)
+        due = await self.outgoing_many([link])
+        if conn_id in due.revoked:
             raise TokenRevoked(REVOKED)
-        current, caps = await self.store.connection(conn, runtime_id)
-        if current != conn_id:
-            return out, [], []
-        pending = await self.store.claim_dispatches(conn, runtime_id, now)
-        cancels = await self.store.cancels_due(conn, runtime_id)
-        answers = await self.store.claim_permission_answers(conn, runtime_id, now)
+        return due.messages.get(conn_id, [])
+
+    async def outgoing_many(self, links: list[Link]) -> Outbound:
+        """Return what each of these connections should send now, read for all of them in one transaction of a few
+        queries (dispatches, steers, permission answers, cancels; dispatches, steers and answers marked sent).
+
+        A connection whose token is revoked is in `revoked` and gets nothing: once a revocation is committed on any
+        replica, no dispatch follows it. A connection that is no longer its runtime's current one is in `stale` and
+        gets nothing (its runner must register again). Cancels are sent once per connection (`Link.cancels_sent`).
+        """
+        if not links:
+            return Outbound(messages={}, revoked=set())
+        now = self.clock.now()
+        try:
+            out, revoked = await self.db.transaction(lambda conn: self._outgoing(conn, links, now))
+        except Exception:
+            if len(links) == 1:
+                raise
+            out, revoked = await self._outgoing_each(links, now)
+        by_conn = {link.conn_id: link for link in links}
+        for conn_id, due in out.items():
+            sent = by_conn[conn_id].cancels_sent
+            for task_id in due.cancels:
+                if task_id not in sent:
+                    sent.add(task_id)
+                    due.messages.append(p.Cancel(task_id=task_id).model_dump())
+        stale = {x.conn_id for x in links if x.conn_id not in revoked and x.conn_id not in out}
+        return Outbound(messages={c: due.messages for c, due in out.items() if due.messages}, revoked=revoked,
+                        stale=stale)
+
+    async def _outgoing_each(self, links: list[Link], now: datetime) -> tuple[dict[str, _Due], set[str]]:
+        """Serve each connection in a transaction of its own, after a round for all of them failed: what one
+        runtime's work breaks must not starve the others. When the first two alone fail too, the database is
+        the cause: raise, and the pump backs off."""
+        out: dict[str, _Due] = {}
+        revoked: set[str] = set()
+        served = 0
+        for i, link in enumerate(links):
+            try:
+                one, gone = await self.db.transaction(lambda conn, link=link: self._outgoing(conn, [link], now))
+            except Exception:
+                if i == 1 and served == 0:
+                    raise
+                log.exception("could not read what runtime %s is due; the others are served", link.runtime_id)
+                continue
+            served += 1
+            out.update(one)
+            revoked |= gone
+        return out, revoked
+
+    async def _outgoing(self, conn: Connection, links: list[Link], now: datetime) -> tuple[dict[str, _Due], set[str]]:
+        """Claim what is due on these connections in the caller's transaction: per connection id, the messages
+        (dispatches, steers, permission answers) and the runs to cancel; and the connections whose token is revoked.
+        Fresh on each attempt (the transaction may be run again)."""
+        live = await self.store.live_tokens(conn, [x.token_id for x in links if x.token_id is not None])
+        revoked = {x.conn_id for x in links if x.token_id is not None and x.token_id not in live}
+        current = await self.store.connections(conn, [x.runtime_id for x in links if x.conn_id not in revoked])
+        serving = {x.runtime_id: x.conn_id for x in links
+                   if x.conn_id not in revoked and current.get(x.runtime_id, (None, {}))[0] == x.conn_id}
+        out = {c: _Due() for c in serving.values()}
+        if not serving:
+            return out, revoked
+        ids = list(serving)
+        pending = await self.store.claim_dispatches(conn, ids, now)
+        cancels = await self.store.cancels_due(conn, ids)
+        answers = await self.store.claim_permission_answers(conn, ids, now)
+        steers = await self.store.claim_steers(conn, ids, now)
         for r in pending:
+            msgs = out[serving[r.runtime_id]].messages
             cred = r.snapshot.get("credential_profile")
             try:
                 env = await self.credentials.materialize(conn, cred["name"], r.owner_id) if cred else {}
@@ -357,9 +433,15 @@ class RuntimeService:
                 env.update(await self.coordination_env(conn, r.owner_id, r.session_id, r.task_id,
                                                        direct=r.kind == "turn"))
             if self.auth is not None:
-                await self._bind_memory(conn, r, caps, now)
-            out.append(p.Dispatch(task_id=r.task_id, attempt=r.attempt, prompt=r.prompt, snapshot=r.snapshot,
-                                  env=env, direct_session=r.kind == "turn").model_dump())
-        for st in await self.store.claim_steers(conn, runtime_id, now):
-            out.append(p.Steer(task_id=st.task_id, steer_id=st.id, text=st.text).model_dump())
-        return out, answers, cancels
+                await self._bind_memory(conn, r, current[r.runtime_id][1], now)
+            msgs.append(p.Dispatch(task_id=r.task_id, attempt=r.attempt, prompt=r.prompt, snapshot=r.snapshot,
+                                   env=env, direct_session=r.kind == "turn").model_dump())
+        for st in steers:
+            out[serving[st.runtime_id]].messages.append(
+                p.Steer(task_id=st.task_id, steer_id=st.id, text=st.text).model_dump())
+        for a in answers:
+            out[serving[a.runtime_id]].messages.append(p.PermissionAnswer(
+                task_id=a.task_id, request_id=a.request_id, allow=a.allow, message=a.message or "").model_dump())
+        for c in cancels:
+            out[serving[c.runtime_id]].cancels.append(c.task_id)
+        return out, revoked

@@ -20,7 +20,7 @@ from ..domain import schedule_rules as rules
 from ..domain.tasks import OUTCOMES as TASK_OUTCOMES, Status
 from ..errors import AmuxError
 from ..ids import new_id
-from ..store.db import Connection, Database, Row
+from ..store.db import Connection, Database, Row, StoreError
 from ..store.firings import DispatchResult, NewFiring, SqlFiringStore
 from .admission import Admission
 from .auth import Caller
@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 @lru_cache(maxsize=4096)
 def _rule(text: str, tz: str) -> rules.Rule:
     return rules.parse(text, tz)
+
+
+ADMIT_ATTEMPTS = 4  # tries of a batch's admission reads before the round fails (0.2 + 0.4 + 0.8 s between)
 
 
 @dataclass(kw_only=True)
@@ -141,24 +144,40 @@ class ScheduleFiring:
 
     async def _dispatch(self, due: list[Due], now: datetime) -> None:
         callers = await self._callers([d.schedule for d in due])
-        async with self.db.read() as conn:
-            online = await self.store.online_runtimes(conn)
-            for d in due:
-                caller = callers.get(d.schedule.id)
-                if caller is None:
-                    d.result = ("error:the schedule has no attributable creator; recreate it", None, None)
-                elif d.schedule.type == "subtask":
-                    await self._admit(conn, d, caller, online, now)
+        # Admission again from the start on a database error (a restart): never an admission status. Reads only,
+        # so a read connection (not the SQLite writer lock); unrecorded after the last try, the firings turn unknown.
+        for attempt in range(ADMIT_ATTEMPTS):
+            try:
+                async with self.db.read() as conn:
+                    await self._admit_all(conn, due, callers, now)
+                break
+            except StoreError:
+                if attempt + 1 == ADMIT_ATTEMPTS:
+                    raise
+                await asyncio.sleep(0.2 * 2 ** attempt)
         for d in due:
             if d.result is None and d.schedule.type == "session-prompt":
                 await self._submit_turn(d, callers[d.schedule.id])
         await self._record(due, now)
+
+    async def _admit_all(self, conn: Connection, due: list[Due], callers: dict[str, Caller], now: datetime) -> None:
+        """Admit each subtask firing on `conn`; fresh on each attempt (the reads may be run again)."""
+        online = await self.store.online_runtimes(conn)
+        for d in due:
+            d.result, d.task_row = None, None
+            caller = callers.get(d.schedule.id)
+            if caller is None:
+                d.result = ("error:the schedule has no attributable creator; recreate it", None, None)
+            elif d.schedule.type == "subtask":
+                await self._admit(conn, d, caller, online, now)
 
     async def _admit(self, conn: Connection, d: Due, caller: Caller, online: list[Row], now: datetime) -> None:
         """Resolve the content and omitted defaults again now, like a Task submission with origin "schedule"."""
         req = submit_request(d.schedule)
         try:
             snap = await self.admission.freeze(conn, caller, req, origin="schedule")
+        except StoreError:
+            raise  # the database, not the schedule: admission runs again (`_dispatch`)
         except Exception as e:  # noqa: BLE001 — every refusal is an admission status, never a crash
             d.result = (_reason(e), None, None)
             return
@@ -188,25 +207,30 @@ class ScheduleFiring:
 
         Only firings still unrecorded are written: one the reconciler already marked `unknown` gets no Task.
         """
-        events = []
-        admitted = False
-        async with self.db.write() as conn:
-            open_ = await self.store.claim_unrecorded(conn, [d.firing_id for d in due])
-            live = [d for d in due if d.firing_id in open_]
-            tasks = [d.task_row for d in live if d.task_row is not None]
-            if tasks:
-                await self.store.insert_tasks(conn, tasks)
-                admitted = True
-            # A refused dispatch has no outcome to wait for: it is reconciled at once.
-            await self.store.record(conn, [
-                DispatchResult(firing_id=d.firing_id, admission=d.result[0], task_id=d.result[1], turn_id=d.result[2],
-                               reconciled_at=None if d.result[0] == "ok" else now) for d in live])
-            for d in live:
-                if d.result[0] != "ok":
-                    events.append(self._event(d.schedule, d.firing_id, d.nominal, None, d.result[0]))
+        events, admitted = await self.db.transaction(lambda conn: self._record_in(conn, due, now))
         if admitted:
             self.on_admitted()
         await self._publish(events)
+
+    async def _record_in(self, conn: Connection, due: list[Due],
+                         now: datetime) -> tuple[list[FiringOutcome], bool]:
+        """`_record`'s writes in the caller's transaction; fresh on each attempt (what a lost commit wrote is seen)."""
+        events = []
+        admitted = False
+        open_ = await self.store.claim_unrecorded(conn, [d.firing_id for d in due])
+        live = [d for d in due if d.firing_id in open_]
+        tasks = [d.task_row for d in live if d.task_row is not None]
+        if tasks:
+            await self.store.insert_tasks(conn, tasks)
+            admitted = True
+        # A refused dispatch has no outcome to wait for: it is reconciled at once.
+        await self.store.record(conn, [
+            DispatchResult(firing_id=d.firing_id, admission=d.result[0], task_id=d.result[1], turn_id=d.result[2],
+                           reconciled_at=None if d.result[0] == "ok" else now) for d in live])
+        for d in live:
+            if d.result[0] != "ok":
+                events.append(self._event(d.schedule, d.firing_id, d.nominal, None, d.result[0]))
+        return events, admitted
 
     # ------------------------------------------------------------ reconcile
 

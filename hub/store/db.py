@@ -35,6 +35,8 @@ def normalize_url(url: str) -> str:
 # the event loop (a backlog of due schedules once starved every timer and HTTP handler of the embedded hub).
 Connection = AsyncConnection
 Row = sa.Row[Unpack[tuple[Any, ...]]]
+StoreError = sa.exc.SQLAlchemyError
+"""Any error of the store itself (connection lost, a restart, a lock): what a service may tell from a refusal."""
 """A row a store method returns: attribute access by column name (store modules may return their own records)."""
 T = TypeVar("T")
 

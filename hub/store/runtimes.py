@@ -184,35 +184,61 @@ class SqlRuntimeStore:
 
     async def runner_token_live(self, conn: Connection, token_id: str) -> bool:
         """Say whether the connection's token still exists unrevoked (a revocation on any replica counts)."""
-        row = (await conn.execute(sa.select(api_tokens.c.revoked_at).where(api_tokens.c.id == token_id))).first()
-        return row is not None and row.revoked_at is None
+        return token_id in await self.live_tokens(conn, [token_id])
 
-    async def claim_dispatches(self, conn: Connection, runtime_id: str, now: datetime) -> list[Row]:
-        """Return the runtime's pending, unsent reservations of dispatched runs (reservation id, task_id, attempt,
-        prompt, snapshot, owner_id, session_id, kind) and mark them sent, so each is sent once per connection."""
+    async def live_tokens(self, conn: Connection, token_ids: list[str]) -> set[str]:
+        """Return those of `token_ids` that still exist unrevoked (a revocation on any replica counts)."""
+        if not token_ids:
+            return set()
+        return set((await conn.execute(sa.select(api_tokens.c.id).where(
+            api_tokens.c.id.in_(set(token_ids)), api_tokens.c.revoked_at.is_(None)))).scalars())
+
+    async def connections(self, conn: Connection,
+                          runtime_ids: list[str]) -> dict[str, tuple[str | None, dict[str, Any]]]:
+        """Return each known runtime's current connection id and capabilities; deregistered ones are absent."""
+        if not runtime_ids:
+            return {}
+        return {r.id: (r.connection_id, r.capabilities) for r in await conn.execute(
+            sa.select(runtimes.c.id, runtimes.c.connection_id, runtimes.c.capabilities)
+            .where(runtimes.c.id.in_(set(runtime_ids))))}
+
+    async def claim_dispatches(self, conn: Connection, runtime_ids: list[str], now: datetime) -> list[Row]:
+        """Return the runtimes' pending, unsent reservations of dispatched runs (reservation id, runtime_id, task_id,
+        attempt, prompt, snapshot, owner_id, session_id, kind), oldest first, and mark them sent, so each is sent once
+        per connection."""
+        if not runtime_ids:
+            return []
         pending = list((await conn.execute(
-            sa.select(reservations.c.id, task_runs.c.id.label("task_id"), task_runs.c.attempt,
-                      task_runs.c.prompt, task_runs.c.snapshot, task_runs.c.owner_id, task_runs.c.session_id,
-                      task_runs.c.kind)
+            sa.select(reservations.c.id, reservations.c.runtime_id, task_runs.c.id.label("task_id"),
+                      task_runs.c.attempt, task_runs.c.prompt, task_runs.c.snapshot, task_runs.c.owner_id,
+                      task_runs.c.session_id, task_runs.c.kind)
             .join(task_runs, task_runs.c.id == reservations.c.task_id)
-            .where(reservations.c.runtime_id == runtime_id, reservations.c.state == "pending",
-                   reservations.c.sent_at.is_(None), task_runs.c.status == Status.DISPATCHED.value))).all())
+            .where(reservations.c.runtime_id.in_(set(runtime_ids)), reservations.c.state == "pending",
+                   reservations.c.sent_at.is_(None), task_runs.c.status == Status.DISPATCHED.value)
+            .order_by(reservations.c.created_at, reservations.c.id))).all())
         if pending:
             await conn.execute(reservations.update().where(reservations.c.id.in_([r.id for r in pending]))
                                .values(sent_at=now))
         return pending
 
-    async def cancels_due(self, conn: Connection, runtime_id: str) -> list[str]:
-        """Return the runtime's running runs whose cancellation was requested."""
-        return list((await conn.execute(sa.select(task_runs.c.id).where(
-            task_runs.c.runtime_id == runtime_id, task_runs.c.status == Status.RUNNING.value,
-            task_runs.c.cancel_requested_at.is_not(None)))).scalars())
+    async def cancels_due(self, conn: Connection, runtime_ids: list[str]) -> list[Row]:
+        """Return the runtimes' running runs whose cancellation was requested: runtime_id, task_id."""
+        if not runtime_ids:
+            return []
+        return list((await conn.execute(sa.select(task_runs.c.runtime_id, task_runs.c.id.label("task_id")).where(
+            task_runs.c.runtime_id.in_(set(runtime_ids)), task_runs.c.status == Status.RUNNING.value,
+            task_runs.c.cancel_requested_at.is_not(None)))).all())
 
-    async def claim_permission_answers(self, conn: Connection, runtime_id: str, now: datetime) -> list[Row]:
-        """Return the unsent permission answers for the runtime's running runs and mark them sent."""
+    async def claim_permission_answers(self, conn: Connection, runtime_ids: list[str], now: datetime) -> list[Row]:
+        """Return the unsent permission answers for the runtimes' running runs (runtime_id, task_id, request_id,
+        allow, message) and mark them sent."""
+        if not runtime_ids:
+            return []
         answers = list((await conn.execute(
-            sa.select(permission_replies).join(task_runs, task_runs.c.id == permission_replies.c.task_id).where(
-                task_runs.c.runtime_id == runtime_id, task_runs.c.status == Status.RUNNING.value,
+            sa.select(task_runs.c.runtime_id, permission_replies.c.task_id, permission_replies.c.request_id,
+                      permission_replies.c.allow, permission_replies.c.message)
+            .join(task_runs, task_runs.c.id == permission_replies.c.task_id).where(
+                task_runs.c.runtime_id.in_(set(runtime_ids)), task_runs.c.status == Status.RUNNING.value,
                 permission_replies.c.sent_at.is_(None)))).all())
         for a in answers:
             await conn.execute(permission_replies.update().where(
@@ -220,15 +246,19 @@ class SqlRuntimeStore:
                 .values(sent_at=now))
         return answers
 
-    async def claim_steers(self, conn: Connection, runtime_id: str, now: datetime) -> list[Row]:
-        """Return the pending, unsent steer messages for runs on the runtime (id, task_id, text) and mark them sent."""
+    async def claim_steers(self, conn: Connection, runtime_ids: list[str], now: datetime) -> list[Row]:
+        """Return the pending, unsent steer messages for runs on the runtimes (id, runtime_id, task_id, text),
+        oldest first, and mark them sent."""
+        if not runtime_ids:
+            return []
         steers = list((await conn.execute(
-            sa.select(mailbox.c.id, mailbox.c.task_id, mailbox.c.text)
+            sa.select(mailbox.c.id, task_runs.c.runtime_id, mailbox.c.task_id, mailbox.c.text)
             .join(task_runs, task_runs.c.id == mailbox.c.task_id)
             .where(mailbox.c.kind == "steer", mailbox.c.state == "pending", mailbox.c.sent_at.is_(None),
-                   task_runs.c.runtime_id == runtime_id))).all())
-        for st in steers:
-            await conn.execute(mailbox.update().where(mailbox.c.id == st.id).values(sent_at=now))
+                   task_runs.c.runtime_id.in_(set(runtime_ids)))
+            .order_by(mailbox.c.created_at, mailbox.c.id))).all())
+        if steers:
+            await conn.execute(mailbox.update().where(mailbox.c.id.in_([st.id for st in steers])).values(sent_at=now))
         return steers
 
     async def settle_steer(self, conn: Connection, steer_id: str, task_id: str, delivered: bool,

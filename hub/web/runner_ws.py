@@ -4,15 +4,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass, field
 
 from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
 
 from ..errors import AmuxError
+from ..loops import Loops
 from ..runner import protocol as p
 from ..services.auth import AuthService
-from ..services.runtimes import RuntimeService, TokenRevoked
 from ..services.notify import Notifier
+from ..services.runtimes import Link, RuntimeService
 
 log = logging.getLogger("amux.runner_ws")
 REVOKED_CLOSE = 4401  # application close code: the runner's token was revoked (the runner stops; no retry helps)
@@ -20,13 +22,28 @@ REVOKED_CLOSE = 4401  # application close code: the runner's token was revoked (
 
 INBOX_FRAMES = 1024      # frames read ahead of the applier before the socket stops being read
 APPLY_ATTEMPTS = 3       # tries of one batch before the socket is closed for the runner to reconnect and resend
+PUMP_LOOP = "runner-pump"
+SEND_TIMEOUT_S = 15.0    # a socket that takes longer to take one message is closed (the runner reconnects)
+_REVOKE = object()       # in a socket's outbox: say the token was revoked, then close
+_RECONNECT = object()    # in a socket's outbox: close it so that the runner registers again
+
+
+@dataclass(kw_only=True, eq=False)
+class _Socket:
+    """One runner connection this replica serves: the socket, what the pump knows of it, what it still sends."""
+
+    ws: web.WebSocketResponse
+    link: Link
+    outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
+    closing: bool = False  # revoked or stale: the pump serves it no more
 
 
 class RunnerEndpoint:
-    """Accept runner connections; one pump per connection sends dispatches and cancels."""
+    """Accept runner connections; one pump per replica reads what every connection is due and hands it over."""
 
     def __init__(self, auth: AuthService, runtimes: RuntimeService, notifier: Notifier,
-                 heartbeat_s: float, poll_s: float, hello_timeout_s: float = 5.0) -> None:
+                 heartbeat_s: float, poll_s: float, hello_timeout_s: float = 5.0, *,
+                 loops: Loops | None = None) -> None:
         self.auth = auth
         self.hello_timeout_s = hello_timeout_s  # an upgraded socket that says nothing is closed after this
         self.runtimes = runtimes
@@ -35,8 +52,19 @@ class RunnerEndpoint:
         self.poll_s = poll_s
         self.open: set[web.WebSocketResponse] = set()
         self.by_token: dict[str, set[web.WebSocketResponse]] = {}
+        self.sockets: dict[str, _Socket] = {}  # connection id -> what the pump serves
+        self.loops = loops if loops is not None else Loops()
+        self._own_loops = loops is None
+        self.wake = asyncio.Event()
         # A revocation through this replica closes at once; other replicas' pumps see it in the database.
         auth.revocation_listeners.append(self._on_revoked)
+        # Work admitted on this replica for a runtime it serves wakes the pump at once; the rest waits a poll.
+        notifier.listen("runtime:", self._on_runtime_notified)
+
+    def _on_runtime_notified(self, key: str) -> None:
+        runtime_id = key.removeprefix("runtime:")
+        if any(s.link.runtime_id == runtime_id for s in self.sockets.values()):
+            self.wake.set()
 
     def _on_revoked(self, token_id: str) -> None:
         for ws in list(self.by_token.get(token_id, ())):
@@ -53,6 +81,61 @@ class RunnerEndpoint:
         """Close every runner connection (on shutdown): runners reconnect to another replica or a restarted hub."""
         for ws in list(self.open):
             await ws.close(code=WSCloseCode.GOING_AWAY, message=b"hub shutting down")
+        if self._own_loops:
+            await self.loops.stop()
+
+    def _ensure_pump(self) -> None:
+        """Start the replica's pump with its first runner connection (a replica without runners runs none)."""
+        state = self.loops.loops.get(PUMP_LOOP)
+        if state is None or state.stopped:
+            self.loops.start(PUMP_LOOP, self.pump_step, interval_s=self.poll_s, wake=self.wake)
+
+    async def pump_step(self) -> None:
+        """One round for every connection of this replica: read what each is due in one transaction (dispatches,
+        cancels, permission answers, steers; the token re-verified, so a revocation made on any replica closes
+        the socket within one poll interval and nothing is dispatched after it) and queue it on each socket."""
+        serving = [s for s in self.sockets.values() if not s.closing and not s.ws.closed]
+        if not serving:
+            return
+        due = await self.runtimes.outgoing_many([s.link for s in serving])
+        for s in serving:
+            if s.link.conn_id in due.revoked:
+                s.closing = True
+                s.outbox.put_nowait(_REVOKE)
+            elif s.link.conn_id in due.stale:
+                # Marked lost (its heartbeats went unapplied) or registered again elsewhere: whatever this socket
+                # carries is ignored now, so close it; the runner registers again and resends what is unacknowledged.
+                s.closing = True
+                s.outbox.put_nowait(_RECONNECT)
+            elif msgs := due.messages.get(s.link.conn_id):
+                s.outbox.put_nowait(msgs)
+
+    async def _send_loop(self, s: _Socket) -> None:
+        """Send what the pump queued for this socket, in order; a socket that cannot take it is closed."""
+        while True:
+            item = await s.outbox.get()
+            if item is _REVOKE:
+                await self._close_revoked(s.ws)
+                return
+            if item is _RECONNECT:
+                log.warning("runtime %s's connection is no longer current (lost or registered again); closing it so "
+                            "the runner registers again", s.link.runtime_id)
+                await s.ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=b"reconnect")
+                return
+            try:
+                for msg in item:
+                    await asyncio.wait_for(s.ws.send_json(msg), SEND_TIMEOUT_S)
+            except (ConnectionError, RuntimeError):
+                # The socket is gone; what it did not take is sent again on the runner's next connection.
+                with contextlib.suppress(Exception):
+                    await s.ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=b"reconnect")
+                return
+            except asyncio.TimeoutError:
+                log.warning("a runner's socket took no message for %.0fs; closing it so it reconnects",
+                            SEND_TIMEOUT_S)
+                with contextlib.suppress(Exception):
+                    await s.ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=b"reconnect")
+                return
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Authenticate, register, then serve messages until the runner goes away."""
@@ -81,7 +164,11 @@ class RunnerEndpoint:
             await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"retry")
             return ws
         await ws.send_json(p.Registered(runtime_id=runtime_id, heartbeat_s=self.heartbeat_s, drop=drop).model_dump())
-        pump = asyncio.create_task(self._pump(ws, runtime_id, conn_id, caller.token_id))
+        sock = _Socket(ws=ws, link=Link(runtime_id=runtime_id, conn_id=conn_id, token_id=caller.token_id))
+        sender = asyncio.create_task(self._send_loop(sock))
+        self.sockets[conn_id] = sock
+        self._ensure_pump()
+        self.wake.set()  # what registration put back to send (and what queued meanwhile) goes at once
         inbox: asyncio.Queue = asyncio.Queue(maxsize=INBOX_FRAMES)  # full: stop reading, the runner waits
         applier = asyncio.create_task(self._apply_loop(ws, runtime_id, conn_id, inbox))
         self.open.add(ws)
@@ -97,12 +184,13 @@ class RunnerEndpoint:
                 await inbox.put(None)
                 await applier  # apply what arrived before the connection closed
         finally:
+            self.sockets.pop(conn_id, None)
             self.open.discard(ws)
             peers = self.by_token.get(caller.token_id, set())
             peers.discard(ws)
             if not peers:
                 self.by_token.pop(caller.token_id, None)
-            for task in (pump, applier):
+            for task in (sender, applier):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -139,23 +227,6 @@ class RunnerEndpoint:
                         return
             if done:
                 return
-
-    async def _pump(self, ws: web.WebSocketResponse, runtime_id: str, conn_id: str, token_id: str) -> None:
-        """Send what is due; each round re-verifies the token in the database, so a revocation made on any
-        replica closes this socket within one poll interval and nothing is dispatched after it."""
-        cancels_sent: set[str] = set()
-        while not ws.closed:
-            try:
-                for msg in await self.runtimes.outgoing(runtime_id, conn_id, cancels_sent, token_id):
-                    await ws.send_json(msg)
-            except TokenRevoked:
-                await self._close_revoked(ws)
-                return
-            except (ConnectionError, RuntimeError):
-                return
-            except Exception:
-                log.exception("runner pump failed")
-            await self.notifier.wait(f"runtime:{runtime_id}", self.poll_s)
 
     async def _on_message(self, ws: web.WebSocketResponse, runtime_id: str, conn_id: str, msg: dict) -> None:
         """Apply one frame (a message or a `batch` of them) in one transaction; answer with one frame."""

@@ -256,9 +256,9 @@ async def test_claim_dispatches_returns_unsent_pending_dispatches_once(db, store
         gone = await task(conn, owner, status="cancelled", runtime_id=rt, attempt=1)
         await reservation(conn, rt, gone)
         await reservation(conn, other, await task(conn, owner, status="dispatched", runtime_id=other, attempt=1))
-        claimed = await store.claim_dispatches(conn, rt, T0)
+        claimed = await store.claim_dispatches(conn, [rt], T0)
         assert [(r.id, r.task_id, r.attempt, r.owner_id, r.prompt) for r in claimed] == [(res, tid, 1, owner, "say hi")]
-        assert await store.claim_dispatches(conn, rt, T0) == []
+        assert await store.claim_dispatches(conn, [rt], T0) == []
     assert utc((await row(db, reservations, res)).sent_at) == T0
 
 
@@ -269,7 +269,7 @@ async def test_cancels_due_are_the_running_runs_whose_cancellation_was_requested
         asked = await task(conn, owner, status="running", runtime_id=rt, cancel_requested_at=T0)
         await task(conn, owner, status="running", runtime_id=rt)
         await task(conn, owner, status="cancelled", runtime_id=rt, cancel_requested_at=T0)
-        assert await store.cancels_due(conn, rt) == [asked]
+        assert [c.task_id for c in await store.cancels_due(conn, [rt])] == [asked]
 
 
 async def test_claim_permission_answers_returns_unsent_answers_for_running_runs_once(db, store):
@@ -281,9 +281,9 @@ async def test_claim_permission_answers_returns_unsent_answers_for_running_runs_
         for t in (tid, done):
             await conn.execute(permission_replies.insert().values(task_id=t, request_id="Bash", allow=True,
                                                                   message="ok", created_at=T0))
-        claimed = await store.claim_permission_answers(conn, rt, T0)
+        claimed = await store.claim_permission_answers(conn, [rt], T0)
         assert [(a.task_id, a.request_id, a.allow, a.message) for a in claimed] == [(tid, "Bash", True, "ok")]
-        assert await store.claim_permission_answers(conn, rt, T0) == []
+        assert await store.claim_permission_answers(conn, [rt], T0) == []
 
 
 async def test_claim_steers_returns_pending_unsent_steers_for_the_runtimes_runs_once(db, store):
@@ -294,8 +294,51 @@ async def test_claim_steers_returns_pending_unsent_steers_for_the_runtimes_runs_
         mine = await steer(conn, owner, tid)
         await steer(conn, owner, tid, state="delivered")
         await steer(conn, owner, await task(conn, owner, status="running", runtime_id=other))
-        assert [(s.id, s.task_id, s.text) for s in await store.claim_steers(conn, rt, T0)] == [(mine, tid, "look left")]
-        assert await store.claim_steers(conn, rt, T0) == []
+        assert [(s.id, s.task_id, s.text) for s in await store.claim_steers(conn, [rt], T0)] == [(mine, tid, "look left")]
+        assert await store.claim_steers(conn, [rt], T0) == []
+
+
+async def test_live_tokens_are_those_that_exist_unrevoked_among_many(db, store):
+    async with db.write() as conn:
+        owner = await principal(conn)
+        a, b, revoked = await token(conn, owner), await token(conn, owner), await token(conn, owner, revoked=True)
+        assert await store.live_tokens(conn, [a, b, revoked, "tok_gone", a]) == {a, b}
+        assert await store.live_tokens(conn, []) == set()
+
+
+async def test_connections_give_each_known_runtimes_current_connection_and_capabilities(db, store):
+    async with db.write() as conn:
+        owner = await principal(conn)
+        a = await runtime(conn, owner, connection_id="conn_a")
+        b = await runtime(conn, owner, status="offline", connection_id=None)
+        assert await store.connections(conn, [a, b, "rt_gone"]) == {a: ("conn_a", CAPS), b: (None, CAPS)}
+        assert await store.connections(conn, []) == {}
+
+
+async def test_one_round_claims_every_runtimes_due_work_at_once_each_row_naming_its_runtime(db, store):
+    async with db.write() as conn:
+        owner = await principal(conn)
+        a, b, other = await runtime(conn, owner), await runtime(conn, owner), await runtime(conn, owner)
+        ta = await task(conn, owner, status="dispatched", runtime_id=a, attempt=1)
+        tb = await task(conn, owner, status="dispatched", runtime_id=b, attempt=1)
+        t_other = await task(conn, owner, status="dispatched", runtime_id=other, attempt=1)
+        for rt, t in ((a, ta), (b, tb), (other, t_other)):
+            await reservation(conn, rt, t)
+        ra = await task(conn, owner, status="running", runtime_id=a, cancel_requested_at=T0)
+        rb = await task(conn, owner, status="running", runtime_id=b)
+        await conn.execute(permission_replies.insert().values(task_id=rb, request_id="Bash", allow=False,
+                                                              message="no", created_at=T0))
+        sa_ = await steer(conn, owner, ra)
+        assert sorted((r.runtime_id, r.task_id) for r in await store.claim_dispatches(conn, [a, b], T0)) == \
+            sorted([(a, ta), (b, tb)])
+        assert [(c.runtime_id, c.task_id) for c in await store.cancels_due(conn, [a, b])] == [(a, ra)]
+        assert [(x.runtime_id, x.task_id, x.allow) for x in await store.claim_permission_answers(conn, [a, b], T0)] \
+            == [(b, rb, False)]
+        assert [(s.runtime_id, s.id) for s in await store.claim_steers(conn, [a, b], T0)] == [(a, sa_)]
+        for claim in (store.claim_dispatches, store.claim_permission_answers, store.claim_steers):
+            assert await claim(conn, [a, b], T0) == []
+        assert [r.task_id for r in await store.claim_dispatches(conn, [other], T0)] == [t_other]
+        assert await store.claim_dispatches(conn, [], T0) == [] and await store.cancels_due(conn, []) == []
 
 
 async def test_a_steer_is_settled_once_delivered_to_its_turn_or_back_in_the_mailbox(db, store):

@@ -79,3 +79,23 @@ async def test_a_runner_that_is_refused_by_name_stops_and_says_why(any_hub):
         raise AssertionError("the squatter kept running")
     except RunnerRefused as e:
         assert "gpu-box" in e.message
+
+
+async def test_a_runtime_marked_lost_while_its_socket_is_open_is_closed_and_registers_again(any_hub):
+    from tests.helpers import eventually
+
+    runner = await any_hub.start_runner()
+    caller = await any_hub.hub.auth.authenticate(any_hub.admin_token)
+    first_ws, rt = runner.ws, runner.runtime_id
+    async with any_hub.hub.db.write() as conn:  # what the reaper does when heartbeats went unapplied too long
+        await any_hub.hub.runtimes.store.mark_lost(conn, rt)
+
+    async def online_again() -> bool:
+        async with any_hub.hub.db.read() as conn:
+            row = await any_hub.hub.runtimes.store.find(conn, rt)
+        return runner.ws is not None and runner.ws is not first_ws and row.status == "online"
+
+    await eventually(online_again, timeout=20, interval=0.05)  # the pump closed the stale socket within a poll
+    task_id = (await any_hub.hub.tasks.submit(caller, SubmitRequest(prompt="say back", profile="scripted")))["task_id"]
+    view = await any_hub.hub.tasks.wait_terminal(caller, task_id, 30)
+    assert view["status"] == "succeeded" and view["result"]["text"] == "back"
