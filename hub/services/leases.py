@@ -4,8 +4,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import re
 import secrets
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from ..boxes.base import DEFAULT_EXEC_TIMEOUT_S, MAX_COMMAND_BYTES, MAX_EXEC_TIMEOUT_S, BoxDriver, BoxError
@@ -15,7 +17,7 @@ from ..domain import leases as rules
 from ..errors import Conflict, Invalid, NotFound
 from ..ids import short_id
 from ..store.db import Connection, Database, Row
-from ..store.leases import SqlLeaseStore
+from ..store.leases import PageBox, PageTask, SqlLeaseStore
 from .auth import Caller
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,41 @@ def box_view(row: Any) -> dict[str, Any]:
             "sandbox": handle.get("sandbox"), "sandboxed": sandboxed, "network": handle.get("network"),
             "limits": handle.get("limits"), "warning": None if sandboxed else rules.UNSANDBOXED,
             "created_at": _iso(row.created_at), "destroyed_at": _iso(row.destroyed_at)}
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_CURSOR = re.compile(r"(\d{1,17})\.(task_[0-9a-z]{1,40})")
+BAD_CURSOR = ("bad page cursor {raw!r}: follow the Newer/Older links of the Boxes page, "
+              "or open /boxes for the most recently active tasks")
+
+
+def page_cursor(task: PageTask) -> str:
+    """Return the cursor naming a task's place in the Boxes page order: `<last activity, µs since 1970>.<task id>`."""
+    at = utc(task.last_activity_at) or EPOCH
+    return f"{(at - EPOCH) // timedelta(microseconds=1)}.{task.id}"
+
+
+def parse_page_cursor(raw: str | None) -> tuple[datetime, str] | None:
+    """Read a page cursor (None when absent), or raise the refusal that says how to page instead."""
+    if raw is None:
+        return None
+    m = _CURSOR.fullmatch(raw)
+    if m is None:
+        raise Invalid(BAD_CURSOR.format(raw=raw[:80]))
+    return EPOCH + timedelta(microseconds=int(m.group(1))), m.group(2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BoxesPage:
+    """One page of the Boxes page: tasks, their boxes, the totals, and the cursors of the pages beside it."""
+
+    tasks: list[PageTask]
+    boxes: list[PageBox]
+    open_tasks: int     # on every page
+    unsandboxed: bool   # a box on this page is unsandboxed, or new boxes would be (the driver in use)
+    newer: str | None   # `before` cursor of the page of more recently active tasks, None on the first page
+    older: str | None   # `after` cursor of the next page, None on the last
+    first: bool         # this page starts at the most recently active task
 
 
 class LeaseService:
@@ -356,6 +393,31 @@ class LeaseService:
         await self.reap_once()
 
     # --- the Boxes page ------------------------------------------------------------------------
+
+    async def boxes_page(self, principal_id: str, size: int, *, after: str | None = None,
+                         before: str | None = None) -> BoxesPage:
+        """Return one page of a user's open tasks (most recently active first) with their live boxes: one query.
+
+        `after` / `before` are cursors of the page's neighbours (`BoxesPage.older` / `.newer`); a bad one is refused.
+        """
+        if after is not None and before is not None:
+            raise Invalid("pass either `after` or `before`, not both: follow one of the Boxes page's links")
+        after_key, before_key = parse_page_cursor(after), parse_page_cursor(before)
+        async with self.db.read() as conn:
+            page = await self.store.open_tasks_page(conn, principal_id, size, after=after_key, before=before_key)
+        tasks = page.tasks
+        if before_key is not None:  # read upwards: newer pages remain when there was more; the older one we came from
+            newer = page_cursor(tasks[0]) if page.more and tasks else None
+            older = page_cursor(tasks[-1]) if tasks else None
+            first = not page.more
+        else:
+            newer = page_cursor(tasks[0]) if after_key is not None and tasks else None
+            older = page_cursor(tasks[-1]) if page.more and tasks else None
+            first = after_key is None
+        unsandboxed = (not getattr(self.driver, "sandboxed", True)
+                       or any(b.driver == "unsandboxed" for b in page.boxes))
+        return BoxesPage(tasks=tasks, boxes=page.boxes, open_tasks=page.open_tasks, unsandboxed=unsandboxed,
+                         newer=newer, older=older, first=first)
 
     async def overview(self, principal_id: str) -> tuple[list[Row], list[Row]]:
         """Return a user's open tasks and their live boxes: one query per table."""

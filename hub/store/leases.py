@@ -24,6 +24,66 @@ _LEASE_WITH_BOXES = (
 )
 
 
+def _page_of_open_tasks(direction: str) -> sa.Select:
+    """Build the Boxes page's one statement: a page of an owner's open tasks (keyed on last activity, id), their
+    live boxes, and the count of all the owner's open tasks (kept on a row of its own when the page is empty)."""
+    t, b = lease_tasks.c, boxes.c
+    mine = (t.owner_id == sa.bindparam("owner_id")) & (t.status == "open")
+    page = sa.select(t.id, t.name, t.holder_label, t.secret_hash, t.attached_at, t.last_activity_at).where(mine)
+    at, tid = sa.bindparam("at", type_=t.last_activity_at.type), sa.bindparam("task_id", type_=t.id.type)
+    if direction == "before":
+        page = page.where((t.last_activity_at > at) | ((t.last_activity_at == at) & (t.id > tid)))
+        page = page.order_by(t.last_activity_at, t.id)
+    else:
+        if direction == "after":
+            page = page.where((t.last_activity_at < at) | ((t.last_activity_at == at) & (t.id < tid)))
+        page = page.order_by(t.last_activity_at.desc(), t.id.desc())
+    p = page.limit(sa.bindparam("size", type_=sa.Integer)).subquery("p")
+    total = sa.select(sa.select(sa.func.count()).select_from(lease_tasks).where(mine).scalar_subquery()
+                      .label("open_tasks")).subquery("total")
+    return (sa.select(total, p, b.id.label("box_id"), b.name.label("box_name"), b.driver.label("box_driver"),
+                      b.state.label("box_state"), b.created_at.label("box_created_at"))
+            .select_from(total.outerjoin(p, sa.true()).outerjoin(boxes, (b.task_id == p.c.id) & b.state.in_(LIVE)))
+            .order_by(p.c.last_activity_at.desc(), p.c.id.desc(), b.created_at, b.id))
+
+
+_PAGE_FIRST, _PAGE_AFTER, _PAGE_BEFORE = (_page_of_open_tasks(d) for d in ("first", "after", "before"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PageTask:
+    """An open task as the Boxes page shows it (the hash only says whether it is held; it is never shown)."""
+
+    id: str
+    name: str
+    holder_label: str | None
+    secret_hash: str | None
+    attached_at: datetime | None
+    last_activity_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class PageBox:
+    """A live box as the Boxes page shows it (no driver handle)."""
+
+    id: str
+    task_id: str
+    name: str | None
+    driver: str
+    state: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskPage:
+    """One page of an owner's open tasks with their live boxes, and what the whole list holds."""
+
+    tasks: list[PageTask]
+    boxes: list[PageBox]
+    more: bool            # more tasks lie beyond this page in the direction it was read
+    open_tasks: int       # every open task of the owner, on every page
+
+
 @dataclass(frozen=True, kw_only=True)
 class Box:
     """One box row, read together with its task."""
@@ -114,6 +174,40 @@ class SqlLeaseStore:
         return list((await conn.execute(
             sa.select(lease_tasks).where(lease_tasks.c.owner_id == owner_id, lease_tasks.c.status == "open")
             .order_by(lease_tasks.c.last_activity_at.desc(), lease_tasks.c.id))).all())
+
+    async def open_tasks_page(self, conn: Connection, owner_id: str, size: int, *,
+                              after: tuple[datetime, str] | None = None,
+                              before: tuple[datetime, str] | None = None) -> TaskPage:
+        """Return up to `size` of an owner's open tasks, most recently active first (ties: higher id first), with
+        their live boxes oldest first and the count of all the owner's open tasks, in one query; `after` starts below
+        the task with that (last activity, id) key, `before` reads the page above it. Keyed, not offset: a page stays
+        the same while tasks open above it."""
+        params: dict[str, Any] = {"owner_id": owner_id, "size": size + 1}
+        if before is not None:
+            stmt, (params["at"], params["task_id"]) = _PAGE_BEFORE, before
+        elif after is not None:
+            stmt, (params["at"], params["task_id"]) = _PAGE_AFTER, after
+        else:
+            stmt = _PAGE_FIRST
+        rows = (await conn.execute(stmt, params)).all()
+        tasks: dict[str, PageTask] = {}
+        found: list[PageBox] = []
+        for r in rows:
+            if r.id is None:
+                continue
+            if r.id not in tasks:
+                tasks[r.id] = PageTask(id=r.id, name=r.name, holder_label=r.holder_label, secret_hash=r.secret_hash,
+                                       attached_at=r.attached_at, last_activity_at=r.last_activity_at)
+            if r.box_id is not None:
+                found.append(PageBox(id=r.box_id, task_id=r.id, name=r.box_name, driver=r.box_driver,
+                                     state=r.box_state, created_at=r.box_created_at))
+        shown = list(tasks.values())
+        more = len(shown) > size
+        if more:  # the extra task only says there is more: it is the one furthest from where the page was read
+            extra = shown.pop(0 if before is not None else -1)
+            found = [x for x in found if x.task_id != extra.id]
+        found.sort(key=lambda x: (x.created_at, x.id))
+        return TaskPage(tasks=shown, boxes=found, more=more, open_tasks=rows[0].open_tasks)
 
     async def recently_closed(self, conn: Connection, owner_id: str, limit: int) -> list[Row]:
         """Return an owner's `limit` most recently closed tasks, newest first."""
