@@ -17,7 +17,7 @@ from ..domain import leases as rules
 from ..errors import Conflict, Invalid, NotFound
 from ..ids import short_id
 from ..store.db import Connection, Database, Row
-from ..store.leases import PageBox, PageTask, SqlLeaseStore
+from ..store.leases import Box, PageBox, PageTask, SqlLeaseStore
 from .auth import Caller
 
 log = logging.getLogger(__name__)
@@ -152,16 +152,6 @@ class LeaseService:
         if rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s):
             await self.store.touch(conn, row.id, row.secret_hash, now)
 
-    async def _held(self, caller: Caller, raw: str | None) -> Row:
-        """Check a handle on a read connection and record the activity; return the task row."""
-        now = self.clock.now()
-        async with self.db.read() as conn:
-            row = await self._gate(conn, caller, raw, lock=False)
-        if rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s):
-            async with self.db.write() as conn:
-                await self._touch(conn, row, now)
-        return row
-
     # --- tasks ---------------------------------------------------------------------------------
 
     async def new(self, caller: Caller, name: str | None) -> dict[str, Any]:
@@ -282,19 +272,33 @@ class LeaseService:
                 await self._touch(conn, row, now)
         return [box_view(b) for b in live]
 
-    async def _box(self, row: Row, vm_id: str | None) -> Row:
-        bid: str = _parse(rules.parse_box_id, vm_id)
+    async def _held_box(self, caller: Caller, raw: str | None, vm_id: str | None) -> tuple[Row, Box]:
+        """Check a handle and find one live box of its task in one query, record the activity; return both.
+
+        The lease refusals come first, then a malformed or unknown box.
+        """
+        now = self.clock.now()
+        handle: rules.Handle = _parse(rules.parse_handle, raw)
+        try:
+            bid: str | None = rules.parse_box_id(vm_id)
+        except rules.HandleError as e:
+            bad_box, bid = Invalid(str(e)), None
         async with self.db.read() as conn:
-            box = await self.store.box(conn, bid, row.id)
+            task, box = await self.store.task_with_box(conn, handle.task_id, bid or "")
+        row = self._check(task, caller, handle)
+        if rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s):
+            async with self.db.write() as conn:  # a call under a live handle is activity, whatever its box
+                await self._touch(conn, row, now)
+        if bid is None:
+            raise bad_box
         if box is None or box.state != "live":
             raise NotFound(rules.box_not_in_task(bid, row.id))
-        return box
+        return row, box
 
     async def vm_exec(self, caller: Caller, handle: str | None, vm_id: str | None, command: str | None,
                       timeout_s: float | None = None) -> dict[str, Any]:
         """Run a shell command in one of the task's boxes; output is capped and the exit code returned."""
-        row = await self._held(caller, handle)
-        box = await self._box(row, vm_id)
+        row, box = await self._held_box(caller, handle, vm_id)
         if not isinstance(command, str) or not command.strip():
             raise Invalid("command is empty; pass a shell command, e.g. command=\"ls -la\"")
         if len(command.encode()) > MAX_COMMAND_BYTES or "\0" in command:
@@ -315,8 +319,7 @@ class LeaseService:
 
     async def vm_destroy(self, caller: Caller, handle: str | None, vm_id: str | None) -> dict[str, Any]:
         """Destroy one box of the held task (kills its processes, removes it)."""
-        row = await self._held(caller, handle)
-        box = await self._box(row, vm_id)
+        _row, box = await self._held_box(caller, handle, vm_id)
         try:
             await self.driver.destroy(box.handle or {})
         except BoxError as e:

@@ -49,6 +49,12 @@ def _page_of_open_tasks(direction: str) -> sa.Select:
 
 _PAGE_FIRST, _PAGE_AFTER, _PAGE_BEFORE = (_page_of_open_tasks(d) for d in ("first", "after", "before"))
 
+_LEASE_WITH_BOX = (
+    sa.select(lease_tasks, *(c.label(f"box_{c.name}") for c in _B.c))
+    .select_from(lease_tasks.outerjoin(_B, (_B.c.task_id == lease_tasks.c.id) & (_B.c.id == sa.bindparam("box_id"))))
+    .where(lease_tasks.c.id == sa.bindparam("task_id"))
+)
+
 
 @dataclass(frozen=True, kw_only=True)
 class PageTask:
@@ -117,6 +123,14 @@ class SqlLeaseStore:
         rows = (await conn.execute(_LEASE_WITH_BOXES, {"task_id": task_id})).all()
         found = [Box(**{c.name: getattr(r, f"box_{c.name}") for c in boxes.c}) for r in rows if r.box_id is not None]
         return (rows[0] if rows else None), found
+
+    async def task_with_box(self, conn: Connection, task_id: str, box_id: str) -> tuple[Row | None, Box | None]:
+        """Return a lease task and one of its boxes (in any state; None when the task has no such box), in one query
+        (the hot path of every call on one box)."""
+        row = (await conn.execute(_LEASE_WITH_BOX, {"task_id": task_id, "box_id": box_id})).first()
+        if row is None or row.box_id is None:
+            return row, None
+        return row, Box(**{c.name: getattr(row, f"box_{c.name}") for c in boxes.c})
 
     async def open_task(self, conn: Connection, *, task_id: str, owner_id: str, name: str, holder_label: str,
                         holder_token_id: str, secret_hash: str, now: datetime) -> Row:

@@ -91,6 +91,27 @@ async def test_task_with_live_boxes_reads_the_task_and_only_its_live_boxes_oldes
     assert empty.id == "task_2" and none == [] and missing == (None, [])
 
 
+async def test_task_with_box_reads_the_task_and_that_box_in_any_state_only_when_it_is_the_tasks(db, leases, alice,
+                                                                                                clock):
+    async with db.write() as conn:
+        await open_task(leases, conn, clock, alice)
+        await open_task(leases, conn, clock, alice, "task_2")
+        await add_box(leases, conn, clock, "vm_a")
+        await add_box(leases, conn, clock, "vm_gone")
+        await leases.mark_destroyed(conn, "vm_gone", clock.now())
+        await add_box(leases, conn, clock, "vm_other", "task_2")
+    async with db.read() as conn:
+        task, box = await leases.task_with_box(conn, "task_1", "vm_a")
+        _, gone = await leases.task_with_box(conn, "task_1", "vm_gone")
+        other_task, not_here = await leases.task_with_box(conn, "task_1", "vm_other")
+        missing = await leases.task_with_box(conn, "task_missing", "vm_a")
+    assert task.id == "task_1" and task.secret_hash == "s" * 64
+    assert (box.id, box.task_id, box.state) == ("vm_a", "task_1", "live")
+    assert box.handle == {"dir": "vm_a", "sandbox": "bwrap"}
+    assert (gone.id, gone.state) == ("vm_gone", "destroyed")
+    assert other_task.id == "task_1" and not_here is None and missing == (None, None)
+
+
 async def test_touch_moves_activity_only_under_the_current_hash_of_an_open_task(db, leases, alice, clock):
     async with db.write() as conn:
         await open_task(leases, conn, clock, alice)
