@@ -16,10 +16,16 @@ from .tables import api_tokens, box_sessions, boxes, lease_tasks, principals
 
 LIVE = ("creating", "live")  # box states that still hold resources
 
+
+def _live(state: sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
+    """Say a box state holds resources, as plain equalities: `IN (...)` expands its list at every execution."""
+    return sa.or_(*(state == s for s in LIVE))
+
+
 _B = boxes.alias("b")
 _LEASE_WITH_BOXES = (
     sa.select(lease_tasks, *(c.label(f"box_{c.name}") for c in _B.c))
-    .select_from(lease_tasks.outerjoin(_B, (_B.c.task_id == lease_tasks.c.id) & _B.c.state.in_(LIVE)))
+    .select_from(lease_tasks.outerjoin(_B, (_B.c.task_id == lease_tasks.c.id) & _live(_B.c.state)))
     .where(lease_tasks.c.id == sa.bindparam("task_id")).order_by(_B.c.created_at, _B.c.id)
 )
 
@@ -43,7 +49,7 @@ def _page_of_open_tasks(direction: str) -> sa.Select:
                       .label("open_tasks")).subquery("total")
     return (sa.select(total, p, b.id.label("box_id"), b.name.label("box_name"), b.driver.label("box_driver"),
                       b.state.label("box_state"), b.created_at.label("box_created_at"))
-            .select_from(total.outerjoin(p, sa.true()).outerjoin(boxes, (b.task_id == p.c.id) & b.state.in_(LIVE)))
+            .select_from(total.outerjoin(p, sa.true()).outerjoin(boxes, (b.task_id == p.c.id) & _live(b.state)))
             .order_by(p.c.last_activity_at.desc(), p.c.id.desc(), b.created_at, b.id))
 
 
@@ -237,18 +243,18 @@ class SqlLeaseStore:
         return list((await conn.execute(
             sa.select(boxes.c.id, boxes.c.task_id, boxes.c.name, boxes.c.driver, boxes.c.state, boxes.c.created_at)
             .join(lease_tasks, lease_tasks.c.id == boxes.c.task_id)
-            .where(lease_tasks.c.owner_id == owner_id, lease_tasks.c.status == "open", boxes.c.state.in_(LIVE))
+            .where(lease_tasks.c.owner_id == owner_id, lease_tasks.c.status == "open", _live(boxes.c.state))
             .order_by(boxes.c.created_at, boxes.c.id))).all())
 
     async def live_box_ids(self, conn: Connection, task_id: str) -> list[str]:
         """Return the ids of a task's live boxes, oldest first."""
-        return list((await conn.execute(sa.select(boxes.c.id).where(boxes.c.task_id == task_id, boxes.c.state.in_(LIVE))
+        return list((await conn.execute(sa.select(boxes.c.id).where(boxes.c.task_id == task_id, _live(boxes.c.state))
                                         .order_by(boxes.c.created_at, boxes.c.id))).scalars().all())
 
     async def count_live_boxes(self, conn: Connection, task_id: str) -> int:
         """Return how many boxes of a task still hold resources (being made or live)."""
         return (await conn.execute(sa.select(sa.func.count()).select_from(boxes).where(
-            boxes.c.task_id == task_id, boxes.c.state.in_(LIVE)))).scalar_one()
+            boxes.c.task_id == task_id, _live(boxes.c.state)))).scalar_one()
 
     async def add_box(self, conn: Connection, *, box_id: str, task_id: str, name: str | None, driver: str,
                       provisional: dict[str, Any], now: datetime) -> None:
@@ -270,7 +276,7 @@ class SqlLeaseStore:
 
     async def mark_destroyed(self, conn: Connection, box_id: str, now: datetime) -> bool:
         """Mark a box destroyed while it is being made or live; False when it was not (another sweep was first)."""
-        res = await conn.execute(boxes.update().where(boxes.c.id == box_id, boxes.c.state.in_(LIVE))
+        res = await conn.execute(boxes.update().where(boxes.c.id == box_id, _live(boxes.c.state))
                                  .values(state="destroyed", destroyed_at=now))
         return res.rowcount == 1
 
@@ -283,7 +289,7 @@ class SqlLeaseStore:
 
     async def live_boxes_of(self, conn: Connection, task_ids: list[str]) -> list[Row]:
         """Return the boxes of these tasks that still hold resources, oldest first."""
-        return list((await conn.execute(sa.select(boxes).where(boxes.c.task_id.in_(task_ids), boxes.c.state.in_(LIVE))
+        return list((await conn.execute(sa.select(boxes).where(boxes.c.task_id.in_(task_ids), _live(boxes.c.state))
                                         .order_by(boxes.c.created_at))).all())
 
     async def stuck_boxes(self, conn: Connection, cutoff: datetime, limit: int) -> list[Row]:
@@ -297,7 +303,7 @@ class SqlLeaseStore:
         destroying them)."""
         return list((await conn.execute(
             sa.select(boxes.c.task_id).distinct().join(lease_tasks, lease_tasks.c.id == boxes.c.task_id)
-            .where(lease_tasks.c.status == "closed", boxes.c.state.in_(LIVE)).limit(limit))).scalars().all())
+            .where(lease_tasks.c.status == "closed", _live(boxes.c.state)).limit(limit))).scalars().all())
 
     # --- Boxes page sessions ---------------------------------------------------------------------
 
