@@ -75,6 +75,7 @@ class BoxSettings(BaseModel):
     pids_max: int = Field(default=256, ge=8)         # processes and threads per box
     cpus: float = Field(default=1.0, gt=0)           # CPU time per box, in cores
     disk_mb: int = Field(default=1024, ge=1)         # size of the box's writable /box and of its /tmp (memory-backed)
+    page_size: int = Field(default=50, ge=1, le=1000)  # open tasks per Boxes page (AMUX_BOXES__PAGE_SIZE)
 
     @field_validator("driver")
     @classmethod

@@ -4,8 +4,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import re
 import secrets
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from ..boxes.base import DEFAULT_EXEC_TIMEOUT_S, MAX_COMMAND_BYTES, MAX_EXEC_TIMEOUT_S, BoxDriver, BoxError
@@ -15,7 +17,7 @@ from ..domain import leases as rules
 from ..errors import Conflict, Invalid, NotFound
 from ..ids import short_id
 from ..store.db import Connection, Database, Row
-from ..store.leases import SqlLeaseStore
+from ..store.leases import Box, PageBox, PageTask, SqlLeaseStore
 from .auth import Caller
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,41 @@ def box_view(row: Any) -> dict[str, Any]:
             "created_at": _iso(row.created_at), "destroyed_at": _iso(row.destroyed_at)}
 
 
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_CURSOR = re.compile(r"(\d{1,17})\.(task_[0-9a-z]{1,40})")
+BAD_CURSOR = ("bad page cursor {raw!r}: follow the Newer/Older links of the Boxes page, "
+              "or open /boxes for the most recently active tasks")
+
+
+def page_cursor(task: PageTask) -> str:
+    """Return the cursor naming a task's place in the Boxes page order: `<last activity, µs since 1970>.<task id>`."""
+    at = utc(task.last_activity_at) or EPOCH
+    return f"{(at - EPOCH) // timedelta(microseconds=1)}.{task.id}"
+
+
+def parse_page_cursor(raw: str | None) -> tuple[datetime, str] | None:
+    """Read a page cursor (None when absent), or raise the refusal that says how to page instead."""
+    if raw is None:
+        return None
+    m = _CURSOR.fullmatch(raw)
+    if m is None:
+        raise Invalid(BAD_CURSOR.format(raw=raw[:80]))
+    return EPOCH + timedelta(microseconds=int(m.group(1))), m.group(2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BoxesPage:
+    """One page of the Boxes page: tasks, their boxes, the totals, and the cursors of the pages beside it."""
+
+    tasks: list[PageTask]
+    boxes: list[PageBox]
+    open_tasks: int     # on every page
+    unsandboxed: bool   # a box on this page is unsandboxed, or new boxes would be (the driver in use)
+    newer: str | None   # `before` cursor of the page of more recently active tasks, None on the first page
+    older: str | None   # `after` cursor of the next page, None on the last
+    first: bool         # this page starts at the most recently active task
+
+
 class LeaseService:
     """Hold lease tasks for callers and run their boxes through one box driver."""
 
@@ -114,16 +151,6 @@ class LeaseService:
         """Record activity under the current handle, at most once per granularity."""
         if rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s):
             await self.store.touch(conn, row.id, row.secret_hash, now)
-
-    async def _held(self, caller: Caller, raw: str | None) -> Row:
-        """Check a handle on a read connection and record the activity; return the task row."""
-        now = self.clock.now()
-        async with self.db.read() as conn:
-            row = await self._gate(conn, caller, raw, lock=False)
-        if rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s):
-            async with self.db.write() as conn:
-                await self._touch(conn, row, now)
-        return row
 
     # --- tasks ---------------------------------------------------------------------------------
 
@@ -237,7 +264,7 @@ class LeaseService:
         """Return the live boxes of the held task (the lease and its boxes in one query: this is the hot path)."""
         now = self.clock.now()
         h: rules.Handle = _parse(rules.parse_handle, handle)
-        async with self.db.read() as conn:
+        async with self.db.autocommit() as conn:
             task, live = await self.store.task_with_live_boxes(conn, h.task_id)
         row = self._check(task, caller, h)
         if rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s):
@@ -245,19 +272,33 @@ class LeaseService:
                 await self._touch(conn, row, now)
         return [box_view(b) for b in live]
 
-    async def _box(self, row: Row, vm_id: str | None) -> Row:
-        bid: str = _parse(rules.parse_box_id, vm_id)
-        async with self.db.read() as conn:
-            box = await self.store.box(conn, bid, row.id)
+    async def _held_box(self, caller: Caller, raw: str | None, vm_id: str | None) -> tuple[Row, Box]:
+        """Check a handle and find one live box of its task in one query, record the activity; return both.
+
+        The lease refusals come first, then a malformed or unknown box.
+        """
+        now = self.clock.now()
+        handle: rules.Handle = _parse(rules.parse_handle, raw)
+        try:
+            bid: str | None = rules.parse_box_id(vm_id)
+        except rules.HandleError as e:
+            bad_box, bid = Invalid(str(e)), None
+        async with self.db.autocommit() as conn:
+            task, box = await self.store.task_with_box(conn, handle.task_id, bid or "")
+        row = self._check(task, caller, handle)
+        if rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s):
+            async with self.db.write() as conn:  # a call under a live handle is activity, whatever its box
+                await self._touch(conn, row, now)
+        if bid is None:
+            raise bad_box
         if box is None or box.state != "live":
             raise NotFound(rules.box_not_in_task(bid, row.id))
-        return box
+        return row, box
 
     async def vm_exec(self, caller: Caller, handle: str | None, vm_id: str | None, command: str | None,
                       timeout_s: float | None = None) -> dict[str, Any]:
         """Run a shell command in one of the task's boxes; output is capped and the exit code returned."""
-        row = await self._held(caller, handle)
-        box = await self._box(row, vm_id)
+        row, box = await self._held_box(caller, handle, vm_id)
         if not isinstance(command, str) or not command.strip():
             raise Invalid("command is empty; pass a shell command, e.g. command=\"ls -la\"")
         if len(command.encode()) > MAX_COMMAND_BYTES or "\0" in command:
@@ -278,8 +319,7 @@ class LeaseService:
 
     async def vm_destroy(self, caller: Caller, handle: str | None, vm_id: str | None) -> dict[str, Any]:
         """Destroy one box of the held task (kills its processes, removes it)."""
-        row = await self._held(caller, handle)
-        box = await self._box(row, vm_id)
+        _row, box = await self._held_box(caller, handle, vm_id)
         try:
             await self.driver.destroy(box.handle or {})
         except BoxError as e:
@@ -356,6 +396,31 @@ class LeaseService:
         await self.reap_once()
 
     # --- the Boxes page ------------------------------------------------------------------------
+
+    async def boxes_page(self, principal_id: str, size: int, *, after: str | None = None,
+                         before: str | None = None) -> BoxesPage:
+        """Return one page of a user's open tasks (most recently active first) with their live boxes: one query.
+
+        `after` / `before` are cursors of the page's neighbours (`BoxesPage.older` / `.newer`); a bad one is refused.
+        """
+        if after is not None and before is not None:
+            raise Invalid("pass either `after` or `before`, not both: follow one of the Boxes page's links")
+        after_key, before_key = parse_page_cursor(after), parse_page_cursor(before)
+        async with self.db.read() as conn:
+            page = await self.store.open_tasks_page(conn, principal_id, size, after=after_key, before=before_key)
+        tasks = page.tasks
+        if before_key is not None:  # read upwards: newer pages remain when there was more; the older one we came from
+            newer = page_cursor(tasks[0]) if page.more and tasks else None
+            older = page_cursor(tasks[-1]) if tasks else None
+            first = not page.more
+        else:
+            newer = page_cursor(tasks[0]) if after_key is not None and tasks else None
+            older = page_cursor(tasks[-1]) if page.more and tasks else None
+            first = after_key is None
+        unsandboxed = (not getattr(self.driver, "sandboxed", True)
+                       or any(b.driver == "unsandboxed" for b in page.boxes))
+        return BoxesPage(tasks=tasks, boxes=page.boxes, open_tasks=page.open_tasks, unsandboxed=unsandboxed,
+                         newer=newer, older=older, first=first)
 
     async def overview(self, principal_id: str) -> tuple[list[Row], list[Row]]:
         """Return a user's open tasks and their live boxes: one query per table."""

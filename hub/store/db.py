@@ -108,6 +108,17 @@ class Database:
         async with self.engine.connect() as conn:
             yield conn
 
+    @contextlib.asynccontextmanager
+    async def autocommit(self) -> AsyncIterator[Connection]:
+        """Open a connection whose statements each stand alone, with no transaction around them: for a hot path's
+        one read (one round trip on PostgreSQL instead of BEGIN, the read and ROLLBACK; no BEGIN on SQLite). Several
+        statements on it see different moments, as under READ COMMITTED; take no row locks on it."""
+        async with self.engine.connect() as conn:
+            if self.is_sqlite:
+                yield await conn.execution_options(amux_autocommit=True)
+            else:
+                yield await conn.execution_options(isolation_level="AUTOCOMMIT")
+
     async def transaction(self, fn: Callable[[Connection], Awaitable[T]]) -> T:
         """Run `fn` in one write transaction; on PostgreSQL run it again (bounded, with backoff) when it failed
         for a transient reason (connection loss, serialization failure, deadlock). `fn` must be safe to re-run:
@@ -172,7 +183,9 @@ def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
 
 
 def _sqlite_begin(conn: sa.Connection) -> None:
-    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("amux_write") else "BEGIN")
+    options = conn.get_execution_options()
+    if not options.get("amux_autocommit"):  # `Database.autocommit`: each statement commits on its own
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if options.get("amux_write") else "BEGIN")
 
 
 def _sqlite_pragmas(dbapi_conn: Any) -> None:

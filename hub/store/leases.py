@@ -16,12 +16,84 @@ from .tables import api_tokens, box_sessions, boxes, lease_tasks, principals
 
 LIVE = ("creating", "live")  # box states that still hold resources
 
+
+def _live(state: sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
+    """Say a box state holds resources, as plain equalities: `IN (...)` expands its list at every execution."""
+    return sa.or_(*(state == s for s in LIVE))
+
+
 _B = boxes.alias("b")
 _LEASE_WITH_BOXES = (
     sa.select(lease_tasks, *(c.label(f"box_{c.name}") for c in _B.c))
-    .select_from(lease_tasks.outerjoin(_B, (_B.c.task_id == lease_tasks.c.id) & _B.c.state.in_(LIVE)))
+    .select_from(lease_tasks.outerjoin(_B, (_B.c.task_id == lease_tasks.c.id) & _live(_B.c.state)))
     .where(lease_tasks.c.id == sa.bindparam("task_id")).order_by(_B.c.created_at, _B.c.id)
 )
+
+
+def _page_of_open_tasks(direction: str) -> sa.Select:
+    """Build the Boxes page's one statement: a page of an owner's open tasks (keyed on last activity, id), their
+    live boxes, and the count of all the owner's open tasks (kept on a row of its own when the page is empty)."""
+    t, b = lease_tasks.c, boxes.c
+    mine = (t.owner_id == sa.bindparam("owner_id")) & (t.status == "open")
+    page = sa.select(t.id, t.name, t.holder_label, t.secret_hash, t.attached_at, t.last_activity_at).where(mine)
+    at, tid = sa.bindparam("at", type_=t.last_activity_at.type), sa.bindparam("task_id", type_=t.id.type)
+    if direction == "before":
+        page = page.where((t.last_activity_at > at) | ((t.last_activity_at == at) & (t.id > tid)))
+        page = page.order_by(t.last_activity_at, t.id)
+    else:
+        if direction == "after":
+            page = page.where((t.last_activity_at < at) | ((t.last_activity_at == at) & (t.id < tid)))
+        page = page.order_by(t.last_activity_at.desc(), t.id.desc())
+    p = page.limit(sa.bindparam("size", type_=sa.Integer)).subquery("p")
+    total = sa.select(sa.select(sa.func.count()).select_from(lease_tasks).where(mine).scalar_subquery()
+                      .label("open_tasks")).subquery("total")
+    return (sa.select(total, p, b.id.label("box_id"), b.name.label("box_name"), b.driver.label("box_driver"),
+                      b.state.label("box_state"), b.created_at.label("box_created_at"))
+            .select_from(total.outerjoin(p, sa.true()).outerjoin(boxes, (b.task_id == p.c.id) & _live(b.state)))
+            .order_by(p.c.last_activity_at.desc(), p.c.id.desc(), b.created_at, b.id))
+
+
+_PAGE_FIRST, _PAGE_AFTER, _PAGE_BEFORE = (_page_of_open_tasks(d) for d in ("first", "after", "before"))
+
+_LEASE_WITH_BOX = (
+    sa.select(lease_tasks, *(c.label(f"box_{c.name}") for c in _B.c))
+    .select_from(lease_tasks.outerjoin(_B, (_B.c.task_id == lease_tasks.c.id) & (_B.c.id == sa.bindparam("box_id"))))
+    .where(lease_tasks.c.id == sa.bindparam("task_id"))
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PageTask:
+    """An open task as the Boxes page shows it (the hash only says whether it is held; it is never shown)."""
+
+    id: str
+    name: str
+    holder_label: str | None
+    secret_hash: str | None
+    attached_at: datetime | None
+    last_activity_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class PageBox:
+    """A live box as the Boxes page shows it (no driver handle)."""
+
+    id: str
+    task_id: str
+    name: str | None
+    driver: str
+    state: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskPage:
+    """One page of an owner's open tasks with their live boxes, and what the whole list holds."""
+
+    tasks: list[PageTask]
+    boxes: list[PageBox]
+    more: bool            # more tasks lie beyond this page in the direction it was read
+    open_tasks: int       # every open task of the owner, on every page
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +129,14 @@ class SqlLeaseStore:
         rows = (await conn.execute(_LEASE_WITH_BOXES, {"task_id": task_id})).all()
         found = [Box(**{c.name: getattr(r, f"box_{c.name}") for c in boxes.c}) for r in rows if r.box_id is not None]
         return (rows[0] if rows else None), found
+
+    async def task_with_box(self, conn: Connection, task_id: str, box_id: str) -> tuple[Row | None, Box | None]:
+        """Return a lease task and one of its boxes (in any state; None when the task has no such box), in one query
+        (the hot path of every call on one box)."""
+        row = (await conn.execute(_LEASE_WITH_BOX, {"task_id": task_id, "box_id": box_id})).first()
+        if row is None or row.box_id is None:
+            return row, None
+        return row, Box(**{c.name: getattr(row, f"box_{c.name}") for c in boxes.c})
 
     async def open_task(self, conn: Connection, *, task_id: str, owner_id: str, name: str, holder_label: str,
                         holder_token_id: str, secret_hash: str, now: datetime) -> Row:
@@ -115,6 +195,40 @@ class SqlLeaseStore:
             sa.select(lease_tasks).where(lease_tasks.c.owner_id == owner_id, lease_tasks.c.status == "open")
             .order_by(lease_tasks.c.last_activity_at.desc(), lease_tasks.c.id))).all())
 
+    async def open_tasks_page(self, conn: Connection, owner_id: str, size: int, *,
+                              after: tuple[datetime, str] | None = None,
+                              before: tuple[datetime, str] | None = None) -> TaskPage:
+        """Return up to `size` of an owner's open tasks, most recently active first (ties: higher id first), with
+        their live boxes oldest first and the count of all the owner's open tasks, in one query; `after` starts below
+        the task with that (last activity, id) key, `before` reads the page above it. Keyed, not offset: a page stays
+        the same while tasks open above it."""
+        params: dict[str, Any] = {"owner_id": owner_id, "size": size + 1}
+        if before is not None:
+            stmt, (params["at"], params["task_id"]) = _PAGE_BEFORE, before
+        elif after is not None:
+            stmt, (params["at"], params["task_id"]) = _PAGE_AFTER, after
+        else:
+            stmt = _PAGE_FIRST
+        rows = (await conn.execute(stmt, params)).all()
+        tasks: dict[str, PageTask] = {}
+        found: list[PageBox] = []
+        for r in rows:
+            if r.id is None:
+                continue
+            if r.id not in tasks:
+                tasks[r.id] = PageTask(id=r.id, name=r.name, holder_label=r.holder_label, secret_hash=r.secret_hash,
+                                       attached_at=r.attached_at, last_activity_at=r.last_activity_at)
+            if r.box_id is not None:
+                found.append(PageBox(id=r.box_id, task_id=r.id, name=r.box_name, driver=r.box_driver,
+                                     state=r.box_state, created_at=r.box_created_at))
+        shown = list(tasks.values())
+        more = len(shown) > size
+        if more:  # the extra task only says there is more: it is the one furthest from where the page was read
+            extra = shown.pop(0 if before is not None else -1)
+            found = [x for x in found if x.task_id != extra.id]
+        found.sort(key=lambda x: (x.created_at, x.id))
+        return TaskPage(tasks=shown, boxes=found, more=more, open_tasks=rows[0].open_tasks)
+
     async def recently_closed(self, conn: Connection, owner_id: str, limit: int) -> list[Row]:
         """Return an owner's `limit` most recently closed tasks, newest first."""
         return list((await conn.execute(
@@ -129,18 +243,18 @@ class SqlLeaseStore:
         return list((await conn.execute(
             sa.select(boxes.c.id, boxes.c.task_id, boxes.c.name, boxes.c.driver, boxes.c.state, boxes.c.created_at)
             .join(lease_tasks, lease_tasks.c.id == boxes.c.task_id)
-            .where(lease_tasks.c.owner_id == owner_id, lease_tasks.c.status == "open", boxes.c.state.in_(LIVE))
+            .where(lease_tasks.c.owner_id == owner_id, lease_tasks.c.status == "open", _live(boxes.c.state))
             .order_by(boxes.c.created_at, boxes.c.id))).all())
 
     async def live_box_ids(self, conn: Connection, task_id: str) -> list[str]:
         """Return the ids of a task's live boxes, oldest first."""
-        return list((await conn.execute(sa.select(boxes.c.id).where(boxes.c.task_id == task_id, boxes.c.state.in_(LIVE))
+        return list((await conn.execute(sa.select(boxes.c.id).where(boxes.c.task_id == task_id, _live(boxes.c.state))
                                         .order_by(boxes.c.created_at, boxes.c.id))).scalars().all())
 
     async def count_live_boxes(self, conn: Connection, task_id: str) -> int:
         """Return how many boxes of a task still hold resources (being made or live)."""
         return (await conn.execute(sa.select(sa.func.count()).select_from(boxes).where(
-            boxes.c.task_id == task_id, boxes.c.state.in_(LIVE)))).scalar_one()
+            boxes.c.task_id == task_id, _live(boxes.c.state)))).scalar_one()
 
     async def add_box(self, conn: Connection, *, box_id: str, task_id: str, name: str | None, driver: str,
                       provisional: dict[str, Any], now: datetime) -> None:
@@ -162,7 +276,7 @@ class SqlLeaseStore:
 
     async def mark_destroyed(self, conn: Connection, box_id: str, now: datetime) -> bool:
         """Mark a box destroyed while it is being made or live; False when it was not (another sweep was first)."""
-        res = await conn.execute(boxes.update().where(boxes.c.id == box_id, boxes.c.state.in_(LIVE))
+        res = await conn.execute(boxes.update().where(boxes.c.id == box_id, _live(boxes.c.state))
                                  .values(state="destroyed", destroyed_at=now))
         return res.rowcount == 1
 
@@ -175,7 +289,7 @@ class SqlLeaseStore:
 
     async def live_boxes_of(self, conn: Connection, task_ids: list[str]) -> list[Row]:
         """Return the boxes of these tasks that still hold resources, oldest first."""
-        return list((await conn.execute(sa.select(boxes).where(boxes.c.task_id.in_(task_ids), boxes.c.state.in_(LIVE))
+        return list((await conn.execute(sa.select(boxes).where(boxes.c.task_id.in_(task_ids), _live(boxes.c.state))
                                         .order_by(boxes.c.created_at))).all())
 
     async def stuck_boxes(self, conn: Connection, cutoff: datetime, limit: int) -> list[Row]:
@@ -189,7 +303,7 @@ class SqlLeaseStore:
         destroying them)."""
         return list((await conn.execute(
             sa.select(boxes.c.task_id).distinct().join(lease_tasks, lease_tasks.c.id == boxes.c.task_id)
-            .where(lease_tasks.c.status == "closed", boxes.c.state.in_(LIVE)).limit(limit))).scalars().all())
+            .where(lease_tasks.c.status == "closed", _live(boxes.c.state)).limit(limit))).scalars().all())
 
     # --- Boxes page sessions ---------------------------------------------------------------------
 

@@ -91,6 +91,27 @@ async def test_task_with_live_boxes_reads_the_task_and_only_its_live_boxes_oldes
     assert empty.id == "task_2" and none == [] and missing == (None, [])
 
 
+async def test_task_with_box_reads_the_task_and_that_box_in_any_state_only_when_it_is_the_tasks(db, leases, alice,
+                                                                                                clock):
+    async with db.write() as conn:
+        await open_task(leases, conn, clock, alice)
+        await open_task(leases, conn, clock, alice, "task_2")
+        await add_box(leases, conn, clock, "vm_a")
+        await add_box(leases, conn, clock, "vm_gone")
+        await leases.mark_destroyed(conn, "vm_gone", clock.now())
+        await add_box(leases, conn, clock, "vm_other", "task_2")
+    async with db.read() as conn:
+        task, box = await leases.task_with_box(conn, "task_1", "vm_a")
+        _, gone = await leases.task_with_box(conn, "task_1", "vm_gone")
+        other_task, not_here = await leases.task_with_box(conn, "task_1", "vm_other")
+        missing = await leases.task_with_box(conn, "task_missing", "vm_a")
+    assert task.id == "task_1" and task.secret_hash == "s" * 64
+    assert (box.id, box.task_id, box.state) == ("vm_a", "task_1", "live")
+    assert box.handle == {"dir": "vm_a", "sandbox": "bwrap"}
+    assert (gone.id, gone.state) == ("vm_gone", "destroyed")
+    assert other_task.id == "task_1" and not_here is None and missing == (None, None)
+
+
 async def test_touch_moves_activity_only_under_the_current_hash_of_an_open_task(db, leases, alice, clock):
     async with db.write() as conn:
         await open_task(leases, conn, clock, alice)
@@ -189,6 +210,108 @@ async def test_recently_closed_are_the_newest_closed_tasks_up_to_the_limit(db, l
             clock.advance(1)
         await open_task(leases, conn, clock, alice, "task_open")
         assert [t.id for t in await leases.recently_closed(conn, alice, 2)] == ["task_2", "task_1"]
+
+
+async def seed_page(db: Database, leases: SqlLeaseStore, clock: ManualClock, owner: str) -> list[str]:
+    """Open task_0 … task_6 for `owner`, one second apart except task_3 and task_4 (same instant); return them
+    in page order (most recently active first, ties higher id first)."""
+    async with db.write() as conn:
+        for i in range(7):
+            await open_task(leases, conn, clock, owner, f"task_{i}")
+            if i != 3:
+                clock.advance(1)
+    return [f"task_{i}" for i in (6, 5, 4, 3, 2, 1, 0)]
+
+
+def key(task) -> tuple:  # noqa: ANN001
+    return utc(task.last_activity_at), task.id
+
+
+async def test_open_tasks_page_is_the_most_recently_active_first_ties_by_higher_id_and_says_when_more_follow(
+        db, leases, alice, clock):
+    order = await seed_page(db, leases, clock, alice)
+    async with db.read() as conn:
+        first = await leases.open_tasks_page(conn, alice, 3)
+        everything = await leases.open_tasks_page(conn, alice, 7)
+        one_more = await leases.open_tasks_page(conn, alice, 6)
+    assert [t.id for t in first.tasks] == order[:3] and first.more
+    assert [t.id for t in everything.tasks] == order and not everything.more
+    assert [t.id for t in one_more.tasks] == order[:6] and one_more.more
+
+
+async def test_open_tasks_page_after_a_key_starts_below_it_and_stays_put_while_tasks_open_above(
+        db, leases, alice, clock):
+    order = await seed_page(db, leases, clock, alice)
+    async with db.read() as conn:
+        first = await leases.open_tasks_page(conn, alice, 3)
+    async with db.write() as conn:
+        clock.advance(60)
+        await open_task(leases, conn, clock, alice, "task_newer")  # would shift an offset-based page
+    async with db.read() as conn:
+        second = await leases.open_tasks_page(conn, alice, 3, after=key(first.tasks[-1]))
+        last = await leases.open_tasks_page(conn, alice, 3, after=key(second.tasks[-1]))
+        beyond = await leases.open_tasks_page(conn, alice, 3, after=key(last.tasks[-1]))
+    assert [t.id for t in second.tasks] == order[3:6] and second.more  # task_4 and task_3 tie: split by id
+    assert [t.id for t in last.tasks] == order[6:] and not last.more
+    assert beyond.tasks == [] and not beyond.more
+
+
+async def test_open_tasks_page_before_a_key_reads_the_page_above_it_in_page_order(db, leases, alice, clock):
+    order = await seed_page(db, leases, clock, alice)
+    async with db.read() as conn:
+        tasks = {t.id: t for t in (await leases.open_tasks_page(conn, alice, 7)).tasks}
+        above_last = await leases.open_tasks_page(conn, alice, 3, before=key(tasks[order[6]]))
+        above_that = await leases.open_tasks_page(conn, alice, 3, before=key(above_last.tasks[0]))
+        top = await leases.open_tasks_page(conn, alice, 3, before=key(tasks[order[0]]))
+    assert [t.id for t in above_last.tasks] == order[3:6] and above_last.more
+    assert [t.id for t in above_that.tasks] == order[:3] and not above_that.more
+    assert top.tasks == [] and not top.more
+
+
+async def test_open_tasks_page_carries_only_the_live_boxes_of_its_tasks_oldest_first(db, leases, alice, clock):
+    async with db.write() as conn:
+        await open_task(leases, conn, clock, alice, "task_a")
+        clock.advance(1)
+        await open_task(leases, conn, clock, alice, "task_b")
+        await add_box(leases, conn, clock, "vm_b2", "task_b")
+        clock.advance(1)
+        await add_box(leases, conn, clock, "vm_b1", "task_b")
+        await add_box(leases, conn, clock, "vm_making", "task_b", live=False)
+        await add_box(leases, conn, clock, "vm_gone", "task_b")
+        await leases.mark_destroyed(conn, "vm_gone", clock.now())
+        await add_box(leases, conn, clock, "vm_a", "task_a")  # task_a is on the next page
+    async with db.read() as conn:
+        page = await leases.open_tasks_page(conn, alice, 1)
+    assert [t.id for t in page.tasks] == ["task_b"] and page.more
+    assert [(b.id, b.task_id, b.state) for b in page.boxes] == [("vm_b2", "task_b", "live"),
+                                                               ("vm_b1", "task_b", "live"),
+                                                               ("vm_making", "task_b", "creating")]
+
+
+async def test_open_tasks_page_counts_every_open_task_of_the_owner_and_never_another_owners(
+        db, leases, alice, clock):
+    tokens = SqlTokenStore(db)
+    async with db.write() as conn:
+        bob = await tokens.ensure_principal(conn, "bob", "user", clock.now(), "pr_bob")
+        await open_task(leases, conn, clock, alice, "task_a")
+        await add_box(leases, conn, clock, "vm_a", "task_a")
+        clock.advance(1)
+        await open_task(leases, conn, clock, alice, "task_b")
+        await open_task(leases, conn, clock, alice, "task_shut")
+        await add_box(leases, conn, clock, "vm_shut", "task_shut")
+        await leases.close(conn, "task_shut", clock.now(), "closed")
+        clock.advance(1)
+        await open_task(leases, conn, clock, bob, "task_bobs")
+        await leases.add_box(conn, box_id="vm_bobs", task_id="task_bobs", name=None, driver="unsandboxed",
+                             provisional={}, now=clock.now())
+    async with db.read() as conn:
+        page = await leases.open_tasks_page(conn, alice, 1)
+        empty = await leases.open_tasks_page(conn, alice, 1, after=(clock.now() - timedelta(days=1), "task_0"))
+        bobs = await leases.open_tasks_page(conn, bob, 10, after=(clock.now() + timedelta(days=1), "task_zzz"))
+    assert [t.id for t in page.tasks] == ["task_b"] and page.boxes == [] and page.open_tasks == 2
+    assert (empty.open_tasks, empty.tasks, empty.boxes) == (2, [], [])
+    assert [t.id for t in bobs.tasks] == ["task_bobs"] and [b.id for b in bobs.boxes] == ["vm_bobs"]
+    assert bobs.open_tasks == 1
 
 
 # ---------------------------------------------------------------- boxes

@@ -1,9 +1,11 @@
-"""The Boxes page over real HTTP: its own revocable sessions (never the API token in a cookie), and unsandboxed boxes say so."""
+"""The Boxes page over real HTTP: its own revocable sessions (never the API token in a cookie), unsandboxed boxes
+say so, and pages (most recent activity first, keyed cursors, one query a page)."""
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import logging
+import re
 import shutil
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -17,6 +19,7 @@ from hub.app import Hub
 from hub.clock import ManualClock
 from hub.config import BoxSettings
 from hub.domain.leases import UNSANDBOXED
+from hub.services.auth import Caller
 from hub.store.db import Database
 from hub.store.tables import api_tokens, box_sessions
 from tests.helpers import hub_settings, mcp_client
@@ -146,3 +149,119 @@ async def test_sandboxed_boxes_carry_no_warning_and_report_their_isolation(h):
         await c.call_tool("rift_task_close", {"task": t["handle"]})
     assert box["sandboxed"] and box["warning"] is None and box["sandbox"] == "bwrap" and box["network"] == "none"
     assert set(box["limits"]) == {"memory", "pids", "cpu"} and listed[0]["warning"] is None
+
+
+# ---------------------------------------------------------------- pages
+
+
+async def open_tasks(hub: Hub, caller: Caller, names: list[str], boxes_each: int = 1) -> list[str]:
+    """Open tasks one minute apart (each with `boxes_each` live box rows); return their ids, newest first."""
+    ids = []
+    for name in names:
+        hub.clock.advance(minutes=1)
+        task_id = (await hub.leases.new(caller, name))["task_id"]
+        async with hub.db.write() as conn:
+            for j in range(boxes_each):
+                await hub.leases.store.add_box(conn, box_id=f"vm_{task_id[5:]}{j}", task_id=task_id, name=None,
+                                               driver="local", provisional={}, now=hub.clock.now())
+                await hub.leases.store.box_made(conn, f"vm_{task_id[5:]}{j}", {})
+        ids.append(task_id)
+    return ids[::-1]
+
+
+def shown(html: str) -> tuple[list[str], list[str]]:
+    """Return the task ids of the tasks table and the box ids of the boxes table, in page order."""
+    return re.findall(r'<tr data-task="([^"]+)"', html), re.findall(r'<tr data-box="([^"]+)"', html)
+
+
+def link(html: str, rel: str) -> str | None:
+    m = re.search(rf'<a id="{rel}" rel="(?:prev|next)" href="([^"]+)"', html)
+    return m.group(1).replace("&amp;", "&") if m else None
+
+
+@pytest.fixture
+async def paged(sqlite_url: str, tmp_path: Path) -> AsyncIterator[dict[str, Any]]:
+    async with page_hub(sqlite_url, tmp_path / "home", boxes=BoxSettings(page_size=3)) as served:
+        yield served
+
+
+async def test_the_boxes_page_pages_most_recent_activity_first_with_links_both_ways(paged):
+    hub, token = paged["hub"], await paged["hub"].auth.create_token("alice")
+    ids = await open_tasks(hub, await hub.auth.authenticate(token), [f"t{i}" for i in range(7)])
+    async with httpx2.AsyncClient(base_url=paged["url"], headers={"Authorization": f"Bearer {token}"}) as http:
+        pages, url = [], "/boxes"
+        while url:
+            html = (await http.get(url)).text
+            pages.append(html)
+            url = link(html, "older")
+        assert [shown(p)[0] for p in pages] == [ids[0:3], ids[3:6], ids[6:7]]
+        assert [shown(p)[1] for p in pages] == [[f"vm_{t[5:]}0" for t in reversed(part)]
+                                                for part in (ids[0:3], ids[3:6], ids[6:7])]  # boxes oldest first
+        assert "7 open tasks · this page: 3 tasks with 3 boxes" in pages[0] and "7 open tasks" in pages[2]
+        assert link(pages[0], "newer") is None and 'id="newest"' not in pages[0]
+        back = (await http.get(link(pages[2], "newer"))).text
+        assert shown(back)[0] == ids[3:6] and shown((await http.get(link(back, "newer"))).text)[0] == ids[0:3]
+
+
+async def test_a_boxes_page_stays_put_when_tasks_open_above_it(paged):
+    hub, token = paged["hub"], await paged["hub"].auth.create_token("alice")
+    caller = await hub.auth.authenticate(token)
+    ids = await open_tasks(hub, caller, [f"t{i}" for i in range(6)])
+    async with httpx2.AsyncClient(base_url=paged["url"], headers={"Authorization": f"Bearer {token}"}) as http:
+        older = link((await http.get("/boxes")).text, "older")
+        newest = await open_tasks(hub, caller, ["fresh"])
+        assert shown((await http.get(older)).text)[0] == ids[3:6]
+        assert shown((await http.get("/boxes")).text)[0] == [newest[0], *ids[0:2]]
+
+
+async def test_a_boxes_page_is_one_database_statement(paged):
+    hub, token = paged["hub"], await paged["hub"].auth.create_token("alice")
+    await open_tasks(hub, await hub.auth.authenticate(token), [f"t{i}" for i in range(7)], boxes_each=2)
+    statements: list[str] = []
+
+    def count(_conn, _cursor, statement, *_args) -> None:  # noqa: ANN001
+        if not statement.lstrip().upper().startswith(("BEGIN", "COMMIT", "ROLLBACK")):
+            statements.append(statement)
+
+    async with httpx2.AsyncClient(base_url=paged["url"], headers={"Authorization": f"Bearer {token}"}) as http:
+        older = link((await http.get("/boxes")).text, "older")  # also verifies the token once (then cached)
+        sa.event.listen(hub.db.engine.sync_engine, "before_cursor_execute", count)
+        try:
+            for url in ("/boxes", older, link((await http.get(older)).text, "newer")):
+                statements.clear()
+                assert (await http.get(url)).status_code == 200
+                assert len(statements) == 1 and "lease_tasks" in statements[0], statements
+        finally:
+            sa.event.remove(hub.db.engine.sync_engine, "before_cursor_execute", count)
+
+
+async def test_another_users_tasks_never_show_on_any_page(paged):
+    hub = paged["hub"]
+    alice, bob = await hub.auth.create_token("alice"), await hub.auth.create_token("bob")
+    a, b = await hub.auth.authenticate(alice), await hub.auth.authenticate(bob)
+    mine, theirs = [], []
+    for i in range(4):  # interleaved in time, so every page boundary has a neighbour of the other user
+        mine += await open_tasks(hub, a, [f"alice {i}"])
+        theirs += await open_tasks(hub, b, [f"bob {i}"])
+    async with httpx2.AsyncClient(base_url=paged["url"], headers={"Authorization": f"Bearer {alice}"}) as http:
+        seen, url = [], "/boxes"
+        while url:
+            html = (await http.get(url)).text
+            assert "bob" not in html.replace('id="principal">alice', "")
+            seen += shown(html)[0]
+            url = link(html, "older")
+        forged = (await http.get("/boxes", params={"after": f"9999999999999999.{theirs[0]}"})).text
+        forged_up = (await http.get("/boxes", params={"before": f"0.{theirs[-1]}"})).text
+    assert seen == mine[::-1] and "4 open tasks" in forged
+    assert set(shown(forged)[0]) | set(shown(forged_up)[0]) <= set(mine)
+    assert not set(theirs) & {*shown(forged)[1], *shown(forged_up)[1], *shown(forged)[0], *shown(forged_up)[0]}
+
+
+@pytest.mark.parametrize("query", [{"after": "yesterday"}, {"before": "12.task_UPPER"}, {"after": "1.vm_x"},
+                                   {"after": "1.task_a", "before": "2.task_b"}])
+async def test_a_bad_page_cursor_answers_400_naming_the_fix(paged, query):
+    token = await paged["hub"].auth.create_token("alice")
+    async with httpx2.AsyncClient(base_url=paged["url"], headers={"Authorization": f"Bearer {token}"}) as http:
+        resp = await http.get("/boxes", params=query)
+    assert resp.status_code == 400 and resp.headers["content-type"].startswith("text/html")
+    assert "Boxes page" in resp.text and "links" in resp.text

@@ -1,0 +1,82 @@
+"""The database work of one MCP call on each store, counted statement by statement: a verified token is cached per
+replica, a lease-gated call reads its task (and box) in one statement, and the activity clock moves at most once per
+`leases.activity_granularity_s`."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, AsyncIterator, Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from hub.store.db import Database
+from tests.helpers import HubHandle, mcp_client, start_hub
+from tests.integration.test_box_escape import destroy_live_boxes
+
+
+@pytest.fixture
+async def quiet_hub(db_url, tmp_path, clock) -> AsyncIterator[HubHandle]:  # noqa: ANN001
+    """A hub on a real port over each backend, without background loops (so every statement is the call's)."""
+    handle = await start_hub(db_url, tmp_path, clock, background=False)
+    yield handle
+    await destroy_live_boxes(handle.hub)
+    await handle.stop()
+
+
+@contextlib.contextmanager
+def statements(db: Database) -> Iterator[list[str]]:
+    """Record the SQL statements run through `db` (transaction control left out) while the block runs."""
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if not statement.lstrip().upper().startswith(("BEGIN", "COMMIT", "ROLLBACK", "RELEASE", "SAVEPOINT")):
+            seen.append(" ".join(statement.split()))
+
+    sa.event.listen(db.engine.sync_engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(db.engine.sync_engine, "before_cursor_execute", record)
+
+
+async def ok(client, tool: str, args: dict[str, Any]) -> dict[str, Any]:  # noqa: ANN001
+    res = await client.call_tool(tool, args)
+    assert not res.is_error, res.content[0].text
+    return res.structured_content
+
+
+async def test_a_verified_token_is_not_read_again_for_the_next_calls(quiet_hub):
+    async with mcp_client(quiet_hub.url, await quiet_hub.token("alice"), name="Claude") as c:
+        await ok(c, "profile_list", {})
+        for _ in range(3):
+            with statements(quiet_hub.hub.db) as seen:
+                await ok(c, "profile_list", {})
+            assert len(seen) == 1 and "FROM profiles" in seen[0], seen
+
+
+async def test_rift_vm_list_is_one_statement_and_moves_the_activity_clock_at_most_once_a_minute(quiet_hub):
+    async with mcp_client(quiet_hub.url, await quiet_hub.token("alice"), name="Claude") as c:
+        task = await ok(c, "rift_task_new", {"name": "hot"})
+        args = {"task": task["handle"]}
+        await ok(c, "rift_vm_list", args)
+        with statements(quiet_hub.hub.db) as seen:
+            await ok(c, "rift_vm_list", args)
+            await ok(c, "rift_vm_list", args)
+        assert len(seen) == 2 and all(s.startswith("SELECT") and "lease_tasks" in s for s in seen), seen
+        quiet_hub.clock.advance(seconds=quiet_hub.hub.settings.leases.activity_granularity_s)
+        with statements(quiet_hub.hub.db) as seen:
+            await ok(c, "rift_vm_list", args)
+            await ok(c, "rift_vm_list", args)
+        assert [s.split()[0] for s in seen] == ["SELECT", "UPDATE", "SELECT"], seen
+
+
+async def test_rift_vm_exec_reads_its_task_and_box_in_one_statement(quiet_hub):
+    async with mcp_client(quiet_hub.url, await quiet_hub.token("alice"), name="Claude") as c:
+        task = await ok(c, "rift_task_new", {"name": "hot"})
+        box = await ok(c, "rift_vm_new", {"task": task["handle"]})
+        args = {"task": task["handle"], "vm_id": box["vm_id"], "command": "true"}
+        await ok(c, "rift_vm_exec", args)
+        with statements(quiet_hub.hub.db) as seen:
+            assert (await ok(c, "rift_vm_exec", args))["exit_code"] == 0
+        assert len(seen) == 1 and "lease_tasks" in seen[0] and "boxes" in seen[0], seen
+        await ok(c, "rift_task_close", {"task": task["handle"]})
