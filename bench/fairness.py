@@ -44,7 +44,8 @@ async def waits(http: httpx2.AsyncClient, url: str, token: str, seconds: int) ->
     out = []
     for task_id, sent in ids:
         while True:
-            view = (await http.get(f"{url}/api/v1/tasks/{task_id}", headers={"Authorization": f"Bearer {token}"})).json()
+            view = (await http.get(f"{url}/api/v1/tasks/{task_id}",
+                                   headers={"Authorization": f"Bearer {token}"})).json()
             if view.get("started_at"):
                 out.append((datetime.fromisoformat(view["started_at"]).timestamp() - sent) * 1000)
                 break

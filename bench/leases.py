@@ -134,7 +134,7 @@ async def timed(c: Client, tool: str, args: dict, n: int) -> list[float]:
 
 async def gated_vs_bare(url: str, token: str, bare: str, calls: int,
                         rounds: int = 10) -> tuple[list[float], list[float], list[float]]:
-    """Time `rift_vm_list` under a live handle, the bare echo and the hub's `profile_list` (the door without a lease)."""
+    """Time `rift_vm_list` under a live handle, the bare echo and the hub's `profile_list` (the door, no lease)."""
     ours, peer, door = [], [], []
     async with client(url, token) as c, client(bare, None) as b:
         task = (await c.call_tool("rift_task_new", {"name": "bench"})).structured_content

@@ -84,7 +84,8 @@ class Hub:
         key = settings.secret_key or (embedded_secret_key(settings.home) if self.db.is_sqlite else None)
         self.credentials = CredentialService(self.db, self.clock, SecretBox(key) if key else None)
         self.admission = Admission(self.profiles, self.credentials, hs, settings.profiles)
-        self.tasks = TaskService(self.db, self.clock, self.notifier, hs, self.admission, on_admitted=self.dispatcher.kick)
+        self.tasks = TaskService(self.db, self.clock, self.notifier, hs, self.admission,
+                                 on_admitted=self.dispatcher.kick)
         self.permissions = PermissionService(self.db, self.clock, self.notifier)
         self.sessions = SessionService(self.db, self.clock, self.notifier, self.admission, self.tasks,
                                        on_admitted=self.dispatcher.kick, user_isolation=settings.memory.user_isolation)
@@ -157,7 +158,8 @@ class Hub:
     def app_runner(self, *, background: bool = True) -> GuardedAppRunner:
         """The aiohttp runner for this hub's app, with the slow- and idle-client limits of `hub.*`."""
         hs = self.settings.hub
-        limits = ConnectionLimits(header_timeout_s=hs.header_timeout_s, max_pending_connections=hs.max_pending_connections)
+        limits = ConnectionLimits(header_timeout_s=hs.header_timeout_s,
+                                  max_pending_connections=hs.max_pending_connections)
         return GuardedAppRunner(self.web_app(background=background), limits, access_log=None)
 
     async def _resources_ctx(self, _app: web.Application) -> AsyncIterator[None]:

@@ -143,9 +143,9 @@ def lease_tools(leases: LeaseService):  # noqa: ANN201
             rows = await guarded(lambda: leases.vm_list(caller_of(ctx), task))
             return BoxList(task_id=str(task).strip().split(".", 1)[0], boxes=[Box(**b) for b in rows])
 
-        @server.tool(description=("Run a shell command in one of the task's VMs; returns the exit code and stdout/stderr "
-                                  "capped at 64 KiB each. timeout_s defaults to 60 (at most 900); a command still "
-                                  f"running then is killed and the VM stays usable. {HANDLE_NOTE}"))
+        @server.tool(description=("Run a shell command in one of the task's VMs; returns the exit code and "
+                                  "stdout/stderr capped at 64 KiB each. timeout_s defaults to 60 (at most 900); "
+                                  f"a command still running then is killed and the VM stays usable. {HANDLE_NOTE}"))
         async def rift_vm_exec(vm_id: str, command: str, ctx: Context, task: str | None = None,
                                timeout_s: float | None = None) -> ExecResult:
             """Run a shell command in a VM."""

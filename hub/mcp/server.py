@@ -25,7 +25,8 @@ def caller_of(ctx: Context) -> Caller:
     state = getattr(request, "scope", {}).get("state") or {}
     caller = state.get("caller")
     if caller is None:
-        raise ToolError("not authenticated: send `Authorization: Bearer <token>`; create one with `amux token create --principal NAME`")
+        raise ToolError("not authenticated: send `Authorization: Bearer <token>`; "
+                        "create one with `amux token create --principal NAME`")
     return caller
 
 

@@ -125,7 +125,7 @@ class AuthService:
         if not task_id:
             return
         for token_id in await self.store.revoke_run_tokens(conn, task_id, self.clock.now()):
-            self._forget(token_id)
+            self.forget(token_id)
 
     async def create_token(self, principal: str, label: str | None = None, admin: bool = False, kind: str = "user",
                            *, runner: bool = False) -> str:
@@ -195,10 +195,11 @@ class AuthService:
             return caller.label
         async with self.db.write() as conn:
             label = await self.store.claim_label(conn, caller.token_id, f"mcp:{name}")
-        self._forget(caller.token_id)
+        self.forget(caller.token_id)
         return label
 
-    def _forget(self, token_id: str) -> None:
+    def forget(self, token_id: str) -> None:
+        """Drop a token from this replica's verified-token cache (it was revoked here)."""
         for digest, (_, cached) in list(self._verified.items()):
             if cached.token_id == token_id:
                 self._verified.pop(digest, None)
@@ -307,7 +308,7 @@ class TokenAdmin:
             if row is None or (row.principal_id != caller.principal_id and not caller.admin):
                 raise NotFound(f"token {token_id} does not exist or is not yours; list yours with `amux token list`")
             await self.auth.store.revoke_token(conn, token_id, self.auth.clock.now())
-        self.auth._forget(token_id)
+        self.auth.forget(token_id)
         for fn in self.auth.revocation_listeners:
             fn(token_id)
         view = [t for t in await self.list(caller, all_=caller.admin) if t["id"] == token_id]

@@ -429,7 +429,8 @@ class SqlOutboxStore:
         if rows:
             stmt = outbox.update().where(outbox.c.id == sa.bindparam("s_id"), outbox.c.claimed_by == worker,
                                          outbox.c.state == LIVE).values(
-                state=NoticeState.SENT, message_id=sa.bindparam("s_mid"), sent_at=now, attempts=sa.bindparam("s_attempts"),
+                state=NoticeState.SENT, message_id=sa.bindparam("s_mid"), sent_at=now,
+                attempts=sa.bindparam("s_attempts"),
                 claimed_by=None, claimed_until=None, last_error=None)
             await conn.execute(stmt, rows)
         return {s.notice_id for s in marked}

@@ -10,7 +10,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
 
 from ..errors import AmuxError
-from ..loops import Loops
+from ..loops import Loops, Tasks
 from ..runner import protocol as p
 from ..services.auth import AuthService
 from ..services.notify import Notifier
@@ -56,6 +56,7 @@ class RunnerEndpoint:
         self.loops = loops if loops is not None else Loops()
         self._own_loops = loops is None
         self.wake = asyncio.Event()
+        self.background = Tasks("runner endpoint")  # closes of revoked sockets, held until they end
         # A revocation through this replica closes at once; other replicas' pumps see it in the database.
         auth.revocation_listeners.append(self._on_revoked)
         # Work admitted on this replica for a runtime it serves wakes the pump at once; the rest waits a poll.
@@ -68,7 +69,7 @@ class RunnerEndpoint:
 
     def _on_revoked(self, token_id: str) -> None:
         for ws in list(self.by_token.get(token_id, ())):
-            asyncio.ensure_future(self._close_revoked(ws))
+            self.background.spawn(self._close_revoked(ws))
 
     @staticmethod
     async def _close_revoked(ws: web.WebSocketResponse) -> None:
@@ -81,6 +82,7 @@ class RunnerEndpoint:
         """Close every runner connection (on shutdown): runners reconnect to another replica or a restarted hub."""
         for ws in list(self.open):
             await ws.close(code=WSCloseCode.GOING_AWAY, message=b"hub shutting down")
+        await self.background.aclose()
         if self._own_loops:
             await self.loops.stop()
 
@@ -151,12 +153,13 @@ class RunnerEndpoint:
             reg = p.Register.model_validate(first)
             runtime_id, conn_id, drop = await self.runtimes.register(caller, reg)
         except (AmuxError, ValidationError, ValueError, TypeError, asyncio.TimeoutError) as e:
-            msg = e.message if isinstance(e, AmuxError) else f"bad register message ({e}); upgrade the runner to this hub's version"
+            msg = (e.message if isinstance(e, AmuxError)
+                   else f"bad register message ({e}); upgrade the runner to this hub's version")
             code = e.code if isinstance(e, AmuxError) else "invalid"
             await ws.send_json(p.ErrorMsg(message=msg, code=code).model_dump())
             await ws.close()
             return ws
-        except Exception as e:  # the database, most likely: the socket is already upgraded, so answer in-protocol
+        except Exception as e:  # noqa: BLE001 — the database, most likely: the socket is upgraded, answer in-protocol
             log.warning("runner registration failed (%s); the runner will retry", type(e).__name__)
             with contextlib.suppress(Exception):
                 await ws.send_json(p.ErrorMsg(message="the hub could not register this runner just now; retrying",
@@ -199,7 +202,8 @@ class RunnerEndpoint:
         return ws
 
     async def _apply_loop(self, ws: web.WebSocketResponse, runtime_id: str, conn_id: str, inbox: asyncio.Queue) -> None:
-        """Group commit: every frame that arrived while the last transaction ran is applied in the next one, in order."""
+        """Group commit: every frame that arrived while the last transaction ran is applied in the next one, in
+        order."""
         while True:
             frames = [await inbox.get()]
             while not inbox.empty():
@@ -215,7 +219,7 @@ class RunnerEndpoint:
                         break
                     except (ConnectionError, RuntimeError):
                         return  # the socket is gone
-                    except Exception as e:  # a transient database error (deadlock, restart): retry, then hand back
+                    except Exception as e:  # noqa: BLE001 — a transient database error (deadlock, restart): retry
                         if attempt + 1 < APPLY_ATTEMPTS:
                             await asyncio.sleep(0.2 * 2 ** attempt)
                             continue
@@ -236,12 +240,15 @@ class RunnerEndpoint:
         for frame in frames if isinstance(frames, list) else []:
             model = p.RUNNER_MESSAGES.get(frame.get("type") if isinstance(frame, dict) else None)
             if model is None or model is p.Register:
-                errors.append(p.ErrorMsg(message=f"unknown message type {frame.get('type') if isinstance(frame, dict) else frame!r}; upgrade the runner").model_dump())
+                kind = frame.get('type') if isinstance(frame, dict) else frame
+                errors.append(p.ErrorMsg(message=f"unknown message type {kind!r}; upgrade the runner").model_dump())
                 continue
             try:
                 parsed.append(model.model_validate(frame))
             except ValidationError as e:
-                errors.append(p.ErrorMsg(message=f"malformed {frame.get('type')} message: {e.errors()[0]['msg']}; upgrade the runner").model_dump())
+                why = e.errors()[0]['msg']
+                errors.append(p.ErrorMsg(message=f"malformed {frame.get('type')} message: {why}; upgrade the runner")
+                              .model_dump())
         replies = (await self.runtimes.apply(runtime_id, conn_id, parsed) if parsed else []) + errors
         if replies:
             await ws.send_json(replies[0] if len(replies) == 1 else {"type": "batch", "messages": replies})

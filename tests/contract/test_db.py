@@ -15,7 +15,8 @@ async def test_a_cancelled_writer_ends_its_transaction_at_once_so_the_next_write
 
     async def stuck_writer() -> None:
         async with db.write() as conn:
-            await conn.execute(principals.insert().values(id="p_stuck", kind="user", name="stuck", created_at=sa.func.now()))
+            await conn.execute(principals.insert().values(id="p_stuck", kind="user", name="stuck",
+                                                          created_at=sa.func.now()))
             started.set()
             await asyncio.sleep(60)
 
@@ -36,7 +37,8 @@ async def test_a_transaction_is_run_again_only_for_transient_errors(db):
 
     async def body(conn) -> int:
         calls.append(1)
-        await conn.execute(principals.insert().values(id=f"p_{len(calls)}", kind="user", name=f"n{len(calls)}", created_at=sa.func.now()))
+        await conn.execute(principals.insert().values(id=f"p_{len(calls)}", kind="user", name=f"n{len(calls)}",
+                                                      created_at=sa.func.now()))
         return len(calls)
 
     assert await db.transaction(body) == 1

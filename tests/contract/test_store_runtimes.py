@@ -294,7 +294,8 @@ async def test_claim_steers_returns_pending_unsent_steers_for_the_runtimes_runs_
         mine = await steer(conn, owner, tid)
         await steer(conn, owner, tid, state="delivered")
         await steer(conn, owner, await task(conn, owner, status="running", runtime_id=other))
-        assert [(s.id, s.task_id, s.text) for s in await store.claim_steers(conn, [rt], T0)] == [(mine, tid, "look left")]
+        assert [(s.id, s.task_id, s.text) for s in await store.claim_steers(conn, [rt], T0)] == [(mine, tid,
+                                                                                                  "look left")]
         assert await store.claim_steers(conn, [rt], T0) == []
 
 

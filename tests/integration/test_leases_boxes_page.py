@@ -110,7 +110,8 @@ async def test_an_expired_or_forged_session_signs_nobody_in(h):
     value, _ = cookie_of(await sign_in(h["url"], await h["hub"].auth.create_token("alice")))
     session_id = value.split(".", 1)[0]
     assert (await get_page(h["url"], f"{session_id}.{'x' * 43}")).status_code == 401
-    assert (await get_page(h["url"], await h["hub"].auth.create_token("alice"))).status_code == 401  # a token is no cookie
+    assert (await get_page(h["url"],
+                           await h["hub"].auth.create_token("alice"))).status_code == 401  # a token is no cookie
     h["hub"].clock.advance(hours=13)
     assert (await get_page(h["url"], value)).status_code == 401
 

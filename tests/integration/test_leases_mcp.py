@@ -56,7 +56,7 @@ def alive(pid: int, settle_s: float = 2.0) -> bool:
 
 @pytest.fixture
 async def hub(sqlite_url, tmp_path, clock):  # noqa: ANN001, ANN201
-    """A hub on a real port over SQLite; the boxes a test leaves are destroyed (they outlive a stopped hub by design)."""
+    """A hub on a real port over SQLite; the boxes a test leaves are destroyed (they outlive a stopped hub)."""
     handle = await start_hub(sqlite_url, tmp_path, clock)
     yield handle
     await destroy_live_boxes(handle.hub)
@@ -115,7 +115,8 @@ async def test_a_handle_that_is_not_the_current_lease_says_who_holds_it_since_wh
         t = await ok(claude, "rift_task_new", {"name": "work"})
         clock.advance(minutes=2)
         text = await refused(codex, "rift_task_attach", {"task_id": t["task_id"]})
-        assert "held by mcp:Claude since 2026-01-05T09:00:00Z" in text and "takeover=true" in text and "tell the user" in text
+        assert "held by mcp:Claude since 2026-01-05T09:00:00Z" in text
+        assert "takeover=true" in text and "tell the user" in text
         taken = await ok(codex, "rift_task_attach", {"task_id": t["task_id"], "takeover": True})
         assert taken["holder"] == "mcp:Codex" and taken["previous_holder"] == "mcp:Claude"
         text = await refused(claude, "rift_vm_list", {"task": t["handle"]})
@@ -136,15 +137,18 @@ async def test_every_refusal_names_the_tool_that_mends_it(hub):
         closed = await ok(claude, "rift_task_new", {"name": "closed"})
         await ok(claude, "rift_task_close", {"task": closed["handle"]})
         text = await refused(claude, "rift_vm_list", {"task": closed["handle"]})
-        assert text == f"task {closed['task_id']} is closed (closed by mcp:Claude); its VMs are gone; `rift_task_new` opens another"
-        assert "rift_task_new opens another" in (await refused(claude, "rift_task_attach", {"task_id": closed["task_id"]})).replace("`", "")
+        assert text == (f"task {closed['task_id']} is closed (closed by mcp:Claude); its VMs are gone; "
+                        "`rift_task_new` opens another")
+        assert "rift_task_new opens another" in (await refused(claude, "rift_task_attach",
+                                                               {"task_id": closed["task_id"]})).replace("`", "")
 
 
 async def test_another_users_task_id_is_refused_as_not_yours(hub):
     async with two_agents(hub) as (claude, _):
         t = await ok(claude, "rift_task_new", {"name": "alice's"})
         async with mcp_client(hub.url, await hub.token("bob"), name="Claude") as bob:
-            assert await refused(bob, "rift_task_attach", {"task_id": t["task_id"], "takeover": True}) == rules.not_yours(t["task_id"])
+            assert await refused(bob, "rift_task_attach", {"task_id": t["task_id"],
+                                                           "takeover": True}) == rules.not_yours(t["task_id"])
             assert await refused(bob, "rift_vm_new", {"task": t["handle"]}) == rules.not_yours(t["task_id"])
             assert (await ok(bob, "rift_task_list"))["tasks"] == []
         assert (await ok(claude, "rift_vm_list", {"task": t["handle"]}))["boxes"] == []
@@ -171,7 +175,8 @@ async def test_handing_a_task_over_walks_release_attach_takeover(hub):
         await ok(claude, "rift_task_release", {"task": t["handle"]})
         got = await ok(codex, "rift_task_attach", {"task_id": t["task_id"]})
         assert got["holder"] == "mcp:Codex" and got["took_over"] is False and got["boxes"] == [box["vm_id"]]
-        assert await refused(claude, "rift_vm_list", {"task": t["handle"]}) == rules.held_by("mcp:Codex", _parse(got["attached_at"]))
+        assert await refused(claude, "rift_vm_list", {"task": t["handle"]}) == rules.held_by("mcp:Codex",
+                                                                                             _parse(got["attached_at"]))
         # takeover → the first agent takes it back while the other was active.
         back = await ok(claude, "rift_task_attach", {"task_id": t["task_id"], "takeover": True})
         assert back["took_over"] and back["previous_holder"] == "mcp:Codex"
@@ -195,7 +200,8 @@ async def test_twenty_concurrent_takeovers_leave_exactly_one_working_handle(any_
         checks = await asyncio.gather(*(claude.call_tool("rift_vm_list", {"task": h}) for h in handles))
     working = [h for h, r in zip(handles, checks) if not r.is_error]
     assert len(working) == 1
-    assert all(r.content[0].text.startswith("Error executing tool rift_vm_list: held by mcp:") for r in checks if r.is_error)
+    assert all(r.content[0].text.startswith("Error executing tool rift_vm_list: held by mcp:")
+               for r in checks if r.is_error)
 
 
 async def test_exec_runs_a_real_process_in_the_boxs_own_directory_and_returns_the_exit_code(hub):
@@ -207,7 +213,8 @@ async def test_exec_runs_a_real_process_in_the_boxs_own_directory_and_returns_th
                                               "command": "echo hello > f.txt; cat f.txt; pwd; echo oops >&2; exit 3"})
         assert r["exit_code"] == 3 and r["stderr"] == "oops\n" and not r["timed_out"]
         assert r["stdout"].splitlines() == ["hello", "/box"]
-        r2 = await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": other["vm_id"], "command": "ls; echo $AMUX_BOX_ID"})
+        r2 = await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": other["vm_id"],
+                                               "command": "ls; echo $AMUX_BOX_ID"})
         assert r2["stdout"] == other["vm_id"] + "\n"  # each box has its own filesystem
 
 
@@ -263,11 +270,14 @@ async def test_flooding_output_is_capped_and_says_it_was_truncated(hub):
         box = await ok(claude, "rift_vm_new", {"task": t["handle"]})
         r = await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": box["vm_id"],
                                               "command": "head -c 5000000 /dev/zero | tr '\\0' x; echo done >&2"})
-        assert r["exit_code"] == 0 and len(r["stdout"]) == 64 * 1024 and r["stdout_truncated"] and r["stderr"] == "done\n"
+        assert r["exit_code"] == 0 and len(r["stdout"]) == 64 * 1024
+        assert r["stdout_truncated"] and r["stderr"] == "done\n"
         assert "truncated" in r["note"]
-        r = await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": box["vm_id"], "command": "yes", "timeout_s": 1})
+        r = await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": box["vm_id"], "command": "yes",
+                                              "timeout_s": 1})
         assert r["timed_out"] and len(r["stdout"]) == 64 * 1024 and r["stdout_truncated"]
-        assert (await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": box["vm_id"], "command": "echo ok"}))["stdout"] == "ok\n"
+        assert (await ok(claude, "rift_vm_exec", {"task": t["handle"], "vm_id": box["vm_id"],
+                                                  "command": "echo ok"}))["stdout"] == "ok\n"
 
 
 @pytest.mark.parametrize("args, fix", [
@@ -311,7 +321,8 @@ async def test_a_task_quiet_for_4_hours_closes_itself_and_its_processes_are_kill
         assert await hub.hub.leases.reap_once() == {"closed": 1, "destroyed": 1}
         assert not any(alive(p) for p in pids)
         listed = {x["task_id"]: x for x in (await ok(claude, "rift_task_list"))["tasks"]}
-        assert listed[t["task_id"]]["status"] == "closed" and listed[t["task_id"]]["closed_reason"] == "quiet for 4 hours"
+        assert listed[t["task_id"]]["status"] == "closed"
+        assert listed[t["task_id"]]["closed_reason"] == "quiet for 4 hours"
         assert "its VMs are gone" in await refused(claude, "rift_vm_list", {"task": t["handle"]})
 
 
@@ -327,7 +338,8 @@ async def driver(request, tmp_path):  # noqa: ANN001, ANN201
     return LocalBoxDriver(tmp_path / "boxes", BoxSettings(driver=request.param), hide=[tmp_path])
 
 
-async def test_the_local_driver_keeps_a_box_usable_after_a_timeout_and_destroy_kills_escaped_processes(driver, tmp_path):
+async def test_the_local_driver_keeps_a_box_usable_after_a_timeout_and_destroy_kills_escaped_processes(driver,
+                                                                                                       tmp_path):
     (tmp_path / "secret.token").write_text("hub secret")
     handle = await driver.create("vm_drivertest1")
     assert (await driver.describe(handle)).alive

@@ -50,7 +50,8 @@ def aiohttp_free_port() -> int:
 
 def bridge_tasks() -> int:
     """Count live tasks running an ASGI app for a request."""
-    return sum(1 for t in asyncio.all_tasks() if "AsgiExchange" in repr(t.get_coro()) or "handle_request" in repr(t.get_coro()))
+    return sum(1 for t in asyncio.all_tasks()
+               if "AsgiExchange" in repr(t.get_coro()) or "handle_request" in repr(t.get_coro()))
 
 
 async def raw_request(url: str, method: str, path: str, headers: dict[str, str], body: bytes = b"",
@@ -73,7 +74,8 @@ async def test_get_for_the_server_stream_answers_405_and_the_hub_stays_responsiv
         assert resp.status_code == 405 and resp.headers["Allow"] == "POST"
         assert "no server-to-client stream" in resp.json()["error"]["message"]
         # without the SSE Accept header too
-        assert (await http.get(f"{hub.url}/mcp", headers={"Authorization": headers["Authorization"]})).status_code == 405
+        assert (await http.get(f"{hub.url}/mcp",
+                               headers={"Authorization": headers["Authorization"]})).status_code == 405
     # the request that used to hang the hub: a GET stream whose client goes away at once
     for _ in range(20):
         _, writer, _ = await raw_request(hub.url, "GET", "/mcp", headers, read=False)

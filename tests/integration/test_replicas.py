@@ -49,9 +49,11 @@ async def test_a_task_admitted_on_one_hub_runs_on_a_runner_connected_to_another(
             sub = await eventually(runtime_online, timeout=20, interval=0.2)
             done = (await c.call_tool("task_wait", {"task_id": sub["task_id"], "timeout_s": 20})).structured_content
             while not done["done"]:
-                done = (await c.call_tool("task_wait", {"task_id": sub["task_id"], "cursor": done["cursor"], "timeout_s": 20})).structured_content
+                done = (await c.call_tool("task_wait", {"task_id": sub["task_id"], "cursor": done["cursor"],
+                                                        "timeout_s": 20})).structured_content
             view = (await c.call_tool("task_get", {"task_id": sub["task_id"]})).structured_content
-        assert view["status"] == "succeeded" and view["runtime"] == "on-b" and view["result"]["text"] == "across replicas"
+        assert view["status"] == "succeeded" and view["runtime"] == "on-b"
+        assert view["result"]["text"] == "across replicas"
     finally:
         for proc in (runner, replica_b):
             if proc is not None:

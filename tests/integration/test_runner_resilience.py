@@ -29,7 +29,8 @@ async def test_a_store_error_while_applying_reports_is_retried_and_the_task_stil
     flaky = FailingFirst(any_hub.hub.runtimes.apply, 2)  # fewer failures than the applier's attempts
     any_hub.hub.runtimes.apply = flaky
     caller = await any_hub.hub.auth.authenticate(any_hub.admin_token)
-    task_id = (await any_hub.hub.tasks.submit(caller, SubmitRequest(prompt="say hi\nsay done", profile="scripted")))["task_id"]
+    task_id = (await any_hub.hub.tasks.submit(caller, SubmitRequest(prompt="say hi\nsay done",
+                                                                    profile="scripted")))["task_id"]
     view = await any_hub.hub.tasks.wait_terminal(caller, task_id, 30)
     assert view["status"] == "succeeded" and view["result"]["text"] == "hi\ndone"
     assert flaky.calls > 2 and runner.registered.is_set()
@@ -41,7 +42,8 @@ async def test_a_store_error_that_persists_closes_the_socket_and_the_runner_reco
     flaky = FailingFirst(any_hub.hub.runtimes.apply, 3)  # every attempt of one batch fails: the socket is closed
     any_hub.hub.runtimes.apply = flaky
     first_ws = runner.ws
-    task_id = (await any_hub.hub.tasks.submit(caller, SubmitRequest(prompt="say hi\nsay done", profile="scripted")))["task_id"]
+    task_id = (await any_hub.hub.tasks.submit(caller, SubmitRequest(prompt="say hi\nsay done",
+                                                                    profile="scripted")))["task_id"]
     view = await any_hub.hub.tasks.wait_terminal(caller, task_id, 30)
     assert view["status"] == "succeeded" and view["result"]["text"] == "hi\ndone"  # resent after reconnecting
     assert runner.ws is not first_ws and runner.registered.is_set()

@@ -357,7 +357,8 @@ async def lease_racer(url: str, token: str, stats: Stats, stop: asyncio.Event, w
 
 
 async def faults(fleet: Fleet, pg: Postgres, proxy_url: str, stats: Stats, duration: float) -> None:
-    """One cycle per CYCLE_S of load: kill -9 a hub (restart it 3 s later), kill -9 a runner (restart it later), restart PostgreSQL."""
+    """One cycle per CYCLE_S of load: kill -9 a hub (restart it 3 s later), kill -9 a runner (restart it later),
+    restart PostgreSQL."""
     cycle = min(duration, CYCLE_S)
     start = time.monotonic()
     watchers: list[asyncio.Task] = []
@@ -482,7 +483,8 @@ async def test_three_replicas_survive_kill_9_of_a_hub_and_a_runner_and_a_postgre
 
         async def online() -> set[str]:
             async with engine.connect() as conn:
-                return set((await conn.execute(sa.select(runtimes.c.name).where(runtimes.c.status == "online"))).scalars())
+                online = sa.select(runtimes.c.name).where(runtimes.c.status == "online")
+                return set((await conn.execute(online)).scalars())
 
         for r in range(2):
             await fleet.start_runner(r, url)
@@ -614,13 +616,15 @@ async def test_three_replicas_survive_kill_9_of_a_hub_and_a_runner_and_a_postgre
         print(f"load {load_s:.0f}s (drain {drain_s:.1f}s; whole test {time.monotonic() - t_test:.0f}s), "
               f"{len(fleet.ports)} hub replicas, 2 real + {SIM_RUNNERS} simulated runners, {SCHEDULES} schedules "
               f"every {INTERVAL_S}s ({len(range(0, SCHEDULES, FAILING_EVERY))} failing)")
-        print(f"tasks: {len(stats.submitted)} submitted by clients ({sum(v == 'mcp' for v in stats.submitted.values())} MCP, "
+        by_mcp = sum(v == 'mcp' for v in stats.submitted.values())
+        print(f"tasks: {len(stats.submitted)} submitted by clients ({by_mcp} MCP, "
               f"{sum(v == 'rest' for v in stats.submitted.values())} REST), {stats.submit_errors} submit calls failed "
               f"during faults; {len(rows)} task rows in all (schedules included): {outcomes}; "
               f"{lost_runtime} failed 'runtime lost' (the killed runner's)")
         print(f"tasks not terminal: {len(not_terminal)} (open when the load stopped: {backlog}); "
               f"submitted but absent: {len(missing)}")
-        print(f"throughput {terminal / (load_s + drain_s):.1f} tasks/s to terminal; submit->running p50 {pct(lat, .5) * 1000:.0f} ms "
+        print(f"throughput {terminal / (load_s + drain_s):.1f} tasks/s to terminal; "
+              f"submit->running p50 {pct(lat, .5) * 1000:.0f} ms "
               f"p99 {pct(lat, .99) * 1000:.0f} ms; submit->terminal p99 {pct(e2e, .99):.2f} s")
         unknown = sum(1 for f in fir if f.admission is None and f.outcome == "unknown")
         print(f"firings: {len(fir)} rows {admissions}; {unknown} claimed but never admitted (outcome 'unknown': "
