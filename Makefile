@@ -8,6 +8,7 @@ VENV_PY     := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
 ARGS        ?=
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 2   # pytest-xdist workers (one per core here); a file's tests stay on one worker (--dist loadfile)
 
 .PHONY: venv run test bench clean
 
@@ -71,8 +72,8 @@ test: venv clients
 	    || { echo "make test: no PostgreSQL available (see above); set AMUX_TEST_DATABASE_URL to override" >&2; exit 1; }; \
 	fi; \
 	echo "make test: AMUX_TEST_DATABASE_URL=$$url" >&2; \
-	echo "+ $(VENV_PY) -m pytest -q $(PYTEST_ARGS)" >&2; \
-	AMUX_TEST_DATABASE_URL="$$url" $(VENV_PY) -m pytest -q $(PYTEST_ARGS)
+	echo "+ $(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)" >&2; \
+	AMUX_TEST_DATABASE_URL="$$url" $(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 ## bench: run the benchmarks (make bench ARGS='...')
 bench: venv

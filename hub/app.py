@@ -76,9 +76,8 @@ class Hub:
         self.metrics = health.Metrics()
         self.loops = Loops(self.metrics.registry)
         hs = settings.hub
-        self.auth = AuthService(self.db, self.clock)
-        self.oauth = OAuthService(self.db, self.clock, self.auth)  # hosted MCP clients (issue 19 item 4)
-        self.auth.oauth = self.oauth
+        self.oauth = OAuthService(self.db, self.clock)  # hosted MCP clients (issue 19 item 4)
+        self.auth = AuthService(self.db, self.clock, oauth=self.oauth)
         self.dispatcher = Dispatcher(self.db, self.clock, self.notifier, hs)
         self.profiles = ProfileService(self.db, self.clock)
         key = settings.secret_key or (embedded_secret_key(settings.home) if self.db.is_sqlite else None)
@@ -145,7 +144,7 @@ class Hub:
         app.router.add_get("/runner/ws", self.runner_endpoint.handle)
         app.on_shutdown.append(self.runner_endpoint.close_all)
         app.router.add_route("*", "/mcp", self.mcp.handle)
-        oauth_web.add_routes(app, self.oauth, self.settings.public_url)
+        oauth_web.add_routes(app, self.oauth, self.auth, self.settings.public_url)
         boxes.add_routes(app, self.auth, self.leases, self.clock, public_url=self.settings.public_url)
         self.bot.add_routes(app)
         app.cleanup_ctx.insert(0, self._resources_ctx)  # cleaned up last: after the loops and the bot stopped

@@ -78,7 +78,8 @@ class AuthService:
     so a revocation reaches every replica within that time; the database stays the only truth.
     """
 
-    def __init__(self, db: Database, clock: Clock, cache_s: float = 5.0) -> None:
+    def __init__(self, db: Database, clock: Clock, cache_s: float = 5.0, *,
+                 oauth: OAuthVerifier | None = None) -> None:
         self.db = db
         self.clock = clock
         self.cache_s = cache_s
@@ -86,7 +87,7 @@ class AuthService:
         self._verified: dict[str, tuple[float, Caller]] = {}
         # Called with a token id after a revocation made through this replica (the runner endpoint closes its sockets).
         self.revocation_listeners: list[Callable[[str], Any]] = []
-        self.oauth: OAuthVerifier | None = None  # set by the composition root (hub/services/oauth.py)
+        self.oauth = oauth  # OAuth access tokens of hosted MCP clients (hub/services/oauth.py)
 
     async def ensure_principal(self, conn: Connection, name: str, kind: str = "user") -> str:
         """Return the id of principal `name`, creating it."""

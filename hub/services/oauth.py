@@ -31,7 +31,7 @@ from ..errors import Unauthorized
 from ..ids import new_id
 from ..store.db import Connection, Database
 from ..store.tokens import SqlOAuthStore
-from .auth import AuthService, Caller, hash_secret
+from .auth import Caller, hash_secret
 
 SCOPES = ("tasks", "schedules", "leases")
 SCOPE_TEXT = {
@@ -128,10 +128,10 @@ def same_resource(given: str, resources: tuple[str, ...]) -> bool:
 class OAuthService:
     """Register clients, issue codes and tokens, verify access tokens, sign users in with login links."""
 
-    def __init__(self, db: Database, clock: Clock, auth: AuthService, *, access_ttl_s: float = 3600,
+    def __init__(self, db: Database, clock: Clock, *, access_ttl_s: float = 3600,
                  refresh_ttl_s: float = 30 * 86400, code_ttl_s: float = 600, login_ttl_s: float = 600,
                  session_ttl_s: float = 3600, cache_s: float = 5.0) -> None:
-        self.db, self.clock, self.auth = db, clock, auth
+        self.db, self.clock = db, clock
         self.store = SqlOAuthStore(db)
         self.access_ttl = timedelta(seconds=access_ttl_s)
         self.refresh_ttl = timedelta(seconds=refresh_ttl_s)
@@ -379,11 +379,6 @@ class OAuthService:
         return caller
 
     # ------------------------------------------------------------------ signing in on the approval page
-
-    async def principal_for_token(self, token: str) -> tuple[str, str]:
-        """Return (principal id, name) for an amux token pasted on the approval page, or raise Unauthorized."""
-        caller = await self.auth.authenticate(token.strip())
-        return caller.principal_id, caller.principal
 
     async def issue_login_link(self, principal_id: str, base_url: str) -> str:
         """Return a one-time sign-in link for the approval page (10 minutes); the Feishu bot sends it to a bound

@@ -16,6 +16,7 @@ from aiohttp import web
 from mcp.shared.auth import OAuthMetadata, ProtectedResourceMetadata
 
 from ..errors import AmuxError
+from ..services.auth import AuthService
 from ..services.oauth import SCOPE_TEXT, SCOPES, AuthorizeRequest, OAuthError, OAuthService, PageError, RedirectError
 
 SESSION_COOKIE = "amux_oauth_session"
@@ -32,8 +33,9 @@ AUTH_PARAMS = ("response_type", "client_id", "redirect_uri", "state", "code_chal
 class OAuthWeb:
     """The HTTP face of the hub's authorization server and of `/mcp` as a protected resource."""
 
-    def __init__(self, oauth: OAuthService, public_url: str | None) -> None:
+    def __init__(self, oauth: OAuthService, auth: AuthService, public_url: str | None) -> None:
         self.oauth = oauth
+        self.auth = auth
         self.public_url = public_url.rstrip("/") if public_url else None
 
     def base(self, request: web.Request) -> str:
@@ -148,7 +150,7 @@ class OAuthWeb:
         token = str(form.get("token") or "").strip()
         try:
             if token:
-                principal_id, _ = await self.oauth.principal_for_token(token)
+                principal_id = (await self.auth.authenticate(token)).principal_id  # an amux token pasted here
             elif signed_in and session and form.get("csrf") == _csrf(session):
                 principal_id = signed_in[0]
             else:
@@ -222,9 +224,9 @@ class OAuthWeb:
 OAUTH = web.AppKey("oauth", OAuthWeb)
 
 
-def add_routes(app: web.Application, oauth: OAuthService, public_url: str | None) -> None:
+def add_routes(app: web.Application, oauth: OAuthService, auth: AuthService, public_url: str | None) -> None:
     """Register the discovery, registration, approval and token routes."""
-    ep = OAuthWeb(oauth, public_url)
+    ep = OAuthWeb(oauth, auth, public_url)
     app[OAUTH] = ep
     for path in ("/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp"):
         app.router.add_get(path, ep.protected_resource)
