@@ -98,8 +98,9 @@ class AlertService:
         key = f"{ev.firing_id}:{ev.missed_count}"
         for _ in range(3):
             try:
-                async with self.db.write() as conn:
-                    return await self._ingest(conn, ev, key)
+                # A transient database error (a PostgreSQL restart) runs the rules again instead of dropping the
+                # outcome (soak finding 10); `_ingest` reads its state afresh on each attempt.
+                return await self.db.transaction(lambda conn: self._ingest(conn, ev, key))
             except DecidedElsewhere:  # another hub decided it (or opened the incident) concurrently: look again
                 continue
         return None
