@@ -312,3 +312,41 @@ if __name__ == "__main__":  # a fake in its own process, as the real platform wo
     import sys  # python -m tests.fakes.feishu APP_ID[,APP_ID…] PORT [--limits]
 
     asyncio.run(_serve(sys.argv[1], int(sys.argv[2]), "--limits" in sys.argv))
+
+
+def card_buttons(card: dict) -> list[dict]:
+    """Return every button node of a rendered card, in order (its `text` and `behaviors[0]["value"]`)."""
+    found: list[dict] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("tag") == "button":
+                found.append(node)
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(card)
+    return found
+
+
+def signed_card_callback(*, app_id: str, open_id: str, value: dict, message_id: str, now_s: float,
+                         token: str, encrypt_key: str) -> tuple[bytes, dict[str, str]]:
+    """Build a `card.action.trigger` callback the way Feishu sends it: encrypted body and signed headers."""
+    import os
+    import uuid
+
+    from bot.feishu.webhook import encrypt, signature
+
+    event = {"operator": {"tenant_key": "t1", "open_id": open_id, "union_id": f"on_{open_id[3:]}"},
+             "token": f"c-{uuid.uuid4().hex}", "action": {"value": value, "tag": "button"}, "host": "im_message",
+             "context": {"open_message_id": message_id, "open_chat_id": f"oc_{open_id}"}}
+    envelope = {"schema": "2.0", "header": {
+        "event_id": uuid.uuid4().hex, "token": token, "event_type": "card.action.trigger", "tenant_key": "t1",
+        "app_id": app_id, "create_time": str(int(now_s * 1000))}, "event": event}
+    body = json.dumps({"encrypt": encrypt(json.dumps(envelope), encrypt_key, os.urandom(16))}).encode()
+    ts, nonce = str(int(now_s)), uuid.uuid4().hex
+    return body, {"Content-Type": "application/json", "X-Lark-Request-Timestamp": ts, "X-Lark-Request-Nonce": nonce,
+                  "X-Lark-Signature": signature(ts, nonce, encrypt_key, body)}

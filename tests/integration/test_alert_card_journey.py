@@ -8,8 +8,6 @@ suspension clears (Recheck). Anyone but the application's administrator is refus
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from pathlib import Path
 
 import aiohttp
@@ -17,7 +15,6 @@ import pytest
 import sqlalchemy as sa
 from aiohttp import web
 
-from bot.feishu.webhook import encrypt, signature
 from hub.app import Hub
 from hub.clock import ManualClock
 from hub.config import FeishuAppSettings
@@ -25,7 +22,7 @@ from hub.ids import new_id
 from hub.services.schedules import ScheduleSpec
 from hub.store.db import Database
 from hub.store.tables import firings, identity_bindings, incidents, runtimes, schedules, task_runs
-from tests.fakes.feishu import FakeFeishu, card_text, clock_seconds
+from tests.fakes.feishu import FakeFeishu, card_buttons, card_text, clock_seconds, signed_card_callback
 from tests.helpers import hub_settings
 
 ADMIN, ALICE = "ou_admin", "ou_alice"
@@ -71,16 +68,9 @@ class Journey:
 
     async def press(self, open_id: str, value: dict, message_id: str) -> dict:
         """POST a signed, encrypted card callback the way Feishu builds it; return the JSON answer."""
-        event = {"operator": {"tenant_key": "t1", "open_id": open_id, "union_id": f"on_{open_id[3:]}"},
-                 "token": f"c-{uuid.uuid4().hex}", "action": {"value": value, "tag": "button"}, "host": "im_message",
-                 "context": {"open_message_id": message_id, "open_chat_id": f"oc_{open_id}"}}
-        envelope = {"schema": "2.0", "header": {
-            "event_id": uuid.uuid4().hex, "token": VT, "event_type": "card.action.trigger", "tenant_key": "t1",
-            "app_id": self.fake.app_id, "create_time": str(int(self.clock.now().timestamp() * 1000))}, "event": event}
-        body = json.dumps({"encrypt": encrypt(json.dumps(envelope), EK, os.urandom(16))}).encode()
-        ts, nonce = str(int(self.clock.now().timestamp())), uuid.uuid4().hex
-        headers = {"Content-Type": "application/json", "X-Lark-Request-Timestamp": ts, "X-Lark-Request-Nonce": nonce,
-                   "X-Lark-Signature": signature(ts, nonce, EK, body)}
+        body, headers = signed_card_callback(app_id=self.fake.app_id, open_id=open_id, value=value,
+                                             message_id=message_id, now_s=self.clock.now().timestamp(), token=VT,
+                                             encrypt_key=EK)
         async with aiohttp.ClientSession() as s:
             async with s.post(f"{self.url}/feishu/{self.fake.app_id}/events", data=body, headers=headers) as r:
                 assert r.status == 200
@@ -96,18 +86,7 @@ class Journey:
 
 def button(card: dict, label: str) -> dict:
     """Return the callback value of the card's button labelled `label` (English)."""
-    found: list[dict] = []
-
-    def walk(node) -> None:  # noqa: ANN001
-        if isinstance(node, dict):
-            if node.get("tag") == "button" and node["text"]["content"] == label:
-                found.append(node["behaviors"][0]["value"])
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-    walk(card)
+    found = [b["behaviors"][0]["value"] for b in card_buttons(card) if b["text"]["content"] == label]
     assert len(found) == 1, f"no single {label!r} button in {card_text(card)}"
     return found[0]
 

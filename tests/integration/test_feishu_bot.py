@@ -30,7 +30,7 @@ from hub.services.auth import Caller
 from hub.services.schedules import ScheduleSpec
 from hub.store.db import Database
 from hub.store.tables import firings, identity_bindings, incidents, runtimes, task_runs
-from tests.fakes.feishu import FakeFeishu, Message, card_text, clock_seconds
+from tests.fakes.feishu import FakeFeishu, Message, card_buttons, card_text, clock_seconds
 from tests.helpers import eventually, hub_settings
 
 ADMIN = "ou_admin"
@@ -139,19 +139,7 @@ async def bot(sqlite_url: str, tmp_path: Path, clock: ManualClock):
 
 def buttons(card: dict) -> list[dict]:
     """Return the callback values of every button in a card."""
-    out = []
-
-    def walk(node):  # noqa: ANN001, ANN202
-        if isinstance(node, dict):
-            if node.get("tag") == "button":
-                out.append(node["behaviors"][0]["value"])
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-    walk(card)
-    return out
+    return [b["behaviors"][0]["value"] for b in card_buttons(card)]
 
 
 async def test_url_verification_answers_the_challenge(bot: Bot):

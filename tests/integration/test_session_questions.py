@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
-import uuid
 from pathlib import Path
 
 import aiohttp
 import pytest
 import sqlalchemy as sa
 
-from bot.feishu.webhook import encrypt, signature
 from hub.clock import ManualClock
 from hub.config import FeishuAppSettings
 from hub.engines.claude import ClaudeEngine
@@ -29,7 +26,7 @@ from hub.runner.agent import Runner
 from hub.runner.protocol import QUESTION_DIAGNOSTIC
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import session_questions, task_runs
-from tests.fakes.feishu import FakeFeishu, card_text, clock_seconds
+from tests.fakes.feishu import FakeFeishu, card_buttons, card_text, clock_seconds, signed_card_callback
 from tests.helpers import REPO, HubHandle, eventually, mcp_client, start_hub
 from tests.integration.test_cli_rest import amux
 from tests.integration.test_session_agent_mcp import post_message
@@ -60,16 +57,8 @@ class Chat:
 
     async def press(self, value: dict, message_id: str) -> dict:
         """POST a signed, encrypted card callback as Feishu builds it; return the JSON answer."""
-        event = {"operator": {"tenant_key": "t1", "open_id": ALICE, "union_id": f"on_{ALICE[3:]}"},
-                 "token": f"c-{uuid.uuid4().hex}", "action": {"value": value, "tag": "button"}, "host": "im_message",
-                 "context": {"open_message_id": message_id, "open_chat_id": f"oc_{ALICE}"}}
-        envelope = {"schema": "2.0", "header": {
-            "event_id": uuid.uuid4().hex, "token": VT, "event_type": "card.action.trigger", "tenant_key": "t1",
-            "app_id": self.fake.app_id, "create_time": str(int(self.clock.now().timestamp() * 1000))}, "event": event}
-        body = json.dumps({"encrypt": encrypt(json.dumps(envelope), EK, os.urandom(16))}).encode()
-        ts, nonce = str(int(self.clock.now().timestamp())), uuid.uuid4().hex
-        headers = {"Content-Type": "application/json", "X-Lark-Request-Timestamp": ts, "X-Lark-Request-Nonce": nonce,
-                   "X-Lark-Signature": signature(ts, nonce, EK, body)}
+        body, headers = signed_card_callback(app_id=self.fake.app_id, open_id=ALICE, value=value, message_id=message_id,
+                                             now_s=self.clock.now().timestamp(), token=VT, encrypt_key=EK)
         async with aiohttp.ClientSession() as s, s.post(f"{self.handle.url}/feishu/{self.fake.app_id}/events",
                                                           data=body, headers=headers) as r:
             assert r.status == 200, await r.text()
@@ -125,19 +114,7 @@ async def chat(db_url: str, tmp_path: Path, clock: ManualClock, monkeypatch):
 
 def buttons(card: dict) -> dict[str, dict]:
     """Return the card's buttons: English label → callback value."""
-    found: dict[str, dict] = {}
-
-    def walk(node) -> None:  # noqa: ANN001
-        if isinstance(node, dict):
-            if node.get("tag") == "button":
-                found[node["text"]["content"]] = node["behaviors"][0]["value"]
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-    walk(card)
-    return found
+    return {b["text"]["content"]: b["behaviors"][0]["value"] for b in card_buttons(card)}
 
 
 async def ask(chat: Chat) -> tuple[str, dict]:

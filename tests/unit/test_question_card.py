@@ -8,26 +8,14 @@ from bot.cards.question import render_answered, render_question
 from bot.handlers import questions
 from bot.i18n import Catalogs
 from bot.router import check
-from tests.fakes.feishu import card_text
+from tests.fakes.feishu import card_buttons, card_text
 
 QUESTION = {"question_id": "q_1", "turn_id": "turn_1", "text": "Which database?", "options": ["PostgreSQL", "SQLite"],
             "free_text": True, "state": "open"}
 
 
 def values(card: dict) -> list[dict]:
-    found: list[dict] = []
-
-    def walk(node) -> None:  # noqa: ANN001
-        if isinstance(node, dict):
-            if node.get("tag") == "button":
-                found.append(node["behaviors"][0]["value"])
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-    walk(card)
-    return found
+    return [b["behaviors"][0]["value"] for b in card_buttons(card)]
 
 
 def test_every_button_of_the_question_card_routes_to_answer_with_its_option():
