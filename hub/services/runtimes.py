@@ -4,7 +4,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable
+from types import SimpleNamespace
+from typing import Any, Awaitable, Callable, TypeVar
 
 from pydantic import BaseModel
 
@@ -25,6 +26,7 @@ from .notify import Notifier
 from .questions import record_question
 from .tasks import task_key
 
+T = TypeVar("T")
 log = logging.getLogger("amux.runtimes")
 
 
@@ -35,6 +37,9 @@ class _Effects:
     changed: set[str] = field(default_factory=set)
     started: list[tuple[str, float]] = field(default_factory=list)
     freed: bool = False
+    # The runs this transaction read and locked, as this batch has changed them: a batch often carries several
+    # reports of one run (accepted, events, finished), and the run is read once (None: not this runtime's).
+    held: dict[tuple[str, int], SimpleNamespace | None] = field(default_factory=dict)
 TAKEN = ("runtime name {name!r} belongs to {owner!r}, who registered it first; start the runner with another "
          "--name, or have {owner!r} deregister it (`DELETE /api/v1/runtimes/{name}` with their token) while its "
          "runner is stopped")
@@ -214,6 +219,7 @@ class RuntimeService:
             elif isinstance(msg, p.Steered):
                 # Taken by the running turn, or back to the mailbox for a later wake.
                 await self.store.settle_steer(conn, msg.steer_id, msg.task_id, msg.delivered, now)
+        await self._write_pending(conn, fx)
         return fx, replies
 
     async def heartbeat(self, runtime_id: str, conn_id: str) -> None:
@@ -222,29 +228,63 @@ class RuntimeService:
 
     async def accepted(self, runtime_id: str, msg: p.Accepted) -> str:
         """Apply one Accepted; return 'ok', 'cancel' or 'drop'."""
-        now = self.clock.now()
-        return await self.db.transaction(lambda conn: self._accepted(conn, runtime_id, msg, now, _Effects()))
+        return await self._single(self._accepted, runtime_id, msg)
 
     async def events(self, runtime_id: str, msg: p.Events) -> int | None:
         """Apply one Events; return the acknowledged runner sequence, None when not ours."""
-        now = self.clock.now()
-        return await self.db.transaction(lambda conn: self._events(conn, runtime_id, msg, now, _Effects()))
+        return await self._single(self._events, runtime_id, msg)
 
     async def finished(self, runtime_id: str, msg: p.Finished) -> bool:
         """Apply one Finished; False when the task is not this runner's."""
+        return await self._single(self._finished, runtime_id, msg)
+
+    async def _single(self, handler: Callable[..., Awaitable[T]], runtime_id: str, msg: BaseModel) -> T:
+        """Apply one report in a transaction of its own (what it left pending written before the commit)."""
         now = self.clock.now()
-        return await self.db.transaction(lambda conn: self._finished(conn, runtime_id, msg, now, _Effects()))
+
+        async def apply(conn: Connection) -> T:
+            fx = _Effects()
+            out = await handler(conn, runtime_id, msg, now, fx)
+            await self._write_pending(conn, fx)
+            return out
+
+        return await self.db.transaction(apply)
+
+    async def _held(self, conn: Connection, runtime_id: str, task_id: str, attempt: int,
+                    fx: _Effects) -> SimpleNamespace | None:
+        """The run this report is about, read (and locked) once per transaction; None when this runtime does not
+        hold this attempt of it."""
+        key = (task_id, attempt)
+        if key not in fx.held:
+            row = await self.store.held_run(conn, runtime_id, task_id, attempt)
+            # `start_pending` / `seen_dirty`: the run's start and event counters this batch has yet to write (with
+            # its outcome if it also finished in this batch, else by `_write_pending` at the end of the batch).
+            fx.held[key] = None if row is None else SimpleNamespace(  # Row._mapping: SQLAlchemy's public view
+                **row._mapping, start_pending=None, seen_dirty=False)  # noqa: SLF001
+        return fx.held[key]
+
+    async def _write_pending(self, conn: Connection, fx: _Effects) -> None:
+        """Write what the batch's reports left pending on runs that did not finish in it: their start (the task row,
+        then its reservation) and their event counters."""
+        for (_, attempt), row in fx.held.items():
+            if row is None:
+                continue
+            if row.start_pending is not None:
+                await self.store.start_run(conn, row.id, attempt, row.start_pending)
+            if row.seen_dirty:
+                await self.tasks.mark_events_seen(conn, row.id, event_seq=row.event_seq, last_rseq=row.last_rseq,
+                                                  usage=row.usage_json)
 
     async def _accepted(self, conn: Connection, runtime_id: str, msg: p.Accepted, now: datetime,
                         fx: _Effects) -> str:
         """Commit the reservation and mark the task running."""
-        row = await self.store.held_run(conn, runtime_id, msg.task_id, msg.attempt)
+        row = await self._held(conn, runtime_id, msg.task_id, msg.attempt, fx)
         if row is None:
             return "drop"
         if is_terminal(row.status):
             return "cancel"
         if row.status == Status.DISPATCHED.value:
-            await self.store.start_run(conn, row.id, msg.attempt, now)
+            row.status, row.start_pending = Status.RUNNING.value, now  # written at the end of the batch
             fx.started.append((row.id, (now - utc(row.created_at)).total_seconds()))
             if row.session_id:  # the session's runtime is sticky from its first run
                 await self.store.stick_session(conn, row.session_id, runtime_id)
@@ -254,7 +294,7 @@ class RuntimeService:
     async def _events(self, conn: Connection, runtime_id: str, msg: p.Events, now: datetime,
                       fx: _Effects) -> int | None:
         """Append new events in order (resends are skipped by the runner sequence)."""
-        row = await self.store.held_run(conn, runtime_id, msg.task_id, msg.attempt)
+        row = await self._held(conn, runtime_id, msg.task_id, msg.attempt, fx)
         if row is None:
             return None
         last = row.last_rseq
@@ -275,14 +315,15 @@ class RuntimeService:
         if new:
             fx.changed.add(row.id)
         if last != row.last_rseq:  # new events, or resends skipped up to a later runner sequence
-            await self.tasks.append_runner_events(conn, row.id, new, now, event_seq=row.event_seq, last_rseq=last,
-                                                  usage=usage)
+            await self.tasks.insert_events(conn, row.id, new, now, event_seq=row.event_seq)
+            row.event_seq, row.last_rseq, row.usage_json = row.event_seq + len(new), last, usage
+            row.seen_dirty = True  # the counters are written once per batch
         return last
 
     async def _finished(self, conn: Connection, runtime_id: str, msg: p.Finished, now: datetime,
                         fx: _Effects) -> bool:
         """Record the terminal outcome and release capacity."""
-        row = await self.store.held_run(conn, runtime_id, msg.task_id, msg.attempt)
+        row = await self._held(conn, runtime_id, msg.task_id, msg.attempt, fx)
         if row is None:
             return False
         if not is_terminal(row.status):
@@ -292,7 +333,9 @@ class RuntimeService:
             await self.tasks.finish(conn, row.id, status, now, error=error,
                               result_text=msg.result_text, result_json=msg.result_json,
                               usage=clean_usage(msg.usage) or row.usage_json, changed_files=msg.changed_files,
-                              last_rseq=msg.rseq, resume_handle=msg.resume_handle)
+                              last_rseq=msg.rseq, resume_handle=msg.resume_handle, started_at=row.start_pending,
+                              event_seq=row.event_seq if row.seen_dirty else None)
+            row.status, row.last_rseq, row.start_pending, row.seen_dirty = status.value, msg.rseq, None, False
             if status == Status.WAITING_FOR_USER and msg.question is not None:
                 await record_question(conn, row, msg.question, now)
             if row.session_id and msg.resume_handle:

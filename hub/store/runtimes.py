@@ -16,6 +16,20 @@ from .tables import api_tokens, mailbox, permission_replies, principals, reserva
 ACTIVE_RES = ("pending", "committed")
 ON_RUNTIME = [Status.DISPATCHED.value, Status.RUNNING.value]
 
+# The runner reports' statements, built once: building a statement costs more than running it (bench/dispatch).
+# What the reports read of the run they apply to (never its prompt or snapshot).
+HELD_COLUMNS = [task_runs.c[n] for n in ("id", "owner_id", "session_id", "kind", "status", "created_at", "runtime_id",
+                                          "attempt", "cancel_requested_at", "last_rseq", "event_seq", "usage_json")]
+_HELD = sa.select(*HELD_COLUMNS).where(task_runs.c.id == sa.bindparam("b_task_id"))
+_START_TASK = (task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id"))
+               .values(status=Status.RUNNING.value, started_at=sa.bindparam("b_now")))
+_COMMIT_RESERVATION = (reservations.update().where(
+    reservations.c.task_id == sa.bindparam("b_task_id"), reservations.c.attempt == sa.bindparam("b_attempt"),
+    reservations.c.state == "pending").values(state="committed"))
+_HEARTBEAT = (runtimes.update().where(runtimes.c.id == sa.bindparam("b_runtime_id"),
+                                      runtimes.c.connection_id == sa.bindparam("b_connection_id"))
+              .values(last_seen_at=sa.bindparam("b_now"), status="online"))
+
 
 class RegistrationRace(Exception):
     """Another transaction registered the same runtime name first (PostgreSQL); register again to see its row."""
@@ -44,6 +58,7 @@ class SqlRuntimeStore:
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        self._held = db.for_update(_HELD)
 
     # --- runtimes -------------------------------------------------------------------------------------------
 
@@ -110,9 +125,7 @@ class SqlRuntimeStore:
 
     async def heartbeat(self, conn: Connection, runtime_id: str, connection_id: str, now: datetime) -> None:
         """Record that the runtime is alive and online — only while `connection_id` is its current connection."""
-        await conn.execute(runtimes.update().where(runtimes.c.id == runtime_id,
-                                                   runtimes.c.connection_id == connection_id)
-                           .values(last_seen_at=now, status="online"))
+        await conn.execute(_HEARTBEAT, {"b_runtime_id": runtime_id, "b_connection_id": connection_id, "b_now": now})
 
     async def mark_offline(self, conn: Connection, runtime_id: str, connection_id: str) -> None:
         """Mark the runtime offline — only if `connection_id` is still its current connection (a newer one wins)."""
@@ -154,8 +167,9 @@ class SqlRuntimeStore:
                                    .where(task_runs.c.id == task_id))).first()
 
     async def held_run(self, conn: Connection, runtime_id: str, task_id: str, attempt: int) -> Row | None:
-        """Return the run, locked until the transaction ends, only when this runtime holds this attempt of it."""
-        row = (await conn.execute(self.db.for_update(sa.select(task_runs).where(task_runs.c.id == task_id)))).first()
+        """Return the run (`HELD_COLUMNS`), locked until the transaction ends, only when this runtime holds this
+        attempt of it."""
+        row = (await conn.execute(self._held, {"b_task_id": task_id})).first()
         if row is None or row.runtime_id != runtime_id or row.attempt != attempt:
             return None
         return row
@@ -168,11 +182,8 @@ class SqlRuntimeStore:
     async def start_run(self, conn: Connection, task_id: str, attempt: int, now: datetime) -> None:
         """Mark a dispatched run running, then commit its pending reservation of `attempt` — the task row first,
         then the reservation: the reaper takes them in this order too (the opposite deadlocked on PostgreSQL)."""
-        await conn.execute(task_runs.update().where(task_runs.c.id == task_id)
-                           .values(status=Status.RUNNING.value, started_at=now))
-        await conn.execute(reservations.update().where(
-            reservations.c.task_id == task_id, reservations.c.attempt == attempt,
-            reservations.c.state == "pending").values(state="committed"))
+        await conn.execute(_START_TASK, {"b_task_id": task_id, "b_now": now})
+        await conn.execute(_COMMIT_RESERVATION, {"b_task_id": task_id, "b_attempt": attempt})
 
     async def current_run_of_session(self, conn: Connection, session_id: str) -> str | None:
         """Return the session's latest dispatched or running run (its running turn), or None."""

@@ -12,6 +12,31 @@ from .tables import firings, permission_replies, principals, reservations, task_
 
 ACTIVE_VALUES = [s.value for s in ACTIVE]
 
+# Hot statements built once (building one costs more than running it; bench/dispatch).
+_INSERT_QUEUED = task_runs.insert()
+_INSERT_EVENT = task_events.insert()
+_RUNNER_EVENTS_SEEN = (task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id"))
+                       .values(event_seq=sa.bindparam("b_event_seq"), last_rseq=sa.bindparam("b_last_rseq"),
+                               usage_json=sa.bindparam("b_usage_json")))
+_RELEASE = (reservations.update().where(reservations.c.task_id == sa.bindparam("b_task_id"),
+                                        reservations.c.state != "released")
+            .values(state="released", released_at=sa.bindparam("b_now")))
+_FINISH_FIELDS = ("error", "result_text", "result_json", "usage_json", "changed_files", "last_rseq", "resume_handle",
+                  "started_at", "event_seq")
+_finish_statements: dict[tuple[str, ...], sa.Update] = {}
+
+
+def _finish_statement(fields: tuple[str, ...]) -> sa.Update:
+    """The UPDATE that finishes an active run writing `fields` besides its status (one per set of fields given)."""
+    stmt = _finish_statements.get(fields)
+    if stmt is None:
+        stmt = (task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id"),
+                                         task_runs.c.status.in_(ACTIVE_VALUES))
+                .values(status=sa.bindparam("b_status"), outcome=sa.bindparam("b_status"),
+                        finished_at=sa.bindparam("b_now"), **{f: sa.bindparam(f"b_{f}") for f in fields}))
+        _finish_statements[fields] = stmt
+    return stmt
+
 
 class SqlTaskStore:
     """Task runs (`task_runs`), their events (`task_events`) and answered permission requests."""
@@ -37,7 +62,7 @@ class SqlTaskStore:
                             snapshot: dict[str, Any], now: datetime, parent_session_id: str | None,
                             parent_turn_id: str | None) -> None:
         """Insert a queued task with its frozen snapshot: attempt 0, no events yet (event_seq and last_rseq 0)."""
-        await conn.execute(task_runs.insert().values(
+        await conn.execute(_INSERT_QUEUED, dict(
             id=task_id, owner_id=owner_id, name=name, prompt=prompt, snapshot=snapshot,
             status=Status.QUEUED.value, attempt=0, event_seq=0, last_rseq=0, created_at=now,
             parent_session_id=parent_session_id, parent_turn_id=parent_turn_id,
@@ -88,12 +113,26 @@ class SqlTaskStore:
                                    now: datetime, *, event_seq: int, last_rseq: int, usage: Any) -> None:
         """Append `events` (type, payload) numbered after `event_seq`, then store the run's new event_seq, the last
         runner sequence applied (`last_rseq`: resends at or below it are skipped) and its usage snapshot."""
+        await self.insert_events(conn, task_id, events, now, event_seq=event_seq)
+        await self.mark_events_seen(conn, task_id, event_seq=event_seq + len(events), last_rseq=last_rseq,
+                                    usage=usage)
+
+    @staticmethod
+    async def insert_events(conn: Connection, task_id: str, events: list[tuple[str, dict[str, Any]]],
+                            now: datetime, *, event_seq: int) -> None:
+        """Insert `events` (type, payload) numbered after `event_seq`; the run's own counters are written apart
+        (`mark_events_seen`, or with its outcome by `finish`)."""
         if events:
-            await conn.execute(task_events.insert(), [
+            await conn.execute(_INSERT_EVENT, [
                 {"task_id": task_id, "seq": event_seq + i, "type": type_, "payload": payload, "created_at": now}
                 for i, (type_, payload) in enumerate(events, start=1)])
-        await conn.execute(task_runs.update().where(task_runs.c.id == task_id)
-                           .values(event_seq=event_seq + len(events), last_rseq=last_rseq, usage_json=usage))
+
+    @staticmethod
+    async def mark_events_seen(conn: Connection, task_id: str, *, event_seq: int, last_rseq: int, usage: Any) -> None:
+        """Store the run's event_seq, the last runner sequence applied (resends at or below it are skipped) and its
+        usage snapshot."""
+        await conn.execute(_RUNNER_EVENTS_SEEN, {"b_task_id": task_id, "b_event_seq": event_seq,
+                                                 "b_last_rseq": last_rseq, "b_usage_json": usage})
 
     async def request_cancel(self, conn: Connection, task_id: str, now: datetime) -> None:
         """Mark a running task's cancellation as requested; its runner is told on its next outgoing round."""
@@ -103,23 +142,21 @@ class SqlTaskStore:
     async def finish(conn: Connection, task_id: str, status: Status, now: datetime, *, error: str | None = None,
                      result_text: str | None = None, result_json: Any = None, usage: Any = None,
                      changed_files: Any = None, last_rseq: int | None = None,
-                     resume_handle: str | None = None) -> bool:
-        """Move an active run to terminal `status` (outcome = status; only the fields given are written), then
-        release its reservation — the task row first, the order every writer takes the two in; False, with
-        nothing written, when it was already terminal."""
-        values: dict[str, Any] = {"status": status.value, "outcome": status.value, "finished_at": now}
-        for key, val in (("error", error), ("result_text", result_text), ("result_json", result_json),
-                         ("usage_json", usage), ("changed_files", changed_files), ("last_rseq", last_rseq),
-                         ("resume_handle", resume_handle)):
-            if val is not None:
-                values[key] = val
-        res = await conn.execute(
-            task_runs.update().where(task_runs.c.id == task_id, task_runs.c.status.in_(ACTIVE_VALUES)).values(**values))
+                     resume_handle: str | None = None, started_at: datetime | None = None,
+                     event_seq: int | None = None) -> bool:
+        """Move an active run to terminal `status` (outcome = status; only the fields given are written: a run
+        that started and ended within one batch of reports also gets its `started_at` and `event_seq` here), then
+        release its reservation, whatever its state — the task row first, the order every writer takes the two in;
+        False, with nothing written, when it was already terminal."""
+        given = {key: val for key, val in zip(_FINISH_FIELDS, (error, result_text, result_json, usage, changed_files,
+                                                               last_rseq, resume_handle, started_at, event_seq))
+                 if val is not None}
+        res = await conn.execute(_finish_statement(tuple(given)),
+                                 {"b_task_id": task_id, "b_status": status.value, "b_now": now,
+                                  **{f"b_{k}": v for k, v in given.items()}})
         if res.rowcount == 0:
             return False
-        await conn.execute(reservations.update().where(reservations.c.task_id == task_id,
-                                                       reservations.c.state != "released")
-                           .values(state="released", released_at=now))
+        await conn.execute(_RELEASE, {"b_task_id": task_id, "b_now": now})
         return True
 
     async def permission_requests(self, conn: Connection, task_id: str) -> list[dict[str, Any]]:

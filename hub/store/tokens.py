@@ -11,6 +11,12 @@ from .db import Connection, Database, Row
 from .tables import (api_tokens, oauth_clients, oauth_codes, oauth_grants, oauth_logins, oauth_tokens, principals,
                      task_runs)
 
+# Every dispatch mints a run token and every finish revokes it: these statements are built once.
+_INSERT_TOKEN = api_tokens.insert()
+_REVOKE_RUN = (api_tokens.update().where(api_tokens.c.task_id == sa.bindparam("b_task_id"),
+                                         api_tokens.c.revoked_at.is_(None))
+               .values(revoked_at=sa.bindparam("b_now")).returning(api_tokens.c.id))
+
 
 class SqlTokenStore:
     """Principals and API tokens (user, admin, runner and per-run tokens)."""
@@ -49,7 +55,7 @@ class SqlTokenStore:
     async def add_token(self, conn: Connection, *, token_id: str, principal_id: str, label: str | None,
                         token_hash: str, admin: bool, kind: str, now: datetime, task_id: str | None = None) -> None:
         """Store a new token by the hash of its secret (the secret itself is never stored)."""
-        await conn.execute(api_tokens.insert().values(
+        await conn.execute(_INSERT_TOKEN, dict(
             id=token_id, principal_id=principal_id, label=label, token_hash=token_hash, admin=admin, created_at=now,
             kind=kind, task_id=task_id))
 
@@ -60,11 +66,7 @@ class SqlTokenStore:
 
     async def revoke_run_tokens(self, conn: Connection, task_id: str, now: datetime) -> list[str]:
         """Revoke every live token of task run `task_id`; return the ids revoked now."""
-        ids = list((await conn.execute(sa.select(api_tokens.c.id).where(
-            api_tokens.c.task_id == task_id, api_tokens.c.revoked_at.is_(None)))).scalars().all())
-        if ids:
-            await conn.execute(api_tokens.update().where(api_tokens.c.id.in_(ids)).values(revoked_at=now))
-        return ids
+        return list((await conn.execute(_REVOKE_RUN, {"b_task_id": task_id, "b_now": now})).scalars().all())
 
     async def token_to_verify(self, conn: Connection, token_id: str) -> Row | None:
         """Return a token with its principal's `name` and its run's `run_status` (None when it names no live run
