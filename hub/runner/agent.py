@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import platform
@@ -133,6 +134,29 @@ def snapshot_tree(root: Path) -> dict[str, tuple[int, int]]:
                 continue
             out[str(full.relative_to(root))] = (st.st_size, st.st_mtime_ns)
     return out
+
+
+def _empty(folder: Path) -> bool:
+    """Say whether `folder` has no entries (one directory entry read; a missing folder counts as empty)."""
+    try:
+        with os.scandir(folder) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return True
+
+
+async def tree_of(root: Path) -> dict[str, tuple[int, int]]:
+    """`snapshot_tree(root)` in a thread (a big tree must not stall the loop); an empty folder is answered at once."""
+    return {} if _empty(root) else await asyncio.to_thread(snapshot_tree, root)
+
+
+async def remove_tree(folder: Path) -> None:
+    """Remove a run's folder in a thread; an empty one at once."""
+    if _empty(folder):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+        return
+    await asyncio.to_thread(shutil.rmtree, folder, True)
 
 
 def diff_trees(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> dict[str, list[str]]:
@@ -354,7 +378,7 @@ class Runner:
         workspace = self.workspace_root / (d.snapshot.get("workspace_key") or d.task_id)
         workspace.mkdir(parents=True, exist_ok=True)
         home, own_home = run_home(self.home_root, d)
-        before = await asyncio.to_thread(snapshot_tree, workspace)  # a big tree must not stall the loop
+        before = await tree_of(workspace)
         engine = self.engines.get(d.snapshot.get("engine", ""))
         last_usage: dict | None = None
         last_status: str | None = None  # named in a timeout's error: what the engine was doing when time ran out
@@ -413,9 +437,9 @@ class Runner:
             log.exception("engine crashed")
             outcome, result = "failed", EngineResult("failed", error=f"engine crashed: {type(e).__name__}: {e}")
         if own_home:
-            shutil.rmtree(home, ignore_errors=True)
+            await remove_tree(home)
         await self._flush(h)
-        changed = diff_trees(before, await asyncio.to_thread(snapshot_tree, workspace))
+        changed = diff_trees(before, await tree_of(workspace))
         h.rseq += 1
         fin = p.Finished(
             task_id=d.task_id, attempt=d.attempt, rseq=h.rseq, outcome=outcome,
