@@ -26,6 +26,18 @@ _START_TASK = (task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_i
 _COMMIT_RESERVATION = (reservations.update().where(
     reservations.c.task_id == sa.bindparam("b_task_id"), reservations.c.attempt == sa.bindparam("b_attempt"),
     reservations.c.state == "pending").values(state="committed"))
+_OFFERS = sa.select(runtimes.c.name, runtimes.c.capabilities)  # admission reads it for every submission
+# Each placement round's reads.
+_ONLINE = sa.select(runtimes).where(runtimes.c.status == "online").order_by(runtimes.c.id)
+_USED_SLOTS = (sa.select(reservations.c.runtime_id, sa.func.count())
+               .where(reservations.c.state.in_(ACTIVE_RES)).group_by(reservations.c.runtime_id))
+_RUNS_BY_OWNER = (sa.select(task_runs.c.owner_id, sa.func.count())
+                  .where(task_runs.c.status.in_(ON_RUNTIME)).group_by(task_runs.c.owner_id))
+_RANKED = (sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.created_at,
+                     sa.func.row_number().over(partition_by=task_runs.c.owner_id,
+                                               order_by=task_runs.c.created_at).label("place"))
+           .where(task_runs.c.status == Status.QUEUED.value).subquery())
+_QUEUE_HEADS = sa.select(_RANKED).where(_RANKED.c.place <= sa.bindparam("per_owner"))
 _HEARTBEAT = (runtimes.update().where(runtimes.c.id == sa.bindparam("b_runtime_id"),
                                       runtimes.c.connection_id == sa.bindparam("b_connection_id"))
               .values(last_seen_at=sa.bindparam("b_now"), status="online"))
@@ -68,8 +80,7 @@ class SqlRuntimeStore:
 
     async def online(self, conn: Connection) -> list[Row]:
         """Return the online runtimes, by id."""
-        return list((await conn.execute(
-            sa.select(runtimes).where(runtimes.c.status == "online").order_by(runtimes.c.id))).all())
+        return list((await conn.execute(_ONLINE)).all())
 
     async def find(self, conn: Connection, ref: str) -> Row | None:
         """Return the runtime whose id or name is `ref`, or None."""
@@ -97,7 +108,7 @@ class SqlRuntimeStore:
 
     async def platforms_offering(self, conn: Connection, engine: str) -> dict[str, str | None]:
         """Map each registered runtime (any status) that lists `engine` to the platform it reported (None: none)."""
-        rows = (await conn.execute(sa.select(runtimes.c.name, runtimes.c.capabilities))).all()
+        rows = (await conn.execute(_OFFERS)).all()
         return {r.name: (r.capabilities or {}).get("platform") for r in rows
                 if engine in (r.capabilities or {}).get("engines", [])}
 
@@ -304,23 +315,16 @@ class SqlRuntimeStore:
 
     async def used_slots(self, conn: Connection) -> dict[str, int]:
         """Count active (pending or committed) reservations per runtime; runtimes without any are absent."""
-        return {rt: int(n) for rt, n in (await conn.execute(
-            sa.select(reservations.c.runtime_id, sa.func.count())
-            .where(reservations.c.state.in_(ACTIVE_RES)).group_by(reservations.c.runtime_id))).all()}
+        return {rt: int(n) for rt, n in (await conn.execute(_USED_SLOTS)).all()}
 
     async def active_runs_by_owner(self, conn: Connection) -> dict[str, int]:
         """Count dispatched and running runs per owner; owners without any are absent."""
-        return {owner: int(n) for owner, n in (await conn.execute(
-            sa.select(task_runs.c.owner_id, sa.func.count())
-            .where(task_runs.c.status.in_(ON_RUNTIME)).group_by(task_runs.c.owner_id))).all()}
+        return {owner: int(n) for owner, n in (await conn.execute(_RUNS_BY_OWNER)).all()}
 
     async def queue_heads(self, conn: Connection, per_owner: int) -> list[Row]:
         """Return each owner's `per_owner` oldest queued runs: id, owner_id, created_at and `place`, the run's
         position in its owner's own queue (1 = oldest)."""
-        place = sa.func.row_number().over(partition_by=task_runs.c.owner_id, order_by=task_runs.c.created_at)
-        ranked = (sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.created_at, place.label("place"))
-                  .where(task_runs.c.status == Status.QUEUED.value).subquery())
-        return list((await conn.execute(sa.select(ranked).where(ranked.c.place <= per_owner))).all())
+        return list((await conn.execute(_QUEUE_HEADS, {"per_owner": per_owner})).all())
 
     async def lock_queued(self, conn: Connection, task_ids: list[str]) -> list[Row]:
         """Lock those of `task_ids` still queued, skipping rows another replica holds (PostgreSQL SKIP LOCKED):
