@@ -82,7 +82,7 @@ class Hub:
         self.profiles = ProfileService(self.db, self.clock)
         key = settings.secret_key or (embedded_secret_key(settings.home) if self.db.is_sqlite else None)
         self.credentials = CredentialService(self.db, self.clock, SecretBox(key) if key else None)
-        self.admission = Admission(self.profiles, self.credentials, hs, settings.profiles)
+        self.admission = Admission(self.profiles, self.credentials, hs, settings.profiles, clock=self.clock)
         self.tasks = TaskService(self.db, self.clock, self.notifier, hs, self.admission,
                                  on_admitted=self.dispatcher.kick)
         self.permissions = PermissionService(self.db, self.clock, self.notifier)

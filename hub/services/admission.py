@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
+from ..clock import Clock
 from ..config import HubSettings, ProfileSettings
 from ..domain import scripted
 from ..domain.placement import LAUNCH_PLATFORMS, platforms_text
@@ -18,6 +20,7 @@ from .credentials import CredentialService
 from .profiles import ProfileService
 
 MAX_TIMEOUT_S = 7 * 86400
+ENGINE_CHECK_S = 2.0  # how long a passing "some runtime offers this engine" check stands (`_admit_engine`)
 
 
 @dataclass(kw_only=True)
@@ -40,12 +43,14 @@ class Admission:
     """Validate and resolve execution choices with one set of rules (tasks, and schedules at each trigger)."""
 
     def __init__(self, profiles: ProfileService, credentials: CredentialService, hub: HubSettings,
-                 profile_settings: ProfileSettings) -> None:
+                 profile_settings: ProfileSettings, *, clock: Clock | None = None) -> None:
         self.profiles = profiles
         self.credentials = credentials
         self.hub = hub
         self.ps = profile_settings
         self.runtimes = SqlRuntimeStore(profiles.db)  # the constructor keeps its signature: the profiles' database
+        self.clock = clock
+        self._engines_ok: dict[str, datetime] = {}  # engine -> until when its last passing check stands
 
     def presets(self) -> dict[str, Preset]:
         """Return configured builtin launch presets."""
@@ -159,7 +164,15 @@ class Admission:
 
     async def _admit_engine(self, conn: Connection, engine: str) -> None:
         """Without a named runtime: some registered runtime (any status) must offer the engine, and not every one of
-        them may report a platform amux cannot launch agents on (placement checks each runtime again)."""
+        them may report a platform amux cannot launch agents on (placement checks each runtime again).
+
+        A passing check stands for `ENGINE_CHECK_S` (every submission read every runtime's capabilities): a runtime
+        deregistered meanwhile on another replica is noticed by placement, which fails the task naming why once
+        `hub.queue_timeout_s` passes. A refusal is never remembered: a runtime registered a moment ago counts at once.
+        """
+        now = self.clock.now() if self.clock is not None else None
+        if now is not None and self._engines_ok.get(engine, now) > now:
+            return
         offers = await self.runtimes.platforms_offering(conn, engine)
         if not offers:
             raise Invalid(f"no registered runtime offers engine {engine!r}; "
@@ -168,6 +181,8 @@ class Admission:
             where = ", ".join(f"{name} runs on {platform}" for name, platform in sorted(offers.items())[:5])
             raise Invalid(f"no registered runtime can launch engine {engine!r}: {where}, and amux launches agents on "
                           f"{platforms_text(LAUNCH_PLATFORMS)} only; start `amux runner` on such a machine")
+        if now is not None:
+            self._engines_ok[engine] = now + timedelta(seconds=ENGINE_CHECK_S)
 
     async def _require_authoring(self, conn: Connection, profile_name: str) -> None:
         """Local expert authoring fails closed without an explicitly configured compatible runtime."""

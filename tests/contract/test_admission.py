@@ -215,3 +215,15 @@ async def test_a_dispatch_carries_the_credentials_but_the_snapshot_does_not(core
     assert out[0]["task_id"] == tid and env.pop("ANTHROPIC_API_KEY") == "sk-ant-in-transit"
     assert set(env) == {"AMUX_HUB_URL", "AMUX_TOKEN"}  # plus the run's coordination variables, nothing else
     assert "sk-ant-in-transit" not in json.dumps(await snapshot_of(core, tid))
+
+
+async def test_a_passing_engine_check_stands_for_two_seconds_and_a_refusal_is_never_remembered(core, clock):
+    await submit(core, profile="codex")  # passes: both runtimes offer codex on linux
+    for name in ("gpu", "cpu"):
+        await reregister(core, name, platform="windows")
+    await submit(core, profile="codex")  # within ENGINE_CHECK_S the passing check stands
+    clock.advance(2.1)
+    with pytest.raises(Invalid, match="cpu runs on windows"):
+        await submit(core, profile="codex")  # read again once it lapsed
+    await reregister(core, "gpu", platform="linux")
+    await submit(core, profile="codex")  # the refusal was not remembered: the fixed runtime counts at once
