@@ -165,6 +165,7 @@ class Hub:
         try:
             yield
         finally:
+            await self.tasks.aclose()  # a submission still waiting for its commit
             await self.loops.stop()  # what is left: the runner pump (started by the first runner connection)
             await self.alerts.aclose()  # the alert channel's HTTP clients; nothing sends through it any more
 

@@ -1,9 +1,11 @@
 """Task admission, reads, waiting and cancellation."""
 from __future__ import annotations
 
+import asyncio
 import time
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from ..clock import Clock, utc
 from ..config import HubSettings
@@ -13,7 +15,8 @@ from ..ids import new_id
 from ..store.db import Connection, Database, Row
 from ..store.questions import SqlQuestionStore
 from ..store.runtimes import SqlRuntimeStore
-from ..store.tasks import SqlTaskStore
+from ..loops import Tasks
+from ..store.tasks import QueuedTask, SqlTaskStore
 from .admission import Admission, SubmitRequest
 from .auth import Caller
 from .delegation import SESSION_LABEL, delegation_parent
@@ -24,6 +27,65 @@ QUIET_FOR_COORDINATION = ("tool", "usage")
 
 __all__ = ["PermissionService", "SubmitRequest", "TaskService", "finish_task", "task_key"]
 NOT_YOURS = "task {task_id!r} does not exist or is not yours; list your tasks with `amux task list`"
+
+
+@dataclass(frozen=True)
+class _Admit:
+    """One submission waiting for its commit: its frozen task, and whether its caller is exempt from queue limits."""
+
+    exempt: bool
+    task: QueuedTask
+
+
+class _GroupCommit:
+    """Group commit of concurrent submissions: every submission that arrives while one transaction runs is inserted
+    by the next, with one statement; each caller is answered once the transaction that holds its task committed
+    (or with its own refusal). One writer at a time on SQLite made each submission wait its turn for a transaction
+    of its own; here they share one (bench/dispatch)."""
+
+    MAX_BATCH = 200
+
+    def __init__(self, db: Database, apply: Callable[[Connection, list[_Admit]], Awaitable[dict[int, TooMany]]],
+                 on_committed: Callable[[], None]) -> None:
+        self.db = db
+        self.apply = apply
+        self.on_committed = on_committed
+        self.background = Tasks("task-admission")
+        self._pending: list[tuple[_Admit, asyncio.Future[None]]] = []
+        self._draining: asyncio.Task[object] | None = None
+
+    async def admit(self, item: _Admit) -> None:
+        """Queue `item` for the next transaction and wait for its outcome (a refusal or a database error raises)."""
+        entry = (item, asyncio.get_running_loop().create_future())
+        self._pending.append(entry)
+        if self._draining is None or self._draining.done():
+            self._draining = self.background.spawn(self._drain())
+        try:
+            await asyncio.shield(entry[1])
+        except asyncio.CancelledError:
+            if entry in self._pending:  # not taken yet: it is never inserted
+                self._pending.remove(entry)
+            raise
+
+    async def _drain(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending[:self.MAX_BATCH], self._pending[self.MAX_BATCH:]
+            try:
+                refused = await self.db.transaction(lambda conn, b=batch: self.apply(conn, [a for a, _ in b]))
+            except Exception as e:  # noqa: BLE001 — each waiting caller gets the error its transaction met
+                for _, done in batch:
+                    if not done.done():
+                        done.set_exception(e)
+                continue
+            except BaseException:
+                for _, done in batch + self._pending:
+                    done.cancel()
+                raise
+            for i, (_, done) in enumerate(batch):
+                if not done.done():
+                    done.set_exception(refused[i]) if i in refused else done.set_result(None)
+            if len(refused) < len(batch):
+                self.on_committed()
 
 
 def task_key(task_id: str) -> str:
@@ -44,37 +106,47 @@ class TaskService:
         self.settings = settings
         self.admission = admission
         self.on_admitted = on_admitted or (lambda: None)
+        self._admitter = _GroupCommit(db, self._admit_batch, lambda: self.on_admitted())
 
     async def submit(self, caller: Caller, req: SubmitRequest, *, origin: str = "submit") -> dict:
         """Admit a Task: validate, resolve, freeze its snapshot and queue it for dispatch."""
         async with self.db.read() as conn:
             parent, parent_turn, context = await delegation_parent(conn, caller)
             snapshot = await self.admission.freeze(conn, caller, req, origin=origin, session=context)
-        now = self.clock.now()
-        task_id = new_id("tr")
+        task = QueuedTask(task_id=new_id("tr"), owner_id=caller.principal_id, name=req.name, prompt=req.prompt,
+                          snapshot=snapshot, now=self.clock.now(), parent_session_id=parent, parent_turn_id=parent_turn)
+        await self._admitter.admit(_Admit(exempt=caller.admin, task=task))
+        return {"task_id": task.task_id, "status": Status.QUEUED.value}
 
-        async def admit(conn: Connection) -> None:
-            await self._check_queue_limit(conn, caller)
-            await self.store.insert_queued(conn, task_id=task_id, owner_id=caller.principal_id, name=req.name,
-                                           prompt=req.prompt, snapshot=snapshot, now=now,
-                                           parent_session_id=parent, parent_turn_id=parent_turn)
+    async def aclose(self) -> None:
+        """Stop admitting (a submission still waiting for its commit is cancelled)."""
+        await self._admitter.background.aclose()
 
-        await self.db.transaction(admit)
-        self.on_admitted()
-        return {"task_id": task_id, "status": Status.QUEUED.value}
-
-    async def _check_queue_limit(self, conn: Connection, caller: Caller) -> None:
-        """Refuse a principal's task beyond `hub.max_queued_per_principal` queued ones (admin tokens are exempt)."""
+    async def _admit_batch(self, conn: Connection, batch: list[_Admit]) -> dict[int, TooMany]:
+        """Insert the batch's tasks in the caller's transaction, refusing each task beyond its principal's
+        `hub.max_queued_per_principal` queued ones (admin tokens are exempt) in the order they were submitted, as
+        one by one; return the refusals by position."""
         limit = self.settings.max_queued_per_principal
-        if not limit or caller.admin:
-            return
-        # Lock the principal's row so concurrent submissions on PostgreSQL count one after another.
-        await self.store.lock_principal(conn, caller.principal_id)
-        queued = await self.store.count_queued(conn, caller.principal_id)
-        if queued >= limit:
-            raise TooMany(f"you already have {queued} queued tasks, the limit "
-                          f"(hub.max_queued_per_principal = {limit}); "
-                          "wait for some to start or cancel them with `task_cancel`, or ask the operator to raise it")
+        queued: dict[str, int] = {}
+        refused: dict[int, TooMany] = {}
+        admitted = []
+        for i, a in enumerate(batch):
+            owner = a.task.owner_id
+            if limit and not a.exempt:
+                if owner not in queued:
+                    # Lock the principal's row so concurrent submissions on PostgreSQL count one after another.
+                    await self.store.lock_principal(conn, owner)
+                    queued[owner] = await self.store.count_queued(conn, owner)
+                if queued[owner] >= limit:
+                    refused[i] = TooMany(
+                        f"you already have {queued[owner]} queued tasks, the limit "
+                        f"(hub.max_queued_per_principal = {limit}); wait for some to start or cancel them with "
+                        "`task_cancel`, or ask the operator to raise it")
+                    continue
+                queued[owner] += 1
+            admitted.append(a.task)
+        await self.store.insert_queued_many(conn, admitted)
+        return refused
 
     async def _row(self, conn: Connection, caller: Caller, task_id: str) -> Row:
         row = await self.store.get(conn, task_id)

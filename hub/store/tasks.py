@@ -1,6 +1,7 @@
 """Task runs, their event logs and permission replies: the queries the task rules run."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -38,6 +39,20 @@ def _finish_statement(fields: tuple[str, ...]) -> sa.Update:
     return stmt
 
 
+@dataclass(frozen=True, kw_only=True)
+class QueuedTask:
+    """A task admitted with its frozen snapshot, to be inserted queued."""
+
+    task_id: str
+    owner_id: str
+    name: str | None
+    prompt: str
+    snapshot: dict[str, Any]
+    now: datetime
+    parent_session_id: str | None = None
+    parent_turn_id: str | None = None
+
+
 class SqlTaskStore:
     """Task runs (`task_runs`), their events (`task_events`) and answered permission requests."""
 
@@ -62,11 +77,18 @@ class SqlTaskStore:
                             snapshot: dict[str, Any], now: datetime, parent_session_id: str | None,
                             parent_turn_id: str | None) -> None:
         """Insert a queued task with its frozen snapshot: attempt 0, no events yet (event_seq and last_rseq 0)."""
-        await conn.execute(_INSERT_QUEUED, dict(
-            id=task_id, owner_id=owner_id, name=name, prompt=prompt, snapshot=snapshot,
-            status=Status.QUEUED.value, attempt=0, event_seq=0, last_rseq=0, created_at=now,
-            parent_session_id=parent_session_id, parent_turn_id=parent_turn_id,
-        ))
+        await self.insert_queued_many(conn, [QueuedTask(
+            task_id=task_id, owner_id=owner_id, name=name, prompt=prompt, snapshot=snapshot, now=now,
+            parent_session_id=parent_session_id, parent_turn_id=parent_turn_id)])
+
+    @staticmethod
+    async def insert_queued_many(conn: Connection, tasks: list[QueuedTask]) -> None:
+        """Insert queued tasks (as `insert_queued` does each) with one statement."""
+        if tasks:
+            await conn.execute(_INSERT_QUEUED, [dict(
+                id=t.task_id, owner_id=t.owner_id, name=t.name, prompt=t.prompt, snapshot=t.snapshot,
+                status=Status.QUEUED.value, attempt=0, event_seq=0, last_rseq=0, created_at=t.now,
+                parent_session_id=t.parent_session_id, parent_turn_id=t.parent_turn_id) for t in tasks])
 
     async def get(self, conn: Connection, task_id: str) -> Row | None:
         """Return the run (task or turn) with every column, or None."""

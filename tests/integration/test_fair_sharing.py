@@ -176,3 +176,59 @@ def test_interval_rules_past_ten_years_are_refused_not_an_overflow(text):
     with pytest.raises(Invalid) as e:
         rules.parse(text, "UTC")
     assert "`at` rule" in e.value.message
+
+
+async def test_concurrent_submissions_share_one_commit_and_the_queue_limit_counts_them_in_order(
+        db_url, tmp_path, clock):
+    """Group commit: submissions that arrive together are inserted by one transaction, each caller gets its own
+    task, and `hub.max_queued_per_principal` refuses exactly the ones beyond the limit (in the order they reached
+    the commit), as one by one."""
+    import asyncio
+
+    from hub.errors import TooMany
+
+    hub = await start_hub(db_url, tmp_path, clock, background=False, max_queued_per_principal=3)
+    try:
+        await hub.start_runner(slots=1)  # no placement loop: what is admitted stays queued
+        alice = await hub.hub.auth.authenticate(await hub.token("alice"))
+        bob = await hub.hub.auth.authenticate(await hub.token("bob"))
+        req = SubmitRequest(prompt="say hi", profile="scripted")
+        outcomes = await asyncio.gather(*(hub.hub.tasks.submit(who, req) for who in [alice] * 5 + [bob] * 2),
+                                        return_exceptions=True)
+        refused = [o for o in outcomes if isinstance(o, TooMany)]
+        ids = [o["task_id"] for o in outcomes if isinstance(o, dict)]
+        assert len(refused) == 2 and all("hub.max_queued_per_principal = 3" in e.message for e in refused)
+        assert sum(isinstance(o, TooMany) for o in outcomes[:5]) == 2  # alice's beyond 3; bob's two are admitted
+        assert len(set(ids)) == 5 and await statuses(hub, ids) == ["queued"] * 5
+    finally:
+        await hub.stop()
+
+
+async def test_submissions_that_arrive_while_a_commit_runs_are_inserted_together_by_the_next_one(db, clock):
+    """The group commit's rule, deterministically: the first submission's transaction is held open while three more
+    arrive; they are inserted by one next transaction, and each caller is answered after its own commit."""
+    import asyncio
+
+    from hub.services.tasks import _Admit, _GroupCommit
+    from hub.store.tasks import QueuedTask
+
+    release, batches = asyncio.Event(), []
+
+    async def apply(conn, batch):  # noqa: ANN001
+        batches.append([a.task.task_id for a in batch])
+        if len(batches) == 1:
+            await release.wait()
+        return {}
+
+    group = _GroupCommit(db, apply, lambda: None)
+    item = lambda i: _Admit(exempt=True, task=QueuedTask(task_id=f"t{i}", owner_id="p", name=None, prompt="x",  # noqa: E731
+                                                         snapshot={}, now=clock.now()))
+    first = asyncio.ensure_future(group.admit(item(0)))
+    while not batches:
+        await asyncio.sleep(0.01)
+    rest = [asyncio.ensure_future(group.admit(item(i))) for i in (1, 2, 3)]
+    await asyncio.sleep(0)
+    assert not any(t.done() for t in [first, *rest])  # nobody is answered before its commit
+    release.set()
+    await asyncio.gather(first, *rest)
+    assert batches == [["t0"], ["t1", "t2", "t3"]]
