@@ -354,15 +354,13 @@ async def main(calls: int, with_pg: bool, loads: int = 200, boxes_only: bool = F
 
 def _render_only(render_page) -> str:  # noqa: ANN001
     """Time the pure HTML rendering of 1,000 tasks × 3 boxes."""
-    from types import SimpleNamespace
-
     from hub.services.auth import Caller
+    from hub.store.leases import PageBox, PageTask
 
     now = datetime.now(timezone.utc)
-    tasks = [SimpleNamespace(id=f"task_{i:08d}", name=f"t{i}", secret_hash="x", holder_label="mcp:Claude",
-                             attached_at=now, last_activity_at=now) for i in range(1000)]
-    boxes = [SimpleNamespace(id=f"vm_{i:08d}{j}", task_id=f"task_{i:08d}", name=None, driver="local", state="live",
-                             created_at=now) for i in range(1000) for j in range(3)]
+    tasks = [PageTask(f"task_{i:08d}", f"t{i}", "mcp:Claude", True, now, now) for i in range(1000)]
+    boxes = [PageBox(f"vm_{i:08d}{j}", f"task_{i:08d}", None, "local", "live", now)
+             for i in range(1000) for j in range(3)]
     caller = Caller("pr_x", "alice", "tok_x", "cli", False)
     t0 = time.perf_counter()
     for _ in range(10):
