@@ -6,6 +6,7 @@ how a lease changes hands, and dropping it (release, close) leaves the task unhe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -233,7 +234,7 @@ class SqlLeaseStore:
         if more:  # the extra task only says there is more: it is the one furthest from where the page was read
             extra = shown.pop(0 if before is not None else -1)
             found = [x for x in found if x.task_id != extra.id]
-        found.sort(key=lambda x: (x.created_at, x.id))
+        found.sort(key=attrgetter("created_at", "id"))
         return TaskPage(tasks=shown, boxes=found, more=more, open_tasks=rows[0][0])
 
     async def recently_closed(self, conn: Connection, owner_id: str, limit: int) -> list[Row]:

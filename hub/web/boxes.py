@@ -34,6 +34,7 @@ th{background:#f5f5f7;font-weight:600}code{font:12px ui-monospace,monospace;back
 .unsandboxed{color:#a0522d;font-weight:600}#pages{margin:.6rem 0}#pages a{margin-right:1rem}
 .help{background:#f0f6ff;border:1px solid #c9defc;padding:.7rem 1rem;border-radius:6px}
 """
+_EPOCH, _EPOCH_NAIVE = datetime(1970, 1, 1, tzinfo=timezone.utc), datetime(1970, 1, 1)
 NO_BOXES = '<span class="muted">none</span>'
 UNSANDBOXED_CELL = '<span class="unsandboxed">not sandboxed</span>'
 
@@ -42,9 +43,9 @@ def _t(dt: datetime | None) -> str:
     """Render a stored time as `YYYY-MM-DD HH:MM UTC` (naive ones, as SQLite returns them, are UTC already)."""
     if dt is None:
         return "—"
-    if dt.tzinfo is not None:
-        dt = dt.astimezone(timezone.utc)
-    return f"{dt.isoformat(' ', 'minutes')[:16]} UTC"  # isoformat: a third of strftime's cost
+    if dt.tzinfo is not None:  # the same instant as naive UTC: half the cost of formatting an aware time
+        dt = _EPOCH_NAIVE + (dt - _EPOCH)
+    return f"{dt.isoformat(' ', 'minutes')} UTC"  # isoformat: a third of strftime's cost
 
 
 def _help(auto_close_s: float) -> str:
