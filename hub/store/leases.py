@@ -6,8 +6,8 @@ how a lease changes hands, and dropping it (release, close) leaves the task unhe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import attrgetter
 from datetime import datetime
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
