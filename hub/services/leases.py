@@ -406,7 +406,7 @@ class LeaseService:
         if after is not None and before is not None:
             raise Invalid("pass either `after` or `before`, not both: follow one of the Boxes page's links")
         after_key, before_key = parse_page_cursor(after), parse_page_cursor(before)
-        async with self.db.read() as conn:
+        async with self.db.autocommit() as conn:  # one statement: it sees one moment without a transaction
             page = await self.store.open_tasks_page(conn, principal_id, size, after=after_key, before=before_key)
         tasks = page.tasks
         if before_key is not None:  # read upwards: newer pages remain when there was more; the older one we came from

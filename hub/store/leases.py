@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
@@ -32,10 +33,12 @@ _LEASE_WITH_BOXES = (
 
 def _page_of_open_tasks(direction: str) -> sa.Select:
     """Build the Boxes page's one statement: a page of an owner's open tasks (keyed on last activity, id), their
-    live boxes, and the count of all the owner's open tasks (kept on a row of its own when the page is empty)."""
+    live boxes, and the count of all the owner's open tasks (kept on a row of its own when the page is empty).
+    Its columns, in the order `open_tasks_page` unpacks them: the count, the task's six, the box's five."""
     t, b = lease_tasks.c, boxes.c
     mine = (t.owner_id == sa.bindparam("owner_id")) & (t.status == "open")
-    page = sa.select(t.id, t.name, t.holder_label, t.secret_hash, t.attached_at, t.last_activity_at).where(mine)
+    page = sa.select(t.id, t.name, t.holder_label, t.secret_hash.is_not(None).label("held"), t.attached_at,
+                     t.last_activity_at).where(mine)
     at, tid = sa.bindparam("at", type_=t.last_activity_at.type), sa.bindparam("task_id", type_=t.id.type)
     if direction == "before":
         page = page.where((t.last_activity_at > at) | ((t.last_activity_at == at) & (t.id > tid)))
@@ -47,13 +50,21 @@ def _page_of_open_tasks(direction: str) -> sa.Select:
     p = page.limit(sa.bindparam("size", type_=sa.Integer)).subquery("p")
     total = sa.select(sa.select(sa.func.count()).select_from(lease_tasks).where(mine).scalar_subquery()
                       .label("open_tasks")).subquery("total")
-    return (sa.select(total, p, b.id.label("box_id"), b.name.label("box_name"), b.driver.label("box_driver"),
-                      b.state.label("box_state"), b.created_at.label("box_created_at"))
+    return (sa.select(total.c.open_tasks, p.c.id, p.c.name, p.c.holder_label, p.c.held, p.c.attached_at,
+                      p.c.last_activity_at, b.id.label("box_id"), b.name.label("box_name"),
+                      b.driver.label("box_driver"), b.state.label("box_state"), b.created_at.label("box_created_at"))
             .select_from(total.outerjoin(p, sa.true()).outerjoin(boxes, (b.task_id == p.c.id) & _live(b.state)))
             .order_by(p.c.last_activity_at.desc(), p.c.id.desc(), b.created_at, b.id))
 
 
 _PAGE_FIRST, _PAGE_AFTER, _PAGE_BEFORE = (_page_of_open_tasks(d) for d in ("first", "after", "before"))
+_BOX_SESSION = (  # built once: the Boxes page resolves its cookie on every load
+    sa.select(box_sessions, principals.c.name, api_tokens.c.label, api_tokens.c.admin, api_tokens.c.kind,
+              api_tokens.c.revoked_at.label("token_revoked_at"))
+    .join(principals, principals.c.id == box_sessions.c.principal_id)
+    .join(api_tokens, api_tokens.c.id == box_sessions.c.token_id)
+    .where(box_sessions.c.id == sa.bindparam("session_id"))
+)
 
 _LEASE_WITH_BOX = (
     sa.select(lease_tasks, *(c.label(f"box_{c.name}") for c in _B.c))
@@ -62,20 +73,19 @@ _LEASE_WITH_BOX = (
 )
 
 
-@dataclass(frozen=True, kw_only=True)
-class PageTask:
-    """An open task as the Boxes page shows it (the hash only says whether it is held; it is never shown)."""
+class PageTask(NamedTuple):
+    """An open task as the Boxes page shows it: whether it is held, never its secret's hash (a tuple: a page builds
+    fifty of them per load)."""
 
     id: str
     name: str
     holder_label: str | None
-    secret_hash: str | None
+    held: bool
     attached_at: datetime | None
     last_activity_at: datetime
 
 
-@dataclass(frozen=True, kw_only=True)
-class PageBox:
+class PageBox(NamedTuple):
     """A live box as the Boxes page shows it (no driver handle)."""
 
     id: str
@@ -212,22 +222,20 @@ class SqlLeaseStore:
         rows = (await conn.execute(stmt, params)).all()
         tasks: dict[str, PageTask] = {}
         found: list[PageBox] = []
-        for r in rows:
-            if r.id is None:
+        for _, tid, name, holder, held, attached, active, box_id, box_name, driver, state, created in rows:
+            if tid is None:
                 continue
-            if r.id not in tasks:
-                tasks[r.id] = PageTask(id=r.id, name=r.name, holder_label=r.holder_label, secret_hash=r.secret_hash,
-                                       attached_at=r.attached_at, last_activity_at=r.last_activity_at)
-            if r.box_id is not None:
-                found.append(PageBox(id=r.box_id, task_id=r.id, name=r.box_name, driver=r.box_driver,
-                                     state=r.box_state, created_at=r.box_created_at))
+            if tid not in tasks:
+                tasks[tid] = PageTask(tid, name, holder, bool(held), attached, active)
+            if box_id is not None:
+                found.append(PageBox(box_id, tid, box_name, driver, state, created))
         shown = list(tasks.values())
         more = len(shown) > size
         if more:  # the extra task only says there is more: it is the one furthest from where the page was read
             extra = shown.pop(0 if before is not None else -1)
             found = [x for x in found if x.task_id != extra.id]
-        found.sort(key=lambda x: (x.created_at, x.id))
-        return TaskPage(tasks=shown, boxes=found, more=more, open_tasks=rows[0].open_tasks)
+        found.sort(key=attrgetter("created_at", "id"))
+        return TaskPage(tasks=shown, boxes=found, more=more, open_tasks=rows[0][0])
 
     async def recently_closed(self, conn: Connection, owner_id: str, limit: int) -> list[Row]:
         """Return an owner's `limit` most recently closed tasks, newest first."""
@@ -317,12 +325,7 @@ class SqlLeaseStore:
     async def box_session(self, conn: Connection, session_id: str) -> Row | None:
         """Return a session with its principal's `name` and its token's `label`, `admin`, `kind` and
         `token_revoked_at` (revoking the token ends the session); hash included, for a constant-time compare."""
-        return (await conn.execute(
-            sa.select(box_sessions, principals.c.name, api_tokens.c.label, api_tokens.c.admin, api_tokens.c.kind,
-                      api_tokens.c.revoked_at.label("token_revoked_at"))
-            .join(principals, principals.c.id == box_sessions.c.principal_id)
-            .join(api_tokens, api_tokens.c.id == box_sessions.c.token_id)
-            .where(box_sessions.c.id == session_id))).first()
+        return (await conn.execute(_BOX_SESSION, {"session_id": session_id})).first()
 
     async def revoke_box_session(self, conn: Connection, session_id: str, session_hash: str, now: datetime) -> bool:
         """End a session when the secret's hash matches and it is still open; return whether it ended now."""

@@ -1,17 +1,16 @@
 """`GET /boxes`: the read-only Boxes page — a user's open lease tasks and their boxes, server-rendered."""
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from html import escape
 from typing import Any
 from urllib.parse import quote
 
 from aiohttp import web
 
-from ..clock import Clock, utc
-from ..domain.leases import ago
+from ..clock import Clock
+from ..domain.leases import UNSANDBOXED, ago
 from ..errors import AmuxError
-from ..domain.leases import UNSANDBOXED
 from ..services.auth import AuthService, Caller
 from ..services.box_sessions import SESSION_TTL_S, BoxSessionService
 from ..services.leases import BoxesPage, LeaseService
@@ -35,11 +34,18 @@ th{background:#f5f5f7;font-weight:600}code{font:12px ui-monospace,monospace;back
 .unsandboxed{color:#a0522d;font-weight:600}#pages{margin:.6rem 0}#pages a{margin-right:1rem}
 .help{background:#f0f6ff;border:1px solid #c9defc;padding:.7rem 1rem;border-radius:6px}
 """
+_EPOCH, _EPOCH_NAIVE = datetime(1970, 1, 1, tzinfo=timezone.utc), datetime(1970, 1, 1)
+NO_BOXES = '<span class="muted">none</span>'
+UNSANDBOXED_CELL = '<span class="unsandboxed">not sandboxed</span>'
 
 
-def _t(dt: Any) -> str:
-    dt = utc(dt)
-    return f"{dt.isoformat(' ', 'minutes')[:16]} UTC" if dt else "—"  # isoformat: a third of strftime's cost
+def _t(dt: datetime | None) -> str:
+    """Render a stored time as `YYYY-MM-DD HH:MM UTC` (naive ones, as SQLite returns them, are UTC already)."""
+    if dt is None:
+        return "—"
+    if dt.tzinfo is not None:  # the same instant as naive UTC: half the cost of formatting an aware time
+        dt = _EPOCH_NAIVE + (dt - _EPOCH)
+    return f"{dt.isoformat(' ', 'minutes')} UTC"  # isoformat: a third of strftime's cost
 
 
 def _help(auto_close_s: float) -> str:
@@ -72,16 +78,50 @@ def _nav(page: BoxesPage | None) -> str:
     return f'<nav id="pages">{"".join(links)}</nav>'
 
 
+def _task_rows(tasks: list[Any], box_cells: dict[str, list[str]], now: datetime) -> list[str]:
+    """Render the open tasks table's rows (every user-given string escaped: names, holder labels)."""
+    now_naive = now.astimezone(timezone.utc).replace(tzinfo=None)  # to compare with SQLite's naive UTC times
+    rows = []
+    for t in tasks:
+        holder = escape(t.holder_label or "—")
+        if not t.held:
+            holder = f'<span class="muted">released by {holder}</span>'
+        tid, active = escape(t.id), t.last_activity_at
+        rows.append(
+            f'<tr data-task="{tid}"><td><code>{tid}</code></td><td>{escape(t.name)}</td>'
+            f'<td class="holder">{holder}</td><td>{_t(t.attached_at)}</td>'
+            f'<td class="activity">{_t(active)} '
+            f'<span class="muted">({ago(active, now if active.tzinfo else now_naive)})</span></td>'
+            f'<td class="boxes">{", ".join(box_cells.get(t.id, ())) or NO_BOXES}</td></tr>')
+    return rows
+
+
+def _box_rows(tasks: list[Any], boxes: list[Any], box_cells: dict[str, list[str]]) -> list[str]:
+    """Render the boxes table's rows, and fill `box_cells` with each task's boxes as its row lists them (each
+    string escaped once for both tables)."""
+    task_cells = {t.id: f"<code>{escape(t.id)}</code> {escape(t.name)}" for t in tasks}
+    known: dict[str, str] = {}  # driver names and states: a handful of values, escaped once a page
+    rows = []
+    for b in boxes:
+        bid, name = escape(b.id), escape(b.name or "")
+        box_cells.setdefault(b.task_id, []).append(f"<code>{bid}</code> {name}" if name else f"<code>{bid}</code>")
+        driver = known.get(b.driver) or known.setdefault(b.driver, escape(b.driver))
+        state = known.get(b.state) or known.setdefault(b.state, escape(b.state))
+        task_cell = task_cells.get(b.task_id) or f"<code>{escape(b.task_id)}</code> "
+        isolation = UNSANDBOXED_CELL if b.driver == "unsandboxed" else "sandboxed"
+        rows.append(
+            f'<tr data-box="{bid}"><td><code>{bid}</code></td><td>{name}</td><td class="task">{task_cell}</td>'
+            f'<td>{driver}</td><td class="isolation">{isolation}</td><td>{state}</td>'
+            f"<td>{_t(b.created_at)}</td></tr>")
+    return rows
+
+
 def render_page(caller: Caller, tasks: list[Any], boxes: list[Any], now: datetime, auto_close_s: float, *,
                 page: BoxesPage | None = None) -> str:
     """Render the Boxes page: tasks with holder, last activity and boxes; boxes with their task.
 
     With `page`, `tasks` and `boxes` are one page of them: the header counts every open task and links the pages.
     """
-    names = {t.id: t.name for t in tasks}
-    by_task: dict[str, list[Any]] = {}
-    for b in boxes:
-        by_task.setdefault(b.task_id, []).append(b)
     n_tasks = page.open_tasks if page is not None else len(tasks)
     counts = f"{_plural(n_tasks, 'open task', 'open tasks')}, {_plural(len(boxes), 'box', 'boxes')}"
     if page is not None and len(tasks) != n_tasks:
@@ -97,6 +137,8 @@ def render_page(caller: Caller, tasks: list[Any], boxes: list[Any], now: datetim
     if page.unsandboxed if page is not None else any(b.driver == "unsandboxed" for b in boxes):
         out.append(f'<p class="warn" id="unsandboxed">{escape(UNSANDBOXED)}.</p>')
     out.append('<h2>Open tasks</h2>')
+    box_cells: dict[str, list[str]] = {}
+    box_rows = _box_rows(tasks, boxes, box_cells)
     if not tasks and n_tasks:
         out.append('<p class="muted" id="no-tasks">No open tasks on this page; see the most recent ones at '
                    '<code>/boxes</code>.</p>')
@@ -106,20 +148,7 @@ def render_page(caller: Caller, tasks: list[Any], boxes: list[Any], now: datetim
     else:
         out.append('<table id="tasks"><thead><tr><th>Task</th><th>Name</th><th>Holder</th><th>Held since</th>'
                    '<th>Last activity</th><th>Boxes</th></tr></thead><tbody>')
-        for t in tasks:
-            if t.secret_hash is not None:
-                holder = escape(t.holder_label or "—")
-            else:
-                holder = f'<span class="muted">released by {escape(t.holder_label or "—")}</span>'
-            task_boxes = by_task.get(t.id, [])
-            box_cell = ", ".join(f"<code>{escape(b.id)}</code>" + (f" {escape(b.name)}" if b.name else "")
-                                 for b in task_boxes) or '<span class="muted">none</span>'
-            out.append(
-                f'<tr data-task="{escape(t.id)}"><td><code>{escape(t.id)}</code></td><td>{escape(t.name)}</td>'
-                f'<td class="holder">{holder}</td><td>{_t(t.attached_at)}</td>'
-                f'<td class="activity">{_t(t.last_activity_at)} '
-                f'<span class="muted">({ago(utc(t.last_activity_at), now)})</span></td>'
-                f'<td class="boxes">{box_cell}</td></tr>')
+        out += _task_rows(tasks, box_cells, now)
         out.append("</tbody></table>")
     out.append(_nav(page))
     out.append("<h2>Boxes</h2>")
@@ -129,14 +158,7 @@ def render_page(caller: Caller, tasks: list[Any], boxes: list[Any], now: datetim
     else:
         out.append('<table id="boxes"><thead><tr><th>Box</th><th>Name</th><th>Task</th><th>Driver</th>'
                    '<th>Isolation</th><th>State</th><th>Created</th></tr></thead><tbody>')
-        for b in boxes:
-            isolation = ('<span class="unsandboxed">not sandboxed</span>' if b.driver == "unsandboxed"
-                         else "sandboxed")
-            out.append(
-                f'<tr data-box="{escape(b.id)}"><td><code>{escape(b.id)}</code></td><td>{escape(b.name or "")}</td>'
-                f'<td class="task"><code>{escape(b.task_id)}</code> {escape(names.get(b.task_id, ""))}</td>'
-                f'<td>{escape(b.driver)}</td><td class="isolation">{isolation}</td><td>{escape(b.state)}</td>'
-                f"<td>{_t(b.created_at)}</td></tr>")
+        out += box_rows
         out.append("</tbody></table>")
     out.append("</body></html>")
     return "".join(out)
