@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -59,7 +60,7 @@ async def run(store: str, rounds: int, calls: int, against: str | None, spy: str
         b = await stack.enter_async_context(client(bare, None))
         calls_of = {"echo": (b, "echo", {"text": "hi"})}
         pid = 0
-        pids: dict[str, int] = {}
+        pids: dict[str, int] = {"echo": await listener_pid(bare)}
         for name, repo in hubs:
             url, token, p = await stack.enter_async_context(hub_at(repo, store))
             pid = pid or p
@@ -79,13 +80,15 @@ async def run(store: str, rounds: int, calls: int, against: str | None, spy: str
             await asyncio.sleep(1.0)
         out: dict[str, list[float]] = {k: [] for k in calls_of}
         cpu: dict[str, list[float]] = {k: [] for k in calls_of}
+        mine: dict[str, float] = {k: 0.0 for k in calls_of}  # this process's CPU: the client's share of a call
         keys = list(calls_of)
         for r in range(rounds):
             for key in keys[r % len(keys):] + keys[:r % len(keys)]:  # rotated, so no call always follows another
                 conn, tool, a = calls_of[key]
-                before = cpu_s(pids.get(key))
+                before, own = cpu_s(pids.get(key)), time.process_time()
                 out[key] += await timed(conn, tool, a, calls)
                 cpu[key].append(cpu_s(pids.get(key)) - before)
+                mine[key] += time.process_time() - own
         if proc is not None:
             proc.send_signal(signal.SIGINT)
             await proc.wait()
@@ -93,7 +96,15 @@ async def run(store: str, rounds: int, calls: int, against: str | None, spy: str
     for key, ms in out.items():
         print(f"  {store:<10} {key:<18} p50 {pct(ms, 50):5.2f} ms  p99 {pct(ms, 99):6.2f} ms  "
               f"→ {pct(ms, 50) / e50:.2f}× echo  ({len(ms)} calls)"
-              + (f"; hub CPU {sum(cpu[key]) / len(ms) * 1e6:4.0f} µs a call" if key in pids else ""), flush=True)
+              + (f"; server CPU {sum(cpu[key]) / len(ms) * 1e6:4.0f} µs a call" if key in pids else "")
+              + f", client {mine[key] / len(ms) * 1e6:4.0f} µs", flush=True)
+
+
+async def listener_pid(url: str) -> int:
+    """Return the pid of the process listening on `url`'s port."""
+    proc = await asyncio.create_subprocess_exec("ss", "-ltnpH", f"sport = :{url.rsplit(':', 1)[1]}",
+                                                stdout=asyncio.subprocess.PIPE)
+    return int((await proc.communicate())[0].decode().split("pid=", 1)[1].split(",", 1)[0])
 
 
 def cpu_s(pid: int | None) -> float:
