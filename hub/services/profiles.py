@@ -29,6 +29,12 @@ class ResolvedProfile:
         return ProfileView(self.name, self.engine, builtin=self.kind == "builtin", allow_model_override=allow)
 
 
+# The builtins' listing (and digests) as of import: builtins are code, not data, so they cannot change while the hub
+# runs; computing a digest is a JSON dump and a SHA-256 per profile, which MCP `profile_list` paid at every call.
+BUILTIN_LISTING: tuple[dict, ...] = tuple(p.public() for p in BUILTINS.values())
+BUILTIN_DIGESTS: dict[str, str] = {p["name"]: p["digest"] for p in BUILTIN_LISTING}
+
+
 class ProfileService:
     """Find, list and store profiles."""
 
@@ -55,8 +61,8 @@ class ProfileService:
         """Return a builtin or stored profile, refusing unknown names with where to look."""
         builtin = BUILTINS.get(name)
         if builtin is not None:
-            return ResolvedProfile(name=builtin.name, engine=builtin.engine, kind="builtin", digest=builtin.digest(),
-                                   manifest=None)
+            return ResolvedProfile(name=builtin.name, engine=builtin.engine, kind="builtin",
+                                   digest=BUILTIN_DIGESTS[name], manifest=None)
         row = await self.store.get(conn, name)
         if row is None:
             raise Invalid(f"unknown profile {name!r}; choose a builtin ({', '.join(sorted(BUILTINS))}) "
@@ -65,10 +71,9 @@ class ProfileService:
         return ResolvedProfile(name=row.name, engine=row.engine, kind="manifest", digest=row.digest, manifest=manifest)
 
     async def list(self) -> list[dict]:
-        """Return builtins, then stored profiles."""
-        out = [p.public() for p in BUILTINS.values()]
-        async with self.db.read() as conn:
-            for r in await self.store.list_all(conn):
-                out.append({"name": r.name, "engine": r.engine, "kind": "manifest",
-                            "description": r.manifest.get("description", ""), "digest": r.digest})
-        return out
+        """Return builtins, then stored profiles (one statement, on an autocommit connection: the MCP hot path)."""
+        async with self.db.autocommit() as conn:
+            rows = await self.store.list_all(conn)
+        return [dict(p) for p in BUILTIN_LISTING] + [
+            {"name": r.name, "engine": r.engine, "kind": "manifest", "description": r.manifest.get("description", ""),
+             "digest": r.digest} for r in rows]

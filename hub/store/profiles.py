@@ -9,6 +9,9 @@ import sqlalchemy as sa
 from .db import Connection, Database, Row
 from .tables import credential_profiles, credential_values, profiles
 
+# Built once: a statement built per call costs its construction again at every execution (MCP `profile_list`).
+_LIST_ALL = sa.select(profiles).order_by(profiles.c.name)
+
 
 class SqlProfileStore:
     """Profiles (`profiles`), credential profiles and per-principal credential values (ciphertext only)."""
@@ -22,7 +25,7 @@ class SqlProfileStore:
 
     async def list_all(self, conn: Connection) -> list[Row]:
         """Return every stored profile, by name."""
-        return list((await conn.execute(sa.select(profiles).order_by(profiles.c.name))).all())
+        return list((await conn.execute(_LIST_ALL)).all())
 
     async def save(self, conn: Connection, *, name: str, engine: str, manifest: dict[str, Any], digest: str,
                    created_by: str, now: datetime) -> None:

@@ -24,12 +24,14 @@ async def quiet_hub(db_url, tmp_path, clock) -> AsyncIterator[HubHandle]:  # noq
 
 
 @contextlib.contextmanager
-def statements(db: Database) -> Iterator[list[str]]:
-    """Record the SQL statements run through `db` (transaction control left out) while the block runs."""
+def statements(db: Database, *, control: bool = False) -> Iterator[list[str]]:
+    """Record the SQL statements run through `db` while the block runs (transaction control too with `control`:
+    SQLite's BEGIN is a statement; PostgreSQL's asyncpg begins without one)."""
     seen: list[str] = []
 
     def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        if not statement.lstrip().upper().startswith(("BEGIN", "COMMIT", "ROLLBACK", "RELEASE", "SAVEPOINT")):
+        is_control = statement.lstrip().upper().startswith(("BEGIN", "COMMIT", "ROLLBACK", "RELEASE", "SAVEPOINT"))
+        if control or not is_control:
             seen.append(" ".join(statement.split()))
 
     sa.event.listen(db.engine.sync_engine, "before_cursor_execute", record)
@@ -49,9 +51,9 @@ async def test_a_verified_token_is_not_read_again_for_the_next_calls(quiet_hub):
     async with mcp_client(quiet_hub.url, await quiet_hub.token("alice"), name="Claude") as c:
         await ok(c, "profile_list", {})
         for _ in range(3):
-            with statements(quiet_hub.hub.db) as seen:
+            with statements(quiet_hub.hub.db, control=True) as seen:
                 await ok(c, "profile_list", {})
-            assert len(seen) == 1 and "FROM profiles" in seen[0], seen
+            assert len(seen) == 1 and "FROM profiles" in seen[0], seen  # and no BEGIN: one autocommit read
 
 
 async def test_rift_vm_list_is_one_statement_and_moves_the_activity_clock_at_most_once_a_minute(quiet_hub):
