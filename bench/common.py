@@ -99,8 +99,8 @@ async def hub_process(db_url: str | None, *, slots: int = 8, with_runner: bool =
             out.parent.mkdir(parents=True, exist_ok=True)
             spy = await asyncio.create_subprocess_exec(
                 str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(proc.pid), "--format", "raw",
-                "--rate", "100", "--output", str(out), *(["--gil"] if os.environ.get(PROFILE_GIL_ENV) else []), stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.DEVNULL)
+                "--rate", "100", "--output", str(out), *(["--gil"] if os.environ.get(PROFILE_GIL_ENV) else []),
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
             await asyncio.sleep(0.5)
         yield url, token
     finally:
