@@ -31,7 +31,7 @@ from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.engine import AdaptedConnection
 from sqlalchemy.engine.characteristics import ConnectionCharacteristic
 from sqlalchemy.engine.url import URL
-from sqlalchemy.util import await_
+from sqlalchemy.util.concurrency import await_, in_greenlet
 
 DEFAULT_BEGIN = "BEGIN"
 _STOP = object()
@@ -66,7 +66,10 @@ class _Worker:
                 result, ok = fn(self), True
             except BaseException as e:  # noqa: BLE001 — handed to the caller on the loop
                 result, ok = e, False
-            self._observe()
+            try:
+                self._observe()
+            except sqlite3.Error:  # a connection closed behind our back: assume the worst until it is replaced
+                self.in_transaction = self.holds_write = True
             self.done += 1
             if future is not None:
                 try:
@@ -301,8 +304,15 @@ class AmuxSqliteConnection(AdaptedConnection):
         self._worker.call(_close)
 
     def terminate(self) -> None:
-        """Close without waiting (a connection the collector found, or one invalidated)."""
-        self._worker.submit(_close, wait=False)
+        """Close a connection SQLAlchemy gave up on: one invalidated (its statement cancelled, say) waits for the close,
+        queued behind that statement, so its transaction and write lock are gone before the next writer begins;
+        one the collector found (outside the engine's greenlet) is closed without waiting."""
+        if not in_greenlet():
+            self._worker.submit(_close, wait=False)
+            return
+        future = self._worker.submit(_close)
+        assert future is not None
+        await_(asyncio.shield(future))
 
 
 class _DBAPI:
