@@ -1,19 +1,22 @@
 """SQLAlchemy's asyncio engine on SQLite with one thread hop per statement (dialect `sqlite+amux`).
 
 Every connection owns one thread that alone touches its `sqlite3` connection, so no statement runs on the event loop
-(issue 12). A hop into that thread costs far more CPU than SQLite itself (a primary-key SELECT is ~7 µs in sqlite3
-and ~70 µs per hop), so each DBAPI call is exactly one hop or none:
+(issue 12). A hop into that thread costs far more CPU than SQLite itself (a primary-key SELECT is ~7 µs in sqlite3,
+a hop tens of µs), so each DBAPI call is one hop or none:
 
 - `execute`/`executemany` run the statement, read its description, fetch every row and read rowcount and lastrowid
   in one call into the thread (aiosqlite's adapter took four: cursor, execute, fetchall, close);
-- a transaction's BEGIN is not a hop of its own: `defer_begin` hands it to the next statement, which runs it first
-  in the same call (a transaction with no statement never begins);
+- a transaction's BEGIN is not a hop of its own: the engine's begin hands it to the next statement, which runs it
+  first in the same call (a transaction that runs no statement never begins). Which BEGIN is the connection's
+  `sqlite_begin` execution option: BEGIN (the default), BEGIN IMMEDIATE, or None for no transaction at all;
 - COMMIT and ROLLBACK are one hop when a transaction is open and none when it is not (the pool's reset-on-return
-  ROLLBACK after a committed or autocommit connection costs nothing). Whether one is open is what the thread saw
-  after its last call; while a call is still in flight (a cancelled statement still running) it is not trusted and
-  the ROLLBACK always goes to the thread, queued behind that statement.
+  ROLLBACK after a commit or on an autocommit connection costs nothing). A transaction that cannot hold SQLite's
+  write lock (a plain BEGIN that changed nothing and ran only statements with result columns) is ended without
+  waiting: nobody waits for its lock, and the connection's next call runs after it.
 
-Calls into one connection's thread run in the order they were made, even when the caller was cancelled meanwhile.
+Whether a transaction is open is what the thread saw after its last call; while a call is in flight (a cancelled
+statement still running) it is not trusted and COMMIT/ROLLBACK go to the thread and wait, queued behind that call.
+Calls into one connection's thread run in the order they were made, even when their caller was cancelled.
 """
 from __future__ import annotations
 
@@ -46,15 +49,14 @@ class _Worker:
     when the two counts are equal nothing is in flight and the state is what SQLite says now.
     """
 
-    __slots__ = ("loop", "conn", "submitted", "done", "in_transaction", "holds_write", "begun", "_jobs", "_thread")
+    __slots__ = ("conn", "submitted", "done", "in_transaction", "holds_write", "begun", "_jobs", "_thread")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+    def __init__(self) -> None:
         self.conn: sqlite3.Connection | None = None
         self.submitted = self.done = 0
         self.in_transaction = False
         self.holds_write = False  # the open transaction may hold SQLite's write lock (it wrote, or began IMMEDIATE)
-        self.begun: tuple[str, int] | None = None  # the BEGIN this connection ran, and total_changes then
+        self.begun: tuple[str, int] | None = None  # this transaction's BEGIN and total_changes then (None: unknown)
         self._jobs: SimpleQueue[tuple[asyncio.Future[Any] | None, Callable[[_Worker], Any]]] = SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="amux-sqlite", daemon=True)
         self._thread.start()
@@ -73,7 +75,7 @@ class _Worker:
             self.done += 1
             if future is not None:
                 try:
-                    self.loop.call_soon_threadsafe(_settle, future, ok, result)
+                    future.get_loop().call_soon_threadsafe(_settle, future, ok, result)
                 except RuntimeError:  # the loop is closed: nobody waits any more
                     pass
             elif not ok:
@@ -98,7 +100,7 @@ class _Worker:
 
     def submit(self, fn: Callable[[_Worker], Any], *, wait: bool = True) -> asyncio.Future[Any] | None:
         """Queue `fn(worker)` for the thread; return a future of its result (None with `wait=False`)."""
-        future = self.loop.create_future() if wait else None
+        future = asyncio.get_running_loop().create_future() if wait else None
         self.submitted += 1
         self._jobs.put((future, fn))
         return future
@@ -150,6 +152,8 @@ def _execute(begin: str | None, operation: str, parameters: Any, many: bool) -> 
             else:
                 cursor.execute(operation, parameters)
             description = cursor.description
+            if description is None:  # a write (or DDL): it may hold the write lock even when it changed no row
+                worker.begun = None
             rows = cursor.fetchall() if description else None
             return description, rows, cursor.rowcount, cursor.lastrowid
         finally:
@@ -252,11 +256,6 @@ class AmuxSqliteConnection(AdaptedConnection):
         each statement commits on its own)."""
         self._begin = self.begin_statement
 
-    @property
-    def in_transaction(self) -> bool:
-        """Whether a transaction is open or about to be (a deferred BEGIN, or a call still in flight)."""
-        return self._begin is not None or not self._worker.settled or self._worker.in_transaction
-
     def run_statement(self, operation: str, parameters: Any, *, many: bool) -> _Result:
         begin, self._begin = self._begin, None
         return self._worker.call(_execute(begin, operation, parameters, many))
@@ -276,8 +275,8 @@ class AmuxSqliteConnection(AdaptedConnection):
         self._end("ROLLBACK")
 
     def _end(self, verb: str) -> None:
-        """End the open transaction: no hop when none is open; a read that wrote nothing is ended without waiting
-        (nobody waits for its lock, and this thread's next call runs after it); else one hop."""
+        """End the open transaction: no hop when none is open; one that cannot hold the write lock is ended without
+        waiting (nobody waits for its lock, and this thread's next call runs after it); else one hop."""
         self._begin = None  # a transaction that ran no statement never began
         worker = self._worker
         if worker.settled and not worker.in_transaction:
@@ -331,7 +330,7 @@ class _DBAPI:
             setattr(self, name, getattr(sqlite3, name))
 
     def connect(self, database: str, **kwargs: Any) -> AmuxSqliteConnection:
-        worker = _Worker(asyncio.get_running_loop())
+        worker = _Worker()
         try:
             worker.call(_open(database, kwargs))
         except BaseException:
