@@ -105,7 +105,8 @@ class Database:
 
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[Connection]:
-        """Open a connection for reads."""
+        """Open a connection for reads; its statements share one transaction (on SQLite one WAL snapshot, its BEGIN
+        run in the first statement's hop and its ROLLBACK not waited for)."""
         async with self.engine.connect() as conn:
             yield conn
 

@@ -51,6 +51,16 @@ async def test_each_statement_is_one_hop_and_a_transaction_adds_at_most_one(sdb:
         assert worker.submitted - before == expected, (opened.__name__, len(statements))  # type: ignore[attr-defined]
 
 
+async def test_the_end_of_a_transaction_that_may_hold_the_write_lock_is_waited_for(sdb: Database, clock: ManualClock):
+    no_row = principals.update().where(principals.c.id == "p_none").values(kind="bot")
+    for opened, stmt in [(sdb.write, sa.select(principals.c.id)),  # BEGIN IMMEDIATE took the lock up front
+                         (sdb.read, no_row)]:  # a write statement takes it even when it changes no row
+        async with opened() as conn:
+            worker, _ = await hops_so_far(conn)
+            await conn.execute(stmt)
+        assert worker.settled, opened.__name__  # type: ignore[attr-defined]  # its COMMIT/ROLLBACK has run
+
+
 async def test_a_writer_cancelled_while_its_statement_runs_rolls_back_and_frees_the_write_lock(
         sdb: Database, clock: ManualClock):
     entered, release = threading.Event(), threading.Event()
