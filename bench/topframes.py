@@ -4,7 +4,7 @@
 
 `AMUX_BENCH_PROFILE=DIR python -m bench.dispatch` writes one such profile per hub process (see bench/common.py).
 py-spy's idle detection misses blocked waits inside containers, so stacks that end in a known wait (the event
-loop's epoll, aiosqlite's and the thread pool's queue `get`, a Condition wait) are dropped as idle.
+loop's epoll, aiosqlite's, the SQLite driver's and the thread pool's queue `get`, a Condition wait) are dropped as idle.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ _STDLIB = re.compile(r" \(/\S*?/lib/python3\.\d+/")
 _REPO = re.compile(r" \(/\S*?/(hub|bot|bench|tests)/")
 IDLE = (re.compile(r"^EpollSelector\.select "), re.compile(r"^Condition\.wait "),
         re.compile(r"^_connection_worker_thread \(.*aiosqlite/core\.py:59\)$"),
+        re.compile(r"^_Worker\._next_job \(.*hub/store/sqlite_driver\.py:\d+\)$"),
         re.compile(r"^_worker \(.*concurrent/futures/thread\.py:81\)$"))
 
 

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ..errors import Invalid
+from . import sqlite_driver  # registers the `sqlite+amux` dialect
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -31,8 +32,9 @@ def normalize_url(url: str) -> str:
     return url
 
 
-# One connection type on both stores: SQLite runs through aiosqlite in its own thread, so no statement blocks
-# the event loop (a backlog of due schedules once starved every timer and HTTP handler of the embedded hub).
+# One connection type on both stores: each SQLite connection runs in its own thread (hub/store/sqlite_driver.py, one
+# hop per statement), so no statement blocks the event loop (a backlog of due schedules once starved every timer and
+# HTTP handler of the embedded hub).
 Connection = AsyncConnection
 Row = sa.Row[Unpack[tuple[Any, ...]]]
 StoreError = sa.exc.SQLAlchemyError
@@ -68,10 +70,9 @@ class Database:
         # hide_parameters: an error's message and log line never carry a prompt, memory value or secret.
         if self.is_sqlite:
             prepare_sqlite_file(self.url)
-            self.engine: AsyncEngine = create_async_engine(parsed.set(drivername="sqlite+aiosqlite"), echo=echo,
+            self.engine: AsyncEngine = create_async_engine(parsed.set(drivername="sqlite+amux"), echo=echo,
                                                            hide_parameters=True, pool_size=8, max_overflow=24)
             event.listen(self.engine.sync_engine, "connect", _sqlite_connect)
-            event.listen(self.engine.sync_engine, "begin", _sqlite_begin)
         else:
             # Connections are kept rather than opened per burst (each new one costs a TCP and auth round trip and a
             # thread-pool DNS lookup); at most 30 per replica, as before.
@@ -91,7 +92,7 @@ class Database:
         async with self._write_lock:
             conn = await self.engine.connect()
             try:
-                conn = await conn.execution_options(amux_write=True)
+                conn = await conn.execution_options(sqlite_begin="BEGIN IMMEDIATE")  # the write lock before any read
                 trans = await conn.begin()
                 try:
                     yield conn
@@ -106,7 +107,8 @@ class Database:
 
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[Connection]:
-        """Open a connection for reads."""
+        """Open a connection for reads; its statements share one transaction (on SQLite one WAL snapshot, its BEGIN
+        run in the first statement's hop and its ROLLBACK not waited for)."""
         async with self.engine.connect() as conn:
             yield conn
 
@@ -117,7 +119,7 @@ class Database:
         statements on it see different moments, as under READ COMMITTED; take no row locks on it."""
         async with self.engine.connect() as conn:
             if self.is_sqlite:
-                yield await conn.execution_options(amux_autocommit=True)
+                yield await conn.execution_options(sqlite_begin=None)
             else:
                 yield await conn.execution_options(isolation_level="AUTOCOMMIT")
 
@@ -179,24 +181,16 @@ def prepare_sqlite_file(url: str) -> None:
             private_file(side)
 
 
-def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
-    dbapi_conn.isolation_level = None  # SQLAlchemy's begin event issues BEGIN itself
-    _sqlite_pragmas(dbapi_conn)
-
-
-def _sqlite_begin(conn: sa.Connection) -> None:
-    options = conn.get_execution_options()
-    if not options.get("amux_autocommit"):  # `Database.autocommit`: each statement commits on its own
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if options.get("amux_write") else "BEGIN")
+def _sqlite_connect(dbapi_conn: sqlite_driver.AmuxSqliteConnection, _record: Any) -> None:
+    dbapi_conn.isolation_level = None  # the driver runs the engine's BEGIN itself (`sqlite_begin`)
+    dbapi_conn.run_sync(_sqlite_pragmas)
 
 
 def _sqlite_pragmas(dbapi_conn: Any) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=NORMAL")
-    cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA busy_timeout=5000")
-    cur.close()
+    dbapi_conn.execute("PRAGMA journal_mode=WAL")
+    dbapi_conn.execute("PRAGMA synchronous=NORMAL")
+    dbapi_conn.execute("PRAGMA foreign_keys=ON")
+    dbapi_conn.execute("PRAGMA busy_timeout=5000")
 
 
 def alembic_config(url: str) -> "Config":

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 import sqlalchemy as sa
 
 from hub.store.db import is_transient
@@ -44,3 +45,28 @@ async def test_a_transaction_is_run_again_only_for_transient_errors(db):
     assert await db.transaction(body) == 1
     assert not is_transient(ValueError("not a database error"))
     assert is_transient(sa.exc.OperationalError("SELECT 1", {}, Exception("server closed the connection")))
+
+
+async def test_a_statement_error_mid_transaction_rolls_back_what_the_transaction_wrote(db):
+    async def body(conn) -> None:
+        await conn.execute(principals.insert().values(id="p_one", kind="user", name="one", created_at=sa.func.now()))
+        await conn.execute(principals.insert().values(id="p_two", kind="user", name="one", created_at=sa.func.now()))
+
+    with pytest.raises(sa.exc.IntegrityError):  # the second row repeats the unique name
+        await db.transaction(body)
+    async with db.write() as conn:  # the failed writer left no transaction (nor, on SQLite, its write lock) behind
+        await conn.execute(principals.insert().values(id="p_three", kind="user", name="three",
+                                                      created_at=sa.func.now()))
+    async with db.read() as conn:
+        names = set((await conn.execute(sa.select(principals.c.name))).scalars())
+    assert "three" in names and "one" not in names
+
+
+async def test_executemany_writes_every_row_and_an_update_counts_its_rows(db):
+    rows = [{"id": f"p_m{i}", "kind": "user", "name": f"many {i}"} for i in range(7)]
+    async with db.write() as conn:
+        await conn.execute(principals.insert().values(created_at=sa.func.now()), rows)
+        updated = await conn.execute(principals.update().where(principals.c.name.like("many %")).values(kind="bot"))
+        assert updated.rowcount == 7
+    async with db.read() as conn:
+        assert (await conn.execute(sa.select(sa.func.count()).where(principals.c.kind == "bot"))).scalar_one() == 7

@@ -1,0 +1,117 @@
+"""The SQLite driver (hub/store/sqlite_driver.py): one thread hop per statement, and the transaction rules that the
+fewer hops must keep (BEGIN on the first statement, no ROLLBACK hop without a transaction, cancelled writers)."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import AsyncIterator
+
+import pytest
+import sqlalchemy as sa
+
+from hub.clock import ManualClock
+from hub.store.db import Connection, Database
+from hub.store.tables import principals
+
+
+@pytest.fixture
+async def sdb(sqlite_url: str) -> AsyncIterator[Database]:
+    database = Database(sqlite_url)
+    yield database
+    await database.close()
+
+
+def new_principal(key: str, clock: ManualClock) -> sa.Insert:
+    return principals.insert().values(id=f"p_{key}", kind="user", name=key, created_at=clock.now())
+
+
+async def names(db: Database) -> set[str]:
+    async with db.read() as conn:
+        return set((await conn.execute(sa.select(principals.c.name))).scalars())
+
+
+async def hops_so_far(conn: Connection) -> tuple[object, int]:
+    """The connection's thread and how many calls were made into it so far."""
+    worker = (await conn.get_raw_connection()).dbapi_connection._worker  # type: ignore[union-attr]
+    return worker, worker.submitted
+
+
+async def test_each_statement_is_one_hop_and_a_transaction_adds_at_most_one(sdb: Database, clock: ManualClock):
+    one = sa.select(principals.c.id).where(principals.c.id == "p_none")
+    cases = [(sdb.autocommit, [one], 1),  # no BEGIN, no ROLLBACK
+             (sdb.read, [one], 2),  # BEGIN in the SELECT's hop, then ROLLBACK
+             (sdb.read, [one, one, one], 4),
+             (sdb.read, [], 0),  # a transaction with no statement never begins
+             (sdb.write, [new_principal("w", clock)], 2)]  # BEGIN IMMEDIATE in the INSERT's hop, then COMMIT
+    for opened, statements, expected in cases:
+        async with opened() as conn:
+            worker, before = await hops_so_far(conn)
+            for stmt in statements:
+                await conn.execute(stmt)
+        assert worker.submitted - before == expected, (opened.__name__, len(statements))  # type: ignore[attr-defined]
+
+
+async def test_the_end_of_a_transaction_that_may_hold_the_write_lock_is_waited_for(sdb: Database, clock: ManualClock):
+    no_row = principals.update().where(principals.c.id == "p_none").values(kind="bot")
+    for opened, stmt in [(sdb.write, sa.select(principals.c.id)),  # BEGIN IMMEDIATE took the lock up front
+                         (sdb.read, no_row)]:  # a write statement takes it even when it changes no row
+        async with opened() as conn:
+            worker, _ = await hops_so_far(conn)
+            await conn.execute(stmt)
+        assert worker.settled, opened.__name__  # type: ignore[attr-defined]  # its COMMIT/ROLLBACK has run
+
+
+async def test_a_writer_cancelled_while_its_statement_runs_rolls_back_and_frees_the_write_lock(
+        sdb: Database, clock: ManualClock):
+    entered, release = threading.Event(), threading.Event()
+
+    def gate() -> str:  # runs in the connection's thread, inside the INSERT
+        entered.set()
+        release.wait(30)
+        return "stuck"
+
+    async def writer() -> None:
+        async with sdb.write() as conn:
+            await conn.run_sync(lambda c: c.connection.dbapi_connection.create_function("gate", 0, gate))
+            await conn.execute(principals.insert().values(id="p_stuck", kind="user", name=sa.func.gate(),
+                                                          created_at=clock.now()))
+
+    task = asyncio.create_task(writer())
+    await asyncio.get_running_loop().run_in_executor(None, entered.wait, 30)
+    task.cancel()
+    release.set()  # the INSERT completes in its thread after its caller was cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async with sdb.write() as conn:  # BEGIN IMMEDIATE would fail after busy_timeout if the lock were still held
+        await conn.execute(new_principal("next", clock))
+    assert {"next"} <= await names(sdb) and "stuck" not in await names(sdb)
+
+
+async def test_a_read_on_a_connection_a_writer_used_takes_no_write_lock_and_sees_later_commits(
+        sdb: Database, clock: ManualClock):
+    async with sdb.write() as conn:
+        await conn.execute(new_principal("first", clock))
+    async with sdb.read() as conn:  # the pool's one idle connection: the writer's, back to a plain BEGIN
+        count = sa.select(sa.func.count()).select_from(principals)
+        before = (await conn.execute(count)).scalar_one()
+        async with sdb.write() as other:  # would fail after busy_timeout if the read had begun IMMEDIATE
+            await other.execute(new_principal("second", clock))
+        assert (await conn.execute(count)).scalar_one() == before  # one snapshot
+    async with sdb.read() as conn:  # the previous read's ROLLBACK ran before this one's first statement
+        assert (await conn.execute(count)).scalar_one() == before + 1
+
+
+async def test_rowcount_lastrowid_and_executemany_come_back_from_the_one_hop(sdb: Database, clock: ManualClock):
+    async with sdb.write() as conn:
+        inserted = await conn.execute(new_principal("a", clock))
+        rowid = (await conn.execute(sa.text("SELECT rowid FROM principals WHERE id = 'p_a'"))).scalar_one()
+        assert inserted.lastrowid == rowid
+        many = await conn.execute(principals.insert(), [{"id": f"p_m{i}", "kind": "user", "name": f"m{i}",
+                                                         "created_at": clock.now()} for i in range(5)])
+        assert many.rowcount == 5
+        updated = await conn.execute(principals.update().where(principals.c.name.like("m%")).values(kind="bot"))
+        assert updated.rowcount == 5
+        returned = await conn.execute(principals.delete().where(principals.c.kind == "bot")
+                                      .returning(principals.c.name))
+        assert sorted(returned.scalars()) == [f"m{i}" for i in range(5)]
+    assert await names(sdb) == {"a"}
