@@ -179,8 +179,7 @@ class Hub:
         loops.start("reaper", self.dispatcher.reaper_step, interval_s=1.0)
         loops.start("lease-reaper", self.leases.reaper_step, interval_s=30.0)
         loops.start("alerts", self.alerts.step, interval_s=self.settings.alerts.poll_s, wake=self.alerts.kicked)
-        loops.start("schedule-firing", self.schedule_firing.firing_step, interval_s=self.settings.schedules.poll_s,
-                    wake=self.schedule_firing.kicked)
+        self.schedule_firing.start_loops(loops)
         loops.start("schedule-reconciler", self.schedule_firing.reconciler_step,
                     interval_s=self.settings.schedules.reconcile_s)
         try:

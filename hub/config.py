@@ -100,6 +100,7 @@ class SchedulesSettings(BaseModel):
     default_timezone: str = "UTC"       # used when a schedule names no timezone
     poll_s: float = 0.5                 # longest sleep of the firing loop between claims
     claim_batch: int = 500              # schedules claimed in one transaction
+    firing_workers: int = Field(default=2, ge=1)  # firing loops per replica, claiming apart as replicas do
     reconcile_s: float = 1.0            # reconciler period
     unknown_after_s: float = 120.0      # a firing with no recorded dispatch result becomes `unknown` after this
     min_interval_s: float = Field(default=60.0, ge=0)  # the shortest `every` interval accepted; operators may lower it

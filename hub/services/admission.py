@@ -3,24 +3,53 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Awaitable, Sequence, TypeVar
 
 from ..clock import Clock
 from ..config import HubSettings, ProfileSettings
 from ..domain import scripted
 from ..domain.placement import LAUNCH_PLATFORMS, platforms_text
-from ..domain.policy import DEFAULT_POLICY, POLICIES, normalize_native_args
-from ..domain.resolution import Choices, Preset, SessionContext, resolve
+from ..domain.policy import DEFAULT_POLICY, POLICIES, NativeLaunch, normalize_native_args
+from ..domain.resolution import Choices, Preset, Resolved, SessionContext, resolve
 from ..domain.states import RuntimeStatus
 from ..errors import Invalid
-from ..store.db import Connection, Row
+from ..store.db import Connection, Row, StoreError
 from ..store.runtimes import SqlRuntimeStore
 from .auth import Caller
 from .credentials import CredentialService
-from .profiles import ProfileService
+from .profiles import ProfileService, ResolvedProfile
 
 MAX_TIMEOUT_S = 7 * 86400
 ENGINE_CHECK_S = 2.0  # how long a passing "some runtime offers this engine" check stands (`_admit_engine`)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """What admission resolved of a submission's choices before its prompt and credentials are checked."""
+
+    profile: ResolvedProfile
+    policy: str
+    native: NativeLaunch
+    resolved: Resolved
+    runtime: Row | None
+
+
+async def _outcome(step: Awaitable[T]) -> T | Exception:
+    """Await `step`; return its refusal instead of raising it (a database error is raised)."""
+    try:
+        return await step
+    except StoreError:
+        raise
+    except Exception as e:  # noqa: BLE001 — remembered for every item that shares the step
+        return e
+
+
+def _raise_or(value: T | Exception) -> T:
+    """Raise a remembered refusal, or return the value."""
+    if isinstance(value, Exception):
+        raise value
+    return value
 
 
 @dataclass(kw_only=True)
@@ -92,6 +121,42 @@ class Admission:
                      session: SessionContext | None = None) -> dict[str, Any]:
         """Return the resolved execution snapshot for `req` (origin: submit | run | schedule | session)."""
         args, timeout = self._shape(req, origin)
+        choice = await self._choose(conn, req, args, origin, session)
+        self.check_prompt(choice.profile.engine, req.prompt)
+        cred = await self._credential(conn, caller, req, choice.profile)
+        return self._snapshot(choice, cred, args, timeout, origin)
+
+    async def freeze_many(self, conn: Connection, items: Sequence[tuple[Caller, SubmitRequest]], *,
+                          origin: str) -> list[dict[str, Any] | Exception]:
+        """Freeze each (caller, request) as `freeze` would (no session), in order: a snapshot, or the refusal it
+        raised. The choices are resolved once per distinct set of them and the credentials checked once per distinct
+        caller and credential profile, on the same connection; the shape and the prompt are checked per item, each
+        snapshot is its own. A database error is raised, never returned (the whole batch is tried again)."""
+        choices: dict[tuple, _Choice | Exception] = {}
+        creds: dict[tuple, dict[str, Any] | None | Exception] = {}
+        out: list[dict[str, Any] | Exception] = []
+        for caller, req in items:
+            try:
+                args, timeout = self._shape(req, origin)
+                key = (req.profile, req.runtime, req.model, req.reasoning_effort, req.permission_policy, tuple(args))
+                if key not in choices:
+                    choices[key] = await _outcome(self._choose(conn, req, args, origin, None))
+                choice = _raise_or(choices[key])
+                self.check_prompt(choice.profile.engine, req.prompt)
+                ckey = (caller.principal_id, caller.principal, req.credential_profile, key)
+                if ckey not in creds:
+                    creds[ckey] = await _outcome(self._credential(conn, caller, req, choice.profile))
+                out.append(self._snapshot(choice, _raise_or(creds[ckey]), args, timeout, origin))
+            except StoreError:
+                raise
+            except Exception as e:  # noqa: BLE001 — a refusal is the item's answer
+                out.append(e)
+        return out
+
+    async def _choose(self, conn: Connection, req: SubmitRequest, args: list[str], origin: str,
+                      session: SessionContext | None) -> _Choice:
+        """Resolve profile, policy, native arguments, runtime, model and effort, and admit them (not the prompt and
+        not the credentials: those are the caller's)."""
         profile = await self.profiles.get(conn, req.profile or self.ps.default_profile)
         policy = req.permission_policy or DEFAULT_POLICY
         if policy not in POLICIES:
@@ -114,29 +179,38 @@ class Admission:
             await self._admit_engine(conn, profile.engine)
         if profile.manifest and profile.manifest.expert.authoring == "local":
             await self._require_authoring(conn, profile.name)
-        self.check_prompt(profile.engine, req.prompt)
+        return _Choice(profile, policy, native, resolved, runtime)
+
+    async def _credential(self, conn: Connection, caller: Caller, req: SubmitRequest,
+                          profile: ResolvedProfile) -> dict[str, Any] | None:
+        """Return the credential profile's names the caller holds values for (None: no credential profile)."""
         cred_name = req.credential_profile or (profile.manifest.credential_profile if profile.manifest else None)
-        cred = None
-        if cred_name:
-            env_names = await self.credentials.check_complete(conn, cred_name, caller.principal_id, caller.principal)
-            cred = {"name": cred_name, "env": env_names}  # names only: values never enter a snapshot
+        if not cred_name:
+            return None
+        env_names = await self.credentials.check_complete(conn, cred_name, caller.principal_id, caller.principal)
+        return {"name": cred_name, "env": env_names}  # names only: values never enter a snapshot
+
+    @staticmethod
+    def _snapshot(c: _Choice, cred: dict[str, Any] | None, args: list[str], timeout: float,
+                  origin: str) -> dict[str, Any]:
+        """Assemble one snapshot; its containers are its own (snapshots frozen from one resolution share none)."""
         return {
-            "profile": {"ref": profile.name, "kind": profile.kind, "digest": profile.digest,
-                        "instructions": profile.manifest.expert.instructions if profile.manifest else ""},
-            "engine": profile.engine,
-            "runtime": runtime.name if runtime is not None else None,
-            "model": resolved.model,
-            "reasoning_effort": resolved.reasoning_effort,
-            "resolution": resolved.sources,
-            "extra_args": args,
-            "native_args": native.args,
-            "native_env": native.env,
-            "permission_policy": policy,
-            "credential_profile": cred,
+            "profile": {"ref": c.profile.name, "kind": c.profile.kind, "digest": c.profile.digest,
+                        "instructions": c.profile.manifest.expert.instructions if c.profile.manifest else ""},
+            "engine": c.profile.engine,
+            "runtime": c.runtime.name if c.runtime is not None else None,
+            "model": c.resolved.model,
+            "reasoning_effort": c.resolved.reasoning_effort,
+            "resolution": dict(c.resolved.sources),
+            "extra_args": list(args),
+            "native_args": list(c.native.args),
+            "native_env": dict(c.native.env),
+            "permission_policy": c.policy,
+            "credential_profile": None if cred is None else {"name": cred["name"], "env": list(cred["env"])},
             "timeout_s": timeout,
             "platforms": list(LAUNCH_PLATFORMS),  # placement launches it only there, named runtime or not
             "origin": origin,  # submit | run | schedule | session: which door admitted it (provenance)
-            "subprocess": profile.engine == "scripted" and "--subprocess" in args,
+            "subprocess": c.profile.engine == "scripted" and "--subprocess" in args,
             "resume_handle": None,
         }
 

@@ -1,9 +1,11 @@
 """The durable firing loop and the reconciler.
 
-Fire: claim due schedules (`FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite is single-process) → in ONE
-transaction insert the firing rows and advance the rules → commit → dispatch (admit a Task / submit a
-Turn) → record admission and correlation. A firing whose dispatch result was never recorded (the hub
-died after the commit) is marked `unknown` by the reconciler after `unknown_after_s`; it is never replayed.
+Fire: claim a batch of due schedules with one statement (`FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite is
+single-process) → in ONE transaction insert the batch's firing rows and advance its rules (one executemany each)
+→ commit → dispatch (admit the Tasks, resolving admission once per distinct creator and choices in the batch /
+submit a Turn) → in one transaction insert the Tasks and record each admission and correlation. A firing whose
+dispatch result was never recorded (the hub died after the commit) is marked `unknown` by the reconciler after
+`unknown_after_s`; it is never replayed. `firing_workers` loops per replica claim apart exactly as replicas do.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from ..domain import schedule_rules as rules
 from ..domain.tasks import OUTCOMES as TASK_OUTCOMES, Status
 from ..errors import AmuxError
 from ..ids import new_id
+from ..loops import Loops
 from ..store.db import Connection, Database, Row, StoreError
 from ..store.firings import DispatchResult, NewFiring, SqlFiringStore
 from .admission import Admission
@@ -128,12 +131,12 @@ class ScheduleFiring:
 
     # ------------------------------------------------------------ dispatch
 
-    async def _callers(self, rows: list[Row]) -> dict[str, Caller]:
+    async def _callers(self, conn: Connection, rows: list[Row]) -> dict[str, Caller]:
+        """Map each schedule whose creator still exists to the Caller its firing acts as."""
         ids = {r.creator_id for r in rows if r.creator_id}
         if not ids:
             return {}
-        async with self.db.read() as conn:
-            names = await self.store.principal_names(conn, ids)
+        names = await self.store.principal_names(conn, ids)
         out = {}
         for r in rows:
             if r.creator_id in names:
@@ -143,12 +146,13 @@ class ScheduleFiring:
         return out
 
     async def _dispatch(self, due: list[Due], now: datetime) -> None:
-        callers = await self._callers([d.schedule for d in due])
         # Admission again from the start on a database error (a restart): never an admission status. Reads only,
-        # so a read connection (not the SQLite writer lock); unrecorded after the last try, the firings turn unknown.
+        # so an autocommit connection (not the SQLite writer lock, no BEGIN/ROLLBACK round trips on PostgreSQL);
+        # unrecorded after the last try, the firings turn unknown.
         for attempt in range(ADMIT_ATTEMPTS):
             try:
-                async with self.db.read() as conn:
+                async with self.db.autocommit() as conn:
+                    callers = await self._callers(conn, [d.schedule for d in due])
                     await self._admit_all(conn, due, callers, now)
                 break
             except StoreError:
@@ -161,36 +165,37 @@ class ScheduleFiring:
         await self._record(due, now)
 
     async def _admit_all(self, conn: Connection, due: list[Due], callers: dict[str, Caller], now: datetime) -> None:
-        """Admit each subtask firing on `conn`; fresh on each attempt (the reads may be run again)."""
+        """Admit the batch's subtask firings on `conn`, each resolving its content and omitted defaults again now
+        like a Task submission with origin "schedule" (resolved once per distinct creator and choices in the
+        batch); fresh on each attempt (the reads may be run again)."""
         online = await self.store.online_runtimes(conn)
+        subtasks: list[tuple[Due, Caller]] = []
         for d in due:
             d.result, d.task_row = None, None
             caller = callers.get(d.schedule.id)
             if caller is None:
                 d.result = ("error:the schedule has no attributable creator; recreate it", None, None)
             elif d.schedule.type == "subtask":
-                await self._admit(conn, d, caller, online, now)
-
-    async def _admit(self, conn: Connection, d: Due, caller: Caller, online: list[Row], now: datetime) -> None:
-        """Resolve the content and omitted defaults again now, like a Task submission with origin "schedule"."""
-        req = submit_request(d.schedule)
-        try:
-            snap = await self.admission.freeze(conn, caller, req, origin="schedule")
-        except StoreError:
-            raise  # the database, not the schedule: admission runs again (`_dispatch`)
-        except Exception as e:  # noqa: BLE001 — every refusal is an admission status, never a crash
-            d.result = (_reason(e), None, None)
-            return
-        ok = [r for r in online if snap["engine"] in (r.capabilities or {}).get("engines", [])
-              and (snap["runtime"] is None or r.name == snap["runtime"])]
-        if not ok:
-            d.result = ("skipped:offline", None, None)
-            return
-        task_id = new_id("tr")
-        d.result = ("ok", task_id, None)
-        d.task_row = {"id": task_id, "owner_id": caller.principal_id, "name": req.name, "prompt": req.prompt,
-                      "snapshot": snap, "status": Status.QUEUED.value, "attempt": 0, "event_seq": 0,
-                      "last_rseq": 0, "created_at": now}
+                subtasks.append((d, caller))
+        reqs = [(caller, submit_request(d.schedule)) for d, caller in subtasks]
+        snaps = await self.admission.freeze_many(conn, reqs, origin="schedule")
+        engines_online: dict[tuple[str, str | None], bool] = {}
+        for (d, caller), (_, req), snap in zip(subtasks, reqs, snaps):
+            if isinstance(snap, Exception):  # every refusal is an admission status, never a crash
+                d.result = (_reason(snap), None, None)
+                continue
+            where = (snap["engine"], snap["runtime"])
+            if where not in engines_online:
+                engines_online[where] = any(snap["engine"] in (r.capabilities or {}).get("engines", [])
+                                            and (snap["runtime"] is None or r.name == snap["runtime"]) for r in online)
+            if not engines_online[where]:
+                d.result = ("skipped:offline", None, None)
+                continue
+            task_id = new_id("tr")
+            d.result = ("ok", task_id, None)
+            d.task_row = {"id": task_id, "owner_id": caller.principal_id, "name": req.name, "prompt": req.prompt,
+                          "snapshot": snap, "status": Status.QUEUED.value, "attempt": 0, "event_seq": 0,
+                          "last_rseq": 0, "created_at": now}
 
     async def _submit_turn(self, d: Due, caller: Caller) -> None:
         if self.sessions is None:
@@ -286,7 +291,7 @@ class ScheduleFiring:
                 log.exception("outcome sink refused the event for firing %s", e.firing_id)
 
     async def _sleep_s(self) -> float:
-        async with self.db.read() as conn:
+        async with self.db.autocommit() as conn:
             nxt = await self.store.next_fire_at(conn)
         if nxt is None:
             return self.settings.poll_s
@@ -298,6 +303,14 @@ class ScheduleFiring:
         if await self.fire_due() >= self.settings.claim_batch:
             return 0.0
         return await self._sleep_s()
+
+    def start_loops(self, loops: Loops) -> None:
+        """Start the firing loops: `firing_workers` of them ("schedule-firing", "schedule-firing-2", …), so one
+        batch's claim overlaps another's dispatch. They claim apart exactly as replicas do (SKIP LOCKED on
+        PostgreSQL, the writer lock on SQLite); a kick wakes whichever sleeps."""
+        for i in range(self.settings.firing_workers):
+            loops.start("schedule-firing" + (f"-{i + 1}" if i else ""), self.firing_step,
+                        interval_s=self.settings.poll_s, wake=self.kicked)
 
     async def reconciler_step(self) -> None:
         """Reconcile outcomes once; the supervisor runs it every `reconcile_s`."""

@@ -227,3 +227,48 @@ async def test_a_passing_engine_check_stands_for_two_seconds_and_a_refusal_is_ne
         await submit(core, profile="codex")  # read again once it lapsed
     await reregister(core, "gpu", platform="linux")
     await submit(core, profile="codex")  # the refusal was not remembered: the fixed runtime counts at once
+
+
+async def test_freeze_many_answers_each_item_what_freeze_answers_resolving_shared_choices_once(core):
+    """A batch gives each (caller, request) the snapshot or refusal `freeze` gives it alone, in order; a set of
+    choices shared by several items is resolved once, and each snapshot is its own object."""
+    await core.credentials.declare(core.admin, "anthropic", ["ANTHROPIC_API_KEY"])
+    await core.credentials.set_value(core.admin, "anthropic", "ANTHROPIC_API_KEY", "sk-ant-secret-value-1")
+    bob = await core.auth.authenticate(await core.auth.create_token("bob"))
+    items = [(core.admin, SubmitRequest(prompt="say one", profile="scripted", name="a")),
+             (core.admin, SubmitRequest(prompt="bogus line", profile="scripted")),       # the prompt: this item only
+             (core.admin, SubmitRequest(prompt="say two", profile="scripted", name="b")),
+             (core.admin, SubmitRequest(prompt="", profile="scripted")),                 # the shape: this item only
+             (core.admin, SubmitRequest(prompt="say x", profile="nope")),                # unknown profile
+             (core.admin, SubmitRequest(prompt="say x", profile="scripted", runtime="gpu", timeout_s=5)),
+             (core.admin, SubmitRequest(prompt="review", profile="claude", credential_profile="anthropic")),
+             (bob, SubmitRequest(prompt="review", profile="claude", credential_profile="anthropic")),  # bob lacks it
+             (bob, SubmitRequest(prompt="say three", profile="scripted"))]
+    gets = []
+    real_get = core.profiles.get
+
+    async def counting_get(conn, name):
+        gets.append(name)
+        return await real_get(conn, name)
+
+    core.profiles.get = counting_get
+    async with core.db.read() as conn:
+        many = await core.admission.freeze_many(conn, items, origin="schedule")
+        gets_many, gets[:] = list(gets), []
+        alone = []
+        for caller, req in items:
+            try:
+                alone.append(await core.admission.freeze(conn, caller, req, origin="schedule"))
+            except Exception as e:  # noqa: BLE001
+                alone.append(e)
+    assert len(many) == len(items)
+    for got, want in zip(many, alone):
+        if isinstance(want, Exception):
+            assert type(got) is type(want) and got.message == want.message
+        else:
+            assert got == want
+    assert isinstance(many[1], Invalid) and "unknown command" in many[1].message
+    assert isinstance(many[7], Invalid) and "ANTHROPIC_API_KEY" in many[7].message
+    assert many[0] is not many[2] and many[0]["native_args"] is not many[2]["native_args"]
+    # one profile lookup per distinct set of choices: (scripted), (nope), (scripted on gpu), (claude)
+    assert sorted(gets_many) == ["claude", "nope", "scripted", "scripted"]

@@ -307,6 +307,45 @@ async def test_two_firing_loops_claiming_at_once_fire_each_nominal_time_exactly_
     assert {r.admission for r in rows} == {"ok"}
 
 
+async def test_one_replicas_firing_loops_claiming_at_once_fire_each_nominal_time_exactly_once(core):
+    """`schedules.firing_workers` loops share one ScheduleFiring: they claim apart as replicas do."""
+    core.settings.schedules.claim_batch = 7  # several batches per minute, so the loops really interleave
+    for i in range(40):
+        await core.schedules.create(core.alice, spec(name=f"s{i}", rule="every 1m"))
+    for _ in range(3):
+        core.clock.advance(60)
+        while sum(await asyncio.gather(*(core.schedule_firing.fire_due() for _ in range(3)))):
+            pass
+    async with core.db.read() as conn:
+        rows = (await conn.execute(sa.select(firings.c.schedule_id, firings.c.nominal_time, firings.c.admission,
+                                             firings.c.task_id))).all()
+        tasks = (await conn.execute(sa.select(sa.func.count()).select_from(task_runs))).scalar()
+    assert len(rows) == 120 and len({(r.schedule_id, r.nominal_time) for r in rows}) == 120
+    assert {r.admission for r in rows} == {"ok"} and len({r.task_id for r in rows}) == 120 == tasks
+
+
+async def test_one_batch_admits_each_firing_on_its_own_choices_and_a_refusal_stays_with_its_schedule(core):
+    """A batch resolves a set of choices once, yet each firing gets its own Task with its own prompt and
+    snapshot, and one schedule's refusal is recorded on that schedule only."""
+    ok = [await core.schedules.create(core.alice, spec(name=f"ok{i}", prompt=f"say {i}")) for i in range(3)]
+    bad = await core.schedules.create(core.alice, spec(name="bad", runtime="r1"))
+    other = await core.schedules.create(core.admin, spec(name="admin's", timeout_s=42))
+    async with core.db.write() as conn:  # renamed after creation: only the schedule naming r1 is refused
+        await conn.execute(runtimes.update().values(name="r2"))
+    assert await fire_at(core, 300) == 5
+    got = {}
+    for s in [*ok, bad, other]:
+        [f] = await ledger(core, s["schedule_id"])
+        got[s["schedule_id"]] = f
+    assert got[bad["schedule_id"]].admission.startswith("error:unknown runtime 'r1'")
+    prompts = {(await task(core, got[s["schedule_id"]].task_id)).prompt for s in ok}
+    assert prompts == {"say 0", "say 1", "say 2"}
+    t_other = await task(core, got[other["schedule_id"]].task_id)
+    assert t_other.owner_id == core.admin.principal_id and t_other.snapshot["timeout_s"] == 42
+    t0 = await task(core, got[ok[0]["schedule_id"]].task_id)
+    assert t0.owner_id == core.alice.principal_id and t0.snapshot["timeout_s"] == 3600
+
+
 async def test_session_prompt_is_refused_without_sessions_naming_the_subtask_path(core):
     svc = ScheduleService(core.db, core.clock, core.settings.schedules, core.admission, None)
     with pytest.raises(Invalid, match="use schedule_type \"subtask\""):
