@@ -60,10 +60,11 @@ def test_installed_wheel_renders_the_overview_in_chinese(tmp_path: Path):
     # Third-party dependencies come from the project venv (a plain path entry: its editable-install hook
     # for this repository is a .pth file, which is not processed from a plain path).
     (site / "zz_project_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(wheel)],
-                   check=True, capture_output=True, cwd=elsewhere)
-
+    # Without PYTHONPATH: a source tree on it (with its egg-info) reads as "already installed" and pip skips the wheel.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(wheel)],
+                   check=True, capture_output=True, cwd=elsewhere, env=env)
+
     out = subprocess.run([str(py), "-c", RENDER], check=True, capture_output=True, text=True, cwd=elsewhere, env=env)
     res = json.loads(out.stdout)
     assert Path(res["bot"]).is_relative_to(venv), f"imported bot from {res['bot']}, not the installed wheel"
