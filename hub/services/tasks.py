@@ -130,13 +130,14 @@ class TaskService:
         queued: dict[str, int] = {}
         refused: dict[int, TooMany] = {}
         admitted = []
+        # Lock each limited principal's row so concurrent submissions on PostgreSQL count one after another; in one
+        # order (by id), so two replicas' batches naming the same principals cannot deadlock.
+        for owner in sorted({a.task.owner_id for a in batch if limit and not a.exempt}):
+            await self.store.lock_principal(conn, owner)
+            queued[owner] = await self.store.count_queued(conn, owner)
         for i, a in enumerate(batch):
             owner = a.task.owner_id
             if limit and not a.exempt:
-                if owner not in queued:
-                    # Lock the principal's row so concurrent submissions on PostgreSQL count one after another.
-                    await self.store.lock_principal(conn, owner)
-                    queued[owner] = await self.store.count_queued(conn, owner)
                 if queued[owner] >= limit:
                     refused[i] = TooMany(
                         f"you already have {queued[owner]} queued tasks, the limit "
