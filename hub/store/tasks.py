@@ -73,17 +73,10 @@ class SqlTaskStore:
         return int((await conn.execute(sa.select(sa.func.count()).select_from(task_runs).where(
             task_runs.c.owner_id == owner_id, task_runs.c.status == Status.QUEUED.value))).scalar_one())
 
-    async def insert_queued(self, conn: Connection, *, task_id: str, owner_id: str, name: str | None, prompt: str,
-                            snapshot: dict[str, Any], now: datetime, parent_session_id: str | None,
-                            parent_turn_id: str | None) -> None:
-        """Insert a queued task with its frozen snapshot: attempt 0, no events yet (event_seq and last_rseq 0)."""
-        await self.insert_queued_many(conn, [QueuedTask(
-            task_id=task_id, owner_id=owner_id, name=name, prompt=prompt, snapshot=snapshot, now=now,
-            parent_session_id=parent_session_id, parent_turn_id=parent_turn_id)])
-
     @staticmethod
     async def insert_queued_many(conn: Connection, tasks: list[QueuedTask]) -> None:
-        """Insert queued tasks (as `insert_queued` does each) with one statement."""
+        """Insert queued tasks, each with its frozen snapshot, attempt 0 and no events yet (event_seq and last_rseq
+        0), with one statement."""
         if tasks:
             await conn.execute(_INSERT_QUEUED, [dict(
                 id=t.task_id, owner_id=t.owner_id, name=t.name, prompt=t.prompt, snapshot=t.snapshot,
@@ -130,14 +123,6 @@ class SqlTaskStore:
                                                        created_at=now))
         await conn.execute(task_runs.update().where(task_runs.c.id == task_id).values(event_seq=seq))
         return seq
-
-    async def append_runner_events(self, conn: Connection, task_id: str, events: list[tuple[str, dict[str, Any]]],
-                                   now: datetime, *, event_seq: int, last_rseq: int, usage: Any) -> None:
-        """Append `events` (type, payload) numbered after `event_seq`, then store the run's new event_seq, the last
-        runner sequence applied (`last_rseq`: resends at or below it are skipped) and its usage snapshot."""
-        await self.insert_events(conn, task_id, events, now, event_seq=event_seq)
-        await self.mark_events_seen(conn, task_id, event_seq=event_seq + len(events), last_rseq=last_rseq,
-                                    usage=usage)
 
     @staticmethod
     async def insert_events(conn: Connection, task_id: str, events: list[tuple[str, dict[str, Any]]],

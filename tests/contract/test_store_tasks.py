@@ -11,7 +11,7 @@ from hub.domain.tasks import Status
 from hub.services.tasks import finish_task
 from hub.store.db import Database
 from hub.store.tables import reservations, task_runs
-from hub.store.tasks import SqlTaskStore
+from hub.store.tasks import QueuedTask, SqlTaskStore
 from tests.contract.task_rows import T0, event, principal, reservation, row, runtime, task, waits
 
 
@@ -63,9 +63,9 @@ async def test_count_queued_counts_only_the_principals_queued_runs(db, store):
 async def test_insert_queued_freezes_the_snapshot_with_attempt_zero_and_no_events(db, store):
     async with db.write() as conn:
         alice = await principal(conn)
-        await store.insert_queued(conn, task_id="tr_new", owner_id=alice, name="n", prompt="say x",
-                                  snapshot={"engine": "scripted", "model": "m"}, now=T0, parent_session_id="ses_p",
-                                  parent_turn_id=None)
+        await store.insert_queued_many(conn, [QueuedTask(
+            task_id="tr_new", owner_id=alice, name="n", prompt="say x", snapshot={"engine": "scripted", "model": "m"},
+            now=T0, parent_session_id="ses_p", parent_turn_id=None)])
     r = await row(db, task_runs, "tr_new")
     assert (r.status, r.attempt, r.event_seq, r.last_rseq, r.kind) == ("queued", 0, 0, 0, "task")
     assert r.snapshot == {"engine": "scripted", "model": "m"} and r.parent_session_id == "ses_p"
@@ -136,8 +136,8 @@ async def test_an_event_numbered_twice_fails_instead_of_doubling(db, store):
 async def test_runner_events_are_numbered_after_event_seq_and_record_the_last_runner_sequence(db, store):
     async with db.write() as conn:
         tid = await task(conn, await principal(conn), event_seq=2)
-        await store.append_runner_events(conn, tid, [("say", {"text": "x"}), ("tool", {"name": "Read"})], T0,
-                                         event_seq=2, last_rseq=5, usage={"input": 3})
+        await store.insert_events(conn, tid, [("say", {"text": "x"}), ("tool", {"name": "Read"})], T0, event_seq=2)
+        await store.mark_events_seen(conn, tid, event_seq=4, last_rseq=5, usage={"input": 3})
         assert [(e.seq, e.type) for e in await store.events_after(conn, tid, 0, 10)] == [(3, "say"), (4, "tool")]
     r = await row(db, task_runs, tid)
     assert (r.event_seq, r.last_rseq, r.usage_json) == (4, 5, {"input": 3})
@@ -146,7 +146,8 @@ async def test_runner_events_are_numbered_after_event_seq_and_record_the_last_ru
 async def test_runner_resends_skipped_entirely_still_advance_the_last_runner_sequence(db, store):
     async with db.write() as conn:
         tid = await task(conn, await principal(conn), event_seq=3)
-        await store.append_runner_events(conn, tid, [], T0, event_seq=3, last_rseq=9, usage=None)
+        await store.insert_events(conn, tid, [], T0, event_seq=3)
+        await store.mark_events_seen(conn, tid, event_seq=3, last_rseq=9, usage=None)
     r = await row(db, task_runs, tid)
     assert (r.event_seq, r.last_rseq) == (3, 9)
     async with db.read() as conn:
@@ -171,6 +172,20 @@ async def test_finish_moves_an_active_run_to_its_outcome_and_releases_its_reserv
     r = await row(db, task_runs, tid)
     assert (r.status, r.outcome, r.result_text, r.usage_json) == ("succeeded", "succeeded", "done", {"output": 1})
     assert r.error == "kept" and utc(r.finished_at) == T0  # only the fields given are written
+    assert (await row(db, reservations, res)).state == "released"
+
+
+async def test_a_run_that_started_and_ended_in_one_batch_gets_its_start_and_event_counter_with_its_outcome(db, store):
+    async with db.write() as conn:
+        owner = await principal(conn)
+        rt = await runtime(conn, owner)
+        tid = await task(conn, owner, status="dispatched", runtime_id=rt, attempt=1)
+        res = await reservation(conn, rt, tid, state="pending")  # never committed: accepted in the same batch
+        assert await store.finish(conn, tid, Status.SUCCEEDED, T0, started_at=T0 - timedelta(seconds=1),
+                                  event_seq=2, last_rseq=3)
+    r = await row(db, task_runs, tid)
+    assert (r.status, r.event_seq, r.last_rseq) == ("succeeded", 2, 3)
+    assert utc(r.started_at) == T0 - timedelta(seconds=1) and utc(r.finished_at) == T0
     assert (await row(db, reservations, res)).state == "released"
 
 
