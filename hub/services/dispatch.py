@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import datetime, timedelta
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from ..clock import Clock
 from ..config import HubSettings
@@ -18,6 +18,11 @@ from .notify import Notifier
 from .tasks import task_key
 
 log = logging.getLogger("amux.dispatch")
+
+# Placement's hand-off to this replica's runner connections: given placement's transaction, the time and the
+# runtimes it placed work on, claim their dispatches there; return what sends them after the commit, and the
+# runtimes it served (the rest are left to their pumps).
+HandOff = Callable[[Connection, datetime, set[str]], Awaitable[tuple[Callable[[], None], set[str]]]]
 
 
 def eligible(task: Any, runtime: Any) -> bool:
@@ -43,6 +48,7 @@ class Dispatcher:
         self.settings = settings
         self.kicked = asyncio.Event()
         self.on_dispatch_latency = on_dispatch_latency or (lambda s: None)
+        self.hand_off: HandOff | None = None  # the runner endpoint's, when this replica serves runner connections
 
     def kick(self) -> None:
         """Ask the placement loop to run now."""
@@ -50,12 +56,28 @@ class Dispatcher:
 
     async def place_once(self, batch: int = 200) -> int:
         """Reserve capacity for as many queued tasks as fit; return how many were placed."""
+        if not await self.store.any_queued():
+            # Most kicks come from runs that ended, with nothing waiting: a read, not a write transaction (which
+            # holds SQLite's one writer). A submission committed after this read kicks placement again.
+            return 0
         now = self.clock.now()
-        placed = await self.db.transaction(lambda conn: self._place(conn, now, batch))
+        placed, send, served = await self.db.transaction(lambda conn: self._place_and_hand_off(conn, now, batch))
+        send()
+        for rt in {pl.runtime_id for pl in placed} - served:
+            self.notifier.notify(f"runtime:{rt}")
         for pl in placed:
-            self.notifier.notify(f"runtime:{pl.runtime_id}")
             self.notifier.notify(task_key(pl.task_id))
         return len(placed)
+
+    async def _place_and_hand_off(self, conn: Connection, now: datetime,
+                                  batch: int) -> tuple[list[Placement], Callable[[], None], set[str]]:
+        """Place a batch; the dispatches for runtimes this replica's runner connections serve are claimed in the same
+        transaction and sent once it commits (a pump round less between a submission and its runner)."""
+        placed = await self._place(conn, now, batch)
+        if not placed or self.hand_off is None:
+            return placed, lambda: None, set()
+        send, served = await self.hand_off(conn, now, {pl.runtime_id for pl in placed})
+        return placed, send, served
 
     async def _place(self, conn: Connection, now: datetime, batch: int) -> list[Placement]:
         """One placement round in the caller's transaction: choose a runtime for each queued task that fits."""

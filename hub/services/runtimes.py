@@ -416,6 +416,18 @@ class RuntimeService:
             if len(links) == 1:
                 raise
             out, revoked = await self._outgoing_each(links, now)
+        return self.outbound(links, out, revoked)
+
+    async def claim_dispatches(self, conn: Connection, links: list[Link], now: datetime) -> Callable[[], Outbound]:
+        """Claim the dispatches due on these connections in the caller's transaction (placement's, which has just
+        reserved them); return what builds their `Outbound` once that transaction has committed. Cancels, steers and
+        permission answers stay with the pump."""
+        out, revoked = await self._outgoing(conn, links, now, dispatches_only=True)
+        return lambda: self.outbound(links, out, revoked)
+
+    @staticmethod
+    def outbound(links: list[Link], out: dict[str, _Due], revoked: set[str]) -> Outbound:
+        """What a committed claim hands the connections (cancels added once per connection)."""
         by_conn = {link.conn_id: link for link in links}
         for conn_id, due in out.items():
             sent = by_conn[conn_id].cancels_sent
@@ -447,7 +459,8 @@ class RuntimeService:
             revoked |= gone
         return out, revoked
 
-    async def _outgoing(self, conn: Connection, links: list[Link], now: datetime) -> tuple[dict[str, _Due], set[str]]:
+    async def _outgoing(self, conn: Connection, links: list[Link], now: datetime,
+                        dispatches_only: bool = False) -> tuple[dict[str, _Due], set[str]]:
         """Claim what is due on these connections in the caller's transaction: per connection id, the messages
         (dispatches, steers, permission answers) and the runs to cancel; and the connections whose token is revoked.
         Fresh on each attempt (the transaction may be run again)."""
@@ -461,9 +474,12 @@ class RuntimeService:
             return out, revoked
         ids = list(serving)
         pending = await self.store.claim_dispatches(conn, ids, now)
-        cancels = await self.store.cancels_due(conn, ids)
-        answers = await self.store.claim_permission_answers(conn, ids, now)
-        steers = await self.store.claim_steers(conn, ids, now)
+        if dispatches_only:
+            cancels, answers, steers = [], [], []
+        else:
+            cancels = await self.store.cancels_due(conn, ids)
+            answers = await self.store.claim_permission_answers(conn, ids, now)
+            steers = await self.store.claim_steers(conn, ids, now)
         for r in pending:
             msgs = out[serving[r.runtime_id]].messages
             cred = r.snapshot.get("credential_profile")

@@ -38,6 +38,7 @@ _RANKED = (sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.created_a
                                                order_by=task_runs.c.created_at).label("place"))
            .where(task_runs.c.status == Status.QUEUED.value).subquery())
 _QUEUE_HEADS = sa.select(_RANKED).where(_RANKED.c.place <= sa.bindparam("per_owner"))
+_ANY_QUEUED = sa.select(task_runs.c.id).where(task_runs.c.status == Status.QUEUED.value).limit(1)
 _HEARTBEAT = (runtimes.update().where(runtimes.c.id == sa.bindparam("b_runtime_id"),
                                       runtimes.c.connection_id == sa.bindparam("b_connection_id"))
               .values(last_seen_at=sa.bindparam("b_now"), status="online"))
@@ -320,6 +321,11 @@ class SqlRuntimeStore:
     async def active_runs_by_owner(self, conn: Connection) -> dict[str, int]:
         """Count dispatched and running runs per owner; owners without any are absent."""
         return {owner: int(n) for owner, n in (await conn.execute(_RUNS_BY_OWNER)).all()}
+
+    async def any_queued(self) -> bool:
+        """Say whether any run is queued, read alone outside any transaction (an index probe)."""
+        async with self.db.autocommit() as conn:
+            return (await conn.execute(_ANY_QUEUED)).first() is not None
 
     async def queue_heads(self, conn: Connection, per_owner: int) -> list[Row]:
         """Return each owner's `per_owner` oldest queued runs: id, owner_id, created_at and `place`, the run's

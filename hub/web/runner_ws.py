@@ -5,6 +5,8 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Callable
 
 from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
@@ -14,7 +16,8 @@ from ..loops import Loops, Tasks
 from ..runner import protocol as p
 from ..services.auth import AuthService
 from ..services.notify import Notifier
-from ..services.runtimes import Link, RuntimeService
+from ..services.runtimes import Link, Outbound, RuntimeService
+from ..store.db import Connection
 
 log = logging.getLogger("amux.runner_ws")
 REVOKED_CLOSE = 4401  # application close code: the runner's token was revoked (the runner stops; no retry helps)
@@ -100,6 +103,26 @@ class RunnerEndpoint:
         if not serving:
             return
         due = await self.runtimes.outgoing_many([s.link for s in serving])
+        self._deliver(serving, due)
+
+    async def hand_off(self, conn: Connection, now: datetime,
+                       runtime_ids: set[str]) -> tuple[Callable[[], None], set[str]]:
+        """Placement's hand-off (`Dispatcher.hand_off`): claim the dispatches of the runtimes this replica serves in
+        placement's transaction; return what queues them on their sockets after the commit, and those runtimes."""
+        serving = [s for s in self.sockets.values()
+                   if s.link.runtime_id in runtime_ids and not s.closing and not s.ws.closed]
+        if not serving:
+            return lambda: None, set()
+        built = await self.runtimes.claim_dispatches(conn, [s.link for s in serving], now)
+
+        def send() -> None:
+            due = built()
+            self._deliver(serving, due)
+
+        return send, {s.link.runtime_id for s in serving}
+
+    def _deliver(self, serving: list[_Socket], due: Outbound) -> None:
+        """Queue a committed claim's messages on their sockets; close the revoked and the stale."""
         for s in serving:
             if s.link.conn_id in due.revoked:
                 s.closing = True
