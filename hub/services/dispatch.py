@@ -20,9 +20,9 @@ from .tasks import task_key
 log = logging.getLogger("amux.dispatch")
 
 # Placement's hand-off to this replica's runner connections: given placement's transaction, the time and the
-# runtimes it placed work on, claim their dispatches there; return what sends them after the commit, and the
-# runtimes it served (the rest are left to their pumps).
-HandOff = Callable[[Connection, datetime, set[str]], Awaitable[tuple[Callable[[], None], set[str]]]]
+# runtimes it placed work on (their rows as placement read them), claim their dispatches there; return what sends
+# them after the commit, and the runtimes it served (the rest are left to their pumps).
+HandOff = Callable[[Connection, datetime, dict[str, Row]], Awaitable[tuple[Callable[[], None], set[str]]]]
 
 
 def eligible(task: Any, runtime: Any) -> bool:
@@ -73,37 +73,39 @@ class Dispatcher:
                                   batch: int) -> tuple[list[Placement], Callable[[], None], set[str]]:
         """Place a batch; the dispatches for runtimes this replica's runner connections serve are claimed in the same
         transaction and sent once it commits (a pump round less between a submission and its runner)."""
-        placed = await self._place(conn, now, batch)
+        placed, online = await self._place(conn, now, batch)
         if not placed or self.hand_off is None:
             return placed, lambda: None, set()
-        send, served = await self.hand_off(conn, now, {pl.runtime_id for pl in placed})
+        used = {pl.runtime_id for pl in placed}
+        send, served = await self.hand_off(conn, now, {r.id: r for r in online if r.id in used})
         return placed, send, served
 
-    async def _place(self, conn: Connection, now: datetime, batch: int) -> list[Placement]:
-        """One placement round in the caller's transaction: choose a runtime for each queued task that fits."""
+    async def _place(self, conn: Connection, now: datetime, batch: int) -> tuple[list[Placement], list[Row]]:
+        """One placement round in the caller's transaction: choose a runtime for each queued task that fits; return
+        the placements and the online runtimes it read."""
         # One placement at a time across replicas; an advisory lock, since row locks on every runtime
         # deadlocked with runners' heartbeats and reports under load (the soak, docs/deploy.md).
         await self.db.serialize(conn, "placement")
         online = await self.store.online(conn)
-        if not online:
-            return []
-        used = await self.store.used_slots(conn)
-        free = {r.id: r.slots - used.get(r.id, 0) for r in online}
+        free = {r.id: r.slots - r.used for r in online}
         capacity = sum(max(0, n) for n in free.values())
         if capacity == 0:
-            return []  # nothing fits: don't read the queue at all
+            return [], online  # nothing fits (or nothing is online): don't read the queue at all
         running = await self.store.active_runs_by_owner(conn)
         queued = await self._fair_queue(conn, min(batch, capacity * 4), running)
         limited = self.settings.max_running_per_principal
-        exempt = await self.store.admin_holders(conn, {t.owner_id for t in queued}) if limited else set()
+        exempt: set[str] | None = None  # admins are not limited: read only when someone is at the limit
         # One run at a time per session: a session's turns (and an instance's runs) go in order.
         busy = await self.store.busy_sessions(conn) if any(t.session_id for t in queued) else set()
         placed: list[Placement] = []
         for task in queued:
             if task.session_id and task.session_id in busy:
                 continue
-            if limited and running.get(task.owner_id, 0) >= limited and task.owner_id not in exempt:
-                continue  # at hub.max_running_per_principal: the others go first
+            if limited and running.get(task.owner_id, 0) >= limited:
+                if exempt is None:
+                    exempt = await self.store.admin_holders(conn, {t.owner_id for t in queued})
+                if task.owner_id not in exempt:
+                    continue  # at hub.max_running_per_principal: the others go first
             candidates = [r for r in online if free[r.id] > 0 and eligible(task, r)]
             if not candidates:
                 continue
@@ -116,7 +118,7 @@ class Dispatcher:
             placed.append(Placement(task_id=task.id, runtime_id=rt.id, attempt=task.attempt + 1,
                                     deadline_at=now + timedelta(seconds=timeout)))
         await self.store.reserve(conn, placed, now, now + timedelta(seconds=self.settings.reservation_ttl_s))
-        return placed
+        return placed, online
 
     async def _fair_queue(self, conn: Connection, limit: int, running: dict[str, int]) -> list[Row]:
         """Lock up to `limit` queued tasks, fairly across principals (weighted round robin).

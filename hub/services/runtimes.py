@@ -27,6 +27,8 @@ from .questions import record_question
 from .tasks import task_key
 
 T = TypeVar("T")
+Current = dict[str, tuple[str | None, dict[str, Any]]]
+"""Each runtime's current connection id and capabilities, by runtime id."""
 log = logging.getLogger("amux.runtimes")
 
 
@@ -411,6 +413,10 @@ class RuntimeService:
             return Outbound(messages={}, revoked=set())
         now = self.clock.now()
         try:
+            # Most rounds (a poll, a wake for a cancel) claim nothing: their reads take no write lock.
+            quiet = await self._quiet(links)
+            if quiet is not None:
+                return self.outbound(links, *quiet)
             out, revoked = await self.db.transaction(lambda conn: self._outgoing(conn, links, now))
         except Exception:
             if len(links) == 1:
@@ -418,11 +424,12 @@ class RuntimeService:
             out, revoked = await self._outgoing_each(links, now)
         return self.outbound(links, out, revoked)
 
-    async def claim_dispatches(self, conn: Connection, links: list[Link], now: datetime) -> Callable[[], Outbound]:
+    async def claim_dispatches(self, conn: Connection, links: list[Link], now: datetime,
+                               current: Current) -> Callable[[], Outbound]:
         """Claim the dispatches due on these connections in the caller's transaction (placement's, which has just
-        reserved them); return what builds their `Outbound` once that transaction has committed. Cancels, steers and
-        permission answers stay with the pump."""
-        out, revoked = await self._outgoing(conn, links, now, dispatches_only=True)
+        reserved them and read the runtimes' `current` connections); return what builds their `Outbound` once that
+        transaction has committed. Cancels, steers and permission answers stay with the pump."""
+        out, revoked = await self._outgoing(conn, links, now, dispatches_only=True, current=current)
         return lambda: self.outbound(links, out, revoked)
 
     @staticmethod
@@ -459,16 +466,39 @@ class RuntimeService:
             revoked |= gone
         return out, revoked
 
-    async def _outgoing(self, conn: Connection, links: list[Link], now: datetime,
-                        dispatches_only: bool = False) -> tuple[dict[str, _Due], set[str]]:
+    async def _serving(self, conn: Connection, links: list[Link], current: Current | None = None
+                       ) -> tuple[set[str], Current, dict[str, str]]:
+        """Which of these connections are revoked (their token), each runtime's current connection and capabilities
+        (read unless given), and the connection each runtime is served on here (runtime id -> connection id)."""
+        live = await self.store.live_tokens(conn, [x.token_id for x in links if x.token_id is not None])
+        revoked = {x.conn_id for x in links if x.token_id is not None and x.token_id not in live}
+        if current is None:
+            current = await self.store.connections(conn, [x.runtime_id for x in links if x.conn_id not in revoked])
+        serving = {x.runtime_id: x.conn_id for x in links
+                   if x.conn_id not in revoked and current.get(x.runtime_id, (None, {}))[0] == x.conn_id}
+        return revoked, current, serving
+
+    async def _quiet(self, links: list[Link]) -> tuple[dict[str, _Due], set[str]] | None:
+        """Read, outside any transaction, what a round owes these connections when it has nothing to claim (no
+        unsent dispatch, permission answer or steer): the revoked and the stale, and the cancels. None when there is
+        something to claim, which takes a write transaction."""
+        async with self.db.autocommit() as conn:
+            revoked, _, serving = await self._serving(conn, links)
+            out = {c: _Due() for c in serving.values()}
+            if not serving:
+                return out, revoked
+            if await self.store.claimable(conn, list(serving)):
+                return None
+            for c in await self.store.cancels_due(conn, list(serving)):
+                out[serving[c.runtime_id]].cancels.append(c.task_id)
+        return out, revoked
+
+    async def _outgoing(self, conn: Connection, links: list[Link], now: datetime, dispatches_only: bool = False,
+                        current: Current | None = None) -> tuple[dict[str, _Due], set[str]]:
         """Claim what is due on these connections in the caller's transaction: per connection id, the messages
         (dispatches, steers, permission answers) and the runs to cancel; and the connections whose token is revoked.
         Fresh on each attempt (the transaction may be run again)."""
-        live = await self.store.live_tokens(conn, [x.token_id for x in links if x.token_id is not None])
-        revoked = {x.conn_id for x in links if x.token_id is not None and x.token_id not in live}
-        current = await self.store.connections(conn, [x.runtime_id for x in links if x.conn_id not in revoked])
-        serving = {x.runtime_id: x.conn_id for x in links
-                   if x.conn_id not in revoked and current.get(x.runtime_id, (None, {}))[0] == x.conn_id}
+        revoked, current, serving = await self._serving(conn, links, current)
         out = {c: _Due() for c in serving.values()}
         if not serving:
             return out, revoked

@@ -28,9 +28,6 @@ _COMMIT_RESERVATION = (reservations.update().where(
     reservations.c.state == "pending").values(state="committed"))
 _OFFERS = sa.select(runtimes.c.name, runtimes.c.capabilities)  # admission reads it for every submission
 # Each placement round's reads.
-_ONLINE = sa.select(runtimes).where(runtimes.c.status == "online").order_by(runtimes.c.id)
-_USED_SLOTS = (sa.select(reservations.c.runtime_id, sa.func.count())
-               .where(reservations.c.state.in_(ACTIVE_RES)).group_by(reservations.c.runtime_id))
 _RUNS_BY_OWNER = (sa.select(task_runs.c.owner_id, sa.func.count())
                   .where(task_runs.c.status.in_(ON_RUNTIME)).group_by(task_runs.c.owner_id))
 _RANKED = (sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.created_at,
@@ -38,6 +35,11 @@ _RANKED = (sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.created_a
                                                order_by=task_runs.c.created_at).label("place"))
            .where(task_runs.c.status == Status.QUEUED.value).subquery())
 _QUEUE_HEADS = sa.select(_RANKED).where(_RANKED.c.place <= sa.bindparam("per_owner"))
+_USED = (sa.select(reservations.c.runtime_id, sa.func.count().label("n"))
+         .where(reservations.c.state.in_(ACTIVE_RES)).group_by(reservations.c.runtime_id).subquery())
+_ONLINE_USED = (sa.select(runtimes, sa.func.coalesce(_USED.c.n, 0).label("used"))
+                .select_from(runtimes.outerjoin(_USED, _USED.c.runtime_id == runtimes.c.id))
+                .where(runtimes.c.status == "online").order_by(runtimes.c.id))
 _ANY_QUEUED = sa.select(task_runs.c.id).where(task_runs.c.status == Status.QUEUED.value).limit(1)
 _HEARTBEAT = (runtimes.update().where(runtimes.c.id == sa.bindparam("b_runtime_id"),
                                       runtimes.c.connection_id == sa.bindparam("b_connection_id"))
@@ -80,8 +82,8 @@ class SqlRuntimeStore:
         return list((await conn.execute(sa.select(runtimes).order_by(runtimes.c.name))).all())
 
     async def online(self, conn: Connection) -> list[Row]:
-        """Return the online runtimes, by id."""
-        return list((await conn.execute(_ONLINE)).all())
+        """Return the online runtimes, by id, each with `used`: its active (pending or committed) reservations."""
+        return list((await conn.execute(_ONLINE_USED)).all())
 
     async def find(self, conn: Connection, ref: str) -> Row | None:
         """Return the runtime whose id or name is `ref`, or None."""
@@ -244,6 +246,23 @@ class SqlRuntimeStore:
                                .values(sent_at=now))
         return pending
 
+    async def claimable(self, conn: Connection, runtime_ids: list[str]) -> bool:
+        """Say whether the runtimes have anything a pump round claims: an unsent dispatch, permission answer or
+        steer (what `claim_dispatches`, `claim_permission_answers` and `claim_steers` would return)."""
+        ids = set(runtime_ids)
+        dispatch = (sa.select(reservations.c.id).join(task_runs, task_runs.c.id == reservations.c.task_id)
+                    .where(reservations.c.runtime_id.in_(ids), reservations.c.state == "pending",
+                           reservations.c.sent_at.is_(None), task_runs.c.status == Status.DISPATCHED.value))
+        answer = (sa.select(permission_replies.c.task_id)
+                  .join(task_runs, task_runs.c.id == permission_replies.c.task_id)
+                  .where(task_runs.c.runtime_id.in_(ids), task_runs.c.status == Status.RUNNING.value,
+                         permission_replies.c.sent_at.is_(None)))
+        steer = (sa.select(mailbox.c.id).join(task_runs, task_runs.c.id == mailbox.c.task_id)
+                 .where(mailbox.c.kind == "steer", mailbox.c.state == "pending", mailbox.c.sent_at.is_(None),
+                        task_runs.c.runtime_id.in_(ids)))
+        due = sa.select(sa.or_(dispatch.exists(), answer.exists(), steer.exists()))
+        return bool((await conn.execute(due)).scalar())
+
     async def cancels_due(self, conn: Connection, runtime_ids: list[str]) -> list[Row]:
         """Return the runtimes' running runs whose cancellation was requested: runtime_id, task_id."""
         if not runtime_ids:
@@ -313,10 +332,6 @@ class SqlRuntimeStore:
         await conn.execute(sessions.update().where(sessions.c.id == session_id).values(memory_scope=scope))
 
     # --- placement -----------------------------------------------------------------------------------------------
-
-    async def used_slots(self, conn: Connection) -> dict[str, int]:
-        """Count active (pending or committed) reservations per runtime; runtimes without any are absent."""
-        return {rt: int(n) for rt, n in (await conn.execute(_USED_SLOTS)).all()}
 
     async def active_runs_by_owner(self, conn: Connection) -> dict[str, int]:
         """Count dispatched and running runs per owner; owners without any are absent."""

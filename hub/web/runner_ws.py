@@ -17,7 +17,7 @@ from ..runner import protocol as p
 from ..services.auth import AuthService
 from ..services.notify import Notifier
 from ..services.runtimes import Link, Outbound, RuntimeService
-from ..store.db import Connection
+from ..store.db import Connection, Row
 
 log = logging.getLogger("amux.runner_ws")
 REVOKED_CLOSE = 4401  # application close code: the runner's token was revoked (the runner stops; no retry helps)
@@ -106,14 +106,15 @@ class RunnerEndpoint:
         self._deliver(serving, due)
 
     async def hand_off(self, conn: Connection, now: datetime,
-                       runtime_ids: set[str]) -> tuple[Callable[[], None], set[str]]:
+                       placed_on: dict[str, Row]) -> tuple[Callable[[], None], set[str]]:
         """Placement's hand-off (`Dispatcher.hand_off`): claim the dispatches of the runtimes this replica serves in
         placement's transaction; return what queues them on their sockets after the commit, and those runtimes."""
         serving = [s for s in self.sockets.values()
-                   if s.link.runtime_id in runtime_ids and not s.closing and not s.ws.closed]
+                   if s.link.runtime_id in placed_on and not s.closing and not s.ws.closed]
         if not serving:
             return lambda: None, set()
-        built = await self.runtimes.claim_dispatches(conn, [s.link for s in serving], now)
+        current = {rt: (r.connection_id, r.capabilities) for rt, r in placed_on.items()}
+        built = await self.runtimes.claim_dispatches(conn, [s.link for s in serving], now, current)
 
         def send() -> None:
             due = built()

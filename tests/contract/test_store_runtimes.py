@@ -262,6 +262,32 @@ async def test_claim_dispatches_returns_unsent_pending_dispatches_once(db, store
     assert utc((await row(db, reservations, res)).sent_at) == T0
 
 
+async def test_claimable_says_whether_a_claim_would_return_a_dispatch_an_answer_or_a_steer(db, store):
+    async with db.write() as conn:
+        owner = await principal(conn)
+        rt, other = await runtime(conn, owner), await runtime(conn, owner)
+        sent = await task(conn, owner, status="dispatched", runtime_id=rt, attempt=1)
+        await reservation(conn, rt, sent, sent_at=T0)
+        await reservation(conn, rt, await task(conn, owner, status="cancelled", runtime_id=rt, attempt=1))
+        running = await task(conn, owner, status="running", runtime_id=rt)
+        await steer(conn, owner, running, state="delivered")
+        await task(conn, owner, status="running", runtime_id=rt, cancel_requested_at=T0)  # a cancel: not claimed
+        assert not await store.claimable(conn, [rt, other])
+        await steer(conn, owner, running)
+        assert await store.claimable(conn, [rt]) and not await store.claimable(conn, [other])
+        await store.claim_steers(conn, [rt], T0)
+        assert not await store.claimable(conn, [rt])
+        await conn.execute(permission_replies.insert().values(task_id=running, request_id="Bash", allow=True,
+                                                              message="ok", created_at=T0))
+        assert await store.claimable(conn, [rt])
+        await store.claim_permission_answers(conn, [rt], T0)
+        assert not await store.claimable(conn, [rt])
+        await reservation(conn, rt, await task(conn, owner, status="dispatched", runtime_id=rt, attempt=1))
+        assert await store.claimable(conn, [rt])
+        await store.claim_dispatches(conn, [rt], T0)
+        assert not await store.claimable(conn, [rt])
+
+
 async def test_cancels_due_are_the_running_runs_whose_cancellation_was_requested(db, store):
     async with db.write() as conn:
         owner = await principal(conn)
@@ -385,13 +411,13 @@ async def test_a_sessions_memory_scope_is_unbound_until_its_first_launch_binds_i
 
 # --- placement --------------------------------------------------------------------------------------------------
 
-async def test_used_slots_count_pending_and_committed_reservations_per_runtime(db, store):
+async def test_online_runtimes_count_their_pending_and_committed_reservations_as_used(db, store):
     async with db.write() as conn:
         owner = await principal(conn)
         a, b = await runtime(conn, owner), await runtime(conn, owner)
         for rt, state in ((a, "pending"), (a, "committed"), (a, "released"), (b, "released")):
             await reservation(conn, rt, await task(conn, owner), state=state)
-        assert await store.used_slots(conn) == {a: 2}
+        assert {r.id: r.used for r in await store.online(conn)} == {a: 2, b: 0}
 
 
 async def test_active_runs_by_owner_count_dispatched_and_running_runs(db, store):

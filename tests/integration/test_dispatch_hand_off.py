@@ -1,5 +1,6 @@
 """Placement hands its dispatches to the runner connections of its own replica in its own transaction (no pump round
-between a submission and its runner), and a kick with nothing queued opens no write transaction."""
+between a submission and its runner); a placement kick with nothing queued, and a pump round with nothing to claim,
+open no write transaction, and the pump still sends cancels and closes revoked connections."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,8 +8,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from hub.runner import protocol as p
 from hub.services.admission import SubmitRequest
-from hub.store.tables import reservations
+from hub.services.runtimes import Link
+from hub.store.tables import api_tokens, reservations
 from tests.helpers import eventually, start_hub
 
 
@@ -69,3 +72,35 @@ async def test_a_placement_kick_with_nothing_queued_opens_no_write_transaction(q
     task_id = (await hub.hub.tasks.submit(alice, SubmitRequest(prompt="say hi", profile="scripted")))["task_id"]
     assert await hub.hub.dispatcher.place_once() == 1  # a queued task: placed as before
     assert (await hub.hub.tasks.wait_terminal(alice, task_id, timeout_s=20))["status"] == "succeeded"
+
+
+async def test_a_pump_round_with_nothing_to_claim_takes_no_write_lock_yet_sends_a_cancel_and_sees_a_revocation(
+        quiet_hub):
+    hub = quiet_hub
+    await hub.start_runner(slots=2)
+    alice = await hub.hub.auth.authenticate(await hub.token("alice"))
+    task_id = (await hub.hub.tasks.submit(alice, SubmitRequest(prompt="sleep 30\nsay done",
+                                                               profile="scripted")))["task_id"]
+    assert await hub.hub.dispatcher.place_once() == 1
+
+    async def running() -> bool:
+        return (await hub.hub.tasks.get(alice, task_id))["status"] == "running"
+
+    await eventually(running)
+    async with hub.hub.db.write() as conn:  # asked for directly: the endpoint's wake-up is not what is tested
+        await conn.execute(sa.text("UPDATE task_runs SET cancel_requested_at = CURRENT_TIMESTAMP WHERE id = :id"),
+                           {"id": task_id})
+    (sock,) = hub.hub.runner_endpoint.sockets.values()
+    link = Link(runtime_id=sock.link.runtime_id, conn_id=sock.link.conn_id, token_id=sock.link.token_id)
+    writes = count_calls(hub.hub.db, "transaction")
+
+    due = await hub.hub.runtimes.outgoing_many([link])
+    again = await hub.hub.runtimes.outgoing_many([link])
+
+    assert due.messages == {link.conn_id: [p.Cancel(task_id=task_id).model_dump()]} and not due.revoked
+    assert again.messages == {}  # a cancel goes once per connection
+    async with hub.hub.db.write() as conn:  # revoked behind the endpoint's back, as on another replica
+        await conn.execute(api_tokens.update().where(api_tokens.c.id == link.token_id)
+                           .values(revoked_at=hub.hub.clock.now()))
+    assert (await hub.hub.runtimes.outgoing_many([link])).revoked == {link.conn_id}
+    assert writes[0] == 0
