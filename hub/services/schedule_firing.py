@@ -241,6 +241,8 @@ class ScheduleFiring:
 
     async def reconcile(self) -> int:
         """Copy canonical terminal outcomes onto firings; mark never-recorded dispatches `unknown`; return how many."""
+        if not await self.store.any_unreconciled():
+            return 0  # nothing to reconcile: a read, no write transaction
         now = self.clock.now()
         events: list[FiringOutcome] = []
         async with self.db.write() as conn:
@@ -290,19 +292,23 @@ class ScheduleFiring:
             except Exception:  # noqa: BLE001 — the ledger is the truth; a lost event is logged
                 log.exception("outcome sink refused the event for firing %s", e.firing_id)
 
-    async def _sleep_s(self) -> float:
+    async def _next_fire_s(self) -> float | None:
+        """Seconds until the soonest fire time (≤ 0: due now), read alone outside any transaction; None: nothing
+        is scheduled."""
         async with self.db.autocommit() as conn:
             nxt = await self.store.next_fire_at(conn)
-        if nxt is None:
-            return self.settings.poll_s
-        return max(0.0, min(self.settings.poll_s, (utc(nxt) - self.clock.now()).total_seconds()))
+        return None if nxt is None else (utc(nxt) - self.clock.now()).total_seconds()
 
     async def firing_step(self) -> float:
         """Fire one batch of due schedules; run again at once while the batch was full (the supervisor yields
-        between batches), else sleep until the next fire time (at most `poll_s`, cut short by `kicked`)."""
-        if await self.fire_due() >= self.settings.claim_batch:
-            return 0.0
-        return await self._sleep_s()
+        between batches), else sleep until the next fire time (at most `poll_s`, cut short by `kicked`). A step with
+        nothing due is one read: no write transaction (on SQLite, the one writer other work waits for)."""
+        wait = await self._next_fire_s()
+        if wait is not None and wait <= 0:
+            if await self.fire_due() >= self.settings.claim_batch:
+                return 0.0
+            wait = await self._next_fire_s()
+        return self.settings.poll_s if wait is None else max(0.0, min(self.settings.poll_s, wait))
 
     def start_loops(self, loops: Loops) -> None:
         """Start the firing loops: `firing_workers` of them ("schedule-firing", "schedule-firing-2", …), so one

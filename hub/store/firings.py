@@ -24,6 +24,7 @@ UNCONFIRMED = "unconfirmed"
 _RECONCILE = (firings.c.id, firings.c.nominal_time, firings.c.task_id, firings.c.turn_id, firings.c.admission,
               schedules.c.id.label("schedule_id"), schedules.c.creator_id, schedules.c.app_id, schedules.c.type,
               schedules.c.rule)
+_ANY_UNRECONCILED = sa.select(firings.c.id).where(firings.c.reconciled_at.is_(None)).limit(1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,6 +168,11 @@ class SqlFiringStore:
                   "rat": a.reconciled_at} for a in results])
 
     # ------------------------------------------------------------ reconcile
+
+    async def any_unreconciled(self) -> bool:
+        """Say whether any firing is unreconciled, read alone outside any transaction (an index probe)."""
+        async with self.db.autocommit() as conn:
+            return (await conn.execute(_ANY_UNRECONCILED)).first() is not None
 
     async def claim_finished_tasks(self, conn: Connection, limit: int = 1000) -> list[Row]:
         """Lock and return up to `limit` unreconciled firings whose Task is terminal or gone (`status` None),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -322,6 +323,25 @@ async def test_one_replicas_firing_loops_claiming_at_once_fire_each_nominal_time
         tasks = (await conn.execute(sa.select(sa.func.count()).select_from(task_runs))).scalar()
     assert len(rows) == 120 and len({(r.schedule_id, r.nominal_time) for r in rows}) == 120
     assert {r.admission for r in rows} == {"ok"} and len({r.task_id for r in rows}) == 120 == tasks
+
+
+async def test_a_firing_step_or_a_reconciler_round_with_nothing_due_opens_no_write_transaction(core):
+    s = await core.schedules.create(core.alice, spec(name="s", rule="every 1m"))
+    writes, inner = [0], core.db.write
+
+    @contextlib.asynccontextmanager
+    async def counted():  # noqa: ANN202
+        writes[0] += 1
+        async with inner() as conn:
+            yield conn
+
+    core.db.write = counted
+    assert 0 < await core.schedule_firing.firing_step() <= core.settings.schedules.poll_s  # nothing due yet
+    assert await core.schedule_firing.reconcile() == 0  # no firing at all
+    assert writes[0] == 0
+    core.clock.advance(60)
+    await core.schedule_firing.firing_step()  # due now: claimed, persisted and dispatched in write transactions
+    assert writes[0] > 0 and len(await ledger(core, s["schedule_id"])) == 1
 
 
 async def test_one_batch_admits_each_firing_on_its_own_choices_and_a_refusal_stays_with_its_schedule(core):
