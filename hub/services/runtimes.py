@@ -18,7 +18,7 @@ from ..ids import new_id
 from ..runner import protocol as p
 from ..store.db import Connection, Database, Row
 from ..store.runtimes import RegistrationRace, SqlRuntimeStore
-from ..store.tasks import SqlTaskStore
+from ..store.tasks import SqlTaskStore, event_rows
 from .auth import AuthService, Caller
 from .credentials import CredentialService
 from .dispatch import Dispatcher
@@ -42,6 +42,13 @@ class _Effects:
     # The runs this transaction read and locked, as this batch has changed them: a batch often carries several
     # reports of one run (accepted, events, finished), and the run is read once (None: not this runtime's).
     held: dict[tuple[str, int], SimpleNamespace | None] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)  # event rows not inserted yet (`event_rows`)
+
+
+def _pending(row: Row) -> SimpleNamespace:
+    """A held run as a batch changes it: `start_pending` / `seen_dirty` are the run's start and event counters the
+    batch has yet to write (with its outcome if it also finishes in this batch, else by `_write_pending`)."""
+    return SimpleNamespace(**row._mapping, start_pending=None, seen_dirty=False)  # noqa: SLF001 — public view
 TAKEN = ("runtime name {name!r} belongs to {owner!r}, who registered it first; start the runner with another "
          "--name, or have {owner!r} deregister it (`DELETE /api/v1/runtimes/{name}` with their token) while its "
          "runner is stopped")
@@ -204,6 +211,7 @@ class RuntimeService:
         """Apply the batch in the caller's transaction; return its effects and replies (fresh on each attempt)."""
         fx = _Effects()
         replies: list[dict] = []
+        await self._hold_all(conn, runtime_id, messages, fx)
         for msg in messages:
             if isinstance(msg, p.Heartbeat):
                 await self.store.heartbeat(conn, runtime_id, conn_id, now)
@@ -259,15 +267,23 @@ class RuntimeService:
         key = (task_id, attempt)
         if key not in fx.held:
             row = await self.store.held_run(conn, runtime_id, task_id, attempt)
-            # `start_pending` / `seen_dirty`: the run's start and event counters this batch has yet to write (with
-            # its outcome if it also finished in this batch, else by `_write_pending` at the end of the batch).
-            fx.held[key] = None if row is None else SimpleNamespace(  # Row._mapping: SQLAlchemy's public view
-                **row._mapping, start_pending=None, seen_dirty=False)  # noqa: SLF001
+            fx.held[key] = None if row is None else _pending(row)
         return fx.held[key]
 
+    async def _hold_all(self, conn: Connection, runtime_id: str, messages: list[BaseModel], fx: _Effects) -> None:
+        """Read (and lock) every run the batch reports on in one statement, as `_held` would one by one."""
+        keys = {(m.task_id, m.attempt) for m in messages if isinstance(m, (p.Accepted, p.Events, p.Finished))}
+        rows = await self.store.held_runs(conn, {task_id for task_id, _ in keys})
+        for task_id, attempt in keys:
+            row = rows.get(task_id)
+            ours = row is not None and row.runtime_id == runtime_id and row.attempt == attempt
+            fx.held[(task_id, attempt)] = _pending(row) if ours else None
+
     async def _write_pending(self, conn: Connection, fx: _Effects) -> None:
-        """Write what the batch's reports left pending on runs that did not finish in it: their start (the task row,
-        then its reservation) and their event counters."""
+        """Write what the batch's reports left pending: their events (one statement for the batch), and on runs that
+        did not finish in it their start (the task row, then its reservation) and their event counters."""
+        await self.tasks.insert_event_rows(conn, fx.events)
+        fx.events = []
         for (_, attempt), row in fx.held.items():
             if row is None:
                 continue
@@ -317,7 +333,7 @@ class RuntimeService:
         if new:
             fx.changed.add(row.id)
         if last != row.last_rseq:  # new events, or resends skipped up to a later runner sequence
-            await self.tasks.insert_events(conn, row.id, new, now, event_seq=row.event_seq)
+            fx.events += event_rows(row.id, new, now, event_seq=row.event_seq)  # inserted at the end of the batch
             row.event_seq, row.last_rseq, row.usage_json = row.event_seq + len(new), last, usage
             row.seen_dirty = True  # the counters are written once per batch
         return last

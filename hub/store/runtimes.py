@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Collection
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -21,6 +21,8 @@ ON_RUNTIME = [Status.DISPATCHED.value, Status.RUNNING.value]
 HELD_COLUMNS = [task_runs.c[n] for n in ("id", "owner_id", "session_id", "kind", "status", "created_at", "runtime_id",
                                           "attempt", "cancel_requested_at", "last_rseq", "event_seq", "usage_json")]
 _HELD = sa.select(*HELD_COLUMNS).where(task_runs.c.id == sa.bindparam("b_task_id"))
+_HELD_MANY = (sa.select(*HELD_COLUMNS).where(task_runs.c.id.in_(sa.bindparam("b_task_ids", expanding=True)))
+              .order_by(task_runs.c.id))  # one lock order for every batch (PostgreSQL)
 _START_TASK = (task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id"))
                .values(status=Status.RUNNING.value, started_at=sa.bindparam("b_now")))
 _COMMIT_RESERVATION = (reservations.update().where(
@@ -74,6 +76,7 @@ class SqlRuntimeStore:
     def __init__(self, db: Database) -> None:
         self.db = db
         self._held = db.for_update(_HELD)
+        self._held_many = db.for_update(_HELD_MANY)
 
     # --- runtimes -------------------------------------------------------------------------------------------
 
@@ -187,6 +190,13 @@ class SqlRuntimeStore:
         if row is None or row.runtime_id != runtime_id or row.attempt != attempt:
             return None
         return row
+
+    async def held_runs(self, conn: Connection, task_ids: Collection[str]) -> dict[str, Row]:
+        """Return these runs (`HELD_COLUMNS`) by id, locked until the transaction ends, in id order; which runtime
+        and attempt hold each is the caller's to check (`held_run` checks one)."""
+        if not task_ids:
+            return {}
+        return {r.id: r for r in await conn.execute(self._held_many, {"b_task_ids": sorted(set(task_ids))})}
 
     async def resend_dispatch(self, conn: Connection, task_id: str) -> None:
         """Forget that the run's pending dispatch was sent, so the runtime's next connection sends it again."""

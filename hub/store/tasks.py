@@ -53,6 +53,13 @@ class QueuedTask:
     parent_turn_id: str | None = None
 
 
+def event_rows(task_id: str, events: list[tuple[str, dict[str, Any]]], now: datetime, *,
+               event_seq: int) -> list[dict[str, Any]]:
+    """The rows of `events` (type, payload) of one run, numbered after its `event_seq`."""
+    return [{"task_id": task_id, "seq": event_seq + i, "type": type_, "payload": payload, "created_at": now}
+            for i, (type_, payload) in enumerate(events, start=1)]
+
+
 class SqlTaskStore:
     """Task runs (`task_runs`), their events (`task_events`) and answered permission requests."""
 
@@ -129,10 +136,13 @@ class SqlTaskStore:
                             now: datetime, *, event_seq: int) -> None:
         """Insert `events` (type, payload) numbered after `event_seq`; the run's own counters are written apart
         (`mark_events_seen`, or with its outcome by `finish`)."""
-        if events:
-            await conn.execute(_INSERT_EVENT, [
-                {"task_id": task_id, "seq": event_seq + i, "type": type_, "payload": payload, "created_at": now}
-                for i, (type_, payload) in enumerate(events, start=1)])
+        await SqlTaskStore.insert_event_rows(conn, event_rows(task_id, events, now, event_seq=event_seq))
+
+    @staticmethod
+    async def insert_event_rows(conn: Connection, rows: list[dict[str, Any]]) -> None:
+        """Insert event rows (`event_rows`) of any runs, in one statement."""
+        if rows:
+            await conn.execute(_INSERT_EVENT, rows)
 
     @staticmethod
     async def mark_events_seen(conn: Connection, task_id: str, *, event_seq: int, last_rseq: int, usage: Any) -> None:

@@ -186,6 +186,17 @@ async def test_placement_of_says_where_a_run_is(db, store):
         assert await store.placement_of(conn, "tr_nope") is None
 
 
+async def test_held_runs_return_each_existing_run_by_id_whoever_holds_it(db, store):
+    async with db.write() as conn:
+        owner = await principal(conn)
+        rt, other = await runtime(conn, owner), await runtime(conn, owner)
+        mine = await task(conn, owner, status="running", runtime_id=rt, attempt=2)
+        theirs = await task(conn, owner, status="running", runtime_id=other, attempt=1)
+        rows = await store.held_runs(conn, [theirs, mine, "tr_nope", mine])
+        assert {k: (r.runtime_id, r.attempt) for k, r in rows.items()} == {mine: (rt, 2), theirs: (other, 1)}
+        assert await store.held_runs(conn, []) == {}
+
+
 async def test_held_run_is_none_unless_this_runtime_holds_this_attempt(db, store):
     async with db.write() as conn:
         owner = await principal(conn)

@@ -1,12 +1,14 @@
 """Placement hands its dispatches to the runner connections of its own replica in its own transaction (no pump round
 between a submission and its runner); a placement kick with nothing queued, and a pump round with nothing to claim,
-open no write transaction, and the pump still sends cancels and closes revoked connections."""
+open no write transaction, and the pump still sends cancels and closes revoked connections; a batch of runner reports
+reads its runs in one statement and inserts its events in one."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy import event
 
 from hub.runner import protocol as p
 from hub.services.admission import SubmitRequest
@@ -104,3 +106,40 @@ async def test_a_pump_round_with_nothing_to_claim_takes_no_write_lock_yet_sends_
                            .values(revoked_at=hub.hub.clock.now()))
     assert (await hub.hub.runtimes.outgoing_many([link])).revoked == {link.conn_id}
     assert writes[0] == 0
+
+
+async def test_a_batch_of_reports_on_several_runs_reads_them_in_one_statement_and_inserts_their_events_in_one(
+        quiet_hub):
+    hub = quiet_hub
+    await hub.start_runner(slots=3)
+    alice = await hub.hub.auth.authenticate(await hub.token("alice"))
+    ids = [(await hub.hub.tasks.submit(alice, SubmitRequest(prompt="sleep 30", profile="scripted")))["task_id"]
+           for _ in range(3)]
+    assert await hub.hub.dispatcher.place_once() == 3
+
+    async def all_running() -> bool:
+        return all([(await hub.hub.tasks.get(alice, t))["status"] == "running" for t in ids])
+
+    await eventually(all_running)
+    (sock,) = hub.hub.runner_endpoint.sockets.values()
+    batch = [m for t in ids for m in (
+        p.Events(task_id=t, attempt=1, events=[p.Event(rseq=1, type="text", payload={"text": f"hello {t}"})]),
+        p.Finished(task_id=t, attempt=1, rseq=2, outcome="succeeded", result_text="done"))]
+    statements: list[str] = []
+
+    def seen(_c, _cur, statement, *_rest) -> None:  # noqa: ANN001
+        statements.append(statement)
+
+    event.listen(hub.hub.db.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        replies = await hub.hub.runtimes.apply(sock.link.runtime_id, sock.link.conn_id, batch)
+    finally:
+        event.remove(hub.hub.db.engine.sync_engine, "before_cursor_execute", seen)
+
+    assert [r["drop"] for r in replies if r["type"] == "ack"] == [False] * 6
+    assert sum(s.lstrip().upper().startswith("SELECT") and "task_runs" in s for s in statements) == 1
+    assert sum(s.lstrip().upper().startswith("INSERT INTO TASK_EVENTS") for s in statements) == 1
+    for t in ids:
+        view = await hub.hub.tasks.get(alice, t)
+        texts = [e["text"] for e in (await hub.hub.tasks.events(alice, t))["events"] if e["type"] == "text"]
+        assert (view["status"], view["result"]["text"], texts) == ("succeeded", "done", [f"hello {t}"])
