@@ -397,6 +397,23 @@ class SqlRuntimeStore:
 
     # --- the reaper ----------------------------------------------------------------------------------------------
 
+    async def anything_to_reap(self, now: datetime, lost_before: datetime, overdue_before: datetime,
+                               queued_before: datetime) -> bool:
+        """Say, in one read outside any transaction, whether the reaper has anything to look at: a pending
+        reservation past its TTL (`release_expired`), a runtime silent since `lost_before` (`silent_since`), a run
+        past its deadline before `overdue_before` (`overdue`), or a run queued since `queued_before`
+        (`queued_since`)."""
+        checks = (
+            sa.select(reservations.c.id).where(reservations.c.state == "pending", reservations.c.expires_at < now),
+            sa.select(runtimes.c.id).where(runtimes.c.status.in_(["online", "offline"]),
+                                           runtimes.c.last_seen_at < lost_before),
+            sa.select(task_runs.c.id).where(task_runs.c.status.in_(ON_RUNTIME),
+                                            task_runs.c.deadline_at < overdue_before),
+            sa.select(task_runs.c.id).where(task_runs.c.status == Status.QUEUED.value,
+                                            task_runs.c.created_at < queued_before))
+        async with self.db.autocommit() as conn:
+            return bool((await conn.execute(sa.select(sa.or_(*(c.exists() for c in checks))))).scalar())
+
     async def release_expired(self, conn: Connection, now: datetime) -> list[ExpiredReservation]:
         """Release every pending reservation past its TTL and requeue its task while it is still dispatched.
 

@@ -186,6 +186,26 @@ async def test_placement_of_says_where_a_run_is(db, store):
         assert await store.placement_of(conn, "tr_nope") is None
 
 
+async def test_anything_to_reap_sees_an_expired_reservation_a_silent_runtime_an_overdue_run_or_an_old_queued_one(
+        db, store):
+    async with db.write() as conn:
+        owner = await principal(conn)
+        rt = await runtime(conn, owner, last_seen=T0)
+        await task(conn, owner, created_at=T0)
+        running = await task(conn, owner, status="running", runtime_id=rt, deadline_at=T0 + timedelta(hours=1))
+        await reservation(conn, rt, running, expires_at=T0 + timedelta(minutes=1))
+    now, before = T0 + timedelta(seconds=30), T0 - timedelta(seconds=1)
+    assert not await store.anything_to_reap(now, lost_before=before, overdue_before=now, queued_before=before)
+    assert await store.anything_to_reap(T0 + timedelta(minutes=2), lost_before=before, overdue_before=now,
+                                        queued_before=before)  # the reservation's TTL passed
+    assert await store.anything_to_reap(now, lost_before=T0 + timedelta(seconds=1), overdue_before=now,
+                                        queued_before=before)  # the runtime went silent
+    assert await store.anything_to_reap(now, lost_before=before, overdue_before=T0 + timedelta(hours=2),
+                                        queued_before=before)  # the run is overdue
+    assert await store.anything_to_reap(now, lost_before=before, overdue_before=now,
+                                        queued_before=T0 + timedelta(seconds=1))  # queued long enough to check
+
+
 async def test_held_runs_return_each_existing_run_by_id_whoever_holds_it(db, store):
     async with db.write() as conn:
         owner = await principal(conn)

@@ -38,6 +38,25 @@ def count_calls(obj: object, name: str) -> list[int]:
     return calls
 
 
+async def test_a_reaper_round_with_nothing_to_reap_opens_no_write_transaction_and_an_overdue_run_is_still_reaped(
+        quiet_hub):
+    hub = quiet_hub
+    await hub.start_runner(slots=2)
+    alice = await hub.hub.auth.authenticate(await hub.token("alice"))
+    task_id = (await hub.hub.tasks.submit(alice, SubmitRequest(prompt="sleep 30", profile="scripted",
+                                                               timeout_s=60)))["task_id"]
+    assert await hub.hub.dispatcher.place_once() == 1
+    writes = count_calls(hub.hub.db, "transaction")
+
+    assert sum((await hub.hub.dispatcher.reap_once()).values()) == 0
+
+    assert writes[0] == 0
+    hub.hub.settings.hub.runtime_lost_s = 10 ** 6  # its heartbeats are stamped with the clock this test moves
+    hub.clock.advance(60 + hub.hub.settings.hub.deadline_grace_s + 1)
+    assert (await hub.hub.dispatcher.reap_once())["timed_out"] == 1
+    assert (await hub.hub.tasks.get(alice, task_id))["status"] == "timed_out"
+
+
 async def test_placement_sends_this_replicas_dispatches_from_its_own_transaction_without_a_pump_round(quiet_hub):
     hub = quiet_hub
     rounds = count_calls(hub.hub.runtimes, "outgoing_many")
