@@ -178,6 +178,8 @@ class Hub:
         loops, hs = self.loops, self.settings.hub
         loops.start("placement", self.dispatcher.placement_step, interval_s=hs.poll_s * 2, wake=self.dispatcher.kicked)
         loops.start("reaper", self.dispatcher.reaper_step, interval_s=1.0)
+        if self.db.is_sqlite:
+            loops.start("sqlite-checkpoint", self.db.checkpoint, interval_s=1.0)
         loops.start("lease-reaper", self.leases.reaper_step, interval_s=30.0)
         loops.start("alerts", self.alerts.step, interval_s=self.settings.alerts.poll_s, wake=self.alerts.kicked)
         self.schedule_firing.start_loops(loops)

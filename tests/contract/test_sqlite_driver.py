@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 from typing import AsyncIterator
 
 import pytest
@@ -118,3 +119,24 @@ async def test_rowcount_lastrowid_and_executemany_come_back_from_the_one_hop(sdb
                                       .returning(principals.c.name))
         assert sorted(returned.scalars()) == [f"m{i}" for i in range(5)]
     assert await names(sdb) == {"a"}
+
+
+async def test_no_commit_checkpoints_the_wal_and_the_background_checkpoint_copies_it_into_the_database(
+        sdb: Database, clock: ManualClock):
+    path = Path(sa.make_url(sdb.url).database or "")
+    async with sdb.autocommit() as conn:
+        assert (await conn.exec_driver_sql("PRAGMA wal_autocheckpoint")).scalar() == 0
+        page = (await conn.exec_driver_sql("PRAGMA page_size")).scalar()
+    before = path.stat().st_size
+    for i in range(60):  # ~2,000 pages of WAL: twice what SQLite's default would checkpoint inside a commit
+        async with sdb.write() as conn:
+            await conn.execute(principals.insert(), [
+                {"id": f"p_{i}_{j}", "kind": "user", "name": f"{i}-{j}-" + "x" * 3000, "created_at": clock.now()}
+                for j in range(40)])
+    wal = path.with_name(path.name + "-wal")
+    assert wal.stat().st_size > 1500 * page and path.stat().st_size == before  # all of it still in the WAL
+
+    await sdb.checkpoint()
+
+    assert path.stat().st_size > 1500 * page  # copied into the database file
+    assert len(await names(sdb)) >= 60 * 40
