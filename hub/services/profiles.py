@@ -71,9 +71,8 @@ class ProfileService:
         return ResolvedProfile(name=row.name, engine=row.engine, kind="manifest", digest=row.digest, manifest=manifest)
 
     async def list(self) -> list[dict]:
-        """Return builtins, then stored profiles (one statement, on an autocommit connection: the MCP hot path)."""
-        async with self.db.autocommit() as conn:
-            rows = await self.store.list_all(conn)
+        """Return builtins, then stored profiles (one hot read: the MCP hot path)."""
+        rows = await self.store.list_all()
         return [dict(p) for p in BUILTIN_LISTING] + [
             {"name": r.name, "engine": r.engine, "kind": "manifest", "description": r.manifest.get("description", ""),
              "digest": r.digest} for r in rows]

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
-from .db import Connection, Database, Row
+from .db import Connection, Database, HotRead, Row
 from .tables import api_tokens, box_sessions, boxes, lease_tasks, principals
 
 LIVE = ("creating", "live")  # box states that still hold resources
@@ -24,7 +24,7 @@ def _live(state: sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
 
 
 _B = boxes.alias("b")
-_LEASE_WITH_BOXES = (
+_LEASE_WITH_BOXES = HotRead(
     sa.select(lease_tasks, *(c.label(f"box_{c.name}") for c in _B.c))
     .select_from(lease_tasks.outerjoin(_B, (_B.c.task_id == lease_tasks.c.id) & _live(_B.c.state)))
     .where(lease_tasks.c.id == sa.bindparam("task_id")).order_by(_B.c.created_at, _B.c.id)
@@ -66,7 +66,7 @@ _BOX_SESSION = (  # built once: the Boxes page resolves its cookie on every load
     .where(box_sessions.c.id == sa.bindparam("session_id"))
 )
 
-_LEASE_WITH_BOX = (
+_LEASE_WITH_BOX = HotRead(
     sa.select(lease_tasks, *(c.label(f"box_{c.name}") for c in _B.c))
     .select_from(lease_tasks.outerjoin(_B, (_B.c.task_id == lease_tasks.c.id) & (_B.c.id == sa.bindparam("box_id"))))
     .where(lease_tasks.c.id == sa.bindparam("task_id"))
@@ -134,16 +134,18 @@ class SqlLeaseStore:
         stmt = sa.select(lease_tasks).where(lease_tasks.c.id == task_id)
         return (await conn.execute(self.db.for_update(stmt) if lock else stmt)).first()
 
-    async def task_with_live_boxes(self, conn: Connection, task_id: str) -> tuple[Row | None, list[Box]]:
-        """Return a lease task and its live boxes, oldest first, in one query (the hot path of every box call)."""
-        rows = (await conn.execute(_LEASE_WITH_BOXES, {"task_id": task_id})).all()
+    async def task_with_live_boxes(self, conn: Connection | None, task_id: str) -> tuple[Row | None, list[Box]]:
+        """Return a lease task and its live boxes, oldest first, in one query (the hot path of every box call;
+        without `conn`, one hot read outside any transaction)."""
+        rows = await self.db.read_rows(conn, _LEASE_WITH_BOXES, {"task_id": task_id})
         found = [Box(**{c.name: getattr(r, f"box_{c.name}") for c in boxes.c}) for r in rows if r.box_id is not None]
         return (rows[0] if rows else None), found
 
-    async def task_with_box(self, conn: Connection, task_id: str, box_id: str) -> tuple[Row | None, Box | None]:
+    async def task_with_box(self, conn: Connection | None, task_id: str, box_id: str) -> tuple[Row | None, Box | None]:
         """Return a lease task and one of its boxes (in any state; None when the task has no such box), in one query
-        (the hot path of every call on one box)."""
-        row = (await conn.execute(_LEASE_WITH_BOX, {"task_id": task_id, "box_id": box_id})).first()
+        (the hot path of every call on one box; without `conn`, one hot read outside any transaction)."""
+        found = await self.db.read_rows(conn, _LEASE_WITH_BOX, {"task_id": task_id, "box_id": box_id})
+        row = found[0] if found else None
         if row is None or row.box_id is None:
             return row, None
         return row, Box(**{c.name: getattr(row, f"box_{c.name}") for c in boxes.c})
