@@ -77,7 +77,8 @@ async def run(store: str, rounds: int, calls: int, against: str | None, spy: str
         if spy:
             proc = await asyncio.create_subprocess_exec(
                 str(Path(sys.executable).with_name("py-spy")), "record", "--gil", "-f", "raw", "--rate", "250",
-                "--pid", str(pids["echo"] if spy_echo else pid), "-o", spy, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+                "--pid", str(pids["echo"] if spy_echo else pid), "-o", spy,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
             await asyncio.sleep(1.0)
         out: dict[str, list[float]] = {k: [] for k in calls_of}
         cpu: dict[str, list[float]] = {k: [] for k in calls_of}
