@@ -5,6 +5,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, TypeVar, Unpack
 
@@ -45,6 +46,10 @@ StoreError = sa.exc.SQLAlchemyError
 T = TypeVar("T")
 
 log = logging.getLogger("amux.db")
+
+# SQLAlchemy closes the connect coroutine it could not await outside its greenlet (`Database._checkout`'s first try on
+# an idle connection the pool must reopen); Python calls that coroutine "never awaited".
+warnings.filterwarnings("ignore", r"coroutine '.*' was never awaited", RuntimeWarning, r"sqlalchemy\.util\.concurrency")
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -195,7 +200,7 @@ class Database:
         watchers = self.engine.sync_engine.dispatch.before_cursor_execute
         if watchers:  # whoever counts the engine's statements sees this one too (connection, cursor: None)
             watchers(None, None, compiled.sql, args, None, False)
-        fairy = await greenlet_spawn(self.engine.sync_engine.pool.connect)
+        fairy = await self._checkout()
         try:
             driver: Any = fairy.dbapi_connection
             if self.is_sqlite:
@@ -213,6 +218,17 @@ class Database:
             raise
         fairy.close()
         return compiled.rows(raw, read.row)
+
+    async def _checkout(self) -> Any:
+        """Take a DBAPI connection from the pool: an idle one directly, else in SQLAlchemy's greenlet (a new
+        connection, or waiting for one, is awaited there)."""
+        pool: Any = self.engine.sync_engine.pool  # a QueuePool (SQLite files, PostgreSQL) or a StaticPool (memory)
+        if getattr(pool, "checkedin", lambda: 0)():
+            try:
+                return pool.connect()
+            except sa.exc.MissingGreenlet:  # the idle one had to reconnect; the pool took it back
+                pass
+        return await greenlet_spawn(pool.connect)
 
     async def read_rows(self, conn: Connection | None, read: HotRead,
                         params: dict[str, Any] | None = None) -> list[Any]:
