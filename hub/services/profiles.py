@@ -71,8 +71,11 @@ class ProfileService:
         return ResolvedProfile(name=row.name, engine=row.engine, kind="manifest", digest=row.digest, manifest=manifest)
 
     async def list(self) -> list[dict]:
-        """Return builtins, then stored profiles (one hot read: the MCP hot path)."""
-        rows = await self.store.list_all()
-        return [dict(p) for p in BUILTIN_LISTING] + [
-            {"name": r.name, "engine": r.engine, "kind": "manifest", "description": r.manifest.get("description", ""),
-             "digest": r.digest} for r in rows]
+        """Return builtins, then stored profiles."""
+        return [dict(p) for p in BUILTIN_LISTING] + await self.stored()
+
+    async def stored(self) -> list[dict]:
+        """Return the stored profiles, by name (one hot read: the MCP hot path)."""
+        return [{"name": r.name, "engine": r.engine, "kind": "manifest",
+                 "description": r.manifest.get("description", ""), "digest": r.digest}
+                for r in await self.store.list_all()]
