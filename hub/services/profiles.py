@@ -1,6 +1,7 @@
 """Profiles: builtin shortcuts plus stored manifest-v2 profiles."""
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 
 from ..clock import Clock
@@ -74,7 +75,7 @@ class ProfileService:
         """Return builtins, then stored profiles."""
         return [dict(p) for p in BUILTIN_LISTING] + await self.stored()
 
-    async def stored(self) -> list[dict]:
+    async def stored(self) -> builtins.list[dict]:
         """Return the stored profiles, by name (one hot read: the MCP hot path)."""
         return [{"name": r.name, "engine": r.engine, "kind": "manifest",
                  "description": r.manifest.get("description", ""), "digest": r.digest}
