@@ -5,8 +5,8 @@ print the figures of record).
 Run: `.venv/bin/python -m bench.mcp_calls [--store sqlite|postgresql] [--rounds R] [--calls N] [--against DIR]
 [--spy FILE]`. `--against DIR` also runs a hub from another checkout (say `git archive` of the previous commit) in
 the same alternating rounds, on its own database, so a change is measured against its base under the same load.
-`--spy FILE` records this checkout's hub with py-spy (`--gil`, raw) during the timed rounds; summarize it with
-`python -m bench.topframes FILE --under profile_list`.
+`--spy FILE` records this checkout's hub with py-spy (`--gil`, raw) during the timed rounds (`--spy-echo`: the bare
+echo server instead); summarize it with `python -m bench.topframes FILE --under profile_list`.
 """
 from __future__ import annotations
 
@@ -52,7 +52,8 @@ async def hub_at(repo: Path, store: str) -> AsyncIterator[tuple[str, str, int]]:
             await proc.wait()
 
 
-async def run(store: str, rounds: int, calls: int, against: str | None, spy: str | None) -> None:
+async def run(store: str, rounds: int, calls: int, against: str | None, spy: str | None,
+              spy_echo: bool = False) -> None:
     """Time the calls in `rounds` alternating rounds of `calls` each; print p50/p99 and the ratios to the echo."""
     hubs = [("this", REPO)] + ([("base", Path(against).resolve())] if against else [])
     async with contextlib.AsyncExitStack() as stack:
@@ -76,7 +77,8 @@ async def run(store: str, rounds: int, calls: int, against: str | None, spy: str
         if spy:
             proc = await asyncio.create_subprocess_exec(
                 str(Path(sys.executable).with_name("py-spy")), "record", "--gil", "-f", "raw", "--rate", "250",
-                "--pid", str(pid), "-o", spy, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+                "--pid", str(pids["echo"] if spy_echo else pid), "-o", spy,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
             await asyncio.sleep(1.0)
         out: dict[str, list[float]] = {k: [] for k in calls_of}
         cpu: dict[str, list[float]] = {k: [] for k in calls_of}
@@ -122,5 +124,6 @@ if __name__ == "__main__":
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--against", default=None, help="another checkout whose hub runs in the same rounds")
     ap.add_argument("--spy", default=None)
+    ap.add_argument("--spy-echo", action="store_true", help="record the bare echo server instead of this hub")
     ns = ap.parse_args()
-    asyncio.run(run(ns.store, ns.rounds, ns.calls, ns.against, ns.spy))
+    asyncio.run(run(ns.store, ns.rounds, ns.calls, ns.against, ns.spy, ns.spy_echo))

@@ -5,6 +5,7 @@ from typing import Any, Awaitable, Callable
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.shared.inbound import X_MCP_HEADER_KEY
 from mcp_types import CLIENT_INFO_META_KEY
 from mcp_types.methods import serialize_server_result
 
@@ -34,23 +35,19 @@ TOOL_SCOPES = (("schedule_", "schedules"), ("rift_", "leases"), ("task_", "tasks
                ("profile_", "tasks"), ("permission_", "tasks"), ("session_", "tasks"))
 
 
-async def scope_guard(ctx, call_next):  # noqa: ANN001, ANN201
-    """Refuse a tool call outside the OAuth scopes granted to the caller (amux tokens carry every scope).
+def scope_refusal(caller: Caller | None, tool: str) -> str | None:
+    """Return the refusal of a tool call outside the OAuth scopes granted to the caller (amux tokens carry every
+    scope), or None.
 
-    One middleware instead of a check per tool, so a tool added later is covered: a tool of no known
-    group needs every scope.
+    One check for every call instead of one per tool, so a tool added later is covered: a tool of no known group
+    needs every scope.
     """
-    if ctx.method == "tools/call":
-        state = getattr(ctx.request, "scope", {}).get("state") or {}
-        caller: Caller | None = state.get("caller")
-        tool = str(dict(ctx.params or {}).get("name", ""))
-        needed = {scope for prefix, scope in TOOL_SCOPES if tool.startswith(prefix)} or set(ALL_SCOPES)
-        if caller is not None and not needed <= caller.scopes:
-            missing = " ".join(sorted(needed - caller.scopes))
-            text = (f"{tool}: this connection was not granted the `{missing}` scope; reconnect the hub in your MCP "
-                    f"client and allow `{missing}` on the hub's approval page")
-            return tool_refusal(ctx, text)
-    return await call_next(ctx)
+    needed = {scope for prefix, scope in TOOL_SCOPES if tool.startswith(prefix)} or set(ALL_SCOPES)
+    if caller is None or needed <= caller.scopes:
+        return None
+    missing = " ".join(sorted(needed - caller.scopes))
+    return (f"{tool}: this connection was not granted the `{missing}` scope; reconnect the hub in your MCP "
+            f"client and allow `{missing}` on the hub's approval page")
 
 
 def tool_refusal(ctx, text: str) -> Any:  # noqa: ANN001
@@ -59,17 +56,44 @@ def tool_refusal(ctx, text: str) -> Any:  # noqa: ANN001
     return serialize_server_result("tools/call", ctx.protocol_version, refusal)
 
 
-async def argument_guard(ctx, call_next):  # noqa: ANN001, ANN201
-    """Refuse tool arguments no store can keep (NUL bytes, unpaired surrogates, deep nesting), naming the field.
+def argument_refusal(params: dict[str, Any]) -> str | None:
+    """Return the refusal of tool arguments no store can keep (NUL bytes, unpaired surrogates, deep nesting), naming
+    the field, or None.
 
     The same check as the REST edge (hub/web/edge.py), so both stores and both doors answer alike.
     """
-    if ctx.method == "tools/call":
-        params = dict(ctx.params or {})
-        try:
-            check_value(params.get("arguments") or {}, "argument")
-        except BadText as e:
-            return tool_refusal(ctx, f"{params.get('name', 'tool')}: {e}")
+    try:
+        check_value(params.get("arguments") or {}, "argument")
+    except BadText as e:
+        return f"{params.get('name', 'tool')}: {e}"
+    return None
+
+
+def capture_client(state: dict[str, Any], method: str, params: dict[str, Any] | None) -> None:
+    """Name the caller after the client that declares its name in this request (`initialize`, or a 2026 request's
+    `_meta`); at `initialize` the door answers with a session id carrying the name for the requests that follow."""
+    name = client_name(method, params)
+    name = clean_name(name) if name else None
+    if name:
+        state["declared"] = name if method == "initialize" else None
+        state["caller"] = labeled(state["token_caller"], name)
+
+
+async def request_guard(ctx, call_next):  # noqa: ANN001, ANN201
+    """Every request's middleware (one layer, not three): capture the client's name, then refuse a tool call outside
+    the caller's scopes or with arguments no store can keep.
+
+    The HTTP door put the caller (and the client its session id names) in the request state.
+    """
+    state = getattr(ctx.request, "scope", {}).get("state")
+    method = ctx.method
+    params = ctx.params if isinstance(ctx.params, dict) else dict(ctx.params or {})
+    if state is not None and state.get("token_caller") is not None:
+        capture_client(state, method, params or None)
+    if method == "tools/call":
+        refusal = scope_refusal((state or {}).get("caller"), str(params.get("name", ""))) or argument_refusal(params)
+        if refusal is not None:
+            return tool_refusal(ctx, refusal)
     return await call_next(ctx)
 
 
@@ -169,27 +193,41 @@ def compact_output_schemas(server: MCPServer) -> None:
             tool.fn_metadata.output_schema = compact_schema(tool.fn_metadata.output_schema)
 
 
+def _mentions(node: Any, key: str) -> bool:
+    """Say whether `key` is a key anywhere in a JSON value."""
+    if isinstance(node, dict):
+        return key in node or any(_mentions(v, key) for v in node.values())
+    return isinstance(node, list) and any(_mentions(v, key) for v in node)
+
+
+def skip_unannotated_header_checks(server: MCPServer) -> None:
+    """Give the SDK's `Mcp-Param-*` header check only the input schemas that declare a header (`x-mcp-header`).
+
+    Before every `tools/call` with arguments the 2026 transport walks the tool's whole input schema looking for such
+    declarations; a schema without any validates nothing, and the SDK's hook (`get_tool_input_schema`) says to
+    answer None then. Which of the tools registered here declare one is decided once; a tool registered (or
+    replaced) later is looked up the SDK's way.
+    """
+    lowlevel = server._lowlevel_server  # noqa: SLF001 — the SDK sets its hook there; MCPServer takes none
+    lookup = lowlevel.get_tool_input_schema
+    if lookup is None:
+        return
+    tools = server._tool_manager  # noqa: SLF001
+    plain = {t.name: t.parameters for t in tools.list_tools() if not _mentions(t.parameters, X_MCP_HEADER_KEY)}
+
+    def annotated_schema(name: str) -> Any:
+        tool = tools.get_tool(name)
+        return None if tool is not None and plain.get(name) is tool.parameters else lookup(name)
+
+    lowlevel.get_tool_input_schema = annotated_schema
+
+
 def build_mcp(registrars: list[Callable[[MCPServer], None]]) -> MCPServer:
     """Create the MCP server: client-name capture plus each feature's tools."""
     server = MCPServer("amux", instructions=INSTRUCTIONS, version="0.1.0")
-
-    async def capture_client(ctx, call_next):  # noqa: ANN001, ANN202
-        # The HTTP door put the caller (and the client its session id names) in the request state; a client
-        # that declares its name here (`initialize`, or a 2026 request's `_meta`) is named for this request,
-        # and the door answers `initialize` with a session id carrying the name for the requests that follow.
-        state = getattr(ctx.request, "scope", {}).get("state")
-        if state is not None and state.get("token_caller") is not None:
-            name = client_name(ctx.method, dict(ctx.params) if ctx.params else None)
-            name = clean_name(name) if name else None
-            if name:
-                state["declared"] = name if ctx.method == "initialize" else None
-                state["caller"] = labeled(state["token_caller"], name)
-        return await call_next(ctx)
-
-    server.middleware.append(capture_client)
-    server.middleware.append(scope_guard)
-    server.middleware.append(argument_guard)
+    server.middleware.append(request_guard)
     for register in registrars:
         register(server)
     compact_output_schemas(server)
+    skip_unannotated_header_checks(server)
     return server

@@ -3,10 +3,14 @@ from __future__ import annotations
 
 from mcp.server.mcpserver import Context, MCPServer
 
-from ..services.profiles import ProfileService
+from ..services.profiles import BUILTIN_LISTING, ProfileService
 from ..services.tasks import PermissionService, SubmitRequest, TaskService
 from . import models as m
 from .server import caller_of, guarded
+
+# The builtins' entries of `profile_list`, built once: builtins are code, not data (nothing changes them while the
+# hub runs), and the SDK only reads the models it is handed.
+BUILTIN_INFOS: tuple[m.ProfileInfo, ...] = tuple(m.ProfileInfo(**p) for p in BUILTIN_LISTING)
 
 
 # Long by design: one short closure per MCP tool (its signature is the tool's schema).
@@ -17,7 +21,7 @@ def task_tools(tasks: TaskService, profiles: ProfileService, permissions: Permis
         @server.tool()
         async def profile_list() -> m.ProfileList:
             """List the profiles a task can run with (builtin shortcuts: claude, codex, pi, scripted)."""
-            return m.ProfileList(profiles=[m.ProfileInfo(**p) for p in await profiles.list()])
+            return m.ProfileList(profiles=[*BUILTIN_INFOS, *(m.ProfileInfo(**p) for p in await profiles.stored())])
 
         @server.tool()
         async def task_submit(prompt: str, ctx: Context, profile: str | None = None, runtime: str | None = None,

@@ -264,8 +264,7 @@ class LeaseService:
         """Return the live boxes of the held task (the lease and its boxes in one query: this is the hot path)."""
         now = self.clock.now()
         h: rules.Handle = _parse(rules.parse_handle, handle)
-        async with self.db.autocommit() as conn:
-            task, live = await self.store.task_with_live_boxes(conn, h.task_id)
+        task, live = await self.store.task_with_live_boxes(None, h.task_id)
         row = self._check(task, caller, h)
         if rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s):
             async with self.db.write() as conn:
@@ -283,8 +282,7 @@ class LeaseService:
             bid: str | None = rules.parse_box_id(vm_id)
         except rules.HandleError as e:
             bad_box, bid = Invalid(str(e)), None
-        async with self.db.autocommit() as conn:
-            task, box = await self.store.task_with_box(conn, handle.task_id, bid or "")
+        task, box = await self.store.task_with_box(None, handle.task_id, bid or "")
         row = self._check(task, caller, handle)
         if rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s):
             async with self.db.write() as conn:  # a call under a live handle is activity, whatever its box

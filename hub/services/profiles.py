@@ -1,6 +1,7 @@
 """Profiles: builtin shortcuts plus stored manifest-v2 profiles."""
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 
 from ..clock import Clock
@@ -71,9 +72,11 @@ class ProfileService:
         return ResolvedProfile(name=row.name, engine=row.engine, kind="manifest", digest=row.digest, manifest=manifest)
 
     async def list(self) -> list[dict]:
-        """Return builtins, then stored profiles (one statement, on an autocommit connection: the MCP hot path)."""
-        async with self.db.autocommit() as conn:
-            rows = await self.store.list_all(conn)
-        return [dict(p) for p in BUILTIN_LISTING] + [
-            {"name": r.name, "engine": r.engine, "kind": "manifest", "description": r.manifest.get("description", ""),
-             "digest": r.digest} for r in rows]
+        """Return builtins, then stored profiles."""
+        return [dict(p) for p in BUILTIN_LISTING] + await self.stored()
+
+    async def stored(self) -> builtins.list[dict]:
+        """Return the stored profiles, by name (one hot read: the MCP hot path)."""
+        return [{"name": r.name, "engine": r.engine, "kind": "manifest",
+                 "description": r.manifest.get("description", ""), "digest": r.digest}
+                for r in await self.store.list_all()]

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, TypeVar, Unpack
 
@@ -11,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.util.concurrency import greenlet_spawn
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ..errors import Invalid
@@ -44,6 +47,10 @@ T = TypeVar("T")
 
 log = logging.getLogger("amux.db")
 
+# SQLAlchemy closes the connect coroutine it could not await outside its greenlet (`Database._checkout`'s first try on
+# an idle connection the pool must reopen); Python calls that coroutine "never awaited".
+warnings.filterwarnings("ignore", r"coroutine '.*' was never awaited", RuntimeWarning, r"sqlalchemy\.util\.concurrency")
+
 
 def is_transient(exc: BaseException) -> bool:
     """Say whether a PostgreSQL error is worth running the transaction again: connection loss, serialization
@@ -54,6 +61,61 @@ def is_transient(exc: BaseException) -> bool:
         return True
     code = getattr(getattr(exc, "orig", None), "sqlstate", None) or getattr(getattr(exc, "orig", None), "pgcode", None)
     return code in ("40001", "40P01")
+
+
+class HotRead:
+    """A SELECT for a hot path's one read, compiled once per dialect and run by `Database.hot_read` straight on a
+    pooled driver connection (no SQLAlchemy Connection, execution context or result object around it).
+
+    The statement's own bound values are kept; `bindparam(name)` values are given per call. Its rows are named tuples
+    with the statement's column keys, their values converted as SQLAlchemy's types convert them. No `IN` over an
+    expanding list (it is compiled per execution): write it as equalities.
+    """
+
+    def __init__(self, stmt: sa.Select) -> None:
+        self.stmt = stmt
+        self.keys = list(stmt.selected_columns.keys())
+        self.row = collections.namedtuple("HotRow", self.keys, rename=True)  # type: ignore[misc]
+        self._compiled: dict[str, _CompiledRead] = {}
+
+    def compiled(self, dialect: sa.Dialect) -> "_CompiledRead":
+        """Return the statement compiled for `dialect` (once per dialect)."""
+        key = f"{dialect.name}+{dialect.driver}"
+        done = self._compiled.get(key)
+        if done is None:
+            done = self._compiled[key] = _CompiledRead(self.stmt, dialect)
+        return done
+
+
+class _CompiledRead:
+    """A HotRead's SQL text for one dialect, its positional parameters and its columns' result conversions."""
+
+    __slots__ = ("sql", "binds", "processors")
+
+    def __init__(self, stmt: sa.Select, dialect: sa.Dialect) -> None:
+        compiled = stmt.compile(dialect=dialect)
+        if any(b.expanding for b in compiled.binds.values()):
+            raise TypeError("a HotRead cannot hold an expanding IN; write it as equalities")
+        self.sql = compiled.string
+        self.binds = [(name, compiled.binds[name].value, compiled.binds[name].type.dialect_impl(dialect)
+                       .bind_processor(dialect)) for name in (compiled.positiontup or ())]
+        self.processors = [c.type.dialect_impl(dialect).result_processor(dialect, None)
+                           for c in stmt.selected_columns]
+
+    def parameters(self, given: dict[str, Any]) -> list[Any]:
+        """Return the positional parameters: the given values by name, else the statement's own."""
+        out = []
+        for name, default, process in self.binds:
+            value = given.get(name, default)
+            out.append(process(value) if process is not None else value)
+        return out
+
+    def rows(self, raw: Any, row: Callable[..., Any]) -> list[Any]:
+        """Convert the driver's rows as SQLAlchemy's result types would."""
+        procs = self.processors
+        if not any(procs):
+            return [row(*r) for r in raw]
+        return [row(*(p(v) if p is not None else v for p, v in zip(procs, r))) for r in raw]
 
 
 class Database:
@@ -122,6 +184,59 @@ class Database:
                 yield await conn.execution_options(sqlite_begin=None)
             else:
                 yield await conn.execution_options(isolation_level="AUTOCOMMIT")
+
+    async def hot_read(self, read: HotRead, params: dict[str, Any] | None = None) -> list[Any]:
+        """Run a hot path's one SELECT on a connection of the pool, outside any transaction, and return its rows.
+
+        Like one statement on `autocommit()`: it sees every commit made before it, on any replica, and takes no lock.
+        It costs a pool checkout, the driver's call and the checkin, without SQLAlchemy's Connection around them
+        (on SQLite one hop into the connection's thread; on PostgreSQL one round trip). A connection whose read
+        failed is closed and the read runs once more the ordinary way, which raises SQLAlchemy's error if it fails
+        again (a connection lost to a restart is replaced, as a pre-ping would). The engine's `before_cursor_execute`
+        listeners see the statement, with no connection or cursor.
+        """
+        compiled = read.compiled(self.engine.dialect)
+        args = compiled.parameters(params or {})
+        watchers = self.engine.sync_engine.dispatch.before_cursor_execute
+        if watchers:  # whoever counts the engine's statements sees this one too (connection, cursor: None)
+            watchers(None, None, compiled.sql, args, None, False)
+        fairy = await self._checkout()
+        try:
+            driver: Any = fairy.dbapi_connection
+            if self.is_sqlite:
+                raw = await driver.read_rows(compiled.sql, args)
+            else:
+                raw = await driver.driver_connection.fetch(compiled.sql, *args)
+        except Exception as e:  # noqa: BLE001 — the ordinary path below raises the store's own error
+            fairy.invalidate(e)
+            fairy.close()
+            async with self.autocommit() as conn:
+                return await self.read_rows(conn, read, params)
+        except BaseException as e:  # cancelled mid-call: the connection's state is unknown, it is not reused
+            fairy.invalidate(e)
+            fairy.close()
+            raise
+        fairy.close()
+        return compiled.rows(raw, read.row)
+
+    async def _checkout(self) -> Any:
+        """Take a DBAPI connection from the pool: an idle one directly, else in SQLAlchemy's greenlet (a new
+        connection, or waiting for one, is awaited there)."""
+        pool: Any = self.engine.sync_engine.pool  # a QueuePool (SQLite files, PostgreSQL) or a StaticPool (memory)
+        if getattr(pool, "checkedin", lambda: 0)():
+            try:
+                return pool.connect()
+            except sa.exc.MissingGreenlet:  # the idle one had to reconnect; the pool took it back
+                pass
+        return await greenlet_spawn(pool.connect)
+
+    async def read_rows(self, conn: Connection | None, read: HotRead,
+                        params: dict[str, Any] | None = None) -> list[Any]:
+        """Run `read` on `conn` (inside the caller's transaction), or with no connection as a `hot_read`; the rows
+        are the same named tuples either way."""
+        if conn is None:
+            return await self.hot_read(read, params)
+        return [read.row(*r) for r in await conn.execute(read.stmt, params or {})]
 
     async def transaction(self, fn: Callable[[Connection], Awaitable[T]]) -> T:
         """Run `fn` in one write transaction; on PostgreSQL run it again (bounded, with backoff) when it failed

@@ -260,6 +260,14 @@ class AmuxSqliteConnection(AdaptedConnection):
         begin, self._begin = self._begin, None
         return self._worker.call(_execute(begin, operation, parameters, many))
 
+    async def read_rows(self, operation: str, parameters: Sequence[Any]) -> list[Any]:
+        """Run one SELECT outside any transaction (it sees every commit made before it) and return its rows: one
+        hop, awaited from the loop without SQLAlchemy's greenlet (`Database.hot_read`). The connection must have no
+        transaction open, as one just checked out of the pool has not."""
+        future = self._worker.submit(_execute(None, operation, parameters, False))
+        assert future is not None
+        return (await future)[1] or []
+
     def cursor(self, server_side: bool = False) -> AmuxSqliteCursor:
         return AmuxSqliteCursor(self)
 

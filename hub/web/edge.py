@@ -41,7 +41,10 @@ def edge_middleware(body_timeout_s: float = 30.0) -> Callable:
                 check_text(k, "a query parameter name")
                 check_text(v, f"query parameter {k}")
             if request.can_read_body:
-                await asyncio.wait_for(request.read(), body_timeout_s)  # cached: handlers read the same bytes
+                if request.content.is_eof():  # the whole body is here already (most requests): no timer to arm
+                    await request.read()  # cached: handlers read the same bytes
+                else:
+                    await asyncio.wait_for(request.read(), body_timeout_s)
                 if request.path.startswith(JSON_PREFIXES):
                     await _check_body(request)
         except BadText as e:

@@ -123,26 +123,60 @@ class AsgiExchange:
         return transport is None or transport.is_closing()
 
     async def run(self, app: Any) -> web.StreamResponse:
-        """Run `app` for this request; cancel it if the client disconnects before it is done."""
-        task = asyncio.ensure_future(app(self.scope(), self.receive, self.send))
+        """Run `app` for this request in the handler's own task; cancel it if the client disconnects before it is done.
+
+        A timer looks at the connection every `WATCH_S` (no second task, no `asyncio.wait` per request): when the
+        client is gone, receivers learn of the disconnect at once and the app is cancelled after a grace. A
+        cancellation from outside (shutdown) takes the app's work with it and propagates.
+        """
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        watch = _Watch(self, task, loop)
         try:
-            while not (await asyncio.wait({task}, timeout=WATCH_S))[0]:
-                if self._peer_left():
-                    self._done.set()  # a receiver learns of the disconnect; the rest is cancelled after a grace
-                    if not (await asyncio.wait({task}, timeout=DISCONNECT_GRACE_S))[0]:
-                        task.cancel()
-                    break
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await app(self.scope(), self.receive, self.send)
+        except asyncio.CancelledError:
+            if not watch.cancelled:
+                raise
         finally:
-            if not task.done():  # our own handler was cancelled (shutdown): take the app's work with it
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            watch.stop()
         self._done.set()
         if self.response is None:  # the app ended without answering (cancelled): the client is gone anyway
             return web.Response(status=499 if self._peer_left() else 500)
         return self.response
+
+
+class _Watch:
+    """The timer that cancels an exchange's app once its client has left (and a grace has passed)."""
+
+    __slots__ = ("exchange", "task", "loop", "handle", "running", "cancelled")
+
+    def __init__(self, exchange: AsgiExchange, task: asyncio.Task[Any], loop: asyncio.AbstractEventLoop) -> None:
+        self.exchange, self.task, self.loop = exchange, task, loop
+        self.running, self.cancelled = True, False
+        self.handle: asyncio.TimerHandle | None = loop.call_later(WATCH_S, self._look)
+
+    def _look(self) -> None:
+        if not self.running:
+            return
+        if self.exchange._peer_left():  # noqa: SLF001
+            self.exchange._done.set()  # noqa: SLF001 — a receiver learns of the disconnect; cancel after a grace
+            self.handle = self.loop.call_later(DISCONNECT_GRACE_S, self._cancel)
+        else:
+            self.handle = self.loop.call_later(WATCH_S, self._look)
+
+    def _cancel(self) -> None:
+        if self.running:  # the task waits inside the app: the cancellation lands there
+            self.cancelled = True
+            self.task.cancel()
+
+    def stop(self) -> None:
+        """The app is done: stop looking, and take back a cancellation the app swallowed."""
+        self.running = False
+        if self.handle is not None:
+            self.handle.cancel()
+        if self.cancelled:
+            self.task.uncancel()
 
 
 class McpMount:

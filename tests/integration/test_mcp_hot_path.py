@@ -82,3 +82,27 @@ async def test_rift_vm_exec_reads_its_task_and_box_in_one_statement(quiet_hub):
             assert (await ok(c, "rift_vm_exec", args))["exit_code"] == 0
         assert len(seen) == 1 and "lease_tasks" in seen[0] and "boxes" in seen[0], seen
         await ok(c, "rift_task_close", {"task": task["handle"]})
+
+
+async def test_a_lease_another_replica_releases_or_takes_over_is_refused_on_the_very_next_call(quiet_hub):
+    from hub.domain import leases as rules
+    from hub.store.leases import SqlLeaseStore
+
+    other = Database(quiet_hub.hub.settings.db_url())  # another replica's connections to the same database
+    try:
+        async with mcp_client(quiet_hub.url, await quiet_hub.token("alice"), name="Claude") as c:
+            task = await ok(c, "rift_task_new", {"name": "hot"})
+            await ok(c, "rift_vm_list", {"task": task["handle"]})
+            async with other.write() as conn:
+                await SqlLeaseStore(other).attach(conn, task["task_id"], secret_hash="0" * 64, holder_label="mcp:Codex",
+                                                  holder_token_id="tok_other", now=quiet_hub.clock.now())
+            res = await c.call_tool("rift_vm_list", {"task": task["handle"]})
+            assert res.is_error and "mcp:Codex" in res.content[0].text, res.content[0].text
+            mine = await ok(c, "rift_task_attach", {"task_id": task["task_id"], "takeover": True})
+            await ok(c, "rift_vm_list", {"task": mine["handle"]})
+            async with other.write() as conn:
+                await SqlLeaseStore(other).release(conn, task["task_id"], quiet_hub.clock.now())
+            res = await c.call_tool("rift_vm_list", {"task": mine["handle"]})
+            assert res.is_error and rules.released(task["task_id"]) in res.content[0].text, res.content[0].text
+    finally:
+        await other.close()

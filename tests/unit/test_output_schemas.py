@@ -5,10 +5,11 @@ from __future__ import annotations
 import copy
 import json
 import random
-from typing import Any
+from typing import Annotated, Any
 
 from jsonschema.validators import validator_for
-from pydantic import BaseModel
+from mcp.server.mcpserver import MCPServer
+from pydantic import BaseModel, Field
 from referencing import Registry
 
 from hub.mcp.server import compact_schema
@@ -104,3 +105,26 @@ def test_a_self_referring_schema_is_published_as_generated():
 def test_a_nullable_branch_with_keywords_for_other_types_stays_an_any_of():
     schema = {"anyOf": [{"type": "string", "minimum": 3}, {"type": "null"}]}
     assert compact_schema(schema) == schema
+
+
+def test_the_header_check_skips_only_tools_whose_input_schema_declares_no_header():
+    from hub.mcp.server import skip_unannotated_header_checks
+
+    server = MCPServer("t")
+
+    @server.tool()
+    def plain(task: str | None = None) -> str:
+        """A tool without header declarations."""
+        return task or ""
+
+    @server.tool()
+    def routed(region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})]) -> str:
+        """A tool that declares an `Mcp-Param-Region` header."""
+        return region
+
+    skip_unannotated_header_checks(server)
+    lookup = server._lowlevel_server.get_tool_input_schema  # noqa: SLF001
+    assert lookup("plain") is None  # nothing to validate: the SDK skips its walk of the schema
+    assert lookup("routed") == server._tool_manager.get_tool("routed").parameters  # noqa: SLF001
+    assert lookup("routed")["properties"]["region"]["x-mcp-header"] == "Region"
+    assert lookup("unknown") is None
