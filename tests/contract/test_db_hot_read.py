@@ -3,6 +3,7 @@ transaction left behind, and a lost connection replaced."""
 from __future__ import annotations
 
 import asyncio
+from typing import AsyncIterator
 
 import asyncpg
 import pytest
@@ -96,9 +97,16 @@ async def test_a_cancelled_hot_read_gives_its_connection_back(db: Database, cloc
     assert [r.name for r in await db.hot_read(_NAMES)] == ["ann2"]
 
 
-async def test_a_hot_read_on_a_lost_connection_is_run_again_on_a_new_one(db: Database, clock: ManualClock):
-    if db.is_sqlite:
-        pytest.skip("an embedded SQLite connection is not lost to a server restart")
+@pytest.fixture
+async def pg_db(pg_url: str) -> AsyncIterator[Database]:
+    """A PostgreSQL database (an embedded SQLite connection is not lost to a server restart)."""
+    database = Database(pg_url)
+    yield database
+    await database.close()
+
+
+async def test_a_hot_read_on_a_lost_connection_is_run_again_on_a_new_one(pg_db: Database, clock: ManualClock):
+    db = pg_db
     await add_user(db, "ann", clock)
     await db.hot_read(_NAMES)  # one connection now waits in the pool
     pool = db.engine.sync_engine.pool

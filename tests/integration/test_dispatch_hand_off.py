@@ -46,6 +46,11 @@ async def test_a_reaper_round_with_nothing_to_reap_opens_no_write_transaction_an
     task_id = (await hub.hub.tasks.submit(alice, SubmitRequest(prompt="sleep 30", profile="scripted",
                                                                timeout_s=60)))["task_id"]
     assert await hub.hub.dispatcher.place_once() == 1
+
+    async def running() -> bool:  # accepted: its reservation is committed, so only its deadline can end it
+        return (await hub.hub.tasks.get(alice, task_id))["status"] == "running"
+
+    await eventually(running)
     writes = count_calls(hub.hub.db, "transaction")
 
     assert sum((await hub.hub.dispatcher.reap_once()).values()) == 0
