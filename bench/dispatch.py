@@ -24,6 +24,7 @@ from .common import REPO, figure, free_port, hub_process, pct, pg_database
 
 CONCURRENCY = 32
 RATE = 50
+WARMUP = 64  # tasks run before the timed ones: the pool's connections opened, each statement compiled once
 
 
 @contextlib.asynccontextmanager
@@ -223,6 +224,7 @@ async def main(n: int, echo_calls: int) -> None:
                            f"{CONCURRENCY} callers (p99 {floor['concurrent_p99_ms']:.1f} ms); at {RATE} calls/s p50 "
                            f"{floor['rate_p50_ms']:.2f} ms, p99 {floor['rate_p99_ms']:.2f} ms",
                            value=floor["calls_per_s"], unit="calls/s", rate_p99_ms=floor["rate_p99_ms"])
+                    await throughput(url, token, WARMUP)  # steady state, as the echo floor's own warm-up calls
                     tps = await throughput(url, token, n)
                     p50, p99 = await latency_at_rate(url, token, rate=RATE, seconds=6)
                     ours, peer = await interleaved(url, token, bare, 300)
