@@ -96,7 +96,7 @@ class Hub:
                                        on_started=lambda _t, s: self.metrics.dispatch_latency.observe(max(s, 0.0)))
         self.runner_endpoint = RunnerEndpoint(self.auth, self.runtimes, self.notifier, hs.heartbeat_s, hs.poll_s,
                                               hs.hello_timeout_s, loops=self.loops)
-        self.dispatcher.hand_off = self.runner_endpoint.hand_off
+        self.dispatcher.hand_off = self.runner_endpoint
         self.leases = LeaseService(self.db, self.clock, settings.leases,
                                    LocalBoxDriver(settings.home / "boxes", settings.boxes, hide=[settings.home]),
                                    settings.boxes)

@@ -107,14 +107,17 @@ class AuthService:
 
     # ------------------------------------------------------------ run tokens (one per task run)
 
-    async def mint_run(self, conn: Connection, principal_id: str, task_id: str, label: str) -> str:
-        """Mint the run token of `task_id` inside the caller's transaction; earlier tokens of that run are revoked.
+    async def mint_run(self, conn: Connection, principal_id: str, task_id: str, label: str, *,
+                       first: bool = False) -> str:
+        """Mint the run token of `task_id` inside the caller's transaction; earlier tokens of that run are revoked
+        (none can exist when this is the `first` dispatch of a run's first attempt: nothing is revoked then).
 
         A run token acts as the run's principal for memory and coordination calls only, and stops
         working when the run reaches a terminal status (checked at authentication) or is revoked.
         """
         now = self.clock.now()
-        await self.revoke_run(conn, task_id)
+        if not first:
+            await self.revoke_run(conn, task_id)
         token_id = new_id("tok")
         secret = secrets.token_urlsafe(32)
         await self.store.add_token(conn, token_id=token_id, principal_id=principal_id, label=label,

@@ -4,7 +4,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import datetime, timedelta
-from typing import Any, Awaitable, Callable
+from types import SimpleNamespace
+from typing import Any, Callable, Protocol
 
 from ..clock import Clock
 from ..config import HubSettings
@@ -19,11 +20,16 @@ from .tasks import task_key
 
 log = logging.getLogger("amux.dispatch")
 
-# Placement's hand-off to this replica's runner connections: given placement's transaction, the time and the
-# runtimes it placed work on (their rows as placement read them), claim their dispatches there; return what sends
-# them after the commit, and the runtimes it served (the rest are left to their pumps).
-HandOff = Callable[[Connection, datetime, dict[str, Row]], Awaitable[tuple[Callable[[], None], set[str]]]]
+class HandOff(Protocol):
+    """Placement's hand-off to this replica's runner connections (the runner endpoint's): the dispatches of the
+    runtimes it serves are built in placement's own transaction and sent once it commits, with no pump round."""
 
+    async def serving(self, conn: Connection, runtimes: dict[str, Row]) -> set[str]:
+        """Of these runtimes (their rows as placement read them), those a live connection of this replica serves."""
+
+    async def dispatch(self, conn: Connection, now: datetime, runs: list[SimpleNamespace]) -> Callable[[], None]:
+        """Build the dispatches of these runs, placed on runtimes it serves and reserved as sent; return what queues
+        them on their sockets once the transaction has committed."""
 
 def eligible(task: Any, runtime: Any) -> bool:
     """Return whether `runtime` may run `task`: requested runtime, engine, platform, workspace access, owner."""
@@ -71,18 +77,30 @@ class Dispatcher:
 
     async def _place_and_hand_off(self, conn: Connection, now: datetime,
                                   batch: int) -> tuple[list[Placement], Callable[[], None], set[str]]:
-        """Place a batch; the dispatches for runtimes this replica's runner connections serve are claimed in the same
-        transaction and sent once it commits (a pump round less between a submission and its runner)."""
-        placed, online = await self._place(conn, now, batch)
-        if not placed or self.hand_off is None:
-            return placed, lambda: None, set()
-        used = {pl.runtime_id for pl in placed}
-        send, served = await self.hand_off(conn, now, {r.id: r for r in online if r.id in used})
-        return placed, send, served
+        """Place a batch and reserve it; the dispatches for runtimes this replica's runner connections serve are
+        reserved as sent, built in the same transaction and sent once it commits (no pump round between a
+        submission and its runner). Return the placements, what sends, and the runtimes served here."""
+        placed, online, rows = await self._place(conn, now, batch)
+        served: set[str] = set()
+        if placed and self.hand_off is not None:
+            used = {pl.runtime_id for pl in placed}
+            served = await self.hand_off.serving(conn, {r.id: r for r in online if r.id in used})
+        await self.store.reserve(conn, placed, now, now + timedelta(seconds=self.settings.reservation_ttl_s),
+                                 sent_on=served)
+        if not served or self.hand_off is None:
+            return placed, lambda: None, served
+        caps = {r.id: r.capabilities for r in online}
+        runs = [SimpleNamespace(task_id=pl.task_id, attempt=pl.attempt, runtime_id=pl.runtime_id,
+                                capabilities=caps[pl.runtime_id], prompt=rows[pl.task_id].prompt,
+                                snapshot=rows[pl.task_id].snapshot, owner_id=rows[pl.task_id].owner_id,
+                                session_id=rows[pl.task_id].session_id, kind=rows[pl.task_id].kind)
+                for pl in placed if pl.runtime_id in served]
+        return placed, await self.hand_off.dispatch(conn, now, runs), served
 
-    async def _place(self, conn: Connection, now: datetime, batch: int) -> tuple[list[Placement], list[Row]]:
-        """One placement round in the caller's transaction: choose a runtime for each queued task that fits; return
-        the placements and the online runtimes it read."""
+    async def _place(self, conn: Connection, now: datetime,
+                     batch: int) -> tuple[list[Placement], list[Row], dict[str, Row]]:
+        """One placement round in the caller's transaction: choose a runtime for each queued task that fits (the
+        caller reserves them); return the placements, the online runtimes it read and the queued rows it locked."""
         # One placement at a time across replicas; an advisory lock, since row locks on every runtime
         # deadlocked with runners' heartbeats and reports under load (the soak, docs/deploy.md).
         await self.db.serialize(conn, "placement")
@@ -90,7 +108,7 @@ class Dispatcher:
         free = {r.id: r.slots - r.used for r in online}
         capacity = sum(max(0, n) for n in free.values())
         if capacity == 0:
-            return [], online  # nothing fits (or nothing is online): don't read the queue at all
+            return [], online, {}  # nothing fits (or nothing is online): don't read the queue at all
         running = await self.store.active_runs_by_owner(conn)
         queued = await self._fair_queue(conn, min(batch, capacity * 4), running)
         limited = self.settings.max_running_per_principal
@@ -117,8 +135,7 @@ class Dispatcher:
             timeout = float(task.snapshot.get("timeout_s") or self.settings.default_timeout_s)
             placed.append(Placement(task_id=task.id, runtime_id=rt.id, attempt=task.attempt + 1,
                                     deadline_at=now + timedelta(seconds=timeout)))
-        await self.store.reserve(conn, placed, now, now + timedelta(seconds=self.settings.reservation_ttl_s))
-        return placed, online
+        return placed, online, {t.id: t for t in queued}
 
     async def _fair_queue(self, conn: Connection, limit: int, running: dict[str, int]) -> list[Row]:
         """Lock up to `limit` queued tasks, fairly across principals (weighted round robin).

@@ -365,7 +365,8 @@ class RuntimeService:
         return True
 
     async def coordination_env(self, conn: Connection, owner_id: str, session_id: str | None,
-                               task_id: str | None = None, *, direct: bool = True) -> dict[str, str]:
+                               task_id: str | None = None, *, direct: bool = True,
+                               first_attempt: bool = False) -> dict[str, str]:
         """What a task child needs to reach the hub: its address, a run token (and its session's id, if any).
 
         The token is the run's own (kind `run`, bound to `task_id`; without one, the session's running
@@ -377,7 +378,7 @@ class RuntimeService:
         if task_id is None and session_id:
             task_id = await self.store.current_run_of_session(conn, session_id)
         label = f"amux-session:{session_id}" if session_id else f"run:{task_id}"
-        token = await self.auth.mint_run(conn, owner_id, task_id, label)
+        token = await self.auth.mint_run(conn, owner_id, task_id, label, first=first_attempt)
         env = {"AMUX_HUB_URL": self.hub_url, "AMUX_TOKEN": token}
         if session_id and direct:
             env["AMUX_SESSION_ID"] = session_id
@@ -440,13 +441,33 @@ class RuntimeService:
             out, revoked = await self._outgoing_each(links, now)
         return self.outbound(links, out, revoked)
 
-    async def claim_dispatches(self, conn: Connection, links: list[Link], now: datetime,
-                               current: Current) -> Callable[[], Outbound]:
-        """Claim the dispatches due on these connections in the caller's transaction (placement's, which has just
-        reserved them and read the runtimes' `current` connections); return what builds their `Outbound` once that
-        transaction has committed. Cancels, steers and permission answers stay with the pump."""
-        out, revoked = await self._outgoing(conn, links, now, dispatches_only=True, current=current)
-        return lambda: self.outbound(links, out, revoked)
+    async def served(self, conn: Connection, links: list[Link], current: Current) -> dict[str, str]:
+        """Of these connections, the ones that serve their runtime (token live, still its current connection, as
+        `current` says): runtime id -> connection id."""
+        return (await self._serving(conn, links, current))[2]
+
+    async def dispatch_messages(self, conn: Connection, runs: list[Any], caps: dict[str, dict[str, Any]],
+                                now: datetime) -> list[tuple[str, dict]]:
+        """Build the Dispatch message of each run (task_id, attempt, runtime_id, prompt, snapshot, owner_id,
+        session_id, kind) in the caller's transaction, its reservation marked sent: its credentials, its run token
+        (`coordination_env`) and its memory binding; a run whose credentials no longer resolve fails instead.
+        Return (runtime id, message) pairs, in order."""
+        out = []
+        for r in runs:
+            cred = r.snapshot.get("credential_profile")
+            try:
+                env = await self.credentials.materialize(conn, cred["name"], r.owner_id) if cred else {}
+            except AmuxError as e:  # e.g. the value was deleted or the key changed since admission
+                await self.tasks.finish(conn, r.task_id, Status.FAILED, now, error=e.message)
+                continue
+            if self.auth is not None:
+                env.update(await self.coordination_env(conn, r.owner_id, r.session_id, r.task_id,
+                                                       direct=r.kind == "turn", first_attempt=r.attempt == 1))
+                await self._bind_memory(conn, r, caps.get(r.runtime_id, {}), now)
+            out.append((r.runtime_id, p.Dispatch(task_id=r.task_id, attempt=r.attempt, prompt=r.prompt,
+                                                 snapshot=r.snapshot, env=env,
+                                                 direct_session=r.kind == "turn").model_dump()))
+        return out
 
     @staticmethod
     def outbound(links: list[Link], out: dict[str, _Due], revoked: set[str]) -> Outbound:
@@ -509,38 +530,22 @@ class RuntimeService:
                 out[serving[c.runtime_id]].cancels.append(c.task_id)
         return out, revoked
 
-    async def _outgoing(self, conn: Connection, links: list[Link], now: datetime, dispatches_only: bool = False,
-                        current: Current | None = None) -> tuple[dict[str, _Due], set[str]]:
+    async def _outgoing(self, conn: Connection, links: list[Link], now: datetime) -> tuple[dict[str, _Due], set[str]]:
         """Claim what is due on these connections in the caller's transaction: per connection id, the messages
         (dispatches, steers, permission answers) and the runs to cancel; and the connections whose token is revoked.
         Fresh on each attempt (the transaction may be run again)."""
-        revoked, current, serving = await self._serving(conn, links, current)
+        revoked, current, serving = await self._serving(conn, links)
         out = {c: _Due() for c in serving.values()}
         if not serving:
             return out, revoked
         ids = list(serving)
         pending = await self.store.claim_dispatches(conn, ids, now)
-        if dispatches_only:
-            cancels, answers, steers = [], [], []
-        else:
-            cancels = await self.store.cancels_due(conn, ids)
-            answers = await self.store.claim_permission_answers(conn, ids, now)
-            steers = await self.store.claim_steers(conn, ids, now)
-        for r in pending:
-            msgs = out[serving[r.runtime_id]].messages
-            cred = r.snapshot.get("credential_profile")
-            try:
-                env = await self.credentials.materialize(conn, cred["name"], r.owner_id) if cred else {}
-            except AmuxError as e:  # e.g. the value was deleted or the key changed since admission
-                await self.tasks.finish(conn, r.task_id, Status.FAILED, now, error=e.message)
-                continue
-            if self.auth is not None:
-                env.update(await self.coordination_env(conn, r.owner_id, r.session_id, r.task_id,
-                                                       direct=r.kind == "turn"))
-            if self.auth is not None:
-                await self._bind_memory(conn, r, current[r.runtime_id][1], now)
-            msgs.append(p.Dispatch(task_id=r.task_id, attempt=r.attempt, prompt=r.prompt, snapshot=r.snapshot,
-                                   env=env, direct_session=r.kind == "turn").model_dump())
+        cancels = await self.store.cancels_due(conn, ids)
+        answers = await self.store.claim_permission_answers(conn, ids, now)
+        steers = await self.store.claim_steers(conn, ids, now)
+        caps = {rt: current[rt][1] for rt in serving}
+        for runtime_id, msg in await self.dispatch_messages(conn, pending, caps, now):
+            out[serving[runtime_id]].messages.append(msg)
         for st in steers:
             out[serving[st.runtime_id]].messages.append(
                 p.Steer(task_id=st.task_id, steer_id=st.id, text=st.text).model_dump())

@@ -359,10 +359,10 @@ class SqlRuntimeStore:
 
     async def lock_queued(self, conn: Connection, task_ids: list[str]) -> list[Row]:
         """Lock those of `task_ids` still queued, skipping rows another replica holds (PostgreSQL SKIP LOCKED):
-        id, owner_id, snapshot, attempt, session_id, created_at, in no set order."""
+        id, owner_id, snapshot, attempt, session_id, created_at, prompt, kind, in no set order."""
         return list((await conn.execute(self.db.for_update(
             sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.snapshot, task_runs.c.attempt,
-                      task_runs.c.session_id, task_runs.c.created_at)
+                      task_runs.c.session_id, task_runs.c.created_at, task_runs.c.prompt, task_runs.c.kind)
             .where(task_runs.c.id.in_(task_ids), task_runs.c.status == Status.QUEUED.value),
             skip_locked=True))).all())
 
@@ -380,14 +380,16 @@ class SqlRuntimeStore:
             task_runs.c.status.in_(ON_RUNTIME), task_runs.c.session_id.is_not(None)))).scalars())
 
     async def reserve(self, conn: Connection, placements: list[Placement], now: datetime,
-                      expires_at: datetime) -> None:
-        """Insert a pending reservation per placement (expiring at `expires_at` unless committed) and mark each
-        task dispatched to its runtime with its new attempt, deadline and runner sequence reset to 0."""
+                      expires_at: datetime, sent_on: Collection[str] = ()) -> None:
+        """Insert a pending reservation per placement (expiring at `expires_at` unless committed; already sent at
+        `now` when its runtime is in `sent_on`: the caller sends it) and mark each task dispatched to its runtime with
+        its new attempt, deadline and runner sequence reset to 0."""
         if not placements:
             return
         await conn.execute(reservations.insert(), [
             {"id": new_id("res"), "runtime_id": pl.runtime_id, "task_id": pl.task_id, "attempt": pl.attempt,
-             "state": "pending", "created_at": now, "expires_at": expires_at} for pl in placements])
+             "state": "pending", "created_at": now, "expires_at": expires_at,
+             "sent_at": now if pl.runtime_id in sent_on else None} for pl in placements])
         await conn.execute(
             task_runs.update().where(task_runs.c.id == sa.bindparam("tid")).values(
                 status=Status.DISPATCHED.value, runtime_id=sa.bindparam("rt"), attempt=sa.bindparam("n"),

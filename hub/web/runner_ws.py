@@ -6,7 +6,8 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable
+from types import SimpleNamespace
+from typing import Callable, Collection
 
 from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
@@ -105,22 +106,34 @@ class RunnerEndpoint:
         due = await self.runtimes.outgoing_many([s.link for s in serving])
         self._deliver(serving, due)
 
-    async def hand_off(self, conn: Connection, now: datetime,
-                       placed_on: dict[str, Row]) -> tuple[Callable[[], None], set[str]]:
-        """Placement's hand-off (`Dispatcher.hand_off`): claim the dispatches of the runtimes this replica serves in
-        placement's transaction; return what queues them on their sockets after the commit, and those runtimes."""
-        serving = [s for s in self.sockets.values()
-                   if s.link.runtime_id in placed_on and not s.closing and not s.ws.closed]
-        if not serving:
-            return lambda: None, set()
-        current = {rt: (r.connection_id, r.capabilities) for rt, r in placed_on.items()}
-        built = await self.runtimes.claim_dispatches(conn, [s.link for s in serving], now, current)
+    def _open_on(self, runtime_ids: Collection[str]) -> list[_Socket]:
+        return [s for s in self.sockets.values() if s.link.runtime_id in runtime_ids and not s.closing
+                and not s.ws.closed]
+
+    async def serving(self, conn: Connection, runtimes: dict[str, Row]) -> set[str]:
+        """Placement's hand-off (`dispatch.HandOff`): those of these runtimes a live socket of this replica serves."""
+        socks = self._open_on(runtimes)
+        if not socks:
+            return set()
+        current = {rt: (r.connection_id, r.capabilities) for rt, r in runtimes.items()}
+        return set(await self.runtimes.served(conn, [s.link for s in socks], current))
+
+    async def dispatch(self, conn: Connection, now: datetime, runs: list[SimpleNamespace]) -> Callable[[], None]:
+        """Placement's hand-off (`dispatch.HandOff`): build these runs' dispatches in placement's transaction; return
+        what queues them on their sockets once it has committed."""
+        socks = {s.link.runtime_id: s for s in self._open_on({r.runtime_id for r in runs})}
+        built = await self.runtimes.dispatch_messages(conn, runs, {r.runtime_id: r.capabilities for r in runs}, now)
+        by_runtime: dict[str, list[dict]] = {}
+        for runtime_id, msg in built:
+            by_runtime.setdefault(runtime_id, []).append(msg)
 
         def send() -> None:
-            due = built()
-            self._deliver(serving, due)
+            for runtime_id, msgs in by_runtime.items():
+                sock = socks.get(runtime_id)
+                if sock is not None and not sock.closing:  # gone meanwhile: its runner gets it again on reconnecting
+                    sock.outbox.put_nowait(msgs)
 
-        return send, {s.link.runtime_id for s in serving}
+        return send
 
     def _deliver(self, serving: list[_Socket], due: Outbound) -> None:
         """Queue a committed claim's messages on their sockets; close the revoked and the stale."""
