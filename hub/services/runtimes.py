@@ -447,10 +447,12 @@ class RuntimeService:
         return (await self._serving(conn, links, current))[2]
 
     async def dispatch_messages(self, conn: Connection, runs: list[Any], caps: dict[str, dict[str, Any]],
-                                now: datetime) -> list[tuple[str, dict]]:
+                                now: datetime, *, fresh: bool = False) -> list[tuple[str, dict]]:
         """Build the Dispatch message of each run (task_id, attempt, runtime_id, prompt, snapshot, owner_id,
         session_id, kind) in the caller's transaction, its reservation marked sent: its credentials, its run token
         (`coordination_env`) and its memory binding; a run whose credentials no longer resolve fails instead.
+        `fresh`: the reservations were made in this transaction (placement's hand-off), so a first attempt has no
+        earlier token to revoke; a dispatch sent again (a runner that registered again) always revokes.
         Return (runtime id, message) pairs, in order."""
         out = []
         for r in runs:
@@ -462,7 +464,8 @@ class RuntimeService:
                 continue
             if self.auth is not None:
                 env.update(await self.coordination_env(conn, r.owner_id, r.session_id, r.task_id,
-                                                       direct=r.kind == "turn", first_attempt=r.attempt == 1))
+                                                       direct=r.kind == "turn",
+                                                       first_attempt=fresh and r.attempt == 1))
                 await self._bind_memory(conn, r, caps.get(r.runtime_id, {}), now)
             out.append((r.runtime_id, p.Dispatch(task_id=r.task_id, attempt=r.attempt, prompt=r.prompt,
                                                  snapshot=r.snapshot, env=env,

@@ -122,7 +122,8 @@ class RunnerEndpoint:
         """Placement's hand-off (`dispatch.HandOff`): build these runs' dispatches in placement's transaction; return
         what queues them on their sockets once it has committed."""
         socks = {s.link.runtime_id: s for s in self._open_on({r.runtime_id for r in runs})}
-        built = await self.runtimes.dispatch_messages(conn, runs, {r.runtime_id: r.capabilities for r in runs}, now)
+        built = await self.runtimes.dispatch_messages(conn, runs, {r.runtime_id: r.capabilities for r in runs}, now,
+                                                      fresh=True)
         by_runtime: dict[str, list[dict]] = {}
         for runtime_id, msg in built:
             by_runtime.setdefault(runtime_id, []).append(msg)
