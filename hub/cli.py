@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -124,6 +125,9 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
         print(f"in-process runner {local.name} with {args.slots} slots, engines: {', '.join(sorted(local.engines))}",
               flush=True)
     del admin_token
+    if local is not None:  # the collection below stops the loop ~0.1 s: let the in-process runner register first
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(local.registered.wait(), 10)
     freeze_startup_heap()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -32,11 +32,16 @@ async def start_hub(home: Path, port: int) -> asyncio.subprocess.Process:
         env={**os.environ, "AMUX_HOME": str(home)}, stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL)
 
-    async def ready():
+    async def ready():  # serving, and its in-process runner registered (a schedule is refused without a runtime)
         try:
             async with httpx2.AsyncClient() as http:
-                ready = (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
-                return ready and (home / "admin.token").exists()
+                if (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code != 200:
+                    return False
+                if not (home / "admin.token").exists():
+                    return False
+                auth = {"Authorization": f"Bearer {(home / 'admin.token').read_text().strip()}"}
+                listed = await http.get(f"http://127.0.0.1:{port}/api/v1/runtimes", headers=auth)
+                return listed.status_code == 200 and any(r["status"] == "online" for r in listed.json()["runtimes"])
         except httpx2.TransportError:
             return False
 
