@@ -20,6 +20,7 @@ from .tasks import task_key
 
 log = logging.getLogger("amux.dispatch")
 
+
 class HandOff(Protocol):
     """Placement's hand-off to this replica's runner connections (the runner endpoint's): the dispatches of the
     runtimes it serves are built in placement's own transaction and sent once it commits, with no pump round."""
@@ -30,6 +31,7 @@ class HandOff(Protocol):
     async def dispatch(self, conn: Connection, now: datetime, runs: list[SimpleNamespace]) -> Callable[[], None]:
         """Build the dispatches of these runs, placed on runtimes it serves and reserved as sent; return what queues
         them on their sockets once the transaction has committed."""
+
 
 def eligible(task: Any, runtime: Any) -> bool:
     """Return whether `runtime` may run `task`: requested runtime, engine, platform, workspace access, owner."""
