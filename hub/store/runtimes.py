@@ -43,6 +43,27 @@ _ONLINE_USED = (sa.select(runtimes, sa.func.coalesce(_USED.c.n, 0).label("used")
                 .select_from(runtimes.outerjoin(_USED, _USED.c.runtime_id == runtimes.c.id))
                 .where(runtimes.c.status == "online").order_by(runtimes.c.id))
 _ANY_QUEUED = sa.select(task_runs.c.id).where(task_runs.c.status == Status.QUEUED.value).limit(1)
+_IDS: sa.BindParameter[list[str]] = sa.bindparam("b_ids", expanding=True)
+# The idle rounds' one read each (a pump round with nothing to claim, a reaper round with nothing to reap).
+_CLAIMABLE = sa.select(sa.or_(
+    sa.select(reservations.c.id).join(task_runs, task_runs.c.id == reservations.c.task_id)
+    .where(reservations.c.runtime_id.in_(_IDS), reservations.c.state == "pending", reservations.c.sent_at.is_(None),
+           task_runs.c.status == Status.DISPATCHED.value).exists(),
+    sa.select(permission_replies.c.task_id).join(task_runs, task_runs.c.id == permission_replies.c.task_id)
+    .where(task_runs.c.runtime_id.in_(_IDS), task_runs.c.status == Status.RUNNING.value,
+           permission_replies.c.sent_at.is_(None)).exists(),
+    sa.select(mailbox.c.id).join(task_runs, task_runs.c.id == mailbox.c.task_id)
+    .where(mailbox.c.kind == "steer", mailbox.c.state == "pending", mailbox.c.sent_at.is_(None),
+           task_runs.c.runtime_id.in_(_IDS)).exists()))
+_ANYTHING_TO_REAP = sa.select(sa.or_(
+    sa.select(reservations.c.id).where(reservations.c.state == "pending",
+                                       reservations.c.expires_at < sa.bindparam("b_now")).exists(),
+    sa.select(runtimes.c.id).where(runtimes.c.status.in_(["online", "offline"]),
+                                   runtimes.c.last_seen_at < sa.bindparam("b_lost_before")).exists(),
+    sa.select(task_runs.c.id).where(task_runs.c.status.in_(ON_RUNTIME),
+                                    task_runs.c.deadline_at < sa.bindparam("b_overdue_before")).exists(),
+    sa.select(task_runs.c.id).where(task_runs.c.status == Status.QUEUED.value,
+                                    task_runs.c.created_at < sa.bindparam("b_queued_before")).exists()))
 _HEARTBEAT = (runtimes.update().where(runtimes.c.id == sa.bindparam("b_runtime_id"),
                                       runtimes.c.connection_id == sa.bindparam("b_connection_id"))
               .values(last_seen_at=sa.bindparam("b_now"), status="online"))
@@ -259,19 +280,7 @@ class SqlRuntimeStore:
     async def claimable(self, conn: Connection, runtime_ids: list[str]) -> bool:
         """Say whether the runtimes have anything a pump round claims: an unsent dispatch, permission answer or
         steer (what `claim_dispatches`, `claim_permission_answers` and `claim_steers` would return)."""
-        ids = set(runtime_ids)
-        dispatch = (sa.select(reservations.c.id).join(task_runs, task_runs.c.id == reservations.c.task_id)
-                    .where(reservations.c.runtime_id.in_(ids), reservations.c.state == "pending",
-                           reservations.c.sent_at.is_(None), task_runs.c.status == Status.DISPATCHED.value))
-        answer = (sa.select(permission_replies.c.task_id)
-                  .join(task_runs, task_runs.c.id == permission_replies.c.task_id)
-                  .where(task_runs.c.runtime_id.in_(ids), task_runs.c.status == Status.RUNNING.value,
-                         permission_replies.c.sent_at.is_(None)))
-        steer = (sa.select(mailbox.c.id).join(task_runs, task_runs.c.id == mailbox.c.task_id)
-                 .where(mailbox.c.kind == "steer", mailbox.c.state == "pending", mailbox.c.sent_at.is_(None),
-                        task_runs.c.runtime_id.in_(ids)))
-        due = sa.select(sa.or_(dispatch.exists(), answer.exists(), steer.exists()))
-        return bool((await conn.execute(due)).scalar())
+        return bool((await conn.execute(_CLAIMABLE, {"b_ids": sorted(set(runtime_ids))})).scalar())
 
     async def cancels_due(self, conn: Connection, runtime_ids: list[str]) -> list[Row]:
         """Return the runtimes' running runs whose cancellation was requested: runtime_id, task_id."""
@@ -405,16 +414,10 @@ class SqlRuntimeStore:
         reservation past its TTL (`release_expired`), a runtime silent since `lost_before` (`silent_since`), a run
         past its deadline before `overdue_before` (`overdue`), or a run queued since `queued_before`
         (`queued_since`)."""
-        checks = (
-            sa.select(reservations.c.id).where(reservations.c.state == "pending", reservations.c.expires_at < now),
-            sa.select(runtimes.c.id).where(runtimes.c.status.in_(["online", "offline"]),
-                                           runtimes.c.last_seen_at < lost_before),
-            sa.select(task_runs.c.id).where(task_runs.c.status.in_(ON_RUNTIME),
-                                            task_runs.c.deadline_at < overdue_before),
-            sa.select(task_runs.c.id).where(task_runs.c.status == Status.QUEUED.value,
-                                            task_runs.c.created_at < queued_before))
         async with self.db.autocommit() as conn:
-            return bool((await conn.execute(sa.select(sa.or_(*(c.exists() for c in checks))))).scalar())
+            return bool((await conn.execute(_ANYTHING_TO_REAP, {
+                "b_now": now, "b_lost_before": lost_before, "b_overdue_before": overdue_before,
+                "b_queued_before": queued_before})).scalar())
 
     async def release_expired(self, conn: Connection, now: datetime) -> list[ExpiredReservation]:
         """Release every pending reservation past its TTL and requeue its task while it is still dispatched.

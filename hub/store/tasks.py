@@ -132,15 +132,9 @@ class SqlTaskStore:
         return seq
 
     @staticmethod
-    async def insert_events(conn: Connection, task_id: str, events: list[tuple[str, dict[str, Any]]],
-                            now: datetime, *, event_seq: int) -> None:
-        """Insert `events` (type, payload) numbered after `event_seq`; the run's own counters are written apart
-        (`mark_events_seen`, or with its outcome by `finish`)."""
-        await SqlTaskStore.insert_event_rows(conn, event_rows(task_id, events, now, event_seq=event_seq))
-
-    @staticmethod
     async def insert_event_rows(conn: Connection, rows: list[dict[str, Any]]) -> None:
-        """Insert event rows (`event_rows`) of any runs, in one statement."""
+        """Insert event rows (`event_rows`) of any runs, in one statement; the runs' own counters are written apart
+        (`mark_events_seen`, or with its outcome by `finish`)."""
         if rows:
             await conn.execute(_INSERT_EVENT, rows)
 

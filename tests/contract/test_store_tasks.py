@@ -11,7 +11,7 @@ from hub.domain.tasks import Status
 from hub.services.tasks import finish_task
 from hub.store.db import Database
 from hub.store.tables import reservations, task_runs
-from hub.store.tasks import QueuedTask, SqlTaskStore
+from hub.store.tasks import QueuedTask, SqlTaskStore, event_rows
 from tests.contract.task_rows import T0, event, principal, reservation, row, runtime, task, waits
 
 
@@ -136,7 +136,8 @@ async def test_an_event_numbered_twice_fails_instead_of_doubling(db, store):
 async def test_runner_events_are_numbered_after_event_seq_and_record_the_last_runner_sequence(db, store):
     async with db.write() as conn:
         tid = await task(conn, await principal(conn), event_seq=2)
-        await store.insert_events(conn, tid, [("say", {"text": "x"}), ("tool", {"name": "Read"})], T0, event_seq=2)
+        await store.insert_event_rows(conn, event_rows(tid, [("say", {"text": "x"}), ("tool", {"name": "Read"})], T0,
+                                                       event_seq=2))
         await store.mark_events_seen(conn, tid, event_seq=4, last_rseq=5, usage={"input": 3})
         assert [(e.seq, e.type) for e in await store.events_after(conn, tid, 0, 10)] == [(3, "say"), (4, "tool")]
     r = await row(db, task_runs, tid)
@@ -146,7 +147,7 @@ async def test_runner_events_are_numbered_after_event_seq_and_record_the_last_ru
 async def test_runner_resends_skipped_entirely_still_advance_the_last_runner_sequence(db, store):
     async with db.write() as conn:
         tid = await task(conn, await principal(conn), event_seq=3)
-        await store.insert_events(conn, tid, [], T0, event_seq=3)
+        await store.insert_event_rows(conn, event_rows(tid, [], T0, event_seq=3))
         await store.mark_events_seen(conn, tid, event_seq=3, last_rseq=9, usage=None)
     r = await row(db, task_runs, tid)
     assert (r.event_seq, r.last_rseq) == (3, 9)
