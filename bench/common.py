@@ -99,7 +99,7 @@ async def hub_process(db_url: str | None, *, slots: int = 8, with_runner: bool =
             out.parent.mkdir(parents=True, exist_ok=True)
             spy = await asyncio.create_subprocess_exec(
                 str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(proc.pid), "--format", "raw",
-                "--rate", "100", "--output", str(out), *(["--gil"] if os.environ.get(PROFILE_GIL_ENV) else []),
+                "--rate", os.environ.get("AMUX_BENCH_PROFILE_RATE", "100"), "--output", str(out), *(["--gil"] if os.environ.get(PROFILE_GIL_ENV) else []),
                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
             await asyncio.sleep(0.5)
         yield url, token

@@ -10,7 +10,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ..domain.tasks import Status
 from ..ids import new_id
-from .db import Connection, Database, Row
+from .db import Connection, Database, Row, among, one_of
 from .tables import api_tokens, mailbox, permission_replies, principals, reservations, runtimes, sessions, task_runs
 
 ACTIVE_RES = ("pending", "committed")
@@ -21,7 +21,7 @@ ON_RUNTIME = [Status.DISPATCHED.value, Status.RUNNING.value]
 HELD_COLUMNS = [task_runs.c[n] for n in ("id", "owner_id", "session_id", "kind", "status", "created_at", "runtime_id",
                                           "attempt", "cancel_requested_at", "last_rseq", "event_seq", "usage_json")]
 _HELD = sa.select(*HELD_COLUMNS).where(task_runs.c.id == sa.bindparam("b_task_id"))
-_HELD_MANY = (sa.select(*HELD_COLUMNS).where(task_runs.c.id.in_(sa.bindparam("b_task_ids", expanding=True)))
+_HELD_MANY = (sa.select(*HELD_COLUMNS).where(one_of(task_runs.c.id, "b_task_ids"))
               .order_by(task_runs.c.id))  # one lock order for every batch (PostgreSQL)
 _START_TASK = (task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id"))
                .values(status=Status.RUNNING.value, started_at=sa.bindparam("b_now")))
@@ -31,36 +31,35 @@ _COMMIT_RESERVATION = (reservations.update().where(
 _OFFERS = sa.select(runtimes.c.name, runtimes.c.capabilities)  # admission reads it for every submission
 # Each placement round's reads.
 _RUNS_BY_OWNER = (sa.select(task_runs.c.owner_id, sa.func.count())
-                  .where(task_runs.c.status.in_(ON_RUNTIME)).group_by(task_runs.c.owner_id))
+                  .where(among(task_runs.c.status, ON_RUNTIME)).group_by(task_runs.c.owner_id))
 _RANKED = (sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.created_at,
                      sa.func.row_number().over(partition_by=task_runs.c.owner_id,
                                                order_by=task_runs.c.created_at).label("place"))
            .where(task_runs.c.status == Status.QUEUED.value).subquery())
 _QUEUE_HEADS = sa.select(_RANKED).where(_RANKED.c.place <= sa.bindparam("per_owner"))
 _USED = (sa.select(reservations.c.runtime_id, sa.func.count().label("n"))
-         .where(reservations.c.state.in_(ACTIVE_RES)).group_by(reservations.c.runtime_id).subquery())
+         .where(among(reservations.c.state, ACTIVE_RES)).group_by(reservations.c.runtime_id).subquery())
 _ONLINE_USED = (sa.select(runtimes, sa.func.coalesce(_USED.c.n, 0).label("used"))
                 .select_from(runtimes.outerjoin(_USED, _USED.c.runtime_id == runtimes.c.id))
                 .where(runtimes.c.status == "online").order_by(runtimes.c.id))
 _ANY_QUEUED = sa.select(task_runs.c.id).where(task_runs.c.status == Status.QUEUED.value).limit(1)
-_IDS: sa.BindParameter[list[str]] = sa.bindparam("b_ids", expanding=True)
 # The idle rounds' one read each (a pump round with nothing to claim, a reaper round with nothing to reap).
 _CLAIMABLE = sa.select(sa.or_(
     sa.select(reservations.c.id).join(task_runs, task_runs.c.id == reservations.c.task_id)
-    .where(reservations.c.runtime_id.in_(_IDS), reservations.c.state == "pending", reservations.c.sent_at.is_(None),
-           task_runs.c.status == Status.DISPATCHED.value).exists(),
+    .where(one_of(reservations.c.runtime_id, "b_ids"), reservations.c.state == "pending",
+           reservations.c.sent_at.is_(None), task_runs.c.status == Status.DISPATCHED.value).exists(),
     sa.select(permission_replies.c.task_id).join(task_runs, task_runs.c.id == permission_replies.c.task_id)
-    .where(task_runs.c.runtime_id.in_(_IDS), task_runs.c.status == Status.RUNNING.value,
+    .where(one_of(task_runs.c.runtime_id, "b_ids"), task_runs.c.status == Status.RUNNING.value,
            permission_replies.c.sent_at.is_(None)).exists(),
     sa.select(mailbox.c.id).join(task_runs, task_runs.c.id == mailbox.c.task_id)
     .where(mailbox.c.kind == "steer", mailbox.c.state == "pending", mailbox.c.sent_at.is_(None),
-           task_runs.c.runtime_id.in_(_IDS)).exists()))
+           one_of(task_runs.c.runtime_id, "b_ids")).exists()))
 _ANYTHING_TO_REAP = sa.select(sa.or_(
     sa.select(reservations.c.id).where(reservations.c.state == "pending",
                                        reservations.c.expires_at < sa.bindparam("b_now")).exists(),
-    sa.select(runtimes.c.id).where(runtimes.c.status.in_(["online", "offline"]),
+    sa.select(runtimes.c.id).where(among(runtimes.c.status, ["online", "offline"]),
                                    runtimes.c.last_seen_at < sa.bindparam("b_lost_before")).exists(),
-    sa.select(task_runs.c.id).where(task_runs.c.status.in_(ON_RUNTIME),
+    sa.select(task_runs.c.id).where(among(task_runs.c.status, ON_RUNTIME),
                                     task_runs.c.deadline_at < sa.bindparam("b_overdue_before")).exists(),
     sa.select(task_runs.c.id).where(task_runs.c.status == Status.QUEUED.value,
                                     task_runs.c.created_at < sa.bindparam("b_queued_before")).exists()))
@@ -197,7 +196,7 @@ class SqlRuntimeStore:
     async def runs_on(self, conn: Connection, runtime_id: str) -> list[Row]:
         """Return the runs dispatched to or running on the runtime: id, status, attempt."""
         return list((await conn.execute(sa.select(task_runs.c.id, task_runs.c.status, task_runs.c.attempt).where(
-            task_runs.c.runtime_id == runtime_id, task_runs.c.status.in_(ON_RUNTIME)))).all())
+            task_runs.c.runtime_id == runtime_id, among(task_runs.c.status, ON_RUNTIME)))).all())
 
     async def placement_of(self, conn: Connection, task_id: str) -> Row | None:
         """Return where a run is placed: runtime_id, attempt, status; None for an unknown run."""
@@ -233,7 +232,7 @@ class SqlRuntimeStore:
     async def current_run_of_session(self, conn: Connection, session_id: str) -> str | None:
         """Return the session's latest dispatched or running run (its running turn), or None."""
         return (await conn.execute(sa.select(task_runs.c.id).where(
-            task_runs.c.session_id == session_id, task_runs.c.status.in_(ON_RUNTIME))
+            task_runs.c.session_id == session_id, among(task_runs.c.status, ON_RUNTIME))
             .order_by(task_runs.c.turn_seq.desc()).limit(1))).scalar()
 
     # --- what a connection sends -------------------------------------------------------------------------------
@@ -247,7 +246,7 @@ class SqlRuntimeStore:
         if not token_ids:
             return set()
         return set((await conn.execute(sa.select(api_tokens.c.id).where(
-            api_tokens.c.id.in_(set(token_ids)), api_tokens.c.revoked_at.is_(None)))).scalars())
+            one_of(api_tokens.c.id, set(token_ids)), api_tokens.c.revoked_at.is_(None)))).scalars())
 
     async def connections(self, conn: Connection,
                           runtime_ids: list[str]) -> dict[str, tuple[str | None, dict[str, Any]]]:
@@ -256,7 +255,7 @@ class SqlRuntimeStore:
             return {}
         return {r.id: (r.connection_id, r.capabilities) for r in await conn.execute(
             sa.select(runtimes.c.id, runtimes.c.connection_id, runtimes.c.capabilities)
-            .where(runtimes.c.id.in_(set(runtime_ids))))}
+            .where(one_of(runtimes.c.id, set(runtime_ids))))}
 
     async def claim_dispatches(self, conn: Connection, runtime_ids: list[str], now: datetime) -> list[Row]:
         """Return the runtimes' pending, unsent reservations of dispatched runs (reservation id, runtime_id, task_id,
@@ -269,11 +268,11 @@ class SqlRuntimeStore:
                       task_runs.c.attempt, task_runs.c.prompt, task_runs.c.snapshot, task_runs.c.owner_id,
                       task_runs.c.session_id, task_runs.c.kind)
             .join(task_runs, task_runs.c.id == reservations.c.task_id)
-            .where(reservations.c.runtime_id.in_(set(runtime_ids)), reservations.c.state == "pending",
+            .where(one_of(reservations.c.runtime_id, set(runtime_ids)), reservations.c.state == "pending",
                    reservations.c.sent_at.is_(None), task_runs.c.status == Status.DISPATCHED.value)
             .order_by(reservations.c.created_at, reservations.c.id))).all())
         if pending:
-            await conn.execute(reservations.update().where(reservations.c.id.in_([r.id for r in pending]))
+            await conn.execute(reservations.update().where(one_of(reservations.c.id, [r.id for r in pending]))
                                .values(sent_at=now))
         return pending
 
@@ -287,7 +286,7 @@ class SqlRuntimeStore:
         if not runtime_ids:
             return []
         return list((await conn.execute(sa.select(task_runs.c.runtime_id, task_runs.c.id.label("task_id")).where(
-            task_runs.c.runtime_id.in_(set(runtime_ids)), task_runs.c.status == Status.RUNNING.value,
+            one_of(task_runs.c.runtime_id, set(runtime_ids)), task_runs.c.status == Status.RUNNING.value,
             task_runs.c.cancel_requested_at.is_not(None)))).all())
 
     async def claim_permission_answers(self, conn: Connection, runtime_ids: list[str], now: datetime) -> list[Row]:
@@ -299,7 +298,7 @@ class SqlRuntimeStore:
             sa.select(task_runs.c.runtime_id, permission_replies.c.task_id, permission_replies.c.request_id,
                       permission_replies.c.allow, permission_replies.c.message)
             .join(task_runs, task_runs.c.id == permission_replies.c.task_id).where(
-                task_runs.c.runtime_id.in_(set(runtime_ids)), task_runs.c.status == Status.RUNNING.value,
+                one_of(task_runs.c.runtime_id, set(runtime_ids)), task_runs.c.status == Status.RUNNING.value,
                 permission_replies.c.sent_at.is_(None)))).all())
         for a in answers:
             await conn.execute(permission_replies.update().where(
@@ -316,10 +315,11 @@ class SqlRuntimeStore:
             sa.select(mailbox.c.id, task_runs.c.runtime_id, mailbox.c.task_id, mailbox.c.text)
             .join(task_runs, task_runs.c.id == mailbox.c.task_id)
             .where(mailbox.c.kind == "steer", mailbox.c.state == "pending", mailbox.c.sent_at.is_(None),
-                   task_runs.c.runtime_id.in_(set(runtime_ids)))
+                   one_of(task_runs.c.runtime_id, set(runtime_ids)))
             .order_by(mailbox.c.created_at, mailbox.c.id))).all())
         if steers:
-            await conn.execute(mailbox.update().where(mailbox.c.id.in_([st.id for st in steers])).values(sent_at=now))
+            await conn.execute(mailbox.update().where(one_of(mailbox.c.id, [st.id for st in steers]))
+                               .values(sent_at=now))
         return steers
 
     async def settle_steer(self, conn: Connection, steer_id: str, task_id: str, delivered: bool,
@@ -372,7 +372,7 @@ class SqlRuntimeStore:
         return list((await conn.execute(self.db.for_update(
             sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.snapshot, task_runs.c.attempt,
                       task_runs.c.session_id, task_runs.c.created_at, task_runs.c.prompt, task_runs.c.kind)
-            .where(task_runs.c.id.in_(task_ids), task_runs.c.status == Status.QUEUED.value),
+            .where(one_of(task_runs.c.id, task_ids), task_runs.c.status == Status.QUEUED.value),
             skip_locked=True))).all())
 
     async def admin_holders(self, conn: Connection, principal_ids: set[str]) -> set[str]:
@@ -380,13 +380,13 @@ class SqlRuntimeStore:
         if not principal_ids:
             return set()
         return set((await conn.execute(sa.select(api_tokens.c.principal_id).distinct().where(
-            api_tokens.c.principal_id.in_(principal_ids), api_tokens.c.admin.is_(True),
+            one_of(api_tokens.c.principal_id, principal_ids), api_tokens.c.admin.is_(True),
             api_tokens.c.revoked_at.is_(None)))).scalars())
 
     async def busy_sessions(self, conn: Connection) -> set[str]:
         """Return the sessions that have a run dispatched or running (one run at a time per session)."""
         return set((await conn.execute(sa.select(task_runs.c.session_id).where(
-            task_runs.c.status.in_(ON_RUNTIME), task_runs.c.session_id.is_not(None)))).scalars())
+            among(task_runs.c.status, ON_RUNTIME), task_runs.c.session_id.is_not(None)))).scalars())
 
     async def reserve(self, conn: Connection, placements: list[Placement], now: datetime,
                       expires_at: datetime, sent_on: Collection[str] = ()) -> None:
@@ -442,7 +442,7 @@ class SqlRuntimeStore:
     async def silent_since(self, conn: Connection, before: datetime) -> list[str]:
         """Return the online or offline runtimes last seen before `before`."""
         return list((await conn.execute(sa.select(runtimes.c.id).where(
-            runtimes.c.status.in_(["online", "offline"]), runtimes.c.last_seen_at < before))).scalars())
+            among(runtimes.c.status, ["online", "offline"]), runtimes.c.last_seen_at < before))).scalars())
 
     async def mark_lost(self, conn: Connection, runtime_id: str) -> None:
         """Mark the runtime lost and forget its connection."""
@@ -452,12 +452,12 @@ class SqlRuntimeStore:
     async def active_run_ids(self, conn: Connection, runtime_id: str) -> list[str]:
         """Return the ids of runs dispatched to or running on the runtime."""
         return list((await conn.execute(sa.select(task_runs.c.id).where(
-            task_runs.c.runtime_id == runtime_id, task_runs.c.status.in_(ON_RUNTIME)))).scalars())
+            task_runs.c.runtime_id == runtime_id, among(task_runs.c.status, ON_RUNTIME)))).scalars())
 
     async def overdue(self, conn: Connection, before: datetime) -> list[str]:
         """Return the dispatched or running runs whose deadline passed before `before`."""
         return list((await conn.execute(sa.select(task_runs.c.id).where(
-            task_runs.c.status.in_(ON_RUNTIME), task_runs.c.deadline_at < before))).scalars())
+            among(task_runs.c.status, ON_RUNTIME), task_runs.c.deadline_at < before))).scalars())
 
     async def queued_since(self, conn: Connection, before: datetime, limit: int = 500) -> list[Row]:
         """Return up to `limit` runs queued since before `before`: id, owner_id, snapshot."""

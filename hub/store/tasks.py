@@ -8,7 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..domain.tasks import ACTIVE, Status
-from .db import Connection, Database, Row
+from .db import Connection, Database, Row, among
 from .tables import firings, permission_replies, principals, reservations, task_events, task_runs
 
 ACTIVE_VALUES = [s.value for s in ACTIVE]
@@ -32,7 +32,7 @@ def _finish_statement(fields: tuple[str, ...]) -> sa.Update:
     stmt = _finish_statements.get(fields)
     if stmt is None:
         stmt = (task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id"),
-                                         task_runs.c.status.in_(ACTIVE_VALUES))
+                                         among(task_runs.c.status, ACTIVE_VALUES))
                 .values(status=sa.bindparam("b_status"), outcome=sa.bindparam("b_status"),
                         finished_at=sa.bindparam("b_now"), **{f: sa.bindparam(f"b_{f}") for f in fields}))
         _finish_statements[fields] = stmt
