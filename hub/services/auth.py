@@ -7,7 +7,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 from typing import Protocol
 
 from ..clock import Clock, utc
@@ -129,6 +129,11 @@ class AuthService:
         if not task_id:
             return
         for token_id in await self.store.revoke_run_tokens(conn, task_id, self.clock.now()):
+            self.forget(token_id)
+
+    async def revoke_runs(self, conn: Connection, task_ids: Collection[str]) -> None:
+        """Revoke every live token of these task runs (a batch of reports that ended them), in one statement."""
+        for token_id in await self.store.revoke_runs_tokens(conn, [t for t in task_ids if t], self.clock.now()):
             self.forget(token_id)
 
     async def create_token(self, principal: str, label: str | None = None, admin: bool = False, kind: str = "user",

@@ -43,6 +43,10 @@ class _Effects:
     # reports of one run (accepted, events, finished), and the run is read once (None: not this runtime's).
     held: dict[tuple[str, int], SimpleNamespace | None] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)  # event rows not inserted yet (`event_rows`)
+    # Runs the batch ended (their reservations released and run tokens revoked by `_write_pending`, one statement
+    # each for the batch), and those of them whose task row it wrote terminal.
+    ended: set[str] = field(default_factory=set)
+    finished: set[str] = field(default_factory=set)
 
 
 def _pending(row: Row) -> SimpleNamespace:
@@ -229,7 +233,7 @@ class RuntimeService:
             elif isinstance(msg, p.Steered):
                 # Taken by the running turn, or back to the mailbox for a later wake.
                 await self.store.settle_steer(conn, msg.steer_id, msg.task_id, msg.delivered, now)
-        await self._write_pending(conn, fx)
+        await self._write_pending(conn, fx, now)
         return fx, replies
 
     async def heartbeat(self, runtime_id: str, conn_id: str) -> None:
@@ -255,7 +259,7 @@ class RuntimeService:
         async def apply(conn: Connection) -> T:
             fx = _Effects()
             out = await handler(conn, runtime_id, msg, now, fx)
-            await self._write_pending(conn, fx)
+            await self._write_pending(conn, fx, now)
             return out
 
         return await self.db.transaction(apply)
@@ -279,11 +283,17 @@ class RuntimeService:
             ours = row is not None and row.runtime_id == runtime_id and row.attempt == attempt
             fx.held[(task_id, attempt)] = _pending(row) if ours else None
 
-    async def _write_pending(self, conn: Connection, fx: _Effects) -> None:
-        """Write what the batch's reports left pending: their events (one statement for the batch), and on runs that
-        did not finish in it their start (the task row, then its reservation) and their event counters."""
+    async def _write_pending(self, conn: Connection, fx: _Effects, now: datetime) -> None:
+        """Write what the batch's reports left pending: their events (one statement for the batch); for the runs it
+        ended, the release of their reservations and the revocation of their run tokens (one statement each for the
+        batch, after their task rows: the order every writer takes them in); and on runs that did not finish in it
+        their start (the task row, then its reservation) and their event counters."""
         await self.tasks.insert_event_rows(conn, fx.events)
         fx.events = []
+        await self.tasks.release_reservations(conn, fx.finished, now)
+        if self.auth is not None:
+            await self.auth.revoke_runs(conn, fx.ended)  # the children's AMUX_TOKENs end with their runs
+        fx.finished, fx.ended = set(), set()
         for (_, attempt), row in fx.held.items():
             if row is None:
                 continue
@@ -348,19 +358,20 @@ class RuntimeService:
             status, error = Status(msg.outcome), msg.error
             if status == Status.WAITING_FOR_USER and (row.kind != "turn" or msg.question is None):
                 status, error = Status.FAILED, p.QUESTION_DIAGNOSTIC  # only a direct Session's Turn waits
-            await self.tasks.finish(conn, row.id, status, now, error=error,
-                              result_text=msg.result_text, result_json=msg.result_json,
-                              usage=clean_usage(msg.usage) or row.usage_json, changed_files=msg.changed_files,
-                              last_rseq=msg.rseq, resume_handle=msg.resume_handle, started_at=row.start_pending,
-                              event_seq=row.event_seq if row.seen_dirty else None)
+            if await self.tasks.finish(conn, row.id, status, now, error=error,
+                                       result_text=msg.result_text, result_json=msg.result_json,
+                                       usage=clean_usage(msg.usage) or row.usage_json,
+                                       changed_files=msg.changed_files, last_rseq=msg.rseq,
+                                       resume_handle=msg.resume_handle, started_at=row.start_pending,
+                                       event_seq=row.event_seq if row.seen_dirty else None, release=False):
+                fx.finished.add(row.id)  # its reservation is released by `_write_pending`
             row.status, row.last_rseq, row.start_pending, row.seen_dirty = status.value, msg.rseq, None, False
             if status == Status.WAITING_FOR_USER and msg.question is not None:
                 await record_question(conn, row, msg.question, now)
             if row.session_id and msg.resume_handle:
                 await self.store.record_resume_handle(conn, row.session_id, msg.resume_handle, now)
             fx.freed = True
-        if self.auth is not None:
-            await self.auth.revoke_run(conn, row.id)  # the child's AMUX_TOKEN ends with its run
+        fx.ended.add(row.id)  # its run token is revoked by `_write_pending`
         fx.changed.add(row.id)
         return True
 

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Collection
 
 import sqlalchemy as sa
 
 from ..domain.tasks import ACTIVE, Status
-from .db import Connection, Database, Row, among
+from .db import Connection, Database, Row, among, one_of
 from .tables import firings, permission_replies, principals, reservations, task_events, task_runs
 
 ACTIVE_VALUES = [s.value for s in ACTIVE]
@@ -22,6 +22,9 @@ _RUNNER_EVENTS_SEEN = (task_runs.update().where(task_runs.c.id == sa.bindparam("
 _RELEASE = (reservations.update().where(reservations.c.task_id == sa.bindparam("b_task_id"),
                                         reservations.c.state != "released")
             .values(state="released", released_at=sa.bindparam("b_now")))
+_RELEASE_MANY = (reservations.update().where(one_of(reservations.c.task_id, "b_task_ids"),
+                                             reservations.c.state != "released")
+                 .values(state="released", released_at=sa.bindparam("b_now")))
 _FINISH_FIELDS = ("error", "result_text", "result_json", "usage_json", "changed_files", "last_rseq", "resume_handle",
                   "started_at", "event_seq")
 _finish_statements: dict[tuple[str, ...], sa.Update] = {}
@@ -154,11 +157,12 @@ class SqlTaskStore:
                      result_text: str | None = None, result_json: Any = None, usage: Any = None,
                      changed_files: Any = None, last_rseq: int | None = None,
                      resume_handle: str | None = None, started_at: datetime | None = None,
-                     event_seq: int | None = None) -> bool:
+                     event_seq: int | None = None, release: bool = True) -> bool:
         """Move an active run to terminal `status` (outcome = status; only the fields given are written: a run
         that started and ended within one batch of reports also gets its `started_at` and `event_seq` here), then
         release its reservation, whatever its state — the task row first, the order every writer takes the two in;
-        False, with nothing written, when it was already terminal."""
+        False, with nothing written, when it was already terminal. With `release=False` the caller releases it
+        later in the same transaction (`release_reservations`, one statement for a batch of runs)."""
         given = {key: val for key, val in zip(_FINISH_FIELDS, (error, result_text, result_json, usage, changed_files,
                                                                last_rseq, resume_handle, started_at, event_seq))
                  if val is not None}
@@ -167,8 +171,16 @@ class SqlTaskStore:
                                   **{f"b_{k}": v for k, v in given.items()}})
         if res.rowcount == 0:
             return False
-        await conn.execute(_RELEASE, {"b_task_id": task_id, "b_now": now})
+        if release:
+            await conn.execute(_RELEASE, {"b_task_id": task_id, "b_now": now})
         return True
+
+    @staticmethod
+    async def release_reservations(conn: Connection, task_ids: Collection[str], now: datetime) -> None:
+        """Release the reservations of runs ended in this transaction (their task rows written first), whatever
+        their state, in one statement."""
+        if task_ids:
+            await conn.execute(_RELEASE_MANY, {"b_task_ids": sorted(set(task_ids)), "b_now": now})
 
     async def permission_requests(self, conn: Connection, task_id: str) -> list[dict[str, Any]]:
         """Return the payloads of the run's `permission` events (what its engine asked), in no set order."""

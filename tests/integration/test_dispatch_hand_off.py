@@ -145,6 +145,7 @@ async def test_a_pump_round_with_nothing_to_claim_takes_no_write_lock_yet_sends_
 
 async def test_a_batch_of_reports_on_several_runs_reads_them_in_one_statement_and_inserts_their_events_in_one(
         quiet_hub):
+    """...and releases the reservations and revokes the run tokens of the runs it ends in one statement each."""
     hub = quiet_hub
     await hub.start_runner(slots=3)
     alice = await hub.hub.auth.authenticate(await hub.token("alice"))
@@ -174,6 +175,13 @@ async def test_a_batch_of_reports_on_several_runs_reads_them_in_one_statement_an
     assert [r["drop"] for r in replies if r["type"] == "ack"] == [False] * 6
     assert sum(s.lstrip().upper().startswith("SELECT") and "task_runs" in s for s in statements) == 1
     assert sum(s.lstrip().upper().startswith("INSERT INTO TASK_EVENTS") for s in statements) == 1
+    assert sum(s.lstrip().upper().startswith("UPDATE RESERVATIONS") for s in statements) == 1
+    assert sum(s.lstrip().upper().startswith("UPDATE API_TOKENS") for s in statements) == 1
+    async with hub.hub.db.read() as conn:
+        states = (await conn.execute(sa.select(reservations.c.state).where(reservations.c.task_id.in_(ids)))).scalars()
+        live = (await conn.execute(sa.select(api_tokens.c.id).where(api_tokens.c.task_id.in_(ids),
+                                                                    api_tokens.c.revoked_at.is_(None)))).all()
+    assert list(states) == ["released"] * 3 and live == []
     for t in ids:
         view = await hub.hub.tasks.get(alice, t)
         texts = [e["text"] for e in (await hub.hub.tasks.events(alice, t))["events"] if e["type"] == "text"]
