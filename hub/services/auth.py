@@ -7,7 +7,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Callable, Collection
+from typing import Any, Callable, Collection, NamedTuple
 from typing import Protocol
 
 from ..clock import Clock, utc
@@ -31,6 +31,16 @@ RUN_NOT_RUNNER = ("a task run's token cannot register a runtime; start the runne
                   "(`amux token create --principal NAME --runner`)")
 RUN_ENDED = "this task run's token ended with its run; a new run gets a new AMUX_TOKEN"
 ALL_SCOPES = frozenset({"tasks", "schedules", "leases"})  # OAuth scopes; amux bearer tokens carry all of them
+
+
+class RunToken(NamedTuple):
+    """A run token to mint (`AuthService.mint_runs`): whose, for which run, its label, and whether it is the first
+    dispatch of the run's first attempt (no earlier token to revoke)."""
+
+    principal_id: str
+    task_id: str
+    label: str
+    first: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,14 +125,21 @@ class AuthService:
         A run token acts as the run's principal for memory and coordination calls only, and stops
         working when the run reaches a terminal status (checked at authentication) or is revoked.
         """
+        return (await self.mint_runs(conn, [RunToken(principal_id, task_id, label, first)]))[0]
+
+    async def mint_runs(self, conn: Connection, runs: list["RunToken"]) -> list[str]:
+        """Mint the run tokens of several runs (a placement round's dispatches) as `mint_run` does each, with one
+        statement for their revocations (runs not `first` only) and one INSERT; return the tokens in order."""
         now = self.clock.now()
-        if not first:
-            await self.revoke_run(conn, task_id)
-        token_id = new_id("tok")
-        secret = secrets.token_urlsafe(32)
-        await self.store.add_token(conn, token_id=token_id, principal_id=principal_id, label=label,
-                                   token_hash=hash_secret(secret), admin=False, kind="run", now=now, task_id=task_id)
-        return f"{TOKEN_PREFIX}.{token_id.split('_', 1)[1]}.{secret}"
+        await self.revoke_runs(conn, [r.task_id for r in runs if not r.first])
+        rows, tokens = [], []
+        for r in runs:
+            token_id, secret = new_id("tok"), secrets.token_urlsafe(32)
+            rows.append(dict(id=token_id, principal_id=r.principal_id, label=r.label, token_hash=hash_secret(secret),
+                             admin=False, created_at=now, kind="run", task_id=r.task_id))
+            tokens.append(f"{TOKEN_PREFIX}.{token_id.split('_', 1)[1]}.{secret}")
+        await self.store.add_tokens(conn, rows)
+        return tokens
 
     async def revoke_run(self, conn: Connection, task_id: str) -> None:
         """Revoke every live token of a task run (its end, or a new attempt's dispatch)."""

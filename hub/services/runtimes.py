@@ -19,7 +19,7 @@ from ..runner import protocol as p
 from ..store.db import Connection, Database, Row
 from ..store.runtimes import RegistrationRace, SqlRuntimeStore
 from ..store.tasks import SqlTaskStore, event_rows
-from .auth import AuthService, Caller
+from .auth import AuthService, Caller, RunToken
 from .credentials import CredentialService
 from .dispatch import Dispatcher
 from .notify import Notifier
@@ -47,6 +47,12 @@ class _Effects:
     # each for the batch), and those of them whose task row it wrote terminal.
     ended: set[str] = field(default_factory=set)
     finished: set[str] = field(default_factory=set)
+
+
+def run_label(session_id: str | None, task_id: str | None) -> str:
+    """The label of a run token: `amux-session:<id>` for a session's runs (delegations and memory key on it),
+    `run:<task id>` otherwise."""
+    return f"amux-session:{session_id}" if session_id else f"run:{task_id}"
 
 
 def _pending(row: Row) -> SimpleNamespace:
@@ -388,8 +394,11 @@ class RuntimeService:
         """
         if task_id is None and session_id:
             task_id = await self.store.current_run_of_session(conn, session_id)
-        label = f"amux-session:{session_id}" if session_id else f"run:{task_id}"
-        token = await self.auth.mint_run(conn, owner_id, task_id, label, first=first_attempt)
+        token = await self.auth.mint_run(conn, owner_id, task_id, run_label(session_id, task_id), first=first_attempt)
+        return self._coordination(token, session_id, direct)
+
+    def _coordination(self, token: str, session_id: str | None, direct: bool) -> dict[str, str]:
+        """The environment `coordination_env` gives a task child holding `token`."""
         env = {"AMUX_HUB_URL": self.hub_url, "AMUX_TOKEN": token}
         if session_id and direct:
             env["AMUX_SESSION_ID"] = session_id
@@ -465,7 +474,7 @@ class RuntimeService:
         `fresh`: the reservations were made in this transaction (placement's hand-off), so a first attempt has no
         earlier token to revoke; a dispatch sent again (a runner that registered again) always revokes.
         Return (runtime id, message) pairs, in order."""
-        out = []
+        ready = []
         for r in runs:
             cred = r.snapshot.get("credential_profile")
             try:
@@ -473,15 +482,16 @@ class RuntimeService:
             except AmuxError as e:  # e.g. the value was deleted or the key changed since admission
                 await self.tasks.finish(conn, r.task_id, Status.FAILED, now, error=e.message)
                 continue
-            if self.auth is not None:
-                env.update(await self.coordination_env(conn, r.owner_id, r.session_id, r.task_id,
-                                                       direct=r.kind == "turn",
-                                                       first_attempt=fresh and r.attempt == 1))
+            ready.append((r, env))
+        if self.auth is not None and ready:  # the round's run tokens: one revocation and one INSERT for all
+            tokens = await self.auth.mint_runs(conn, [
+                RunToken(r.owner_id, r.task_id, run_label(r.session_id, r.task_id), fresh and r.attempt == 1)
+                for r, _ in ready])
+            for (r, env), token in zip(ready, tokens):
+                env.update(self._coordination(token, r.session_id, direct=r.kind == "turn"))
                 await self._bind_memory(conn, r, caps.get(r.runtime_id, {}), now)
-            out.append((r.runtime_id, p.Dispatch(task_id=r.task_id, attempt=r.attempt, prompt=r.prompt,
-                                                 snapshot=r.snapshot, env=env,
-                                                 direct_session=r.kind == "turn").model_dump()))
-        return out
+        return [(r.runtime_id, p.Dispatch(task_id=r.task_id, attempt=r.attempt, prompt=r.prompt, snapshot=r.snapshot,
+                                          env=env, direct_session=r.kind == "turn").model_dump()) for r, env in ready]
 
     @staticmethod
     def outbound(links: list[Link], out: dict[str, _Due], revoked: set[str]) -> Outbound:

@@ -61,6 +61,11 @@ class SqlTokenStore:
             id=token_id, principal_id=principal_id, label=label, token_hash=token_hash, admin=admin, created_at=now,
             kind=kind, task_id=task_id))
 
+    async def add_tokens(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        """Store new tokens (rows of `api_tokens`, by the hashes of their secrets) with one INSERT."""
+        if rows:
+            await conn.execute(_INSERT_TOKEN, rows)
+
     async def revoke_labelled(self, conn: Connection, label: str, now: datetime) -> None:
         """Revoke every live token that carries `label` (revoked ones keep their first revocation time)."""
         await conn.execute(api_tokens.update().where(api_tokens.c.label == label, api_tokens.c.revoked_at.is_(None))

@@ -186,3 +186,29 @@ async def test_a_batch_of_reports_on_several_runs_reads_them_in_one_statement_an
         view = await hub.hub.tasks.get(alice, t)
         texts = [e["text"] for e in (await hub.hub.tasks.events(alice, t))["events"] if e["type"] == "text"]
         assert (view["status"], view["result"]["text"], texts) == ("succeeded", "done", [f"hello {t}"])
+
+
+async def test_a_placement_round_mints_its_runs_tokens_with_one_insert_and_each_run_gets_its_own_run_token(
+        quiet_hub):
+    hub = quiet_hub
+    await hub.start_runner(slots=3)
+    alice = await hub.hub.auth.authenticate(await hub.token("alice"))
+    ids = [(await hub.hub.tasks.submit(alice, SubmitRequest(prompt="sleep 30", profile="scripted")))["task_id"]
+           for _ in range(3)]
+    statements: list[str] = []
+
+    def seen(_c, _cur, statement, *_rest) -> None:  # noqa: ANN001
+        statements.append(statement)
+
+    event.listen(hub.hub.db.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        assert await hub.hub.dispatcher.place_once() == 3
+    finally:
+        event.remove(hub.hub.db.engine.sync_engine, "before_cursor_execute", seen)
+
+    assert sum(s.lstrip().upper().startswith("INSERT INTO API_TOKENS") for s in statements) == 1
+    assert not any(s.lstrip().upper().startswith("UPDATE API_TOKENS") for s in statements)  # first attempts
+    async with hub.hub.db.read() as conn:
+        rows = (await conn.execute(sa.select(api_tokens.c.task_id, api_tokens.c.label, api_tokens.c.kind)
+                                   .where(api_tokens.c.task_id.in_(ids)))).all()
+    assert sorted(rows) == sorted((t, f"run:{t}", "run") for t in ids)
