@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 import sqlalchemy as sa
 
 from hub.clock import ManualClock
@@ -42,3 +43,28 @@ async def test_each_statement_on_an_autocommit_connection_is_its_own_transaction
         assert await transactions_of_two_statements(db, conn, clock) == 2
     async with db.read() as conn:  # a read is still one transaction: the pool gave back a plain connection
         assert await transactions_of_two_statements(db, conn, clock) == 1
+
+
+async def test_a_lazy_read_takes_no_connection_until_its_first_statement_and_then_reads_as_read_does(db: Database):
+    pool = db.engine.sync_engine.pool
+    before = pool.checkedout()
+    async with db.lazy_read() as conn:
+        assert pool.checkedout() == before  # nothing taken yet
+        assert (await conn.execute(sa.text("SELECT 1"))).scalar() == 1
+        assert pool.checkedout() == before + 1
+        assert await conn.scalar(sa.text("SELECT 2")) == 2  # the same connection
+        assert pool.checkedout() == before + 1
+    assert pool.checkedout() == before
+
+
+async def test_a_lazy_read_returns_its_connection_when_its_body_fails_and_refuses_what_it_cannot_defer(db: Database):
+    pool = db.engine.sync_engine.pool
+    before = pool.checkedout()
+    with pytest.raises(RuntimeError, match="boom"):
+        async with db.lazy_read() as conn:
+            await conn.execute(sa.text("SELECT 1"))
+            raise RuntimeError("boom")
+    assert pool.checkedout() == before
+    async with db.lazy_read() as conn:
+        with pytest.raises(AttributeError, match="awaited methods"):
+            conn.dialect  # noqa: B018 — a plain attribute would need the connection now
