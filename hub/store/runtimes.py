@@ -10,7 +10,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ..domain.tasks import Status
 from ..ids import new_id
-from .db import Connection, Database, Row, among, one_of
+from .db import Connection, Database, HotRead, Row, among, one_of
 from .tables import api_tokens, mailbox, permission_replies, principals, reservations, runtimes, sessions, task_runs
 
 ACTIVE_RES = ("pending", "committed")
@@ -42,7 +42,7 @@ _USED = (sa.select(reservations.c.runtime_id, sa.func.count().label("n"))
 _ONLINE_USED = (sa.select(runtimes, sa.func.coalesce(_USED.c.n, 0).label("used"))
                 .select_from(runtimes.outerjoin(_USED, _USED.c.runtime_id == runtimes.c.id))
                 .where(runtimes.c.status == "online").order_by(runtimes.c.id))
-_ANY_QUEUED = sa.select(task_runs.c.id).where(task_runs.c.status == Status.QUEUED.value).limit(1)
+_ANY_QUEUED = HotRead(sa.select(task_runs.c.id).where(task_runs.c.status == Status.QUEUED.value).limit(1))
 # The idle rounds' one read each (a pump round with nothing to claim, a reaper round with nothing to reap).
 _CLAIMABLE = sa.select(sa.or_(
     sa.select(reservations.c.id).join(task_runs, task_runs.c.id == reservations.c.task_id)
@@ -54,7 +54,7 @@ _CLAIMABLE = sa.select(sa.or_(
     sa.select(mailbox.c.id).join(task_runs, task_runs.c.id == mailbox.c.task_id)
     .where(mailbox.c.kind == "steer", mailbox.c.state == "pending", mailbox.c.sent_at.is_(None),
            one_of(task_runs.c.runtime_id, "b_ids")).exists()))
-_ANYTHING_TO_REAP = sa.select(sa.or_(
+_ANYTHING_TO_REAP = HotRead(sa.select(sa.or_(
     sa.select(reservations.c.id).where(reservations.c.state == "pending",
                                        reservations.c.expires_at < sa.bindparam("b_now")).exists(),
     sa.select(runtimes.c.id).where(among(runtimes.c.status, ["online", "offline"]),
@@ -62,7 +62,7 @@ _ANYTHING_TO_REAP = sa.select(sa.or_(
     sa.select(task_runs.c.id).where(among(task_runs.c.status, ON_RUNTIME),
                                     task_runs.c.deadline_at < sa.bindparam("b_overdue_before")).exists(),
     sa.select(task_runs.c.id).where(task_runs.c.status == Status.QUEUED.value,
-                                    task_runs.c.created_at < sa.bindparam("b_queued_before")).exists()))
+                                    task_runs.c.created_at < sa.bindparam("b_queued_before")).exists()).label("due")))
 _HEARTBEAT = (runtimes.update().where(runtimes.c.id == sa.bindparam("b_runtime_id"),
                                       runtimes.c.connection_id == sa.bindparam("b_connection_id"))
               .values(last_seen_at=sa.bindparam("b_now"), status="online"))
@@ -358,8 +358,7 @@ class SqlRuntimeStore:
 
     async def any_queued(self) -> bool:
         """Say whether any run is queued, read alone outside any transaction (an index probe)."""
-        async with self.db.autocommit() as conn:
-            return (await conn.execute(_ANY_QUEUED)).first() is not None
+        return bool(await self.db.hot_read(_ANY_QUEUED))
 
     async def queue_heads(self, conn: Connection, per_owner: int) -> list[Row]:
         """Return each owner's `per_owner` oldest queued runs: id, owner_id, created_at and `place`, the run's
@@ -414,10 +413,10 @@ class SqlRuntimeStore:
         reservation past its TTL (`release_expired`), a runtime silent since `lost_before` (`silent_since`), a run
         past its deadline before `overdue_before` (`overdue`), or a run queued since `queued_before`
         (`queued_since`)."""
-        async with self.db.autocommit() as conn:
-            return bool((await conn.execute(_ANYTHING_TO_REAP, {
-                "b_now": now, "b_lost_before": lost_before, "b_overdue_before": overdue_before,
-                "b_queued_before": queued_before})).scalar())
+        (row,) = await self.db.hot_read(_ANYTHING_TO_REAP, {
+            "b_now": now, "b_lost_before": lost_before, "b_overdue_before": overdue_before,
+            "b_queued_before": queued_before})
+        return bool(row.due)
 
     async def release_expired(self, conn: Connection, now: datetime) -> list[ExpiredReservation]:
         """Release every pending reservation past its TTL and requeue its task while it is still dispatched.
