@@ -194,6 +194,7 @@ class Database:
         self.retry_attempts = retry_attempts
         # hide_parameters: an error's message and log line never carry a prompt, memory value or secret.
         if self.is_sqlite:
+            require_json_each()
             prepare_sqlite_file(self.url)
             self.engine: AsyncEngine = create_async_engine(parsed.set(drivername="sqlite+amux"), echo=echo,
                                                            hide_parameters=True, pool_size=8, max_overflow=24)
@@ -413,6 +414,17 @@ class _LazyConnection:
             return await getattr(await self._open(), name)(*args, **kw)
 
         return call
+
+
+def require_json_each() -> None:
+    """Refuse a SQLite library without its JSON functions: `one_of` binds lists as JSON arrays (`json_each`)."""
+    try:
+        with contextlib.closing(sqlite3.connect(":memory:")) as probe:
+            probe.execute("SELECT value FROM json_each('[]')").fetchall()
+    except sqlite3.Error as e:
+        raise Invalid(f"this Python's SQLite {sqlite3.sqlite_version} has no JSON functions (json_each: {e}), which "
+                      "the hub's statements use; run the hub with a Python whose sqlite3 module links SQLite 3.38 "
+                      "or newer (or one built with JSON1), or use PostgreSQL") from None
 
 
 def prepare_sqlite_file(url: str) -> None:

@@ -67,3 +67,30 @@ async def test_among_writes_the_codes_constants_into_the_sql_with_quotes_escaped
 def test_among_refuses_an_empty_list_of_constants():
     with pytest.raises(ValueError, match="at least one"):
         among(principals.c.name, [])
+
+
+def test_a_sqlite_without_json_functions_is_refused_at_start_naming_the_fix(monkeypatch, tmp_path):
+    import sqlite3
+
+    import hub.store.db as dbmod
+    from hub.errors import Invalid
+
+    class NoJson:
+        sqlite_version = "3.7.0"
+        Error = sqlite3.Error
+
+        @staticmethod
+        def connect(_path: str) -> sqlite3.Connection:
+            class Conn:
+                def execute(self, *_: object) -> None:
+                    raise sqlite3.OperationalError("no such table: json_each")
+
+                def close(self) -> None:
+                    pass
+
+            return Conn()  # type: ignore[return-value]
+
+    monkeypatch.setattr(dbmod, "sqlite3", NoJson)
+    with pytest.raises(Invalid, match="no JSON functions.*3.38 or newer"):
+        Database(f"sqlite+aiosqlite:///{tmp_path / 'amux.db'}")
+    assert not (tmp_path / "amux.db").exists()  # refused before anything was created
