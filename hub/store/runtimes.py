@@ -10,7 +10,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ..domain.tasks import Status
 from ..ids import new_id
-from .db import Connection, Database, HotRead, Row, among, one_of
+from .db import Connection, Database, HotRead, Row, among, one_of, run
 from .tables import api_tokens, mailbox, permission_replies, principals, reservations, runtimes, sessions, task_runs
 
 ACTIVE_RES = ("pending", "committed")
@@ -23,25 +23,25 @@ HELD_COLUMNS = [task_runs.c[n] for n in ("id", "owner_id", "session_id", "kind",
 _HELD = sa.select(*HELD_COLUMNS).where(task_runs.c.id == sa.bindparam("b_task_id"))
 _HELD_MANY = (sa.select(*HELD_COLUMNS).where(one_of(task_runs.c.id, "b_task_ids"))
               .order_by(task_runs.c.id))  # one lock order for every batch (PostgreSQL)
-_START_TASK = (task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id"))
-               .values(status=Status.RUNNING.value, started_at=sa.bindparam("b_now")))
-_COMMIT_RESERVATION = (reservations.update().where(
+_START_TASK = HotRead(task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id"))
+                      .values(status=Status.RUNNING.value, started_at=sa.bindparam("b_now")))
+_COMMIT_RESERVATION = HotRead(reservations.update().where(
     reservations.c.task_id == sa.bindparam("b_task_id"), reservations.c.attempt == sa.bindparam("b_attempt"),
     reservations.c.state == "pending").values(state="committed"))
 _OFFERS = sa.select(runtimes.c.name, runtimes.c.capabilities)  # admission reads it for every submission
 # Each placement round's reads.
-_RUNS_BY_OWNER = (sa.select(task_runs.c.owner_id, sa.func.count())
-                  .where(among(task_runs.c.status, ON_RUNTIME)).group_by(task_runs.c.owner_id))
+_RUNS_BY_OWNER = HotRead(sa.select(task_runs.c.owner_id, sa.func.count().label("n"))
+                         .where(among(task_runs.c.status, ON_RUNTIME)).group_by(task_runs.c.owner_id))
 _RANKED = (sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.created_at,
                      sa.func.row_number().over(partition_by=task_runs.c.owner_id,
                                                order_by=task_runs.c.created_at).label("place"))
            .where(task_runs.c.status == Status.QUEUED.value).subquery())
-_QUEUE_HEADS = sa.select(_RANKED).where(_RANKED.c.place <= sa.bindparam("per_owner"))
+_QUEUE_HEADS = HotRead(sa.select(_RANKED).where(_RANKED.c.place <= sa.bindparam("per_owner")))
 _USED = (sa.select(reservations.c.runtime_id, sa.func.count().label("n"))
          .where(among(reservations.c.state, ACTIVE_RES)).group_by(reservations.c.runtime_id).subquery())
-_ONLINE_USED = (sa.select(runtimes, sa.func.coalesce(_USED.c.n, 0).label("used"))
-                .select_from(runtimes.outerjoin(_USED, _USED.c.runtime_id == runtimes.c.id))
-                .where(runtimes.c.status == "online").order_by(runtimes.c.id))
+_ONLINE_USED = HotRead(sa.select(runtimes, sa.func.coalesce(_USED.c.n, 0).label("used"))
+                       .select_from(runtimes.outerjoin(_USED, _USED.c.runtime_id == runtimes.c.id))
+                       .where(runtimes.c.status == "online").order_by(runtimes.c.id))
 _ANY_QUEUED = HotRead(sa.select(task_runs.c.id).where(task_runs.c.status == Status.QUEUED.value).limit(1))
 # The idle rounds' one read each (a pump round with nothing to claim, a reaper round with nothing to reap).
 _CLAIMABLE = sa.select(sa.or_(
@@ -66,6 +66,13 @@ _ANYTHING_TO_REAP = HotRead(sa.select(sa.or_(
 _HEARTBEAT = (runtimes.update().where(runtimes.c.id == sa.bindparam("b_runtime_id"),
                                       runtimes.c.connection_id == sa.bindparam("b_connection_id"))
               .values(last_seen_at=sa.bindparam("b_now"), status="online"))
+
+
+_LOCK_QUEUED = (sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.snapshot, task_runs.c.attempt,
+                          task_runs.c.session_id, task_runs.c.created_at, task_runs.c.prompt, task_runs.c.kind)
+                .where(one_of(task_runs.c.id, "b_task_ids"), task_runs.c.status == Status.QUEUED.value))
+_LIVE_TOKENS = HotRead(sa.select(api_tokens.c.id).where(one_of(api_tokens.c.id, "b_ids"),
+                                                        api_tokens.c.revoked_at.is_(None)))
 
 
 class RegistrationRace(Exception):
@@ -95,8 +102,9 @@ class SqlRuntimeStore:
 
     def __init__(self, db: Database) -> None:
         self.db = db
-        self._held = db.for_update(_HELD)
-        self._held_many = db.for_update(_HELD_MANY)
+        self._held = HotRead(db.for_update(_HELD))
+        self._held_many = HotRead(db.for_update(_HELD_MANY))
+        self._lock_queued = HotRead(db.for_update(_LOCK_QUEUED, skip_locked=True))
 
     # --- runtimes -------------------------------------------------------------------------------------------
 
@@ -106,7 +114,7 @@ class SqlRuntimeStore:
 
     async def online(self, conn: Connection) -> list[Row]:
         """Return the online runtimes, by id, each with `used`: its active (pending or committed) reservations."""
-        return list((await conn.execute(_ONLINE_USED)).all())
+        return (await run(conn, _ONLINE_USED)).rows
 
     async def find(self, conn: Connection, ref: str) -> Row | None:
         """Return the runtime whose id or name is `ref`, or None."""
@@ -206,7 +214,8 @@ class SqlRuntimeStore:
     async def held_run(self, conn: Connection, runtime_id: str, task_id: str, attempt: int) -> Row | None:
         """Return the run (`HELD_COLUMNS`), locked until the transaction ends, only when this runtime holds this
         attempt of it."""
-        row = (await conn.execute(self._held, {"b_task_id": task_id})).first()
+        rows = (await run(conn, self._held, {"b_task_id": task_id})).rows
+        row = rows[0] if rows else None
         if row is None or row.runtime_id != runtime_id or row.attempt != attempt:
             return None
         return row
@@ -216,7 +225,7 @@ class SqlRuntimeStore:
         and attempt hold each is the caller's to check (`held_run` checks one)."""
         if not task_ids:
             return {}
-        return {r.id: r for r in await conn.execute(self._held_many, {"b_task_ids": sorted(set(task_ids))})}
+        return {r.id: r for r in (await run(conn, self._held_many, {"b_task_ids": sorted(set(task_ids))})).rows}
 
     async def resend_dispatch(self, conn: Connection, task_id: str) -> None:
         """Forget that the run's pending dispatch was sent, so the runtime's next connection sends it again."""
@@ -226,8 +235,8 @@ class SqlRuntimeStore:
     async def start_run(self, conn: Connection, task_id: str, attempt: int, now: datetime) -> None:
         """Mark a dispatched run running, then commit its pending reservation of `attempt` — the task row first,
         then the reservation: the reaper takes them in this order too (the opposite deadlocked on PostgreSQL)."""
-        await conn.execute(_START_TASK, {"b_task_id": task_id, "b_now": now})
-        await conn.execute(_COMMIT_RESERVATION, {"b_task_id": task_id, "b_attempt": attempt})
+        await run(conn, _START_TASK, {"b_task_id": task_id, "b_now": now})
+        await run(conn, _COMMIT_RESERVATION, {"b_task_id": task_id, "b_attempt": attempt})
 
     async def current_run_of_session(self, conn: Connection, session_id: str) -> str | None:
         """Return the session's latest dispatched or running run (its running turn), or None."""
@@ -245,8 +254,7 @@ class SqlRuntimeStore:
         """Return those of `token_ids` that still exist unrevoked (a revocation on any replica counts)."""
         if not token_ids:
             return set()
-        return set((await conn.execute(sa.select(api_tokens.c.id).where(
-            one_of(api_tokens.c.id, set(token_ids)), api_tokens.c.revoked_at.is_(None)))).scalars())
+        return {r.id for r in (await run(conn, _LIVE_TOKENS, {"b_ids": sorted(set(token_ids))})).rows}
 
     async def connections(self, conn: Connection,
                           runtime_ids: list[str]) -> dict[str, tuple[str | None, dict[str, Any]]]:
@@ -354,7 +362,7 @@ class SqlRuntimeStore:
 
     async def active_runs_by_owner(self, conn: Connection) -> dict[str, int]:
         """Count dispatched and running runs per owner; owners without any are absent."""
-        return {owner: int(n) for owner, n in (await conn.execute(_RUNS_BY_OWNER)).all()}
+        return {r.owner_id: int(r.n) for r in (await run(conn, _RUNS_BY_OWNER)).rows}
 
     async def any_queued(self) -> bool:
         """Say whether any run is queued, read alone outside any transaction (an index probe)."""
@@ -363,16 +371,12 @@ class SqlRuntimeStore:
     async def queue_heads(self, conn: Connection, per_owner: int) -> list[Row]:
         """Return each owner's `per_owner` oldest queued runs: id, owner_id, created_at and `place`, the run's
         position in its owner's own queue (1 = oldest)."""
-        return list((await conn.execute(_QUEUE_HEADS, {"per_owner": per_owner})).all())
+        return (await run(conn, _QUEUE_HEADS, {"per_owner": per_owner})).rows
 
     async def lock_queued(self, conn: Connection, task_ids: list[str]) -> list[Row]:
         """Lock those of `task_ids` still queued, skipping rows another replica holds (PostgreSQL SKIP LOCKED):
         id, owner_id, snapshot, attempt, session_id, created_at, prompt, kind, in no set order."""
-        return list((await conn.execute(self.db.for_update(
-            sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.snapshot, task_runs.c.attempt,
-                      task_runs.c.session_id, task_runs.c.created_at, task_runs.c.prompt, task_runs.c.kind)
-            .where(one_of(task_runs.c.id, task_ids), task_runs.c.status == Status.QUEUED.value),
-            skip_locked=True))).all())
+        return (await run(conn, self._lock_queued, {"b_task_ids": list(task_ids)})).rows
 
     async def admin_holders(self, conn: Connection, principal_ids: set[str]) -> set[str]:
         """Return those of `principal_ids` holding a live (unrevoked) admin token."""

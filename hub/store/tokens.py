@@ -7,7 +7,7 @@ from typing import Any, Collection
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from .db import Connection, Database, Row, one_of
+from .db import Connection, Database, HotRead, Row, one_of, run
 from .tables import (api_tokens, oauth_clients, oauth_codes, oauth_grants, oauth_logins, oauth_tokens, principals,
                      task_runs)
 
@@ -16,8 +16,9 @@ _INSERT_TOKEN = api_tokens.insert()
 _REVOKE_RUN = (api_tokens.update().where(api_tokens.c.task_id == sa.bindparam("b_task_id"),
                                          api_tokens.c.revoked_at.is_(None))
                .values(revoked_at=sa.bindparam("b_now")).returning(api_tokens.c.id))
-_REVOKE_RUNS = (api_tokens.update().where(one_of(api_tokens.c.task_id, "b_task_ids"), api_tokens.c.revoked_at.is_(None))
-                .values(revoked_at=sa.bindparam("b_now")).returning(api_tokens.c.id))
+_REVOKE_RUNS = HotRead(api_tokens.update().where(one_of(api_tokens.c.task_id, "b_task_ids"),
+                                                 api_tokens.c.revoked_at.is_(None))
+                       .values(revoked_at=sa.bindparam("b_now")).returning(api_tokens.c.id))
 
 
 class SqlTokenStore:
@@ -79,8 +80,8 @@ class SqlTokenStore:
         """Revoke every live token of these task runs in one statement; return the ids revoked now."""
         if not task_ids:
             return []
-        return list((await conn.execute(_REVOKE_RUNS, {"b_task_ids": sorted(set(task_ids)), "b_now": now}))
-                    .scalars().all())
+        res = await run(conn, _REVOKE_RUNS, {"b_task_ids": sorted(set(task_ids)), "b_now": now})
+        return [r.id for r in res.rows]
 
     async def token_to_verify(self, conn: Connection, token_id: str) -> Row | None:
         """Return a token with its principal's `name` and its run's `run_status` (None when it names no live run
