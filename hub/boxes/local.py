@@ -179,20 +179,23 @@ class LocalBoxDriver:
         env = {"PATH": _PATH, "HOME": bw.BOX_HOME if sandboxed else str(box_dir), "LANG": "C.UTF-8", "TERM": "dumb",
                "AMUX_BOX_ID": box_id, "AMUX_EXEC_ID": exec_id}
         preexec = None
+        counter: Path | None = None
         if sandboxed:
             argv = bw.enter_argv(self._init_pid(handle, box_id), command)
             cgroups, limits, nproc = dict(handle.get("cgroups") or {}), self.limits, handle.get("uid") is not None
             preexec = lambda: enter(cgroups, limits, nproc=nproc)  # noqa: E731
             cwd = "/"
+            counter = Path(cgroups["pids"], "pids.current") if cgroups.get("pids") else None
         else:
             argv, cwd = ["/bin/sh", "-c", command], str(box_dir)
-        return await self._run(box_id, exec_id, argv, env, cwd, preexec, timeout_s)
+        return await self._run(box_id, exec_id, argv, env, cwd, preexec, timeout_s, counter)
 
     async def _run(self, box_id: str, exec_id: str, argv: list[str], env: dict[str, str], cwd: str,
-                   preexec: Any, timeout_s: float) -> ExecResult:
+                   preexec: Any, timeout_s: float, counter: Path | None = None) -> ExecResult:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         started = time.monotonic()
+        baseline = _count(counter)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out_w, stderr=err_w, cwd=cwd, env=env,
@@ -213,6 +216,7 @@ class LocalBoxDriver:
             timed_out = True
             await self._kill(exec_marker=("AMUX_EXEC_ID", exec_id), groups=[proc.pid])
             await proc.wait()
+            await _reaped(counter, baseline)
         except asyncio.CancelledError:
             await self._kill(exec_marker=("AMUX_EXEC_ID", exec_id), groups=[proc.pid])
             raise
@@ -298,6 +302,30 @@ class LocalBoxDriver:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             await asyncio.sleep(0.01)
+
+
+def _count(counter: Path | None) -> int | None:
+    """Return the processes the box's pids cgroup counts now (zombies included), or None without one."""
+    if counter is None:
+        return None
+    try:
+        return int(counter.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+async def _reaped(counter: Path | None, baseline: int | None, within_s: float = 2.0) -> None:
+    """Wait, at most `within_s`, until the box counts no more processes than before the command it killed: a killed
+    process holds its place in the box's process limit until the box's init reaps it, and a fork bomb's remains
+    would refuse the box's next command (`fork: Resource temporarily unavailable`)."""
+    if baseline is None:
+        return
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        now = _count(counter)
+        if now is None or now <= baseline:
+            return
+        await asyncio.sleep(0.01)
 
 
 def _tagged_pids(key: str, value: str) -> list[int]:
