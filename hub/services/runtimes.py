@@ -59,6 +59,8 @@ def _pending(row: Row) -> SimpleNamespace:
     """A held run as a batch changes it: `start_pending` / `seen_dirty` are the run's start and event counters the
     batch has yet to write (with its outcome if it also finishes in this batch, else by `_write_pending`)."""
     return SimpleNamespace(**row._asdict(), start_pending=None, seen_dirty=False)
+
+
 TAKEN = ("runtime name {name!r} belongs to {owner!r}, who registered it first; start the runner with another "
          "--name, or have {owner!r} deregister it (`DELETE /api/v1/runtimes/{name}` with their token) while its "
          "runner is stopped")
