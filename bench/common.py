@@ -54,6 +54,7 @@ async def pg_database() -> AsyncIterator[str]:
 
 
 PROFILE_ENV = "AMUX_BENCH_PROFILE"  # a directory: each hub process named `profile_as` is recorded there by py-spy
+PROFILE_RATE_ENV = "AMUX_BENCH_PROFILE_RATE"  # py-spy's samples a second (100 unless set)
 PROFILE_GIL_ENV = "AMUX_BENCH_PROFILE_GIL"  # set: record only the thread holding the GIL (where the CPU goes)
 
 
@@ -99,7 +100,8 @@ async def hub_process(db_url: str | None, *, slots: int = 8, with_runner: bool =
             out.parent.mkdir(parents=True, exist_ok=True)
             spy = await asyncio.create_subprocess_exec(
                 str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(proc.pid), "--format", "raw",
-                "--rate", os.environ.get("AMUX_BENCH_PROFILE_RATE", "100"), "--output", str(out), *(["--gil"] if os.environ.get(PROFILE_GIL_ENV) else []),
+                "--rate", os.environ.get(PROFILE_RATE_ENV, "100"), "--output", str(out),
+                *(["--gil"] if os.environ.get(PROFILE_GIL_ENV) else []),
                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
             await asyncio.sleep(0.5)
         yield url, token

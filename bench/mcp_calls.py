@@ -76,7 +76,8 @@ async def run(store: str, rounds: int, calls: int, against: str | None, spy: str
         proc = None
         if spy:
             proc = await asyncio.create_subprocess_exec(
-                str(Path(sys.executable).with_name("py-spy")), "record", "--gil", "-f", "raw", "--rate", os.environ.get("SPY_RATE", "250"),
+                str(Path(sys.executable).with_name("py-spy")), "record", "--gil", "-f", "raw",
+                "--rate", os.environ.get("SPY_RATE", "250"),
                 "--pid", str(pids["echo"] if spy_echo else pid), "-o", spy,
                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
             await asyncio.sleep(1.0)
