@@ -129,7 +129,7 @@ def among(column: sa.ColumnElement[Any], constants: Collection[str]) -> sa.Colum
 class HotRead:
     """A hot path's statement, compiled once per dialect: a SELECT run by `Database.hot_read` straight on a pooled
     driver connection (no SQLAlchemy Connection, execution context or result object around it), or any statement
-    (an UPDATE ... RETURNING, an INSERT) run by `Database.run` inside the caller's transaction.
+    (an UPDATE ... RETURNING, an INSERT) run by `run` inside the caller's transaction.
 
     The statement's own bound values are kept; `bindparam(name)` values are given per call. Its rows are named tuples
     with the statement's column keys (a DML statement's: its RETURNING columns), their values converted as
@@ -154,7 +154,7 @@ class HotRead:
 
 
 class HotResult(NamedTuple):
-    """What `Database.run` returns: the rows (named tuples, `HotRead.row`) and the count of rows the statement
+    """What `run` returns: the rows (named tuples, `HotRead.row`) and the count of rows the statement
     matched (an UPDATE's or DELETE's; for a SELECT, the rows)."""
 
     rows: list[Any]
@@ -482,7 +482,7 @@ _ADVISORY_LOCK = HotRead(sa.select(
 
 def _asyncpg_of(conn: Connection) -> Any:
     """The SQLAlchemy asyncpg adapter under `conn`'s checked-out connection, or None (not asyncpg, not connected, or
-    an adapter without the parts `Database.run` uses)."""
+    an adapter without the parts `run` uses)."""
     sync = conn.sync_connection
     fairy = getattr(sync, "_dbapi_connection", None) if sync is not None else None
     driver = getattr(fairy, "dbapi_connection", None)
