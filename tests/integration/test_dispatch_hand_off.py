@@ -4,7 +4,9 @@ open no write transaction, and the pump still sends cancels and closes revoked c
 reads its runs in one statement and inserts its events in one."""
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -23,6 +25,21 @@ async def quiet_hub(db_url: str, tmp_path: Path, clock):  # noqa: ANN001
     handle = await start_hub(db_url, tmp_path, clock, background=False, poll_s=3600.0)
     yield handle
     await handle.stop()
+
+
+@contextlib.contextmanager
+def statements_run(hub) -> Iterator[list[str]]:  # noqa: ANN001
+    """Collect the SQL of every statement the hub's engine runs inside the block."""
+    statements: list[str] = []
+
+    def seen(_c, _cur, statement, *_rest) -> None:  # noqa: ANN001
+        statements.append(statement)
+
+    event.listen(hub.hub.db.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        yield statements
+    finally:
+        event.remove(hub.hub.db.engine.sync_engine, "before_cursor_execute", seen)
 
 
 def count_calls(obj: object, name: str) -> list[int]:
@@ -75,16 +92,8 @@ async def test_placement_sends_this_replicas_dispatches_from_its_own_transaction
     alice = await hub.hub.auth.authenticate(await hub.token("alice"))
     task_id = (await hub.hub.tasks.submit(alice, SubmitRequest(prompt="say hi", profile="scripted")))["task_id"]
 
-    statements: list[str] = []
-
-    def seen(_c, _cur, statement, *_rest) -> None:  # noqa: ANN001
-        statements.append(statement)
-
-    event.listen(hub.hub.db.engine.sync_engine, "before_cursor_execute", seen)
-    try:
+    with statements_run(hub) as statements:
         assert await hub.hub.dispatcher.place_once() == 1
-    finally:
-        event.remove(hub.hub.db.engine.sync_engine, "before_cursor_execute", seen)
     # A fresh first attempt has no earlier run token: its dispatch revokes none (a resent one does: test_token_kinds)
     assert not [s for s in statements if s.lstrip().upper().startswith("UPDATE API_TOKENS")]
     async with hub.hub.db.read() as conn:  # committed with the reservation: claimed as sent by placement itself
@@ -161,16 +170,8 @@ async def test_a_batch_of_reports_on_several_runs_reads_them_in_one_statement_an
     batch = [m for t in ids for m in (
         p.Events(task_id=t, attempt=1, events=[p.Event(rseq=1, type="text", payload={"text": f"hello {t}"})]),
         p.Finished(task_id=t, attempt=1, rseq=2, outcome="succeeded", result_text="done"))]
-    statements: list[str] = []
-
-    def seen(_c, _cur, statement, *_rest) -> None:  # noqa: ANN001
-        statements.append(statement)
-
-    event.listen(hub.hub.db.engine.sync_engine, "before_cursor_execute", seen)
-    try:
+    with statements_run(hub) as statements:
         replies = await hub.hub.runtimes.apply(sock.link.runtime_id, sock.link.conn_id, batch)
-    finally:
-        event.remove(hub.hub.db.engine.sync_engine, "before_cursor_execute", seen)
 
     assert [r["drop"] for r in replies if r["type"] == "ack"] == [False] * 6
     assert sum(s.lstrip().upper().startswith("SELECT") and "task_runs" in s for s in statements) == 1
@@ -195,16 +196,8 @@ async def test_a_placement_round_mints_its_runs_tokens_with_one_insert_and_each_
     alice = await hub.hub.auth.authenticate(await hub.token("alice"))
     ids = [(await hub.hub.tasks.submit(alice, SubmitRequest(prompt="sleep 30", profile="scripted")))["task_id"]
            for _ in range(3)]
-    statements: list[str] = []
-
-    def seen(_c, _cur, statement, *_rest) -> None:  # noqa: ANN001
-        statements.append(statement)
-
-    event.listen(hub.hub.db.engine.sync_engine, "before_cursor_execute", seen)
-    try:
+    with statements_run(hub) as statements:
         assert await hub.hub.dispatcher.place_once() == 3
-    finally:
-        event.remove(hub.hub.db.engine.sync_engine, "before_cursor_execute", seen)
 
     assert sum(s.lstrip().upper().startswith("INSERT INTO API_TOKENS") for s in statements) == 1
     assert not any(s.lstrip().upper().startswith("UPDATE API_TOKENS") for s in statements)  # first attempts
