@@ -20,7 +20,8 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import Implementation
 
-from .common import REPO, figure, free_port, hub_process, pct, pg_database
+from .common import figure, hub_process, pct, pg_database
+from .leases import bare_server, read_floor_line
 
 CONCURRENCY = 32
 RATE = 50
@@ -168,42 +169,28 @@ async def pg_commit_floor(url: str, seconds: float = 3.0) -> dict[int, float]:
     return out
 
 
-@contextlib.asynccontextmanager
-async def bare_server():
-    """Run bench/bare_mcp.py (MCP SDK echo tool, logging at WARNING) under uvicorn in a subprocess."""
-    port = free_port()
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.bare_mcp", str(port), cwd=REPO,
-                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(400):  # wait for the port (a GET on /mcp would open an endless SSE stream)
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.close()
-                break
-            except OSError:
-                await asyncio.sleep(0.05)
-        yield url
-    finally:
-        proc.terminate()
-        await proc.wait()
-
-
-async def interleaved(url: str, token: str, bare: str, calls: int, rounds: int = 10) -> tuple[list, list]:
-    """Time `profile_list` on the hub and the bare echo in alternating rounds (drift hits both); return ms lists."""
-    ours, peer = [], []
-    async with client(url, token) as c, client(bare, None) as b:
+async def interleaved(url: str, token: str, bare: str, calls: int, rounds: int = 10,
+                      bare_read: str | None = None) -> tuple[list, list, list]:
+    """Time `profile_list` on the hub, the bare echo and (given `bare_read`) the bare echo reading PostgreSQL once,
+    in alternating rounds (drift hits all); return ms lists."""
+    ours: list[float] = []
+    peer: list[float] = []
+    read: list[float] = []
+    async with client(url, token) as c, client(bare, None) as b, \
+            (client(bare_read, None) if bare_read else contextlib.nullcontext(None)) as r:
+        calls_of = [(c, "profile_list", {}, ours), (b, "echo", {"text": "hi"}, peer)]
+        calls_of += [(r, "echo", {"text": "hi"}, read)] if r is not None else []
         for _ in range(20):
-            await c.call_tool("profile_list", {})
-            await b.call_tool("echo", {"text": "hi"})
+            for conn, tool, args, _ in calls_of:
+                await conn.call_tool(tool, args)
         for _ in range(rounds):
-            for conn, tool, args, out in ((c, "profile_list", {}, ours), (b, "echo", {"text": "hi"}, peer)):
+            for conn, tool, args, out in calls_of:
                 for _ in range(calls // rounds):
                     t0 = time.perf_counter()
                     res = await conn.call_tool(tool, args)
                     out.append((time.perf_counter() - t0) * 1000)
                     assert not res.is_error, res.content
-    return ours, peer
+    return ours, peer, read
 
 
 async def main(n: int, echo_calls: int) -> None:
@@ -227,7 +214,8 @@ async def main(n: int, echo_calls: int) -> None:
                     await throughput(url, token, WARMUP)  # steady state, as the echo floor's own warm-up calls
                     tps = await throughput(url, token, n)
                     p50, p99 = await latency_at_rate(url, token, rate=RATE, seconds=6)
-                    ours, peer = await interleaved(url, token, bare, 300)
+                    async with (bare_server(db_url) if db_url else contextlib.nullcontext(None)) as bare_read:
+                        ours, peer, read = await interleaved(url, token, bare, 300, bare_read=bare_read)
             figure(f"dispatch.{label}.tasks_per_s", f"{label:<10} dispatch {tps:6.1f} tasks/s ({n} tasks) vs bare echo "
                    f"{floor['calls_per_s']:.0f} calls/s", value=tps, unit="tasks/s",
                    ratio=tps / floor["calls_per_s"], target="≥ 0.25", floor=floor["calls_per_s"])
@@ -242,6 +230,8 @@ async def main(n: int, echo_calls: int) -> None:
             figure(f"mcp.{label}.profile_list_p50_ms", f"{label:<10} MCP per call: profile_list p50 {o50:.2f} ms "
                    f"(p99 {o99:.2f}) vs bare echo p50 {p50_:.2f} ms (p99 {p99_:.2f})", value=o50, unit="ms",
                    ratio=o50 / p50_, target="≤ 1.25", floor=p50_)
+            if read:
+                read_floor_line(label, read, p50_, {"profile_list": o50})
 
 
 if __name__ == "__main__":

@@ -111,10 +111,11 @@ async def hub_server(db_url: str | None) -> AsyncIterator[tuple[str, str, str]]:
 
 
 @contextlib.asynccontextmanager
-async def bare_server() -> AsyncIterator[str]:
-    """Run the bare SDK echo server; yield its URL."""
+async def bare_server(db_url: str | None = None) -> AsyncIterator[str]:
+    """Run the bare SDK echo server (its echo reading PostgreSQL at `db_url` once a call, if given); yield its URL."""
     port = free_port()
-    async with subprocess(["bench.bare_mcp", str(port)], {}) as proc:
+    dsn = [db_url.replace("postgresql+asyncpg://", "postgresql://")] if db_url else []
+    async with subprocess(["bench.bare_mcp", str(port), *dsn], {}) as proc:
         url = f"http://127.0.0.1:{port}"
 
         async def ready(http: httpx2.AsyncClient) -> bool:
@@ -147,22 +148,64 @@ async def timed(c: Client, tool: str, args: dict, n: int) -> list[float]:
     return out
 
 
-async def gated_vs_bare(url: str, token: str, bare: str, calls: int,
-                        rounds: int = 10) -> tuple[list[float], list[float], list[float]]:
-    """Time `rift_vm_list` under a live handle, the bare echo and the hub's `profile_list` (the door, no lease)."""
-    ours, peer, door = [], [], []
-    async with client(url, token) as c, client(bare, None) as b:
+async def gated_vs_bare(url: str, token: str, bare: str, calls: int, rounds: int = 10,
+                        bare_read: str | None = None) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Time `rift_vm_list` under a live handle, the bare echo, the hub's `profile_list` (the door, no lease) and,
+    given `bare_read`, the bare echo that reads PostgreSQL once, in alternating rounds."""
+    ours, peer, door, read = [], [], [], []
+    async with client(url, token) as c, client(bare, None) as b, \
+            (client(bare_read, None) if bare_read else contextlib.nullcontext(None)) as r:
         task = (await c.call_tool("rift_task_new", {"name": "bench"})).structured_content
         await c.call_tool("rift_vm_new", {"task": task["handle"], "name": "b1"})
         args = {"task": task["handle"]}
         await timed(c, "rift_vm_list", args, 50)
         await timed(b, "echo", {"text": "hi"}, 50)
+        if r is not None:
+            await timed(r, "echo", {"text": "hi"}, 50)
         for _ in range(rounds):
             ours += await timed(c, "rift_vm_list", args, calls // rounds)
             peer += await timed(b, "echo", {"text": "hi"}, calls // rounds)
             door += await timed(c, "profile_list", {}, calls // rounds // 2)
+            if r is not None:
+                read += await timed(r, "echo", {"text": "hi"}, calls // rounds // 2)
+        checks = await client_checks([(c, "rift_vm_list", args), (c, "profile_list", {}), (b, "echo", {"text": "hi"})])
+        print("  the official client checks each result against its tool's output schema (jsonschema): "
+              + ", ".join(f"{tool} {us:.0f} µs" for tool, us in checks.items()) + " a call (in both p50s)", flush=True)
         await c.call_tool("rift_task_close", {"task": task["handle"]})
-    return ours, peer, door
+    return ours, peer, door, read
+
+
+async def client_checks(calls: list[tuple[Client, str, dict]], n: int = 1000) -> dict[str, float]:
+    """Return the µs the official Python client spends checking one result of each tool against its output schema.
+
+    The SDK client validates every structured result with jsonschema (a compiled validator, `best_match` over
+    `iter_errors`); this runs the same on a real result of each call, in this process, so the figure is the client's
+    share of a call that the servers' p50s both include.
+    """
+    from jsonschema import exceptions
+    from jsonschema.validators import validator_for
+
+    out = {}
+    for c, tool, args in calls:
+        schema = next(t.output_schema for t in (await c.list_tools()).tools if t.name == tool)
+        result = (await c.call_tool(tool, args)).structured_content
+        check = validator_for(schema)(schema)
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                exceptions.best_match(check.iter_errors(result))
+            best = min(best, (time.perf_counter() - t0) / n * 1e6)
+        out[tool] = best
+    return out
+
+
+def read_floor_line(label: str, read: list[float], echo_p50: float, ours: dict[str, float]) -> None:
+    """Print the floor of a call that reads PostgreSQL once beside the per-call figures (no target of its own)."""
+    r50 = pct(read, 50)
+    against = ", ".join(f"{name} {p50 / r50:.2f}×" for name, p50 in ours.items())
+    print(f"  {label:<10}   floor: bare echo reading PostgreSQL once a call (one asyncpg SELECT) p50 {r50:.2f} ms = "
+          f"{r50 / echo_p50:.2f}× the bare echo; against it: {against}", flush=True)
 
 
 async def box_costs(url: str, token: str, boxes_n: int = 10, execs: int = 100) -> dict[str, list[float]]:
@@ -370,7 +413,8 @@ async def main(calls: int, with_pg: bool, loads: int = 400, boxes_only: bool = F
                         await seed_boxes_page(db)
                         _boxes_figure(label, *await boxes_vs_bare(url, token, loads))
                         continue
-                    ours, peer, door = await gated_vs_bare(url, token, bare, calls)
+                    async with (bare_server(db_url) if db_url else contextlib.nullcontext(None)) as bare_read:
+                        ours, peer, door, read = await gated_vs_bare(url, token, bare, calls, bare_read=bare_read)
                     p50, p99, b50, b99 = pct(ours, 50), pct(ours, 99), pct(peer, 50), pct(peer, 99)
                     figure(f"leases.{label}.rift_vm_list_p50_ms", f"{label:<10} rift_vm_list (lease-gated) p50 "
                            f"{p50:6.2f} ms  p99 {p99:6.2f} ms | bare echo p50 {b50:6.2f} ms  p99 {b99:6.2f} ms "
@@ -379,6 +423,8 @@ async def main(calls: int, with_pg: bool, loads: int = 400, boxes_only: bool = F
                     print(f"  {label:<10}   of which the door (auth + bridge, no lease): profile_list p50 "
                           f"{pct(door, 50):6.2f} ms = {pct(door, 50) / b50:.2f}× bare; the lease gate adds "
                           f"{p50 - pct(door, 50):+.2f} ms at p50")
+                    if read:
+                        read_floor_line(label, read, b50, {"rift_vm_list": p50, "profile_list": pct(door, 50)})
                     if label == "sqlite":
                         try:
                             costs = await box_costs(url, token)

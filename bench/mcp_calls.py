@@ -5,8 +5,10 @@ print the figures of record).
 Run: `.venv/bin/python -m bench.mcp_calls [--store sqlite|postgresql] [--rounds R] [--calls N] [--against DIR]
 [--spy FILE]`. `--against DIR` also runs a hub from another checkout (say `git archive` of the previous commit) in
 the same alternating rounds, on its own database, so a change is measured against its base under the same load.
-`--spy FILE` records this checkout's hub with py-spy (`--gil`, raw) during the timed rounds (`--spy-echo`: the bare
-echo server instead); summarize it with `python -m bench.topframes FILE --under profile_list`.
+On PostgreSQL a second bare echo that reads PostgreSQL once a call (`SELECT $1`) runs in the same rounds: the floor
+of a call that reads the database. `--spy FILE` records this checkout's hub with py-spy (`--gil`, raw) during the
+timed rounds (`--spy-echo`: the bare echo server instead); summarize it with
+`python -m bench.topframes FILE --under profile_list`.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from typing import AsyncIterator
 
 import httpx2
 
-from .common import REPO, free_port, pct, pg_database
+from .common import PG_URL, REPO, free_port, pct, pg_database
 from .leases import _wait_http, bare_server, client, timed
 
 
@@ -62,6 +64,11 @@ async def run(store: str, rounds: int, calls: int, against: str | None, spy: str
         calls_of = {"echo": (b, "echo", {"text": "hi"})}
         pid = 0
         pids: dict[str, int] = {"echo": await listener_pid(bare)}
+        if store == "postgresql":  # the floor of a call that reads PostgreSQL once
+            bare_pg = await stack.enter_async_context(bare_server(PG_URL))
+            calls_of["echo reading PG"] = (await stack.enter_async_context(client(bare_pg, None)), "echo",
+                                           {"text": "hi"})
+            pids["echo reading PG"] = await listener_pid(bare_pg)
         for name, repo in hubs:
             url, token, p = await stack.enter_async_context(hub_at(repo, store))
             pid = pid or p
