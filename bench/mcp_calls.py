@@ -75,6 +75,9 @@ async def run(store: str, rounds: int, calls: int, against: str | None, spy: str
             pids[f"{name} profile_list"] = pids[f"{name} rift_vm_list"] = p
             c = await stack.enter_async_context(client(url, token))
             task = (await c.call_tool("rift_task_new", {"name": "bench"})).structured_content
+            # Boxes outlive their hub (by design, across restarts): closing the task destroys this one. The
+            # callback runs before the client and the hub entered above are left.
+            stack.push_async_callback(c.call_tool, "rift_task_close", {"task": task["handle"]})
             await c.call_tool("rift_vm_new", {"task": task["handle"], "name": "b1"})
             calls_of[f"{name} profile_list"] = (c, "profile_list", {})
             calls_of[f"{name} rift_vm_list"] = (c, "rift_vm_list", {"task": task["handle"]})
