@@ -461,6 +461,67 @@ async def run(conn: Connection, hot: HotRead, params: dict[str, Any] | None = No
     return HotResult(rows, int(count) if count.isdigit() else len(rows))
 
 
+async def run_many(conn: Connection, hot: HotRead, rows: list[dict[str, Any]]) -> None:
+    """Run a hot INSERT or UPDATE once per parameter set in `rows`, inside the caller's transaction on `conn`.
+
+    On PostgreSQL it is one asyncpg `executemany` of the prepared statement on the transaction's own connection (one
+    pipelined batch, as SQLAlchemy's own executemany on asyncpg, without building and processing the statement per
+    call), with SQLAlchemy's errors as `run` raises them. On SQLite (and on a driver connection this does not know)
+    it is SQLAlchemy's executemany. Every parameter set names every `bindparam` of the statement.
+    """
+    if not rows:
+        return
+    dialect = conn.dialect
+    driver = _asyncpg_of(conn) if dialect.name == "postgresql" else None
+    if driver is None:
+        await conn.execute(hot.stmt, rows)
+        return
+    compiled = hot.compiled(dialect)
+    args = [compiled.parameters(r) for r in rows]
+    watchers = conn.engine.sync_engine.dispatch.before_cursor_execute
+    if watchers:  # whoever counts the engine's statements sees this one too (cursor: None; executemany)
+        watchers(conn.sync_connection, None, compiled.sql, args, None, True)
+    try:
+        async with driver._execute_mutex:  # noqa: SLF001 — as in `run`
+            if driver._transaction is None:  # noqa: SLF001
+                await driver._start_transaction()  # noqa: SLF001
+            asof = dialect._invalidate_schema_cache_asof  # type: ignore[attr-defined]  # noqa: SLF001
+            prepared, _ = await driver._prepare(compiled.sql, asof)  # noqa: SLF001
+            await prepared.executemany(args)
+    except Exception as e:  # noqa: BLE001 — raised again as SQLAlchemy's error for it
+        raise await _translated(conn, driver, compiled.sql, args, e) from e
+
+
+_INSERTS: dict[tuple[str, tuple[str, ...]], HotRead] = {}
+
+
+def insert_statement(table: sa.Table, keys: tuple[str, ...]) -> HotRead:
+    """The INSERT of columns `keys` of `table`, each bound as `b_<column>` (built once per table and columns)."""
+    hot = _INSERTS.get((table.name, keys))
+    if hot is None:
+        hot = _INSERTS[(table.name, keys)] = HotRead(table.insert().inline().values(  # inline: no RETURNING of ids
+            {k: sa.bindparam(f"b_{k}", type_=table.c[k].type) for k in keys}))
+    return hot
+
+
+_PLAIN_INSERTS: dict[str, sa.Insert] = {}
+
+
+async def insert_many(conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+    """Insert rows of `table` (dicts by column name) inside the caller's transaction: on PostgreSQL one `run_many`
+    when every row names the same columns (the hot paths' batches do); else SQLAlchemy's executemany, as before."""
+    if not rows:
+        return
+    keys = tuple(rows[0])
+    if conn.dialect.name != "postgresql" or any(tuple(r) != keys for r in rows):
+        plain = _PLAIN_INSERTS.get(table.name)
+        if plain is None:
+            plain = _PLAIN_INSERTS[table.name] = table.insert()
+        await conn.execute(plain, rows)
+        return
+    await run_many(conn, insert_statement(table, keys), [{f"b_{k}": v for k, v in r.items()} for r in rows])
+
+
 async def _translated(conn: Connection, driver: Any, sql: str, args: list[Any], error: Exception) -> Exception:
     """The SQLAlchemy error SQLAlchemy's own path raises for a driver error (a lost connection invalidated)."""
     dialect = conn.dialect

@@ -10,8 +10,8 @@ from sqlalchemy.exc import IntegrityError
 
 from ..domain.tasks import Status
 from ..ids import new_id
-from .db import Connection, Database, HotRead, Row, among, one_of, run
-from .tables import api_tokens, mailbox, permission_replies, principals, reservations, runtimes, sessions, task_runs
+from .db import Connection, Database, HotRead, Row, among, one_of, run, run_many
+from .tables import TS, api_tokens, mailbox, permission_replies, principals, reservations, runtimes, sessions, task_runs
 
 ACTIVE_RES = ("pending", "committed")
 ON_RUNTIME = [Status.DISPATCHED.value, Status.RUNNING.value]
@@ -28,6 +28,14 @@ _START_TASK = HotRead(task_runs.update().where(task_runs.c.id == sa.bindparam("b
 _COMMIT_RESERVATION = HotRead(reservations.update().where(
     reservations.c.task_id == sa.bindparam("b_task_id"), reservations.c.attempt == sa.bindparam("b_attempt"),
     reservations.c.state == "pending").values(state="committed"))
+# A placement round's writes: a pending reservation per placement, and each task marked dispatched (executemany).
+_RESERVE = HotRead(reservations.insert().values(
+    id=sa.bindparam("b_id"), runtime_id=sa.bindparam("b_runtime_id"), task_id=sa.bindparam("b_task_id"),
+    attempt=sa.bindparam("b_attempt"), state="pending", created_at=sa.bindparam("b_now", type_=TS),
+    expires_at=sa.bindparam("b_expires_at", type_=TS), sent_at=sa.bindparam("b_sent_at", type_=TS)))
+_MARK_DISPATCHED = HotRead(task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id")).values(
+    status=Status.DISPATCHED.value, runtime_id=sa.bindparam("b_runtime_id"), attempt=sa.bindparam("b_attempt"),
+    last_rseq=0, dispatched_at=sa.bindparam("b_now", type_=TS), deadline_at=sa.bindparam("b_deadline_at", type_=TS)))
 _OFFERS = sa.select(runtimes.c.name, runtimes.c.capabilities)  # admission reads it for every submission
 # Each placement round's reads.
 _RUNS_BY_OWNER = HotRead(sa.select(task_runs.c.owner_id, sa.func.count().label("n"))
@@ -398,16 +406,13 @@ class SqlRuntimeStore:
         its new attempt, deadline and runner sequence reset to 0."""
         if not placements:
             return
-        await conn.execute(reservations.insert(), [
-            {"id": new_id("res"), "runtime_id": pl.runtime_id, "task_id": pl.task_id, "attempt": pl.attempt,
-             "state": "pending", "created_at": now, "expires_at": expires_at,
-             "sent_at": now if pl.runtime_id in sent_on else None} for pl in placements])
-        await conn.execute(
-            task_runs.update().where(task_runs.c.id == sa.bindparam("tid")).values(
-                status=Status.DISPATCHED.value, runtime_id=sa.bindparam("rt"), attempt=sa.bindparam("n"),
-                last_rseq=0, dispatched_at=now, deadline_at=sa.bindparam("deadline")),
-            [{"tid": pl.task_id, "rt": pl.runtime_id, "n": pl.attempt, "deadline": pl.deadline_at}
-             for pl in placements])
+        await run_many(conn, _RESERVE, [
+            {"b_id": new_id("res"), "b_runtime_id": pl.runtime_id, "b_task_id": pl.task_id, "b_attempt": pl.attempt,
+             "b_now": now, "b_expires_at": expires_at, "b_sent_at": now if pl.runtime_id in sent_on else None}
+            for pl in placements])
+        await run_many(conn, _MARK_DISPATCHED, [
+            {"b_task_id": pl.task_id, "b_runtime_id": pl.runtime_id, "b_attempt": pl.attempt, "b_now": now,
+             "b_deadline_at": pl.deadline_at} for pl in placements])
 
     # --- the reaper ----------------------------------------------------------------------------------------------
 

@@ -8,14 +8,12 @@ from typing import Any, Collection
 import sqlalchemy as sa
 
 from ..domain.tasks import ACTIVE, Status
-from .db import Connection, Database, HotRead, Row, among, one_of, run
+from .db import Connection, Database, HotRead, Row, among, insert_many, one_of, run
 from .tables import firings, permission_replies, principals, reservations, task_events, task_runs
 
 ACTIVE_VALUES = [s.value for s in ACTIVE]
 
 # Hot statements built once (building one costs more than running it; bench/dispatch).
-_INSERT_QUEUED = task_runs.insert()
-_INSERT_EVENT = task_events.insert()
 _RUNNER_EVENTS_SEEN = HotRead(task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id"))
                               .values(event_seq=sa.bindparam("b_event_seq"), last_rseq=sa.bindparam("b_last_rseq"),
                                       usage_json=sa.bindparam("b_usage_json")))
@@ -88,7 +86,7 @@ class SqlTaskStore:
         """Insert queued tasks, each with its frozen snapshot, attempt 0 and no events yet (event_seq and last_rseq
         0), with one statement."""
         if tasks:
-            await conn.execute(_INSERT_QUEUED, [dict(
+            await insert_many(conn, task_runs, [dict(
                 id=t.task_id, owner_id=t.owner_id, name=t.name, prompt=t.prompt, snapshot=t.snapshot,
                 status=Status.QUEUED.value, attempt=0, event_seq=0, last_rseq=0, created_at=t.now,
                 parent_session_id=t.parent_session_id, parent_turn_id=t.parent_turn_id) for t in tasks])
@@ -138,8 +136,7 @@ class SqlTaskStore:
     async def insert_event_rows(conn: Connection, rows: list[dict[str, Any]]) -> None:
         """Insert event rows (`event_rows`) of any runs, in one statement; the runs' own counters are written apart
         (`mark_events_seen`, or with its outcome by `finish`)."""
-        if rows:
-            await conn.execute(_INSERT_EVENT, rows)
+        await insert_many(conn, task_events, rows)
 
     @staticmethod
     async def mark_events_seen(conn: Connection, task_id: str, *, event_seq: int, last_rseq: int, usage: Any) -> None:

@@ -7,7 +7,7 @@ from typing import Any, Collection
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from .db import Connection, Database, HotRead, Row, one_of, run
+from .db import Connection, Database, HotRead, Row, insert_many, one_of, run
 from .tables import (api_tokens, oauth_clients, oauth_codes, oauth_grants, oauth_logins, oauth_tokens, principals,
                      task_runs)
 
@@ -64,8 +64,7 @@ class SqlTokenStore:
 
     async def add_tokens(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         """Store new tokens (rows of `api_tokens`, by the hashes of their secrets) with one INSERT."""
-        if rows:
-            await conn.execute(_INSERT_TOKEN, rows)
+        await insert_many(conn, api_tokens, rows)
 
     async def revoke_labelled(self, conn: Connection, label: str, now: datetime) -> None:
         """Revoke every live token that carries `label` (revoked ones keep their first revocation time)."""

@@ -1,7 +1,7 @@
-"""`run` (hub/store/db.py) on both stores: a hot statement inside the caller's transaction returns what
-SQLAlchemy's own path returns, is undone by the transaction's rollback (even as its first statement), and fails with
-SQLAlchemy's errors (a lost PostgreSQL connection invalidated, the failure transient: `Database.transaction` runs
-it again)."""
+"""`run`, `run_many` and `insert_many` (hub/store/db.py) on both stores: a hot statement inside the caller's
+transaction returns what SQLAlchemy's own path returns (and writes what it writes), is undone by the transaction's
+rollback (even as its first statement), and fails with SQLAlchemy's errors (a lost PostgreSQL connection invalidated,
+the failure transient: `Database.transaction` runs it again)."""
 from __future__ import annotations
 
 from typing import AsyncIterator
@@ -9,8 +9,8 @@ from typing import AsyncIterator
 import pytest
 import sqlalchemy as sa
 
-from hub.store.db import Database, HotRead, is_transient, one_of, run
-from hub.store.tables import principals
+from hub.store.db import Database, HotRead, insert_many, is_transient, one_of, run, run_many
+from hub.store.tables import api_tokens, principals, runtimes
 from tests.contract.task_rows import T0
 
 _RENAME = HotRead(principals.update().where(one_of(principals.c.id, "ids"))
@@ -78,6 +78,49 @@ async def test_a_hot_statement_that_breaks_a_constraint_raises_sqlalchemys_integ
     async with db.write() as conn:  # the connection went back to the pool usable
         await run(conn, _ADD, {"b_id": "pr_new", "b_name": "new", "b_at": T0})
     assert await names(db) == ["ann", "new"]
+
+
+async def test_a_hot_statement_run_many_times_writes_every_parameter_set_and_a_broken_one_keeps_none(db: Database):
+    await add(db, "ann", "bob")
+    async with db.write() as conn:
+        await run_many(conn, _TOUCH, [{"b_id": "pr_ann"}, {"b_id": "pr_bob"}, {"b_id": "pr_none"}])
+        await run_many(conn, _ADD, [])  # nothing to run
+    async with db.read() as conn:
+        kinds = (await conn.execute(sa.select(principals.c.kind).order_by(principals.c.id))).scalars().all()
+    assert kinds == ["agent", "agent"]
+    with pytest.raises(sa.exc.IntegrityError):
+        async with db.write() as conn:
+            await run_many(conn, _ADD, [{"b_id": "pr_cy", "b_name": "cy", "b_at": T0},
+                                        {"b_id": "pr_ann", "b_name": "again", "b_at": T0}])
+    assert await names(db) == ["ann", "bob"]  # the first set went with the transaction
+
+
+async def test_insert_many_writes_the_rows_as_sqlalchemys_insert_does_and_leaves_server_defaults_to_the_database(
+        db: Database):
+    rows = [{"id": f"pr_{n}", "kind": "user", "name": n, "created_at": T0} for n in ("ann", "bob")]
+    mixed = [{"id": "pr_cy", "kind": "service", "name": "cy", "created_at": T0},
+             {"id": "pr_dee", "name": "dee", "kind": "agent", "created_at": T0}]  # the same columns, another order
+    tokens = [{"id": f"tok_{i}", "principal_id": "pr_ann", "token_hash": f"h{i}", "admin": i == 1, "created_at": T0}
+              for i in (1, 2)]  # no kind: the column's server default ("user")
+    async with db.write() as conn:
+        await insert_many(conn, principals, rows)
+        await insert_many(conn, principals, mixed)
+        await insert_many(conn, principals, [])
+        await insert_many(conn, api_tokens, tokens)
+        await insert_many(conn, runtimes, [{"id": "rt_1", "name": "rt", "principal_id": "pr_ann", "shared": False,
+                                            "capabilities": {"engines": ["scripted"], "n": [1, "x"]}, "slots": 2,
+                                            "status": "online", "registered_at": T0, "last_seen_at": T0}])
+    async with db.read() as conn:
+        got = (await conn.execute(sa.select(principals.c.id, principals.c.kind, principals.c.created_at)
+                                  .order_by(principals.c.id))).all()
+        kinds = (await conn.execute(sa.select(api_tokens.c.id, api_tokens.c.kind, api_tokens.c.admin)
+                                    .order_by(api_tokens.c.id))).all()
+        caps = (await conn.execute(sa.select(runtimes.c.capabilities))).scalar_one()
+    assert [(r.id, r.kind) for r in got] == [("pr_ann", "user"), ("pr_bob", "user"), ("pr_cy", "service"),
+                                            ("pr_dee", "agent")]
+    assert {r.created_at.replace(tzinfo=None) for r in got} == {T0.replace(tzinfo=None)}
+    assert [tuple(r) for r in kinds] == [("tok_1", "user", True), ("tok_2", "user", False)]
+    assert caps == {"engines": ["scripted"], "n": [1, "x"]}  # JSON bound and read back as SQLAlchemy's JSON type
 
 
 @pytest.fixture
