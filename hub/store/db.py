@@ -442,20 +442,7 @@ async def run(conn: Connection, hot: HotRead, params: dict[str, Any] | None = No
         rows = [hot.row(*r) for r in res] if res.returns_rows else []
         return HotResult(rows, len(rows) if isinstance(hot.stmt, sa.Select) else res.rowcount)
     compiled = hot.compiled(dialect)
-    args = compiled.parameters(params or {})
-    watchers = conn.engine.sync_engine.dispatch.before_cursor_execute
-    if watchers:  # whoever counts the engine's statements sees this one too (cursor: None)
-        watchers(conn.sync_connection, None, compiled.sql, args, None, False)
-    try:
-        async with driver._execute_mutex:  # noqa: SLF001 — SQLAlchemy's asyncpg adapter: one statement at a time
-            if driver._transaction is None:  # noqa: SLF001 — the BEGIN SQLAlchemy defers to the first statement
-                await driver._start_transaction()  # noqa: SLF001
-            asof = dialect._invalidate_schema_cache_asof  # type: ignore[attr-defined]  # noqa: SLF001
-            prepared, _ = await driver._prepare(compiled.sql, asof)  # noqa: SLF001 — its prepared-statement cache
-            raw = await prepared.fetch(*args)
-            status = prepared.get_statusmsg() or ""
-    except Exception as e:  # noqa: BLE001 — raised again as SQLAlchemy's error for it
-        raise await _translated(conn, driver, compiled.sql, args, e) from e
+    raw, status = await _on_driver(conn, driver, compiled.sql, compiled.parameters(params or {}))
     rows = compiled.rows(raw, hot.row)
     count = status.rsplit(" ", 1)[-1]
     return HotResult(rows, int(count) if count.isdigit() else len(rows))
@@ -477,19 +464,29 @@ async def run_many(conn: Connection, hot: HotRead, rows: list[dict[str, Any]]) -
         await conn.execute(hot.stmt, rows)
         return
     compiled = hot.compiled(dialect)
-    args = [compiled.parameters(r) for r in rows]
+    await _on_driver(conn, driver, compiled.sql, [compiled.parameters(r) for r in rows], many=True)
+
+
+async def _on_driver(conn: Connection, driver: Any, sql: str, args: list[Any], *,
+                     many: bool = False) -> tuple[list[Any], str]:
+    """Run `sql` on the asyncpg connection of `conn`'s transaction (`run`, `run_many`): the engine's statement
+    listeners told first, the BEGIN SQLAlchemy defers issued if need be, the statement prepared through the adapter's
+    cache; return the raw rows and the status message (none for `many`), or raise SQLAlchemy's error for a failure."""
     watchers = conn.engine.sync_engine.dispatch.before_cursor_execute
-    if watchers:  # whoever counts the engine's statements sees this one too (cursor: None; executemany)
-        watchers(conn.sync_connection, None, compiled.sql, args, None, True)
+    if watchers:  # whoever counts the engine's statements sees this one too (cursor: None)
+        watchers(conn.sync_connection, None, sql, args, None, many)
     try:
-        async with driver._execute_mutex:  # noqa: SLF001 — as in `run`
-            if driver._transaction is None:  # noqa: SLF001
+        async with driver._execute_mutex:  # noqa: SLF001 — SQLAlchemy's asyncpg adapter: one statement at a time
+            if driver._transaction is None:  # noqa: SLF001 — the BEGIN SQLAlchemy defers to the first statement
                 await driver._start_transaction()  # noqa: SLF001
-            asof = dialect._invalidate_schema_cache_asof  # type: ignore[attr-defined]  # noqa: SLF001
-            prepared, _ = await driver._prepare(compiled.sql, asof)  # noqa: SLF001
-            await prepared.executemany(args)
+            asof = conn.dialect._invalidate_schema_cache_asof  # type: ignore[attr-defined]  # noqa: SLF001
+            prepared, _ = await driver._prepare(sql, asof)  # noqa: SLF001 — its prepared-statement cache
+            if many:
+                await prepared.executemany(args)
+                return [], ""
+            return await prepared.fetch(*args), prepared.get_statusmsg() or ""
     except Exception as e:  # noqa: BLE001 — raised again as SQLAlchemy's error for it
-        raise await _translated(conn, driver, compiled.sql, args, e) from e
+        raise await _translated(conn, driver, sql, args, e) from e
 
 
 _INSERTS: dict[tuple[str, tuple[str, ...]], HotRead] = {}

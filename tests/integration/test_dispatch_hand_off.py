@@ -27,6 +27,15 @@ async def quiet_hub(db_url: str, tmp_path: Path, clock):  # noqa: ANN001
     await handle.stop()
 
 
+async def three_queued(hub):  # noqa: ANN001, ANN201
+    """Start a runner with three slots; return alice (a Caller) and three `sleep 30` tasks of hers, queued."""
+    await hub.start_runner(slots=3)
+    alice = await hub.hub.auth.authenticate(await hub.token("alice"))
+    ids = [(await hub.hub.tasks.submit(alice, SubmitRequest(prompt="sleep 30", profile="scripted")))["task_id"]
+           for _ in range(3)]
+    return alice, ids
+
+
 @contextlib.contextmanager
 def statements_run(hub) -> Iterator[list[str]]:  # noqa: ANN001
     """Collect the SQL of every statement the hub's engine runs inside the block."""
@@ -156,10 +165,7 @@ async def test_a_batch_of_reports_on_several_runs_reads_them_in_one_statement_an
         quiet_hub):
     """...and releases the reservations and revokes the run tokens of the runs it ends in one statement each."""
     hub = quiet_hub
-    await hub.start_runner(slots=3)
-    alice = await hub.hub.auth.authenticate(await hub.token("alice"))
-    ids = [(await hub.hub.tasks.submit(alice, SubmitRequest(prompt="sleep 30", profile="scripted")))["task_id"]
-           for _ in range(3)]
+    alice, ids = await three_queued(hub)
     assert await hub.hub.dispatcher.place_once() == 3
 
     async def all_running() -> bool:
@@ -192,10 +198,7 @@ async def test_a_batch_of_reports_on_several_runs_reads_them_in_one_statement_an
 async def test_a_placement_round_mints_its_runs_tokens_with_one_insert_and_each_run_gets_its_own_run_token(
         quiet_hub):
     hub = quiet_hub
-    await hub.start_runner(slots=3)
-    alice = await hub.hub.auth.authenticate(await hub.token("alice"))
-    ids = [(await hub.hub.tasks.submit(alice, SubmitRequest(prompt="sleep 30", profile="scripted")))["task_id"]
-           for _ in range(3)]
+    alice, ids = await three_queued(hub)
     with statements_run(hub) as statements:
         assert await hub.hub.dispatcher.place_once() == 3
 
