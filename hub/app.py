@@ -78,13 +78,13 @@ class Hub:
         hs = settings.hub
         self.oauth = OAuthService(self.db, self.clock)  # hosted MCP clients (issue 19 item 4)
         self.auth = AuthService(self.db, self.clock, oauth=self.oauth)
-        self.dispatcher = Dispatcher(self.db, self.clock, self.notifier, hs)
+        self.dispatcher = Dispatcher(self.db, self.clock, self.notifier, hs, execution=settings.execution)
         self.profiles = ProfileService(self.db, self.clock)
         key = settings.secret_key or (embedded_secret_key(settings.home) if self.db.is_sqlite else None)
         self.credentials = CredentialService(self.db, self.clock, SecretBox(key) if key else None)
         self.admission = Admission(self.profiles, self.credentials, hs, settings.profiles, clock=self.clock)
         self.tasks = TaskService(self.db, self.clock, self.notifier, hs, self.admission,
-                                 on_admitted=self.dispatcher.kick)
+                                 on_admitted=self.dispatcher.kick, execution=settings.execution)
         self.permissions = PermissionService(self.db, self.clock, self.notifier)
         self.sessions = SessionService(self.db, self.clock, self.notifier, self.admission, self.tasks,
                                        on_admitted=self.dispatcher.kick, user_isolation=settings.memory.user_isolation)
@@ -93,7 +93,8 @@ class Hub:
                                          on_admitted=self.dispatcher.kick)
         self.runtimes = RuntimeService(self.db, self.clock, self.notifier, self.dispatcher, self.credentials,
                                        self.auth, settings.public_url or f"http://{settings.listen}",
-                                       on_started=lambda _t, s: self.metrics.dispatch_latency.observe(max(s, 0.0)))
+                                       on_started=lambda _t, s: self.metrics.dispatch_latency.observe(max(s, 0.0)),
+                                       execution=settings.execution)
         self.runner_endpoint = RunnerEndpoint(self.auth, self.runtimes, self.notifier, hs.heartbeat_s, hs.poll_s,
                                               hs.hello_timeout_s, loops=self.loops)
         self.dispatcher.hand_off = self.runner_endpoint

@@ -119,8 +119,11 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
     if with_runner:
         runner_token = await _token_file(hub, settings.home / "runner.token", "local-runner", "runner", runner=True)
         engines: dict[str, Engine] = default_engines()
+        rs = settings.runner
         local = Runner(url, runner_token, name=f"local-{socket.gethostname()}", slots=args.slots,
-                       workspace_root=(settings.home / "workspaces").resolve(), engines=engines)
+                       workspace_root=(settings.home / "workspaces").resolve(), engines=engines,
+                       dedicated=rs.dedicated, isolation=rs.isolation, child_network=rs.child_network,
+                       egress_allow=tuple(rs.egress_allow), in_hub_process=True, hide=(settings.home.resolve(),))
         tasks.append(asyncio.create_task(local.run_forever()))
         print(f"in-process runner {local.name} with {args.slots} slots, engines: {', '.join(sorted(local.engines))}",
               flush=True)
@@ -155,7 +158,10 @@ async def _runner(args: argparse.Namespace) -> None:
                         "NAME --runner`")
     root = Path(args.workspace_root or Path.home() / ".amux" / "workspaces")
     runner = Runner(args.hub, token, name=args.name or socket.gethostname(), slots=args.slots,
-                    workspace_root=root, engines=default_engines(), authoring=args.authoring)
+                    workspace_root=root, engines=default_engines(), authoring=args.authoring,
+                    dedicated=args.dedicated, child_network=args.child_network, egress_allow=tuple(args.egress_allow),
+                    isolation=[m.strip() for m in args.isolation.split(",") if m.strip()] if args.isolation else None,
+                    share_engine_login=args.share_engine_login)
     loop = asyncio.get_running_loop()
     stopper = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -393,6 +399,17 @@ def _add_server_commands(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--workspace-root")
     run.add_argument("--authoring", action="store_true",
                      help="offer the authoring capability: profiles with local expert authoring may run here")
+    run.add_argument("--isolation", help="execution modes to offer, comma-separated: linux-dac (each principal's "
+                     "children under a uid of their own, as root with bubblewrap) and/or process (this runner's own "
+                     "uid, with --dedicated); default: every mode this machine can provide")
+    run.add_argument("--dedicated", action="store_true",
+                     help="declare this machine and user dedicated to task children: process mode may be offered")
+    run.add_argument("--child-network", choices=("isolated", "host"), default="isolated",
+                     help="linux-dac children's network: isolated (the hub and public egress only; default) or host")
+    run.add_argument("--egress-allow", action="append", default=[], metavar="HOST[:PORT]",
+                     help="a non-public destination isolated children may reach (repeatable)")
+    run.add_argument("--share-engine-login", action="store_true",
+                     help="let process-mode children use this runner user's own engine login (~/.claude, ~/.codex)")
 
     db = sub.add_parser("db", help="database commands")
     db_sub = db.add_subparsers(dest="db_cmd", required=True)

@@ -93,6 +93,37 @@ class BoxSettings(BaseModel):
         return v
 
 
+class ExecutionSettings(BaseModel):
+    """How task children are separated (README "Execution modes"): the uids of linux-dac children, and whether a
+    runner sharing the hub's process or uid may offer `process`."""
+
+    uid_base: int = Field(default=300_000, ge=1000)   # principals' children run as uid_base, uid_base + 1, ...
+    uid_count: int = Field(default=65_536, ge=1)      # how many principals can hold a uid on this fleet
+    allow_process_on_hub: bool = False                # let a runner that shares the hub's process or uid offer process
+
+
+class RunnerSettings(BaseModel):
+    """The in-process runner of `amux up` (a separate `amux runner` takes the same choices as flags)."""
+
+    dedicated: bool = False   # the operator declares this machine dedicated: `process` may be offered
+    isolation: list[str] | None = None  # the modes to offer (default: every mode the machine can provide)
+    child_network: str = "isolated"     # linux-dac children: "isolated" (the hub and public egress only) or "host"
+    egress_allow: list[str] = Field(default_factory=list)  # extra host[:port] an isolated child may reach
+
+    @field_validator("isolation", "egress_allow", mode="before")
+    @classmethod
+    def _comma_list(cls, v: Any) -> Any:
+        return [x.strip() for x in v.split(",") if x.strip()] if isinstance(v, str) else v
+
+    @field_validator("child_network")
+    @classmethod
+    def _known_network(cls, v: str) -> str:
+        if v not in ("isolated", "host"):
+            raise ValueError(f'unknown runner.child_network {v!r}; set "isolated" (the hub and public egress only) '
+                             f'or "host" (the runner\'s whole network), e.g. AMUX_RUNNER__CHILD_NETWORK=isolated')
+        return v
+
+
 class SchedulesSettings(BaseModel):
     """The durable scheduler (DESIGN §5, §6)."""
 
@@ -167,6 +198,8 @@ class Settings(BaseModel):
     schedules: SchedulesSettings = Field(default_factory=SchedulesSettings)
     alerts: AlertSettings = Field(default_factory=AlertSettings)
     feishu: FeishuSettings = Field(default_factory=FeishuSettings)
+    execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
+    runner: RunnerSettings = Field(default_factory=RunnerSettings)
 
     def db_url(self) -> str:
         """Return the database URL, defaulting to SQLite in `home`."""

@@ -79,11 +79,17 @@ class Databases:
             await self._admin(f'DROP DATABASE IF EXISTS "{self.pg_template}" WITH (FORCE)')
 
 
+# The runner of most tests: process mode on a runner declared dedicated, as the hub's uid (the hub allows it, see
+# hub_settings). The linux-dac boundary has its own suite (tests/integration/test_task_child_boundary.py).
+PROCESS_MODE: dict[str, Any] = {"dedicated": True, "isolation": ["process"]}
+
+
 def hub_settings(db_url: str, home: Path, **hub_overrides: Any) -> Settings:
     """Settings for a test hub: fast polling, the given database."""
     s = load_settings(env={}, home=str(home), database_url=db_url)
     s.hub.poll_s = 0.05
     s.schedules.min_interval_s = 0  # tests fire second-long rules; test_fair_sharing.py covers the 60 s default
+    s.execution.allow_process_on_hub = True  # the suite's runners share the hub's uid (PROCESS_MODE)
     for k, v in hub_overrides.items():
         setattr(s.hub, k, v)
     return s
@@ -111,7 +117,7 @@ class HubHandle:
                            token: str | None = None) -> Runner:
         """Start an in-process runner over the real WebSocket and wait until it registered."""
         ws = workspace or Path(self.hub.settings.home) / "ws" / name
-        runner = Runner(self.url, token or self.admin_token, name=name, slots=slots, workspace_root=ws,
+        runner = Runner(self.url, token or self.admin_token, name=name, slots=slots, workspace_root=ws, **PROCESS_MODE,
                         engines={"scripted": ScriptedEngine()})
         task = asyncio.create_task(runner.run_forever())
         self.runners.append((runner, task))
@@ -158,7 +164,8 @@ async def mcp_client(url: str, token: str | None, name: str = "pytest", mode: st
 def runner_command(url: str, token: str, name: str, slots: int, workspace: Path) -> list[str]:
     """Return argv for a real `amux runner` subprocess."""
     return [sys.executable, "-m", "hub.cli", "runner", "--hub", url, "--token", token,
-            "--name", name, "--slots", str(slots), "--workspace-root", str(workspace)]
+            "--name", name, "--slots", str(slots), "--workspace-root", str(workspace), "--dedicated",
+            "--isolation", "process"]
 
 
 async def eventually(predicate, timeout: float = 10.0, interval: float = 0.02):  # noqa: ANN001, ANN201

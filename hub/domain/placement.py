@@ -8,6 +8,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
 
+from .isolation import frozen_mode, needs_boundary, offered, why_not
+
 # The platforms amux launches agents on (seed: runtime admission validates platform support before launch).
 LAUNCH_PLATFORMS = ("darwin", "linux")
 _SHOWN = {"darwin": "macOS", "linux": "linux"}
@@ -33,8 +35,8 @@ def platforms_text(platforms: Iterable[str]) -> str:
 def unfit(snapshot: Mapping[str, Any], owner_id: str, runtime: Any) -> str | None:
     """Say why `runtime`, as registered now, can never take this run (whatever its status); None when it can.
 
-    Checked in order: the requested runtime, the engine, the platform, workspace access, then ownership
-    (a runtime runs its owner's tasks only, unless it is shared).
+    Checked in order: the requested runtime, the engine, the platform, workspace access, the execution mode the
+    snapshot froze, then ownership (a runtime runs its owner's tasks only, unless it is shared).
     """
     caps = runtime.capabilities or {}
     named = snapshot.get("runtime")
@@ -50,6 +52,8 @@ def unfit(snapshot: Mapping[str, Any], owner_id: str, runtime: Any) -> str | Non
                f"{platforms_text(allowed)} only"
     if not caps.get("workspace_writable", False):
         return f"{runtime.name} cannot write its workspace root {caps.get('workspace_root')!r}"
+    if needs_boundary(snapshot) and (mode := frozen_mode(snapshot)) not in offered(caps):
+        return f"{runtime.name} does not offer isolation {mode}: {why_not(caps, mode)}"
     if not runtime.shared and runtime.principal_id != owner_id:
         return f"{runtime.name} runs only its owner's tasks"
     return None

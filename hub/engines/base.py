@@ -25,6 +25,8 @@ class Job:
     permission_replies: asyncio.Queue = field(default_factory=asyncio.Queue)
     # Corrections for the running turn (instance_steer); None when the engine cannot take steering.
     steering: asyncio.Queue | None = None
+    # The linux-dac boundary the child runs inside (hub.runner.boundary.Boundary); None: the runner's own uid.
+    boundary: Any = None
 
 
 @dataclass(frozen=True)

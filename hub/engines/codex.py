@@ -93,6 +93,7 @@ class CodexEngine(CliEngine):
         except ValueError as e:
             return EngineResult("failed", error=str(e))
         return await run_child(argv, cwd=job.workspace, env=job.env, stdin=True, name=self.name,
+                               boundary=job.boundary,
                                consume=lambda child: _CodexStream(job, emit, child).consume())
 
     async def _run_app_server(self, job: Job, emit: Emit) -> EngineResult:
@@ -104,6 +105,7 @@ class CodexEngine(CliEngine):
         if not await has_app_server(self.binary(), job.env):
             return EngineResult("failed", error=NO_APP_SERVER.format(binary=self.binary()))
         return await run_child(argv, cwd=job.workspace, env=job.env, stdin=True, name=self.name,
+                               boundary=job.boundary,
                                consume=lambda child: AppServerRun(job, emit, child, thread, Retries()).consume())
 
 

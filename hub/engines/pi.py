@@ -52,6 +52,7 @@ class PiEngine(CliEngine):
         except ValueError as e:
             return EngineResult("failed", error=str(e))
         return await run_child(argv, cwd=job.workspace, env=job.env, stdin=False, name=self.name,
+                               boundary=job.boundary,
                                consume=lambda child: _PiStream(job, emit, child).consume())
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from .base import EngineResult
+from ..runner.boundary import wrap
 from .environment import child_env
 
 LINE_LIMIT = 32 * 1024 * 1024  # one stream line (a tool result can carry a whole file)
@@ -29,10 +30,12 @@ class ChildProcess:
 
     @classmethod
     async def start(cls, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], stdin: bool,
-                    name: str) -> "ChildProcess":
-        """Launch `argv` in a new session (its own process group) with `env` over the allowlisted environment."""
+                    name: str, boundary: Any = None) -> "ChildProcess":
+        """Launch `argv` in a new session (its own process group) with `env` over the allowlisted environment,
+        inside `boundary` when the run has one (linux-dac)."""
+        argv, full_env = wrap(boundary, argv, child_env(env))
         proc = await asyncio.create_subprocess_exec(
-            *argv, cwd=cwd, env=child_env(env), start_new_session=True, limit=LINE_LIMIT,
+            *argv, cwd=cwd, env=full_env, start_new_session=True, limit=LINE_LIMIT,
             stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
@@ -126,7 +129,8 @@ class ChildProcess:
 
 
 async def run_child(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], stdin: bool, name: str,
-                    consume: Callable[[ChildProcess], Awaitable[EngineResult | None]]) -> EngineResult:
+                    consume: Callable[[ChildProcess], Awaitable[EngineResult | None]],
+                    boundary: Any = None) -> EngineResult:
     """Launch a CLI, let `consume` read its stream, and always leave its process group dead.
 
     `consume` returns the EngineResult the stream produced, or None when the stream ended without
@@ -134,7 +138,7 @@ async def run_child(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], s
     Cancellation kills the process group before it propagates.
     """
     try:
-        child = await ChildProcess.start(argv, cwd=cwd, env=env, stdin=stdin, name=name)
+        child = await ChildProcess.start(argv, cwd=cwd, env=env, stdin=stdin, name=name, boundary=boundary)
     except OSError as e:
         return EngineResult("failed", error=f"could not launch {name} ({argv[0]}): {e}")
     try:

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..domain import scripted
 from ..errors import AmuxError
+from ..runner.boundary import wrap
 from .base import EngineResult, Emit, Job
 from .environment import child_env
 
@@ -113,10 +114,11 @@ class ScriptedEngine:
 
 async def run_subprocess(job: Job, emit: Emit) -> EngineResult:
     """Launch the scripted CLI as a child process and translate its JSON lines."""
+    argv, env = wrap(job.boundary, [sys.executable, "-m", "hub.engines.scripted", str(job.workspace)],
+                     child_env(job.env))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "hub.engines.scripted", str(job.workspace),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        cwd=job.workspace, env=child_env(job.env), start_new_session=True,
+        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        cwd=job.workspace, env=env, start_new_session=True,
     )
     try:
         assert proc.stdin and proc.stdout

@@ -8,19 +8,25 @@ import os
 import platform
 import random
 import shutil
+import socket
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 import aiohttp
+from yarl import URL
 
+from ..domain import isolation as modes
 from ..domain.events import turn_usage
 from ..domain.policy import normalize_native_args
 from ..engines.base import Engine, EngineResult, Job, PermissionReply
 from ..engines.environment import base_env
 from ..errors import AmuxError
+from . import boundary as dac
 from . import protocol as p
+from .egress import Egress
 
 log = logging.getLogger("amux.runner")
 
@@ -80,17 +86,18 @@ class Redactor:
 
 
 def launch_env(d: p.Dispatch, home: Path | None = None, engine: Engine | None = None,
-               source: dict[str, str] | None = None) -> dict[str, str]:
+               source: dict[str, str] | None = None, share_login: bool = False) -> dict[str, str]:
     """The child's whole environment: the allowlist, HOME = the run's folder, what the engine needs to find
-    its config, the policy's native variables (IS_SANDBOX=1 for Claude bypass as root), then the
-    dispatch's credentials and coordination variables. Nothing else of the runner's."""
+    its config (only when the operator shares the runner's own engine login, `share_login`), the policy's native
+    variables (IS_SANDBOX=1 for Claude bypass as root), then the dispatch's credentials and coordination
+    variables. Nothing else of the runner's."""
     snap = d.snapshot
     src = dict(os.environ if source is None else source)
     env = base_env(src)
     # Children find `amux` (e.g. `amux memory`) next to the runner's interpreter.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     config = getattr(engine, "config_env", None)
-    if callable(config):
+    if share_login and callable(config):
         env.update(config(src))
     if home is not None:
         env["HOME"] = str(home)
@@ -172,8 +179,22 @@ class Runner:
     """One runner process (or the in-process runner of `amux up`): the same protocol either way."""
 
     def __init__(self, hub_url: str, token: str, *, name: str, slots: int, workspace_root: Path,
-                 engines: dict[str, Engine], home_root: Path | None = None, authoring: bool = False) -> None:
+                 engines: dict[str, Engine], home_root: Path | None = None, authoring: bool = False,
+                 dedicated: bool = False, isolation: list[str] | None = None, child_network: str = "isolated",
+                 egress_allow: tuple[str, ...] = (), in_hub_process: bool = False, hide: tuple[Path, ...] = (),
+                 share_engine_login: bool = False) -> None:
         self.hub_url = hub_url.rstrip("/")
+        # Execution modes (README "Execution modes"): what the operator asked this runner to offer, and how.
+        self.dedicated = dedicated
+        self.wanted = [m for m in (isolation or modes.MODES)]
+        unknown = [m for m in self.wanted if m not in modes.MODES]
+        if unknown:
+            raise AmuxError(f"unknown isolation mode {unknown[0]!r}; offer {' and/or '.join(modes.MODES)}")
+        self.child_network = child_network
+        self.egress_allow = tuple(egress_allow)
+        self.in_hub_process = in_hub_process
+        self.share_engine_login = share_engine_login
+        self._modes: tuple[list[str], dict[str, str]] | None = None
         # The operator's opt-in (`amux runner --authoring`): profiles with local expert authoring may run here.
         self.authoring = authoring
         self.token = token
@@ -184,6 +205,8 @@ class Runner:
         self.home_root = (Path(home_root) if home_root
                           else self.workspace_root.parent / f"{self.workspace_root.name}-homes")
         self.engines = {k: e for k, e in engines.items() if e.available()}
+        # Masked inside a linux-dac child even where a revealed folder would show them.
+        self.hide = tuple(Path(h).resolve() for h in hide) + (self.workspace_root.resolve(), self.home_root.resolve())
         self.held: dict[str, _Held] = {}
         self.ws: aiohttp.ClientWebSocketResponse | None = None
         self.runtime_id: str | None = None
@@ -193,16 +216,44 @@ class Runner:
         self._outq: list[dict] = []
         self._revoked = False
 
+    def modes(self) -> tuple[list[str], dict[str, str]]:
+        """Return the execution modes this runner offers and why it offers none of the others (probed once, logged)."""
+        if self._modes is None:
+            offered: list[str] = []
+            unavailable: dict[str, str] = {}
+            for mode in modes.MODES:
+                if mode not in self.wanted:
+                    unavailable[mode] = f"the operator did not offer {mode} on this runner (--isolation)"
+                    continue
+                why = (dac.unavailable() if mode == modes.LINUX_DAC
+                       else None if self.dedicated else modes.NOT_DEDICATED)
+                if why is None:
+                    offered.append(mode)
+                else:
+                    unavailable[mode] = why
+            self._modes = (offered, unavailable)
+            log.info("runner %s offers isolation %s%s", self.name, ", ".join(offered) or "none",
+                     "".join(f"; not {m}: {why}" for m, why in unavailable.items()))
+            if modes.PROCESS in offered:
+                log.warning("runner %s is declared dedicated: process-mode children run as this runner's own uid "
+                            "(%d) and can read whatever it can", self.name, os.geteuid())
+        return self._modes
+
     def capabilities(self) -> dict[str, Any]:
         """Describe what this runner can do."""
         self.workspace_root.mkdir(parents=True, exist_ok=True)
+        offered, unavailable = self.modes()
         return {
             "platform": platform.system().lower(),
             "arch": platform.machine(),
             "engines": sorted(self.engines),
             "workspace_root": str(self.workspace_root),
             "workspace_writable": os.access(self.workspace_root, os.W_OK),
-            "isolation": ["process"],
+            "isolation": offered,
+            "isolation_unavailable": unavailable,
+            "uid": os.geteuid(),
+            "host": socket.gethostname(),
+            "in_hub_process": self.in_hub_process,
             "memory_cli": (Path(sys.executable).parent / "amux").exists(),
             "authoring": self.authoring,
         }
@@ -347,6 +398,34 @@ class Runner:
         self.held[d.task_id] = h
         h.task = asyncio.create_task(self._execute(h, d))
 
+    def _refusal(self, d: p.Dispatch, mode: str | None) -> str | None:
+        """Say why this runner must not launch the dispatch in its frozen mode (None: it may)."""
+        if mode is None:
+            return None
+        offered, unavailable = self.modes()
+        if mode not in offered:
+            return (f"runner {self.name} does not offer isolation {mode}: {unavailable.get(mode, 'not offered')}; "
+                    "resubmit the task for a runtime that offers it")
+        if mode == modes.LINUX_DAC and d.uid is None:
+            return "the hub sent a linux-dac run without its owner's uid; upgrade the hub to the runner's version"
+        return None
+
+    async def _boundary(self, d: p.Dispatch, workspace: Path, home: Path) -> tuple[dac.Boundary, Egress | None]:
+        """Build the run's linux-dac boundary and, on an isolated network, start its bridges."""
+        assert d.uid is not None
+        reveal = tuple(dac.runner_roots())
+        if self.child_network != "isolated":
+            return dac.Boundary(d.uid, workspace, home, reveal, self.hide, network="host"), None
+        url = URL(d.env.get("AMUX_HUB_URL") or self.hub_url)
+        plain = url.scheme == "http" and url.host is not None and url.port is not None
+        hub = (url.host, url.port) if plain else None
+        allow = self.egress_allow + (() if plain else (f"{url.host}:{url.port}",))
+        egress = Egress(Path(tempfile.mkdtemp(prefix="amux-b-")), hub, allow)
+        await egress.start()
+        extra = {"AMUX_HUB_URL": str(url.with_host("127.0.0.1"))} if plain else {}
+        return dac.Boundary(d.uid, workspace, home, reveal, self.hide, network="isolated", bridge=egress.folder,
+                            hub_port=url.port if plain else None, extra_env=extra), egress
+
     async def _send(self, h: _Held, msg: dict) -> None:
         """Queue a message for the hub; everything queued in one loop turn goes out as one batch."""
         h.unacked.append(msg)
@@ -376,8 +455,18 @@ class Runner:
         await self._send(h, {**p.Accepted(task_id=d.task_id, attempt=d.attempt).model_dump(), "rseq": 0})
         # A session's turns and an instance's runs share the session's workspace; a plain task gets its own.
         workspace = self.workspace_root / (d.snapshot.get("workspace_key") or d.task_id)
-        workspace.mkdir(parents=True, exist_ok=True)
-        home, own_home = run_home(self.home_root, d)
+        mode = modes.frozen_mode(d.snapshot) if modes.needs_boundary(d.snapshot) else None
+        refusal = self._refusal(d, mode)
+        boundary: dac.Boundary | None = None
+        egress: Egress | None = None
+        if mode == modes.LINUX_DAC and refusal is None and d.uid is not None:
+            home, own_home = self.home_root / f"uid-{d.uid}", False  # the principal's own, kept between runs
+            await asyncio.to_thread(dac.prepare, workspace, d.uid)
+            await asyncio.to_thread(dac.prepare, home, d.uid)
+            boundary, egress = await self._boundary(d, workspace, home)
+        else:
+            workspace.mkdir(parents=True, exist_ok=True)
+            home, own_home = run_home(self.home_root, d)
         before = await tree_of(workspace)
         engine = self.engines.get(d.snapshot.get("engine", ""))
         last_usage: dict | None = None
@@ -409,15 +498,18 @@ class Runner:
         outcome, result = "failed", EngineResult("failed")
         question: p.Question | None = None
         try:
-            if engine is None:
+            if refusal is not None:
+                result = EngineResult("failed", error=refusal)
+            elif engine is None:
                 result = EngineResult("failed", error=f"engine {d.snapshot.get('engine')!r} is not installed on "
                                                       f"runner {self.name}")
             else:
                 if getattr(engine, "accepts_steering", False):
                     h.steering = asyncio.Queue()
+                share = self.share_engine_login and boundary is None
                 job = Job(d.task_id, d.attempt, launch_prompt(d), d.snapshot, workspace,
-                          env=launch_env(d, home, engine),
-                          permission_replies=h.replies, steering=h.steering)
+                          env=launch_env(d, home, engine, share_login=share),
+                          permission_replies=h.replies, steering=h.steering, boundary=boundary)
                 result = await asyncio.wait_for(engine.run(job, emit),
                                                 timeout=float(d.snapshot.get("timeout_s") or 3600))
             outcome = result.outcome
@@ -436,6 +528,8 @@ class Runner:
         except Exception as e:  # an adapter crash fails the task, never the runner
             log.exception("engine crashed")
             outcome, result = "failed", EngineResult("failed", error=f"engine crashed: {type(e).__name__}: {e}")
+        if egress is not None:
+            await egress.close()
         if own_home:
             await remove_tree(home)
         await self._flush(h)

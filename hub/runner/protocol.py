@@ -53,6 +53,8 @@ class Dispatch(BaseModel):
     # A direct Session's Turn (a chat or CLI session, not a Task, scheduled subtask or instance run): a structured
     # question ends it `waiting_for_user` with the question, instead of failing it with the diagnostic.
     direct_session: bool = False
+    # A linux-dac run: the uid its owner's children run under (allocated by the hub, one per principal).
+    uid: int | None = None
 
 
 class Cancel(BaseModel):

@@ -7,7 +7,7 @@ from typing import Any, Awaitable, Sequence, TypeVar
 
 from ..clock import Clock
 from ..config import HubSettings, ProfileSettings
-from ..domain import scripted
+from ..domain import isolation, scripted
 from ..domain.placement import LAUNCH_PLATFORMS, platforms_text
 from ..domain.policy import DEFAULT_POLICY, POLICIES, NativeLaunch, normalize_native_args
 from ..domain.resolution import Choices, Preset, Resolved, SessionContext, resolve
@@ -33,6 +33,7 @@ class _Choice:
     native: NativeLaunch
     resolved: Resolved
     runtime: Row | None
+    isolation: str | None = None
 
 
 async def _outcome(step: Awaitable[T]) -> T | Exception:
@@ -66,6 +67,7 @@ class SubmitRequest:
     reasoning_effort: str | None = None
     permission_policy: str | None = None
     credential_profile: str | None = None
+    isolation: str | None = None  # linux-dac | process; omitted: the strongest mode an eligible runtime offers
 
 
 class Admission:
@@ -100,7 +102,7 @@ class Admission:
             raise Invalid(f"extra_args must be a list of at most {self.hub.max_extra_args} strings "
                           "of at most 4096 characters each")
         for key in ("model", "runtime", "name", "profile", "reasoning_effort", "permission_policy",
-                    "credential_profile"):
+                    "credential_profile", "isolation"):
             value = getattr(req, key)
             if value is not None and (not isinstance(value, str) or not value.strip() or len(value) > 200):
                 raise Invalid(f"{key} must be a non-empty string of at most 200 characters, or omitted")
@@ -138,7 +140,8 @@ class Admission:
         for caller, req in items:
             try:
                 args, timeout = self._shape(req, origin)
-                key = (req.profile, req.runtime, req.model, req.reasoning_effort, req.permission_policy, tuple(args))
+                key = (req.profile, req.runtime, req.model, req.reasoning_effort, req.permission_policy, tuple(args),
+                       req.isolation)
                 if key not in choices:
                     choices[key] = await _outcome(self._choose(conn, req, args, origin, None))
                 choice = _raise_or(choices[key])
@@ -179,7 +182,30 @@ class Admission:
             await self._admit_engine(conn, profile.engine)
         if profile.manifest and profile.manifest.expert.authoring == "local":
             await self._require_authoring(conn, profile.name)
-        return _Choice(profile, policy, native, resolved, runtime)
+        mode = await self._isolation(conn, req.isolation, profile.engine, runtime,
+                                     subprocess=profile.engine == "scripted" and "--subprocess" in args)
+        return _Choice(profile, policy, native, resolved, runtime, mode)
+
+    async def _isolation(self, conn: Connection, asked: str | None, engine: str, runtime: Row | None, *,
+                         subprocess: bool) -> str | None:
+        """Resolve the execution mode: the one asked for, if some runtime that runs the engine offers it; else the
+        strongest one offered (`linux-dac` wherever a runner can provide it). None for the in-process scripted
+        engine, which launches no child."""
+        if asked is not None and asked not in isolation.MODES:
+            raise Invalid(f"isolation {asked!r} is unknown; use one of {', '.join(isolation.MODES)}, or omit it")
+        if not isolation.needs_boundary({"engine": engine, "subprocess": subprocess}):
+            return asked
+        offers = ({runtime.name: runtime.capabilities} if runtime is not None
+                  else await self.runtimes.capabilities_offering(conn, engine))
+        if asked is None:
+            return isolation.default_mode(offers.values())
+        if offers and not any(asked in isolation.offered(caps) for caps in offers.values()):
+            others = sorted({f"{name} ({', '.join(isolation.offered(caps)) or 'no mode'})"
+                             for name, caps in offers.items()})[:10]
+            why = isolation.why_not(next(iter(offers.values())), asked)
+            raise Invalid(f"no runtime that runs engine {engine} offers isolation {asked} ({why}); runtimes and the "
+                          f"modes they offer: {', '.join(others)}; omit isolation or pick one of those modes")
+        return asked
 
     async def _credential(self, conn: Connection, caller: Caller, req: SubmitRequest,
                           profile: ResolvedProfile) -> dict[str, Any] | None:
@@ -209,6 +235,7 @@ class Admission:
             "credential_profile": None if cred is None else {"name": cred["name"], "env": list(cred["env"])},
             "timeout_s": timeout,
             "platforms": list(LAUNCH_PLATFORMS),  # placement launches it only there, named runtime or not
+            "isolation": c.isolation,  # linux-dac | process (None: the in-process scripted engine, no child)
             "origin": origin,  # submit | run | schedule | session: which door admitted it (provenance)
             "subprocess": c.profile.engine == "scripted" and "--subprocess" in args,
             "resume_handle": None,

@@ -8,11 +8,13 @@ from types import SimpleNamespace
 from typing import Any, Callable, Protocol
 
 from ..clock import Clock
-from ..config import HubSettings
+from ..config import ExecutionSettings, HubSettings
+from ..domain import isolation
 from ..domain.placement import unfit
 from ..domain.placement import waiting_for as waiting_reason
 from ..domain.tasks import RUNTIME_LOST, Status
 from ..store.db import Connection, Database, Row
+from ..store.execution_uids import SqlExecutionUidStore
 from ..store.runtimes import Placement, SqlRuntimeStore
 from ..store.tasks import SqlTaskStore
 from .notify import Notifier
@@ -47,8 +49,11 @@ class Dispatcher:
     """Reserve capacity for queued tasks and reap what time has run out on."""
 
     def __init__(self, db: Database, clock: Clock, notifier: Notifier, settings: HubSettings,
-                 on_dispatch_latency: Callable[[float], None] | None = None) -> None:
+                 on_dispatch_latency: Callable[[float], None] | None = None,
+                 execution: ExecutionSettings | None = None) -> None:
         self.db = db
+        self.execution = execution or ExecutionSettings()
+        self.uids = SqlExecutionUidStore()
         self.store = SqlRuntimeStore(db)
         self.tasks = SqlTaskStore(db)
         self.clock = clock
@@ -117,9 +122,15 @@ class Dispatcher:
         exempt: set[str] | None = None  # admins are not limited: read only when someone is at the limit
         # One run at a time per session: a session's turns (and an instance's runs) go in order.
         busy = await self.store.busy_sessions(conn) if any(t.session_id for t in queued) else set()
+        # A linux-dac run needs its owner's uid; an owner the range has no uid left for waits (`waiting_for`).
+        dac = {t.owner_id for t in queued if isolation.runs_as_principal(t.snapshot)}
+        uids = await self.uids.allocate(conn, dac, self.execution.uid_base, self.execution.uid_count, now) if dac \
+            else {}
         placed: list[Placement] = []
         for task in queued:
             if task.session_id and task.session_id in busy:
+                continue
+            if task.owner_id not in uids and isolation.runs_as_principal(task.snapshot):
                 continue
             if limited and running.get(task.owner_id, 0) >= limited:
                 if exempt is None:

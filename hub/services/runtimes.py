@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import SimpleNamespace
@@ -10,6 +12,8 @@ from typing import Any, Awaitable, Callable, TypeVar
 from pydantic import BaseModel
 
 from ..clock import Clock, utc
+from ..config import ExecutionSettings
+from ..domain import isolation
 from ..domain import memory as memory_rules
 from ..domain.events import clean_usage, project
 from ..domain.tasks import Status, is_terminal
@@ -17,6 +21,7 @@ from ..errors import AmuxError, Conflict, Forbidden, Invalid, NotFound
 from ..ids import new_id
 from ..runner import protocol as p
 from ..store.db import Connection, Database, Row
+from ..store.execution_uids import SqlExecutionUidStore
 from ..store.runtimes import RegistrationRace, SqlRuntimeStore
 from ..store.tasks import SqlTaskStore, event_rows
 from .auth import AuthService, Caller, RunToken
@@ -110,8 +115,11 @@ class RuntimeService:
 
     def __init__(self, db: Database, clock: Clock, notifier: Notifier, dispatcher: Dispatcher,
                  credentials: CredentialService, auth: AuthService | None = None, hub_url: str = "",
-                 on_started: Callable[[str, float], None] | None = None) -> None:
+                 on_started: Callable[[str, float], None] | None = None,
+                 execution: ExecutionSettings | None = None) -> None:
         self.db = db
+        self.execution = execution or ExecutionSettings()
+        self.uids = SqlExecutionUidStore()
         self.store = SqlRuntimeStore(db)
         self.tasks = SqlTaskStore(db)
         self.clock = clock
@@ -148,7 +156,8 @@ class RuntimeService:
         conn_id = new_id("conn")
         held = {w.task_id: w.attempt for w in msg.running}
         drop: list[str] = []
-        caps = dict(msg.capabilities)
+        caps = isolation.admit_process(dict(msg.capabilities), socket.gethostname(), os.geteuid(),
+                                       self.execution.allow_process_on_hub)
         shared = caller.shared or caller.admin
         row = await self.store.by_name(conn, msg.name, lock=True)
         if row is not None and row.principal_id != caller.principal_id:
@@ -492,8 +501,12 @@ class RuntimeService:
             for (r, env), token in zip(ready, tokens):
                 env.update(self._coordination(token, r.session_id, direct=r.kind == "turn"))
                 await self._bind_memory(conn, r, caps.get(r.runtime_id, {}), now)
+        dac = {r.owner_id for r, _ in ready if isolation.runs_as_principal(r.snapshot)}
+        uids = await self.uids.of(conn, dac)
         return [(r.runtime_id, p.Dispatch(task_id=r.task_id, attempt=r.attempt, prompt=r.prompt, snapshot=r.snapshot,
-                                          env=env, direct_session=r.kind == "turn").model_dump()) for r, env in ready]
+                                          env=env, direct_session=r.kind == "turn",
+                                          uid=uids.get(r.owner_id) if r.owner_id in dac else None).model_dump())
+                for r, env in ready]
 
     @staticmethod
     def outbound(links: list[Link], out: dict[str, _Due], revoked: set[str]) -> Outbound:

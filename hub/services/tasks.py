@@ -8,11 +8,13 @@ from datetime import datetime
 from typing import Any, Awaitable, Callable
 
 from ..clock import Clock, utc
-from ..config import HubSettings
+from ..config import ExecutionSettings, HubSettings
+from ..domain import isolation
 from ..domain.tasks import Status, is_terminal
 from ..errors import Conflict, Invalid, NotFound, TooMany
 from ..ids import new_id
 from ..store.db import Connection, Database, Row
+from ..store.execution_uids import SqlExecutionUidStore
 from ..store.questions import SqlQuestionStore
 from ..store.runtimes import SqlRuntimeStore
 from ..loops import Tasks
@@ -97,8 +99,10 @@ class TaskService:
     """Admit Tasks (freezing their snapshot) and answer questions about them."""
 
     def __init__(self, db: Database, clock: Clock, notifier: Notifier, settings: HubSettings,
-                 admission: Admission, on_admitted: Callable[[], None] | None = None) -> None:
+                 admission: Admission, on_admitted: Callable[[], None] | None = None,
+                 execution: ExecutionSettings | None = None) -> None:
         self.db = db
+        self.execution = execution or ExecutionSettings()
         self.store = SqlTaskStore(db)
         self.runtimes = SqlRuntimeStore(db)
         self.clock = clock
@@ -200,6 +204,10 @@ class TaskService:
     async def _waiting_for(self, conn: Connection, row: Row) -> str:
         from .dispatch import waiting_for  # dispatch imports this module
 
+        ex = self.execution
+        if isolation.runs_as_principal(row.snapshot) and await SqlExecutionUidStore().exhausted(
+                conn, row.owner_id, ex.uid_base, ex.uid_count):
+            return isolation.uid_exhausted_text(ex.uid_base, ex.uid_count)
         return waiting_for(row, await self.runtimes.list_all(conn))
 
     async def events(self, caller: Caller, task_id: str, cursor: int = 0, limit: int = 500) -> dict:

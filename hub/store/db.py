@@ -604,7 +604,7 @@ def alembic_config(url: str) -> "Config":
     return cfg
 
 
-def upgrade_sync(url: str, revision: str = "heads") -> None:
+def upgrade_sync(url: str, revision: str = "head") -> None:
     """Apply migrations up to `revision` (blocking; call from a thread inside a loop)."""
     from alembic import command
 
@@ -613,7 +613,7 @@ def upgrade_sync(url: str, revision: str = "heads") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
-async def upgrade(url: str, revision: str = "heads", attempts: int = 10) -> None:
+async def upgrade(url: str, revision: str = "head", attempts: int = 10) -> None:
     """Apply migrations without blocking the running event loop; retry while the database cannot be reached
     (a replica starting while PostgreSQL restarts waits for it instead of dying)."""
     for attempt in range(1, attempts + 1):

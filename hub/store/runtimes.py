@@ -154,6 +154,11 @@ class SqlRuntimeStore:
         return {r.name: (r.capabilities or {}).get("platform") for r in rows
                 if engine in (r.capabilities or {}).get("engines", [])}
 
+    async def capabilities_offering(self, conn: Connection, engine: str) -> dict[str, dict[str, Any]]:
+        """Map each registered runtime (any status) that lists `engine` to the capabilities it reported."""
+        rows = (await conn.execute(_OFFERS)).all()
+        return {r.name: dict(r.capabilities or {}) for r in rows if engine in (r.capabilities or {}).get("engines", [])}
+
     async def owner_name(self, conn: Connection, principal_id: str) -> str | None:
         """Return the name of the principal that owns a runtime (to say who holds a name)."""
         return (await conn.execute(sa.select(principals.c.name).where(principals.c.id == principal_id))).scalar()

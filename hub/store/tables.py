@@ -567,3 +567,10 @@ identity_link_codes = sa.Table(
     sa.UniqueConstraint("code_hash", name="uq_identity_link_codes_hash"),
     sa.Index("ix_identity_link_codes_principal", "principal_id"),
 )
+
+execution_uids = sa.Table(
+    "execution_uids", metadata,
+    sa.Column("principal_id", sa.String(40), sa.ForeignKey("principals.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("uid", sa.Integer, nullable=False, unique=True),
+    sa.Column("created_at", TS, nullable=False),
+)

@@ -1,17 +1,17 @@
 """recovery: legacy submission records, and the runs and per-schedule outcomes of creator recovery
 
 Revision ID: 0008_recovery
-Revises: 0001 (depends on 0004_schedules and 0006_alerts)
+Revises: 0004_schedules, 0006_alerts
 """
 from alembic import op
 import sqlalchemy as sa
 
 revision = "0008_recovery"
-# A branch off 0001 like every feature revision; `depends_on` orders it after the schedules and alert
-# tables it refers to without merging those branches, so `upgrade heads` keeps them independent.
-down_revision = "0004_schedules"
+# After the schedules and alert tables it refers to. It was `depends_on = "0006_alerts"`, which Alembic records
+# as this revision replacing 0006's version row: naming both as parents describes the same history.
+down_revision = ("0004_schedules", "0006_alerts")
 branch_labels = None
-depends_on = "0006_alerts"
+depends_on = None
 
 TS = sa.DateTime(timezone=True)
 

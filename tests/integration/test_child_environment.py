@@ -14,7 +14,7 @@ from hub.engines.claude import ClaudeEngine
 from hub.runner.agent import Runner
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import runtimes
-from tests.helpers import REPO, eventually, runner_command
+from tests.helpers import PROCESS_MODE, REPO, eventually, runner_command
 
 BIN = Path(__file__).resolve().parent.parent / "fakes" / "bin"
 # What a runner process may hold that no task child may see.
@@ -78,7 +78,7 @@ async def test_a_cli_child_sees_none_of_the_runners_variables_and_its_token_stop
     record = tmp_path / "record"
     record.mkdir()
     runner_token = await hub.hub.auth.create_token("ops", admin=True, runner=True)
-    runner = Runner(hub.url, runner_token, name="clihost", slots=1, workspace_root=tmp_path / "ws",
+    runner = Runner(hub.url, runner_token, name="clihost", slots=1, **PROCESS_MODE, workspace_root=tmp_path / "ws",
                     engines={"claude": ClaudeEngine()})
     hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
     await asyncio.wait_for(runner.registered.wait(), 10)

@@ -14,7 +14,7 @@ import pytest
 from hub.domain.policy import normalize_native_args
 from hub.engines.base import EngineResult, Job, PermissionReply
 from hub.engines.codex import CodexEngine
-from tests.helpers import REPO
+from tests.helpers import PROCESS_MODE, REPO
 
 BIN = REPO / "tests" / "fakes" / "bin"
 AS_ROOT = os.geteuid() == 0
@@ -198,7 +198,8 @@ async def codex_host(hub, tmp_path: Path, scenario: str):
     """A runner offering the fake codex; the scenario reaches the child as the admin's credential."""
     from hub.runner.agent import Runner
 
-    runner = Runner(hub.url, hub.admin_token, name="codex-host", slots=2, workspace_root=tmp_path / "ws",
+    runner = Runner(hub.url, hub.admin_token, name="codex-host", slots=2,
+                    **PROCESS_MODE, workspace_root=tmp_path / "ws",
                     engines={"codex": CodexEngine()})
     hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
     await asyncio.wait_for(runner.registered.wait(), 10)

@@ -10,7 +10,7 @@ import pytest
 
 from hub.engines.scripted import ScriptedEngine
 from hub.runner.agent import Runner
-from tests.helpers import mcp_client, start_hub
+from tests.helpers import PROCESS_MODE, mcp_client, start_hub
 
 
 class ReportingRunner(Runner):
@@ -35,7 +35,7 @@ async def quiet_hub(sqlite_url: str, tmp_path: Path, clock):  # noqa: ANN001
 
 async def start(hub, name: str, **report: Any) -> Runner:  # noqa: ANN001
     runner = ReportingRunner(hub.url, hub.admin_token, name=name, slots=2, report=report,
-                             workspace_root=Path(hub.hub.settings.home) / "ws" / name,
+                             **PROCESS_MODE, workspace_root=Path(hub.hub.settings.home) / "ws" / name,
                              engines={"scripted": ScriptedEngine()})
     hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
     await asyncio.wait_for(runner.registered.wait(), 10)

@@ -23,7 +23,7 @@ from hub.runner.agent import Runner
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import api_tokens, task_events
 from tests.fakes.model_api import RejectingModelApi
-from tests.helpers import REPO
+from tests.helpers import PROCESS_MODE, REPO
 
 BIN = REPO / "tests" / "clients" / "node_modules" / ".bin"
 
@@ -56,7 +56,7 @@ def engine_host(monkeypatch, tmp_path):
 
 async def start(hub, tmp_path: Path, credentials: dict[str, str]):
     """Start a runner offering the real CLIs and store `credentials` as the admin's `model` credential profile."""
-    runner = Runner(hub.url, hub.admin_token, name="real", slots=2, workspace_root=tmp_path / "ws",
+    runner = Runner(hub.url, hub.admin_token, name="real", slots=2, **PROCESS_MODE, workspace_root=tmp_path / "ws",
                     engines={"claude": ClaudeEngine(), "codex": CodexEngine()})
     hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
     await asyncio.wait_for(runner.registered.wait(), 10)

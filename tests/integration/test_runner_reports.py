@@ -7,7 +7,7 @@ import json
 from hub.engines.claude import ClaudeEngine
 from hub.runner.agent import Runner
 from hub.services.tasks import SubmitRequest
-from tests.helpers import REPO
+from tests.helpers import PROCESS_MODE, REPO
 
 
 async def test_a_runs_usage_events_and_its_final_usage_keep_only_known_metrics(hub):
@@ -24,7 +24,8 @@ async def test_a_runs_usage_events_and_its_final_usage_keep_only_known_metrics(h
 
 async def test_a_run_that_times_out_while_its_engine_retries_names_the_last_status(hub, tmp_path, monkeypatch):
     monkeypatch.setenv("AMUX_CLAUDE_BIN", str(REPO / "tests" / "fakes" / "bin" / "claude"))
-    runner = Runner(hub.url, hub.admin_token, name="claude-host", slots=1, workspace_root=tmp_path / "ws",
+    runner = Runner(hub.url, hub.admin_token, name="claude-host", slots=1,
+                    **PROCESS_MODE, workspace_root=tmp_path / "ws",
                     engines={"claude": ClaudeEngine()})
     hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
     await asyncio.wait_for(runner.registered.wait(), 10)

@@ -7,7 +7,7 @@ import sys
 from sqlalchemy.exc import OperationalError
 
 from hub.services.admission import SubmitRequest
-from tests.helpers import REPO
+from tests.helpers import PROCESS_MODE, REPO
 
 
 class FailingFirst:
@@ -74,7 +74,8 @@ async def test_a_runner_that_is_refused_by_name_stops_and_says_why(any_hub):
     from hub.runner.agent import Runner, RunnerRefused
     from hub.engines.scripted import ScriptedEngine
 
-    squatter = Runner(any_hub.url, bob, name="gpu-box", slots=1, workspace_root=any_hub.hub.settings.home / "b",
+    squatter = Runner(any_hub.url, bob, name="gpu-box", slots=1,
+                      **PROCESS_MODE, workspace_root=any_hub.hub.settings.home / "b",
                       engines={"scripted": ScriptedEngine()})
     try:
         await asyncio.wait_for(squatter.run_forever(), 20)

@@ -32,7 +32,7 @@ from hub.runner.agent import Runner
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import bot_chats, identity_bindings, schedules, task_runs
 from tests.fakes.feishu import FakeFeishu, Message, clock_seconds
-from tests.helpers import REPO, eventually, start_hub
+from tests.helpers import PROCESS_MODE, REPO, eventually, start_hub
 
 BIN = REPO / "tests" / "fakes" / "bin"
 ADMIN, ALICE = "ou_admin", "ou_alice"
@@ -88,7 +88,8 @@ async def test_a_chat_turns_agent_delegates_a_task_and_a_schedule_over_mcp_attri
     hub = handle.hub
     hub.settings.profiles.default_profile = engine  # the chat's Session runs on this engine
     try:
-        runner = Runner(handle.url, handle.admin_token, name="agents", slots=4, workspace_root=tmp_path / "ws",
+        runner = Runner(handle.url, handle.admin_token, name="agents", slots=4,
+                        **PROCESS_MODE, workspace_root=tmp_path / "ws",
                         engines={engine: AGENTS[engine](), "scripted": ScriptedEngine()})
         handle.runners.append((runner, asyncio.create_task(runner.run_forever())))
         await asyncio.wait_for(runner.registered.wait(), 10)
@@ -203,7 +204,7 @@ async def test_a_plain_tasks_child_gets_the_memory_cli_and_a_run_token_but_no_mc
     record = tmp_path / "record"
     record.mkdir()
     monkeypatch.setenv(f"AMUX_{engine.upper()}_BIN", str(launcher(tmp_path, engine, record, "success")))
-    runner = Runner(hub.url, hub.admin_token, name="tasks", slots=1, workspace_root=tmp_path / "ws",
+    runner = Runner(hub.url, hub.admin_token, name="tasks", slots=1, **PROCESS_MODE, workspace_root=tmp_path / "ws",
                     engines={engine: ENGINES[engine]()})
     hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
     await asyncio.wait_for(runner.registered.wait(), 10)

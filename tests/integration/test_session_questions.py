@@ -27,7 +27,7 @@ from hub.runner.protocol import QUESTION_DIAGNOSTIC
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import session_questions, task_runs
 from tests.fakes.feishu import FakeFeishu, card_buttons, card_text, clock_seconds, signed_card_callback
-from tests.helpers import REPO, HubHandle, eventually, mcp_client, start_hub
+from tests.helpers import PROCESS_MODE, REPO, HubHandle, eventually, mcp_client, start_hub
 from tests.integration.test_cli_rest import amux
 from tests.integration.test_session_agent_mcp import post_message
 
@@ -97,7 +97,8 @@ async def start_chat(db_url: str, tmp_path: Path, clock: ManualClock, monkeypatc
                             admin_open_id=ADMIN, base_url=fake.base_url)
     handle = await start_hub(db_url, tmp_path, clock, feishu_apps=[app])
     handle.hub.settings.profiles.default_profile = "claude"
-    runner = Runner(handle.url, handle.admin_token, name="agents", slots=4, workspace_root=tmp_path / "ws",
+    runner = Runner(handle.url, handle.admin_token, name="agents", slots=4,
+                    **PROCESS_MODE, workspace_root=tmp_path / "ws",
                     engines={"claude": ClaudeEngine()})
     handle.runners.append((runner, asyncio.create_task(runner.run_forever())))
     await asyncio.wait_for(runner.registered.wait(), 10)

@@ -49,7 +49,7 @@ from hub.runner.agent import Runner
 from hub.services.outbox import LIVE
 from hub.store.tables import api_tokens, firings, identity_bindings, outbox, runtimes, schedules, task_runs
 from tests.fakes.feishu import FakeFeishu
-from tests.helpers import REPO, runner_command
+from tests.helpers import PROCESS_MODE, REPO, runner_command
 
 DURATION_S = float(os.environ.get("AMUX_SOAK_DURATION_S", "30"))  # load phase; setup and drain come on top
 SIM_RUNNERS = int(os.environ.get("AMUX_SOAK_SIM_RUNNERS", "200"))
@@ -230,7 +230,8 @@ class Fleet:
     def start_sims(self, hub_url: str, n: int) -> None:
         engines = {"scripted": ScriptedEngine()}
         for i in range(n):
-            r = Runner(hub_url, self.token, name=f"sim-{i:03d}", slots=2, workspace_root=self.tmp / "sim" / f"{i:03d}",
+            r = Runner(hub_url, self.token, name=f"sim-{i:03d}", slots=2,
+                       **PROCESS_MODE, workspace_root=self.tmp / "sim" / f"{i:03d}",
                        engines=engines)
             self.sims.append((r, asyncio.create_task(r.run_forever())))
 

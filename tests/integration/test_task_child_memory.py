@@ -16,7 +16,7 @@ from hub.errors import NotFound
 from hub.runner.agent import Runner
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import runtimes
-from tests.helpers import REPO, eventually, runner_command
+from tests.helpers import PROCESS_MODE, REPO, eventually, runner_command
 
 FAKE_CLAUDE = Path(__file__).resolve().parent.parent / "fakes" / "bin" / "claude"
 
@@ -93,7 +93,8 @@ async def test_a_plain_task_on_a_runtime_without_the_memory_capability_gets_a_wa
         hub, tmp_path, monkeypatch):
     script, record = agent_that_uses_memory(tmp_path)
     monkeypatch.setenv("AMUX_CLAUDE_BIN", str(script))
-    runner = NoMemoryRunner(hub.url, hub.admin_token, name="bare", slots=1, workspace_root=tmp_path / "ws",
+    runner = NoMemoryRunner(hub.url, hub.admin_token, name="bare", slots=1,
+                            **PROCESS_MODE, workspace_root=tmp_path / "ws",
                             engines={"claude": ClaudeEngine()})
     hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
     await asyncio.wait_for(runner.registered.wait(), 10)

@@ -1,0 +1,243 @@
+"""The escape suite: a task child is hostile code. A stand-in agent CLI (tests/fakes/bin/shell-agent) runs its prompt
+as a shell command, as Claude's Bash tool does under policy-allow, on a real `amux runner` process; each attempt to
+reach the hub, its secrets, its database or another principal fails, and ordinary work still succeeds.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import pytest
+import sqlalchemy as sa
+
+from hub.domain.isolation import NO_BWRAP
+from hub.services.tasks import SubmitRequest
+from hub.store.tables import runtimes
+from tests.helpers import REPO, eventually, start_hub
+
+SHELL_AGENT = REPO / "tests" / "fakes" / "bin" / "shell-agent"
+BWRAP = shutil.which("bwrap")
+pytestmark = [
+    pytest.mark.skipif(sys.platform != "linux", reason="linux-dac is Linux's"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the runner switches uids as root; the suite runs as root in CI"),
+    pytest.mark.skipif(BWRAP is None, reason="bubblewrap is not installed (make test installs it)"),
+]
+SECRET = "sentinel-admin-token-value"
+
+
+async def caps_of(hub, name: str) -> dict | None:  # noqa: ANN001
+    async with hub.db.read() as conn:
+        row = (await conn.execute(sa.select(runtimes.c.status, runtimes.c.capabilities)
+                                  .where(runtimes.c.name == name))).first()
+    return dict(row.capabilities) if row is not None and row.status == "online" else None
+
+
+@contextlib.asynccontextmanager
+async def runner_process(hub, tmp: Path, name: str, *flags: str, uid: int | None = None,  # noqa: ANN001
+                         path: str | None = None) -> AsyncIterator[dict]:
+    """A real `amux runner` subprocess with the stand-in agent as its `claude`; yields its capabilities."""
+    token = await hub.hub.auth.create_token(f"ops-{name}", admin=True, runner=True)
+    ws = tmp / f"{name}-ws"
+    env = {**os.environ, "AMUX_TOKEN": token, "AMUX_CLAUDE_BIN": str(SHELL_AGENT),
+           "HOME": str(tmp / f"{name}-home")}
+    if path is not None:
+        env["PATH"] = path
+    preexec = None
+    if uid is not None:
+        for folder in (ws, Path(env["HOME"])):
+            folder.mkdir(parents=True, exist_ok=True)
+            os.chown(folder, uid, uid)
+
+        def preexec() -> None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+    argv = [sys.executable, "-m", "hub.cli", "runner", "--hub", hub.url, "--name", name, "--slots", "2",
+            "--workspace-root", str(ws), *flags]
+    log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - kept for the assertion messages
+    proc = await asyncio.create_subprocess_exec(*argv, cwd=REPO, env=env, stdout=log, stderr=log, preexec_fn=preexec)
+    try:
+        caps = await eventually(lambda: caps_of(hub.hub, name), timeout=120)
+        yield caps
+    finally:
+        proc.terminate()
+        await proc.wait()
+        log.close()
+
+
+async def run_as(hub, principal: str, prompt: str, **choices: Any) -> dict:  # noqa: ANN001
+    token = await hub.token(principal)
+    caller = await hub.hub.auth.authenticate(token)
+    sub = await hub.hub.tasks.submit(caller, SubmitRequest(prompt=prompt, profile="claude", **choices))
+    return await hub.hub.tasks.wait_terminal(caller, sub["task_id"], timeout_s=60)
+
+
+def out(view: dict) -> str:
+    return (view.get("result") or {}).get("text") or view.get("error") or ""
+
+
+@pytest.fixture
+async def dac_hub(sqlite_url: str, tmp_path: Path, clock):  # noqa: ANN001
+    """A hub whose home holds the secrets an agent would go for."""
+    home = tmp_path / "hubhome"
+    handle = await start_hub(sqlite_url, home, clock)
+    handle.hub.settings.execution.allow_process_on_hub = False  # production's rule, not the suite's default
+    for name in ("admin.token", "secret.key", "runner.token"):
+        (home / name).write_text(SECRET)
+        (home / name).chmod(0o600)
+    yield handle
+    await handle.stop()
+
+
+async def test_a_linux_dac_child_reaches_neither_the_hub_its_secrets_its_database_nor_its_processes(
+        dac_hub, tmp_path, pg_url):
+    hub = dac_hub
+    home = Path(hub.hub.settings.home)
+    db_file = hub.hub.db.url.split("///", 1)[-1]
+    me = os.getpid()  # the hub's process: this test's
+    other = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)  # a service on the runner's loopback
+    other_port = other.sockets[0].getsockname()[1]
+    async with runner_process(hub, tmp_path, "dac", "--isolation", "linux-dac") as caps:
+        assert caps["isolation"] == ["linux-dac"], caps
+        attempts = {
+            "admin.token": f"cat {home}/admin.token",
+            "secret.key": f"cat {home}/secret.key",
+            "hub home": f"ls {home}",
+            "database file": f"cat {db_file} > /dev/null",
+            "hub environ": f"cat /proc/{me}/environ",
+            "signal hub": f"kill -0 {me}",
+            "postgres as the hub": "python3 -c \"import socket; socket.create_connection(('127.0.0.1', 5432), 3)\"",
+            "another loopback service": f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', "
+                                        f"{other_port}), 3)\"",
+            "the egress proxy to loopback": f"python3 -c \"import os, urllib.request; urllib.request.urlopen("
+                                            f"'https://127.0.0.1:{other_port}/', timeout=5)\"",
+            "write the system": "touch /usr/escaped",
+            "write the hub home": f"touch {home}/escaped",
+            "enter the host's namespaces": "nsenter -t 1 -m -p true",
+            "host root's files": "ls -A /root | grep -v -x .pyenv",
+        }
+        for what, command in attempts.items():
+            view = await run_as(hub, "mallory", f"{command}; echo rc=$?")
+            text = out(view)
+            assert view["status"] == "succeeded", (what, view.get("error"), text)
+            assert SECRET not in text, (what, text)
+            assert "rc=0" not in text, (what, text)
+        assert not (home / "escaped").exists() and not Path("/usr/escaped").exists()
+        # The same child still does ordinary work: its workspace, python3, /usr, the hub's MCP endpoint.
+        view = await run_as(hub, "mallory", "echo work > out.txt && cat out.txt && id -u && pwd && "
+                            "python3 -c 'print(6 * 7)' && ls /usr/bin | grep -c . && "
+                            "python3 -c \"import os, urllib.request; print(urllib.request.urlopen("
+                            "os.environ['AMUX_HUB_URL'] + '/healthz').status)\"")
+        text = out(view)
+        assert view["status"] == "succeeded", view
+        lines = text.splitlines()
+        assert lines[0] == "work" and lines[3] == "42" and lines[5] == "200", text
+        uid = int(lines[1])
+        base = hub.hub.settings.execution.uid_base
+        assert uid != 0 and base <= uid < base + hub.hub.settings.execution.uid_count
+        assert (Path(lines[2]) / "out.txt").stat().st_uid == uid  # written as the principal's uid
+        assert view["changed_files"]["created"] == ["out.txt"]
+
+
+async def test_linux_dac_principals_have_their_own_uid_workspace_and_persistent_home_and_cannot_reach_each_other(
+        dac_hub, tmp_path):
+    hub = dac_hub
+    async with runner_process(hub, tmp_path, "dac2", "--isolation", "linux-dac"):
+        alice = await run_as(hub, "alice", "echo alice-secret > mine.txt && echo kept > $HOME/notes && "
+                                           "id -u && pwd && echo $HOME")
+        assert alice["status"] == "succeeded", alice
+        a_uid, a_ws, a_home = out(alice).splitlines()[:3]
+        again = await run_as(hub, "alice", "cat $HOME/notes && id -u")
+        assert out(again).splitlines()[:2] == ["kept", a_uid]  # the home persists, the uid is the principal's
+        bob = await run_as(hub, "bob", f"id -u; cat {a_ws}/mine.txt; echo rc=$?; cat {a_home}/notes; echo rc=$?; "
+                                       f"ls {Path(a_ws).parent}; echo rc=$?")
+        text = out(bob)
+        assert bob["status"] == "succeeded", bob
+        assert text.splitlines()[0] != a_uid
+        assert "alice-secret" not in text and "kept" not in text, text
+        assert "rc=0" not in text.replace("rc=0\n", "", 0) or text.count("rc=0") == 0, text
+
+
+async def test_a_linux_dac_child_leaves_no_process_behind_after_its_task_ends(dac_hub, tmp_path):
+    hub = dac_hub
+    async with runner_process(hub, tmp_path, "dac3", "--isolation", "linux-dac"):
+        view = await run_as(hub, "mallory", "setsid sh -c 'sleep 987' >/dev/null 2>&1 < /dev/null & echo started")
+        assert view["status"] == "succeeded", view
+
+        async def gone() -> bool:
+            proc = await asyncio.create_subprocess_exec("pgrep", "-f", "sleep 987", stdout=asyncio.subprocess.PIPE)
+            found, _ = await proc.communicate()
+            return not found.strip()
+
+        await eventually(gone, timeout=10)
+
+
+async def test_without_bubblewrap_linux_dac_is_not_offered_and_a_task_waits_naming_apt_get_install_bubblewrap(
+        dac_hub, tmp_path):
+    hub = dac_hub
+    bindir = tmp_path / "bin-without-bwrap"
+    bindir.mkdir()
+    for tool in ("python3", "setpriv", "sh"):
+        (bindir / tool).symlink_to(shutil.which(tool))
+    async with runner_process(hub, tmp_path, "nobwrap", path=f"{Path(sys.executable).parent}:{bindir}") as caps:
+        assert caps["isolation"] == []
+        assert caps["isolation_unavailable"]["linux-dac"] == NO_BWRAP
+        token = await hub.token("carol")
+        caller = await hub.hub.auth.authenticate(token)
+        sub = await hub.hub.tasks.submit(caller, SubmitRequest(prompt="id", profile="claude"))
+        view = await hub.hub.tasks.get(caller, sub["task_id"])
+        assert view["status"] == "queued" and view["snapshot"]["isolation"] == "linux-dac"
+        assert "apt-get install bubblewrap" in view["waiting_for"], view["waiting_for"]
+        await hub.hub.tasks.cancel(caller, sub["task_id"])
+
+
+async def test_process_mode_is_refused_on_a_runner_that_shares_the_hubs_uid_and_admission_names_the_runtimes(
+        dac_hub, tmp_path):
+    hub = dac_hub
+    async with runner_process(hub, tmp_path, "shared", "--dedicated", "--isolation", "process") as caps:
+        assert caps["isolation"] == []
+        assert "allow_process_on_hub" in caps["isolation_unavailable"]["process"]
+        caller = await hub.hub.auth.authenticate(await hub.token("dave"))
+        with pytest.raises(Exception) as refused:
+            await hub.hub.tasks.submit(caller, SubmitRequest(prompt="id", profile="claude", isolation="process"))
+        assert "offers isolation process" in str(refused.value) and "shared (no mode)" in str(refused.value)
+        with pytest.raises(Exception) as unknown:
+            await hub.hub.tasks.submit(caller, SubmitRequest(prompt="id", profile="claude", isolation="vm"))
+        assert "linux-dac, process" in str(unknown.value)
+
+
+async def test_an_unprivileged_runner_offers_no_linux_dac_and_its_dedicated_process_children_cannot_read_the_hub(
+        dac_hub, tmp_path):
+    hub = dac_hub
+    home = Path(hub.hub.settings.home)
+    tmp_path.chmod(0o755)
+    async with runner_process(hub, tmp_path, "nobody", "--dedicated", uid=65534) as caps:
+        assert caps["isolation"] == ["process"]
+        assert "not root" in caps["isolation_unavailable"]["linux-dac"]
+        view = await run_as(hub, "erin", f"id -u; cat {home}/admin.token; echo rc=$?; kill -0 {os.getpid()}; "
+                                         "echo rc=$?")
+        text = out(view)
+        assert view["status"] == "succeeded", view
+        assert text.splitlines()[0] == "65534" and SECRET not in text and "rc=0" not in text, text
+
+
+async def test_an_exhausted_uid_range_makes_a_linux_dac_task_wait_and_waiting_for_says_so(dac_hub, tmp_path):
+    hub = dac_hub
+    hub.hub.settings.execution.uid_count = 1
+    async with runner_process(hub, tmp_path, "tiny", "--isolation", "linux-dac"):
+        first = await run_as(hub, "frank", "id -u")
+        assert first["status"] == "succeeded", first
+        caller = await hub.hub.auth.authenticate(await hub.token("grace"))
+        sub = await hub.hub.tasks.submit(caller, SubmitRequest(prompt="id -u", profile="claude"))
+        await asyncio.sleep(0.5)  # placement rounds run (poll 0.05 s); the run must stay queued
+        view = await hub.hub.tasks.get(caller, sub["task_id"])
+        assert view["status"] == "queued", view
+        assert "is exhausted" in view["waiting_for"] and "execution.uid_count" in view["waiting_for"]
+        hub.hub.settings.execution.uid_count = 2  # the operator widens it: the run goes
+        done = await hub.hub.tasks.wait_terminal(caller, sub["task_id"], timeout_s=60)
+        assert done["status"] == "succeeded", done
