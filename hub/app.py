@@ -159,8 +159,10 @@ class Hub:
         """The aiohttp runner for this hub's app, with the slow- and idle-client limits of `hub.*`."""
         hs = self.settings.hub
         limits = ConnectionLimits(header_timeout_s=hs.header_timeout_s,
-                                  max_pending_connections=hs.max_pending_connections)
-        return GuardedAppRunner(self.web_app(background=background), limits, access_log=None)
+                                  max_pending_connections=hs.max_pending_connections,
+                                  max_pending_per_client=hs.max_pending_per_client,
+                                  max_connections_per_client=hs.max_connections_per_client)
+        return GuardedAppRunner(self.web_app(background=background), limits, self.clock, access_log=None)
 
     async def _resources_ctx(self, _app: web.Application) -> AsyncIterator[None]:
         try:

@@ -32,6 +32,14 @@ class HubSettings(BaseModel):
     body_timeout_s: float = Field(default=30.0, gt=0)
     hello_timeout_s: float = Field(default=5.0, gt=0)
     max_pending_connections: int = Field(default=512, ge=1)
+    # One client (remote IP address): connections waiting for a request head, connections open; 0 turns either off
+    # (behind a reverse proxy every connection comes from the proxy: let the proxy limit clients instead).
+    max_pending_per_client: int = Field(default=64, ge=0)
+    max_connections_per_client: int = Field(default=256, ge=0)
+    # `/metrics`: a bearer token Prometheus sends (unset: an admin token), and/or an address of its own that serves
+    # only `/metrics` (the token, when set, is required there too).
+    metrics_token: str | None = None
+    metrics_listen: str | None = None
 
 
 class PresetSettings(BaseModel):
@@ -151,6 +159,13 @@ class FeishuSettings(BaseModel):
     long_connection_lease_s: float = Field(default=30.0, gt=0)  # a long connection's holder renews every third of it
 
 
+class OAuthSettings(BaseModel):
+    """Dynamic client registration (RFC 7591) for hosted MCP clients (docs/oauth.md)."""
+
+    register_per_minute: int = Field(default=20, ge=0)  # per client address and replica; 0 turns the limit off
+    unused_client_ttl_s: float = Field(default=86400.0, gt=0)  # a client with no authorization is pruned after this
+
+
 class Settings(BaseModel):
     """Everything the hub reads at start."""
 
@@ -167,6 +182,7 @@ class Settings(BaseModel):
     schedules: SchedulesSettings = Field(default_factory=SchedulesSettings)
     alerts: AlertSettings = Field(default_factory=AlertSettings)
     feishu: FeishuSettings = Field(default_factory=FeishuSettings)
+    oauth: OAuthSettings = Field(default_factory=OAuthSettings)
 
     def db_url(self) -> str:
         """Return the database URL, defaulting to SQLite in `home`."""

@@ -12,12 +12,12 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from .server import rearm
-from ..domain.text import MAX_DEPTH, BadText, check_text, check_value, loads
+from ..domain.text import MAX_DEPTH, BadText, check_depth, check_text, check_value, loads
 
 log = logging.getLogger("amux.web")
 
 REQUEST_ID = web.RequestKey("request_id", str)
-JSON_PREFIXES = ("/api/", "/console", "/feishu/")
+TEXT_PREFIXES = ("/api/", "/console", "/feishu/")  # routes whose JSON text is checked here; MCP checks its own
 
 
 def refusal(status: int, error: str, fix: str, request_id: str) -> web.Response:
@@ -45,8 +45,7 @@ def edge_middleware(body_timeout_s: float = 30.0) -> Callable:
                     await request.read()  # cached: handlers read the same bytes
                 else:
                     await asyncio.wait_for(request.read(), body_timeout_s)
-                if request.path.startswith(JSON_PREFIXES):
-                    await _check_body(request)
+                await _check_body(request, text=request.path.startswith(TEXT_PREFIXES))
         except BadText as e:
             return refusal(400, "invalid", str(e), rid)
         except web.HTTPRequestEntityTooLarge:
@@ -72,8 +71,9 @@ def edge_middleware(body_timeout_s: float = 30.0) -> Callable:
     return middleware
 
 
-async def _check_body(request: web.Request) -> None:
-    """Refuse a JSON body no store can keep; a body sent without a JSON type is checked only if it parses."""
+async def _check_body(request: web.Request, *, text: bool) -> None:
+    """Refuse a JSON body nested more than MAX_DEPTH levels deep, on every route (a body sent without a JSON type
+    is checked only if it parses); with `text`, also refuse invalid JSON and text no store can keep."""
     ctype = request.content_type
     declared = ctype == "application/json" or ctype.endswith("+json")
     if not declared and ctype not in ("application/octet-stream", ""):
@@ -81,13 +81,16 @@ async def _check_body(request: web.Request) -> None:
     raw = await request.read()  # cached: the handler reads the same bytes
     if not raw.strip():
         return
-    if declared:
+    if declared and text:
         loads(raw)
         return
     try:
         value = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
-        return
+        return  # not JSON: the handler answers in its own protocol (OAuth, JSON-RPC)
     except RecursionError:
         raise BadText(f"body is nested more than {MAX_DEPTH} levels deep; flatten it") from None
-    check_value(value)
+    if text:
+        check_value(value)
+    else:
+        check_depth(value)
