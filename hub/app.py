@@ -27,6 +27,7 @@ from .services.channel import NullChannel, load_channel
 from .services.auth import AuthService
 from .services.bot import BotService
 from .services.oauth import OAuthService
+from .services.oauth_registration import ClientRegistration
 from .services.credentials import CredentialService, SecretBox
 from .services.profiles import ProfileService
 from .services.dispatch import Dispatcher
@@ -80,6 +81,7 @@ class Hub:
         self.loops = Loops(self.metrics.registry)
         hs = settings.hub
         self.oauth = OAuthService(self.db, self.clock)  # hosted MCP clients (issue 19 item 4)
+        self.registration = ClientRegistration(self.oauth, self.clock, settings.oauth)  # limited, pruned (issue 33)
         self.auth = AuthService(self.db, self.clock, oauth=self.oauth)
         self.dispatcher = Dispatcher(self.db, self.clock, self.notifier, hs)
         self.profiles = ProfileService(self.db, self.clock)
@@ -149,7 +151,7 @@ class Hub:
         app.router.add_get("/runner/ws", self.runner_endpoint.handle)
         app.on_shutdown.append(self.runner_endpoint.close_all)
         app.router.add_route("*", "/mcp", self.mcp.handle)
-        oauth_web.add_routes(app, self.oauth, self.auth, self.settings.public_url)
+        oauth_web.add_routes(app, self.oauth, self.auth, self.settings.public_url, self.registration)
         boxes.add_routes(app, self.auth, self.leases, self.clock, public_url=self.settings.public_url)
         self.bot.add_routes(app)
         app.cleanup_ctx.insert(0, self._resources_ctx)  # cleaned up last: after the loops and the bot stopped
