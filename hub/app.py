@@ -135,7 +135,8 @@ class Hub:
 
     def web_app(self, *, background: bool = True) -> web.Application:
         """Build the aiohttp application; `background` starts the placement and reaper loops."""
-        app = web.Application(middlewares=[edge.edge_middleware(self.settings.hub.body_timeout_s),
+        app = web.Application(middlewares=[edge.edge_middleware(self.settings.hub.body_timeout_s,
+                                                                 self.settings.hub.trusted_proxies),
                                              rest.auth_middleware(self.auth)], client_max_size=2 * 1024 * 1024)
         health.add_routes(app, HealthService(self.db), self.metrics, self.loops,
                           health.MetricsDoor(self.auth, self.settings.hub.metrics_token))

@@ -1,6 +1,7 @@
 """Settings: an optional TOML file overlaid by `AMUX_*` environment variables (`__` between levels)."""
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from pathlib import Path
@@ -40,6 +41,21 @@ class HubSettings(BaseModel):
     # only `/metrics` (the token, when set, is required there too).
     metrics_token: str | None = None
     metrics_listen: str | None = None
+    # Proxies (IP addresses or networks) whose X-Forwarded-For names the client, for the per-client rules that run
+    # after a request head arrived (OAuth registration); e.g. AMUX_HUB__TRUSTED_PROXIES=10.0.0.0/8,172.16.0.0/12
+    trusted_proxies: list[str] = Field(default_factory=list)
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _proxy_list(cls, v: Any) -> Any:
+        items = [p.strip() for p in v.split(",") if p.strip()] if isinstance(v, str) else v
+        for item in items or []:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"hub.trusted_proxies: {item!r} is not an IP address or network; write e.g. "
+                                 '"10.0.0.0/8" or "192.0.2.7"') from None
+        return items
 
 
 class PresetSettings(BaseModel):

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import secrets
 import traceback
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Collection
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -17,6 +18,7 @@ from ..domain.text import MAX_DEPTH, BadText, check_depth, check_text, check_val
 log = logging.getLogger("amux.web")
 
 REQUEST_ID = web.RequestKey("request_id", str)
+CLIENT = web.RequestKey("client", str)  # the client's IP address: the peer, or what a trusted proxy forwarded
 TEXT_PREFIXES = ("/api/", "/console", "/feishu/")  # routes whose JSON text is checked here; MCP checks its own
 
 
@@ -26,15 +28,34 @@ def refusal(status: int, error: str, fix: str, request_id: str) -> web.Response:
                              headers={"X-Request-Id": request_id})
 
 
-def edge_middleware(body_timeout_s: float = 30.0) -> Callable:
-    """Give each request an id; refuse unstorable text in its path, query and JSON body, and bodies that arrive
-    slower than `body_timeout_s` (408); turn crashes into JSON; give the connection time for its next request."""
+def client_address(peer: str | None, forwarded_for: str | None, trusted: Collection[ipaddress.IPv4Network |
+                                                                             ipaddress.IPv6Network]) -> str:
+    """Return the client's address: the peer, unless it is a trusted proxy; then the right-most X-Forwarded-For entry
+    that is not one (entries left of it could be forged by the client)."""
+    hops = [peer or "-"] + [h.strip() for h in reversed((forwarded_for or "").split(",")) if h.strip()]
+    for hop in hops:
+        try:
+            address = ipaddress.ip_address(hop)
+        except ValueError:
+            return hop[:64]  # not an address (a Unix socket, a garbled header): the last hop that can be told apart
+        if not any(address in net for net in trusted):
+            return str(address)
+    return hops[-1]
+
+
+def edge_middleware(body_timeout_s: float = 30.0, trusted_proxies: Collection[str] = ()) -> Callable:
+    """Give each request an id and its client's address; refuse unstorable text in its path, query and JSON body,
+    and bodies that arrive slower than `body_timeout_s` (408); turn crashes into JSON; give the connection time for
+    its next request."""
+    trusted = [ipaddress.ip_network(p, strict=False) for p in trusted_proxies]
 
     @web.middleware
     async def middleware(request: web.Request,
                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         rid = secrets.token_hex(8)
         request[REQUEST_ID] = rid
+        request[CLIENT] = client_address(request.remote, request.headers.get("X-Forwarded-For") if trusted else None,
+                                         trusted)
         try:
             check_text(unquote(request.raw_path, errors="surrogateescape"), "the path")
             for k, v in request.query.items():

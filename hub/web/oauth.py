@@ -19,6 +19,7 @@ from ..domain.rate import retry_after
 from ..errors import AmuxError
 from ..services.auth import AuthService
 from ..services.oauth_registration import ClientRegistration, RegistrationLimited
+from .edge import CLIENT
 from ..services.oauth import SCOPE_TEXT, SCOPES, AuthorizeRequest, OAuthError, OAuthService, PageError, RedirectError
 
 SESSION_COOKIE = "amux_oauth_session"
@@ -95,7 +96,7 @@ class OAuthWeb:
             return _oauth_error(OAuthError("invalid_client_metadata", "client metadata is larger than 64 KiB"))
         try:
             if self.registration is not None:
-                info = await self.registration.register(await request.read(), request.remote)
+                info = await self.registration.register(await request.read(), request.get(CLIENT, request.remote))
             else:
                 info = await self.oauth.register(await request.read())
         except OAuthError as e:

@@ -67,3 +67,20 @@ async def test_replicas_pruning_at_once_delete_each_unused_client_once(any_hub, 
             await db.close()
     assert sum(gone) == len(ids)
     assert all([await any_hub.hub.oauth.client(i) is None for i in ids])
+
+
+async def test_behind_a_trusted_proxy_the_limit_counts_the_forwarded_client_address(sqlite_url, tmp_path, clock):
+    from tests.helpers import start_hub
+    hub = await start_hub(sqlite_url, tmp_path, clock, trusted_proxies=["127.0.0.1"])
+    try:
+        async with httpx2.AsyncClient(timeout=10) as http:
+            async def via_proxy(client: str) -> httpx2.Response:
+                return await http.post(f"{hub.url}/oauth/register", headers={"X-Forwarded-For": client},
+                                       json={"redirect_uris": [REDIRECT]})
+            for _ in range(20):
+                assert (await via_proxy("198.51.100.7")).status_code == 201
+            refused = await via_proxy("6.6.6.6, 198.51.100.7")  # a forged left-most hop changes nothing
+            assert refused.status_code == 429 and "198.51.100.7" in refused.json()["error_description"]
+            assert (await via_proxy("198.51.100.8")).status_code == 201
+    finally:
+        await hub.stop()
