@@ -1,4 +1,5 @@
-"""The HTTP edge: request ids, text every store can keep (hub/domain/text.py), and no 500 that leaks user content."""
+"""The HTTP edge: request ids, client addresses, JSON of bounded depth on every route and text every store can keep
+(hub/domain/text.py), and no 500 that leaks user content."""
 from __future__ import annotations
 
 import asyncio
