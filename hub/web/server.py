@@ -107,14 +107,15 @@ class GuardedRequestHandler(RequestHandler):
         if not isinstance(exc, HttpProcessingError):
             return super().handle_error(request, status, exc, message)
         client = self.amux_client or "a local socket"
+        why = str(exc.message or exc)[:200].encode("unicode_escape").decode()  # one printable line
         self._amux_server.malformed += 1
         self._amux_server.warn(client, "malformed", "malformed HTTP request from %s: %s (one line a minute per "
-                               "client)", client, str(exc.message or exc)[:200].encode("unicode_escape").decode())
+                               "client)", client, why)
         if request.writer.output_size > 0:
             raise ConnectionError("a response was already sent; the connection is closed")
         rid = secrets.token_hex(8)
-        body = {"error": "malformed_request", "fix": "send a well-formed HTTP/1.1 request (request line and "
-                "headers as RFC 9112 says)", "request_id": rid}
+        fix = f"send a well-formed HTTP/1.1 request (RFC 9112); the hub could not parse this one: {why}"
+        body = {"error": "malformed_request", "fix": fix, "message": fix, "request_id": rid}
         resp = web.Response(status=status, text=json.dumps(body), content_type="application/json",
                             headers={"X-Request-Id": rid})
         resp.force_close()
