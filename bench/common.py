@@ -58,6 +58,11 @@ PROFILE_RATE_ENV = "AMUX_BENCH_PROFILE_RATE"  # py-spy's samples a second (100 u
 PROFILE_GIL_ENV = "AMUX_BENCH_PROFILE_GIL"  # set: record only the thread holding the GIL (where the CPU goes)
 
 
+# Every bench client connects from 127.0.0.1: the per-client connection limits would count the whole load as one
+# client, so the benches turn them off (the global limits stay).
+ONE_ADDRESS = {"AMUX_HUB__MAX_PENDING_PER_CLIENT": "0", "AMUX_HUB__MAX_CONNECTIONS_PER_CLIENT": "0"}
+
+
 @contextlib.asynccontextmanager
 async def hub_process(db_url: str | None, *, slots: int = 8, with_runner: bool = True,
                       env: dict[str, str] | None = None,
@@ -74,7 +79,8 @@ async def hub_process(db_url: str | None, *, slots: int = 8, with_runner: bool =
     args += ["--listen", f"127.0.0.1:{port}"] + (["--db", db_url] if db_url else [])
     errors = open(home / "hub.stderr", "wb")  # noqa: SIM115 — closed below
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "hub.cli", *args, cwd=REPO, env={**os.environ, "AMUX_HOME": str(home), **(env or {})},
+        sys.executable, "-m", "hub.cli", *args, cwd=REPO, env={**os.environ, "AMUX_HOME": str(home), **ONE_ADDRESS,
+                                                              **(env or {})},
         stdout=asyncio.subprocess.DEVNULL, stderr=errors)
     url = f"http://127.0.0.1:{port}"
     spy = None

@@ -42,7 +42,8 @@ async def client(url: str, token: str | None):
 async def throughput(url: str, token: str, n: int, concurrency: int = CONCURRENCY) -> float:
     """Submit n tasks over MCP with `concurrency` callers; return tasks/s from first submit to last terminal."""
     queue = list(range(n))
-    async with httpx2.AsyncClient(timeout=60) as http:
+    scrape = {"Authorization": f"Bearer {token}"}  # an admin token opens /metrics when hub.metrics_token is unset
+    async with httpx2.AsyncClient(timeout=60, headers=scrape) as http:
         before = terminal_counts((await http.get(f"{url}/metrics")).text)
     done_before, ok_before = sum(before.values()), before.get("succeeded", 0)
     async with client(url, token) as c:
@@ -54,7 +55,7 @@ async def throughput(url: str, token: str, n: int, concurrency: int = CONCURRENC
                 await c.call_tool("task_submit", {"prompt": "say hi\nusage input=1 output=1", "profile": "scripted"})
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        async with httpx2.AsyncClient(timeout=60) as http:
+        async with httpx2.AsyncClient(timeout=60, headers=scrape) as http:
             while True:  # the hub's own gauges: cheap to read, and they count every task
                 counts = terminal_counts((await http.get(f"{url}/metrics")).text)
                 if sum(counts.values()) - done_before >= n:

@@ -30,7 +30,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import Implementation
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from .common import figure
+from .common import ONE_ADDRESS, figure
 
 REPO = Path(__file__).resolve().parent.parent
 PG_URL = os.environ.get("AMUX_TEST_DATABASE_URL") or "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
@@ -99,7 +99,7 @@ async def hub_server(db_url: str | None) -> AsyncIterator[tuple[str, str, str]]:
     port = free_port()
     db = db_url or f"sqlite+aiosqlite:///{home / 'amux.db'}"
     async with subprocess(["hub.cli", "hub", "serve", "--listen", f"127.0.0.1:{port}", "--db", db],
-                          {"AMUX_HOME": str(home)}) as proc:
+                          {"AMUX_HOME": str(home), **ONE_ADDRESS}) as proc:
         url = f"http://127.0.0.1:{port}"
         PIDS[url] = proc.pid
 

@@ -25,7 +25,7 @@ from typing import AsyncIterator
 
 import httpx2
 
-from .common import PG_URL, REPO, free_port, pct, pg_database
+from .common import ONE_ADDRESS, PG_URL, REPO, free_port, pct, pg_database
 from .leases import _wait_http, bare_server, client, timed
 
 
@@ -37,7 +37,7 @@ async def hub_at(repo: Path, store: str) -> AsyncIterator[tuple[str, str, int]]:
         home = Path(tempfile.mkdtemp(prefix="amux-bench-calls-"))
         port = free_port()
         db = db_url or f"sqlite+aiosqlite:///{home / 'amux.db'}"
-        env = {**os.environ, "AMUX_HOME": str(home), "PYTHONPATH": str(repo)}
+        env = {**os.environ, "AMUX_HOME": str(home), "PYTHONPATH": str(repo), **ONE_ADDRESS}
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "hub.cli", "hub", "serve", "--listen", f"127.0.0.1:{port}", "--db", db, cwd=repo,
             env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)

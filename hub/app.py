@@ -9,7 +9,9 @@ from typing import AsyncIterator
 from aiohttp import web
 
 from .boxes.local import LocalBoxDriver
+from .cli_discovery import listen_address, url_of
 from .clock import Clock, SystemClock
+from .errors import AmuxError
 from .config import Settings
 from .files import private_dir, write_private
 from .loops import Loops
@@ -25,6 +27,7 @@ from .services.channel import NullChannel, load_channel
 from .services.auth import AuthService
 from .services.bot import BotService
 from .services.oauth import OAuthService
+from .services.oauth_registration import ClientRegistration
 from .services.credentials import CredentialService, SecretBox
 from .services.profiles import ProfileService
 from .services.dispatch import Dispatcher
@@ -74,9 +77,11 @@ class Hub:
         self.clock = clock or SystemClock()
         self.notifier = Notifier()
         self.metrics = health.Metrics()
+        self.metrics_url: str | None = None  # `http://HOST:PORT/metrics` once hub.metrics_listen is served
         self.loops = Loops(self.metrics.registry)
         hs = settings.hub
         self.oauth = OAuthService(self.db, self.clock)  # hosted MCP clients (issue 19 item 4)
+        self.registration = ClientRegistration(self.oauth, self.clock, settings.oauth)  # limited, pruned (issue 33)
         self.auth = AuthService(self.db, self.clock, oauth=self.oauth)
         self.dispatcher = Dispatcher(self.db, self.clock, self.notifier, hs, execution=settings.execution)
         self.profiles = ProfileService(self.db, self.clock)
@@ -131,9 +136,11 @@ class Hub:
 
     def web_app(self, *, background: bool = True) -> web.Application:
         """Build the aiohttp application; `background` starts the placement and reaper loops."""
-        app = web.Application(middlewares=[edge.edge_middleware(self.settings.hub.body_timeout_s),
+        app = web.Application(middlewares=[edge.edge_middleware(self.settings.hub.body_timeout_s,
+                                                                 self.settings.hub.trusted_proxies),
                                              rest.auth_middleware(self.auth)], client_max_size=2 * 1024 * 1024)
-        health.add_routes(app, HealthService(self.db), self.metrics, self.loops)
+        health.add_routes(app, HealthService(self.db), self.metrics, self.loops,
+                          health.MetricsDoor(self.auth, self.settings.hub.metrics_token))
         rest.add_routes(app, rest.RestServices(
             auth=self.auth, tasks=self.tasks, permissions=self.permissions, sessions=self.sessions,
             profiles=self.profiles, credentials=self.credentials, memory=self.memory, runtimes=self.runtimes))
@@ -146,22 +153,49 @@ class Hub:
         app.router.add_get("/runner/ws", self.runner_endpoint.handle)
         app.on_shutdown.append(self.runner_endpoint.close_all)
         app.router.add_route("*", "/mcp", self.mcp.handle)
-        oauth_web.add_routes(app, self.oauth, self.auth, self.settings.public_url)
+        oauth_web.add_routes(app, self.oauth, self.auth, self.settings.public_url, self.registration)
         boxes.add_routes(app, self.auth, self.leases, self.clock, public_url=self.settings.public_url)
         self.bot.add_routes(app)
         app.cleanup_ctx.insert(0, self._resources_ctx)  # cleaned up last: after the loops and the bot stopped
         app.cleanup_ctx.append(self.bot.lifespan)
         app.cleanup_ctx.append(self._mcp_ctx)
+        if self.settings.hub.metrics_listen:
+            app.cleanup_ctx.append(self._metrics_listen_ctx)
         if background:
             app.cleanup_ctx.append(self._loops_ctx)
         return app
 
     def app_runner(self, *, background: bool = True) -> GuardedAppRunner:
         """The aiohttp runner for this hub's app, with the slow- and idle-client limits of `hub.*`."""
+        return GuardedAppRunner(self.web_app(background=background), self._limits(), self.clock, access_log=None)
+
+    def _limits(self) -> ConnectionLimits:
         hs = self.settings.hub
-        limits = ConnectionLimits(header_timeout_s=hs.header_timeout_s,
-                                  max_pending_connections=hs.max_pending_connections)
-        return GuardedAppRunner(self.web_app(background=background), limits, access_log=None)
+        return ConnectionLimits(header_timeout_s=hs.header_timeout_s,
+                                max_pending_connections=hs.max_pending_connections,
+                                max_pending_per_client=hs.max_pending_per_client,
+                                max_connections_per_client=hs.max_connections_per_client)
+
+    async def _metrics_listen_ctx(self, _app: web.Application) -> AsyncIterator[None]:
+        """Serve `/metrics` alone on `hub.metrics_listen` while the hub runs (open there unless a token is set)."""
+        hs = self.settings.hub
+        host, port = listen_address(hs.metrics_listen or "")
+        app = web.Application(middlewares=[edge.edge_middleware(hs.body_timeout_s)])
+        door = health.MetricsDoor(self.auth, hs.metrics_token, open_without_token=True)
+        app.router.add_get("/metrics", health.metrics_handler(HealthService(self.db), self.metrics, door))
+        runner = GuardedAppRunner(app, self._limits(), self.clock, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as e:
+            await runner.cleanup()
+            raise AmuxError(f"cannot listen on {host}:{port} for /metrics ({e.strerror}); set hub.metrics_listen "
+                            "to a free HOST:PORT") from e
+        self.metrics_url = url_of(host, runner.addresses[0][1]) + "/metrics"
+        try:
+            yield
+        finally:
+            await runner.cleanup()
 
     async def _resources_ctx(self, _app: web.Application) -> AsyncIterator[None]:
         try:

@@ -112,6 +112,8 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
     admin_token = await _token_file(hub, settings.home / "admin.token", "admin", "cli")
     print(f"amux hub listening on {url}  (MCP: {url}/mcp, database: {hub.db.url.split('@')[-1]})", flush=True)
     print(f"admin token written to {settings.home / 'admin.token'}; hub address written to {hub_file}", flush=True)
+    if hub.metrics_url:
+        print(f"metrics (hub.metrics_listen): {hub.metrics_url}", flush=True)
     print(f"console (the bot without a Feishu tenant): {url}/console — paste that token; boxes: {url}/boxes",
           flush=True)
     local = None

@@ -1,6 +1,7 @@
 """Settings: an optional TOML file overlaid by `AMUX_*` environment variables (`__` between levels)."""
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from pathlib import Path
@@ -32,6 +33,29 @@ class HubSettings(BaseModel):
     body_timeout_s: float = Field(default=30.0, gt=0)
     hello_timeout_s: float = Field(default=5.0, gt=0)
     max_pending_connections: int = Field(default=512, ge=1)
+    # One client (remote IP address): connections waiting for a request head, connections open; 0 turns either off
+    # (behind a reverse proxy every connection comes from the proxy: let the proxy limit clients instead).
+    max_pending_per_client: int = Field(default=64, ge=0)
+    max_connections_per_client: int = Field(default=256, ge=0)
+    # `/metrics`: a bearer token Prometheus sends (unset: an admin token), and/or an address of its own that serves
+    # only `/metrics` (the token, when set, is required there too).
+    metrics_token: str | None = None
+    metrics_listen: str | None = None
+    # Proxies (IP addresses or networks) whose X-Forwarded-For names the client, for the per-client rules that run
+    # after a request head arrived (OAuth registration); e.g. AMUX_HUB__TRUSTED_PROXIES=10.0.0.0/8,172.16.0.0/12
+    trusted_proxies: list[str] = Field(default_factory=list)
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _proxy_list(cls, v: Any) -> Any:
+        items = [p.strip() for p in v.split(",") if p.strip()] if isinstance(v, str) else v
+        for item in items or []:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"hub.trusted_proxies: {item!r} is not an IP address or network; write e.g. "
+                                 '"10.0.0.0/8" or "192.0.2.7"') from None
+        return items
 
 
 class PresetSettings(BaseModel):
@@ -182,6 +206,13 @@ class FeishuSettings(BaseModel):
     long_connection_lease_s: float = Field(default=30.0, gt=0)  # a long connection's holder renews every third of it
 
 
+class OAuthSettings(BaseModel):
+    """Dynamic client registration (RFC 7591) for hosted MCP clients (docs/oauth.md)."""
+
+    register_per_minute: int = Field(default=20, ge=0)  # per client address and replica; 0 turns the limit off
+    unused_client_ttl_s: float = Field(default=86400.0, gt=0)  # a client with no authorization is pruned after this
+
+
 class Settings(BaseModel):
     """Everything the hub reads at start."""
 
@@ -198,6 +229,7 @@ class Settings(BaseModel):
     schedules: SchedulesSettings = Field(default_factory=SchedulesSettings)
     alerts: AlertSettings = Field(default_factory=AlertSettings)
     feishu: FeishuSettings = Field(default_factory=FeishuSettings)
+    oauth: OAuthSettings = Field(default_factory=OAuthSettings)
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
     runner: RunnerSettings = Field(default_factory=RunnerSettings)
 

@@ -44,13 +44,32 @@ def check_value(value: Any, where: str = "body", depth: int = 0) -> None:
         raise BadText(f"{where} is NaN; send a number")
 
 
-def loads(raw: bytes | str) -> Any:
-    """Decode JSON, refusing what no store can keep (raises BadText)."""
+def check_depth(value: Any, depth: int = 0) -> None:
+    """Refuse a decoded JSON value nested more than MAX_DEPTH levels deep (its text is not looked at)."""
+    if depth > MAX_DEPTH:
+        raise BadText(f"body is nested more than {MAX_DEPTH} levels deep; flatten it")
+    if isinstance(value, dict):
+        for v in value.values():
+            check_depth(v, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            check_depth(v, depth + 1)
+
+
+def loads_bounded(raw: bytes | str) -> Any:
+    """Decode JSON of bounded depth, whatever text it holds (raises BadText): the rule of every door."""
     try:
         value = json.loads(raw)
     except RecursionError:
         raise BadText(f"body is nested more than {MAX_DEPTH} levels deep; flatten it") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise BadText(f"body is not valid JSON ({e}); send a JSON object") from None
+    check_depth(value)
+    return value
+
+
+def loads(raw: bytes | str) -> Any:
+    """Decode JSON of bounded depth, refusing text no store can keep (raises BadText)."""
+    value = loads_bounded(raw)
     check_value(value)
     return value

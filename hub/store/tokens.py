@@ -149,6 +149,26 @@ class SqlOAuthStore:
         """Return a registered client, or None."""
         return (await conn.execute(sa.select(oauth_clients).where(oauth_clients.c.id == client_id))).first()
 
+    async def prune_unused_clients(self, conn: Connection, *, created_before: datetime, limit: int) -> int:
+        """Delete up to `limit` clients registered before `created_before` that never completed an authorization
+        (no grant) and hold no code made since then, with their old codes; return how many clients went.
+
+        Safe on any number of replicas at once: the conditions are checked again by the DELETE itself, so a client
+        that another replica is authorizing meanwhile stays (at worst a foreign-key error aborts this pass).
+        """
+        c = oauth_clients.c
+        unused = sa.and_(
+            c.created_at < created_before,
+            ~sa.select(oauth_grants.c.id).where(oauth_grants.c.client_id == c.id).exists(),
+            ~sa.select(oauth_codes.c.code_hash).where(oauth_codes.c.client_id == c.id,
+                                                      oauth_codes.c.created_at >= created_before).exists())
+        ids = list((await conn.execute(sa.select(c.id).where(unused).limit(limit))).scalars())
+        if not ids:
+            return 0
+        await conn.execute(oauth_codes.delete().where(oauth_codes.c.client_id.in_(ids),
+                                                      oauth_codes.c.created_at < created_before))
+        return int((await conn.execute(oauth_clients.delete().where(c.id.in_(ids), unused))).rowcount)
+
     # --- authorization codes ---------------------------------------------------------------------
 
     async def add_code(self, conn: Connection, *, code_hash: str, client_id: str, principal_id: str,

@@ -1,23 +1,26 @@
-"""The HTTP edge: request ids, text every store can keep (hub/domain/text.py), and no 500 that leaks user content."""
+"""The HTTP edge: request ids, client addresses, JSON of bounded depth on every route and text every store can keep
+(hub/domain/text.py), and no 500 that leaks user content."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import secrets
 import traceback
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Collection
 from urllib.parse import unquote
 
 from aiohttp import web
 
 from .server import rearm
-from ..domain.text import MAX_DEPTH, BadText, check_text, check_value, loads
+from ..domain.text import MAX_DEPTH, BadText, check_depth, check_text, check_value, loads
 
 log = logging.getLogger("amux.web")
 
 REQUEST_ID = web.RequestKey("request_id", str)
-JSON_PREFIXES = ("/api/", "/console", "/feishu/")
+CLIENT = web.RequestKey("client", str)  # the client's IP address: the peer, or what a trusted proxy forwarded
+TEXT_PREFIXES = ("/api/", "/console", "/feishu/")  # routes whose JSON text is checked here; MCP checks its own
 
 
 def refusal(status: int, error: str, fix: str, request_id: str) -> web.Response:
@@ -26,15 +29,34 @@ def refusal(status: int, error: str, fix: str, request_id: str) -> web.Response:
                              headers={"X-Request-Id": request_id})
 
 
-def edge_middleware(body_timeout_s: float = 30.0) -> Callable:
-    """Give each request an id; refuse unstorable text in its path, query and JSON body, and bodies that arrive
-    slower than `body_timeout_s` (408); turn crashes into JSON; give the connection time for its next request."""
+def client_address(peer: str | None, forwarded_for: str | None, trusted: Collection[ipaddress.IPv4Network |
+                                                                             ipaddress.IPv6Network]) -> str:
+    """Return the client's address: the peer, unless it is a trusted proxy; then the right-most X-Forwarded-For entry
+    that is not one (entries left of it could be forged by the client)."""
+    hops = [peer or "-"] + [h.strip() for h in reversed((forwarded_for or "").split(",")) if h.strip()]
+    for hop in hops:
+        try:
+            address = ipaddress.ip_address(hop)
+        except ValueError:
+            return hop[:64]  # not an address (a Unix socket, a garbled header): the last hop that can be told apart
+        if not any(address in net for net in trusted):
+            return str(address)
+    return hops[-1]
+
+
+def edge_middleware(body_timeout_s: float = 30.0, trusted_proxies: Collection[str] = ()) -> Callable:
+    """Give each request an id and its client's address; refuse unstorable text in its path, query and JSON body,
+    and bodies that arrive slower than `body_timeout_s` (408); turn crashes into JSON; give the connection time for
+    its next request."""
+    trusted = [ipaddress.ip_network(p, strict=False) for p in trusted_proxies]
 
     @web.middleware
     async def middleware(request: web.Request,
                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         rid = secrets.token_hex(8)
         request[REQUEST_ID] = rid
+        request[CLIENT] = client_address(request.remote, request.headers.get("X-Forwarded-For") if trusted else None,
+                                         trusted)
         try:
             check_text(unquote(request.raw_path, errors="surrogateescape"), "the path")
             for k, v in request.query.items():
@@ -45,8 +67,7 @@ def edge_middleware(body_timeout_s: float = 30.0) -> Callable:
                     await request.read()  # cached: handlers read the same bytes
                 else:
                     await asyncio.wait_for(request.read(), body_timeout_s)
-                if request.path.startswith(JSON_PREFIXES):
-                    await _check_body(request)
+                await _check_body(request, text=request.path.startswith(TEXT_PREFIXES))
         except BadText as e:
             return refusal(400, "invalid", str(e), rid)
         except web.HTTPRequestEntityTooLarge:
@@ -72,8 +93,9 @@ def edge_middleware(body_timeout_s: float = 30.0) -> Callable:
     return middleware
 
 
-async def _check_body(request: web.Request) -> None:
-    """Refuse a JSON body no store can keep; a body sent without a JSON type is checked only if it parses."""
+async def _check_body(request: web.Request, *, text: bool) -> None:
+    """Refuse a JSON body nested more than MAX_DEPTH levels deep, on every route (a body sent without a JSON type
+    is checked only if it parses); with `text`, also refuse invalid JSON and text no store can keep."""
     ctype = request.content_type
     declared = ctype == "application/json" or ctype.endswith("+json")
     if not declared and ctype not in ("application/octet-stream", ""):
@@ -81,13 +103,16 @@ async def _check_body(request: web.Request) -> None:
     raw = await request.read()  # cached: the handler reads the same bytes
     if not raw.strip():
         return
-    if declared:
+    if declared and text:
         loads(raw)
         return
     try:
         value = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
-        return
+        return  # not JSON: the handler answers in its own protocol (OAuth, JSON-RPC)
     except RecursionError:
         raise BadText(f"body is nested more than {MAX_DEPTH} levels deep; flatten it") from None
-    check_value(value)
+    if text:
+        check_value(value)
+    else:
+        check_depth(value)

@@ -15,8 +15,11 @@ from urllib.parse import parse_qsl, unquote_plus, urlencode, urlsplit, urlunspli
 from aiohttp import web
 from mcp.shared.auth import OAuthMetadata, ProtectedResourceMetadata
 
+from ..domain.rate import retry_after
 from ..errors import AmuxError
 from ..services.auth import AuthService
+from ..services.oauth_registration import ClientRegistration, RegistrationLimited
+from .edge import CLIENT
 from ..services.oauth import SCOPE_TEXT, SCOPES, AuthorizeRequest, OAuthError, OAuthService, PageError, RedirectError
 
 SESSION_COOKIE = "amux_oauth_session"
@@ -33,9 +36,11 @@ AUTH_PARAMS = ("response_type", "client_id", "redirect_uri", "state", "code_chal
 class OAuthWeb:
     """The HTTP face of the hub's authorization server and of `/mcp` as a protected resource."""
 
-    def __init__(self, oauth: OAuthService, auth: AuthService, public_url: str | None) -> None:
+    def __init__(self, oauth: OAuthService, auth: AuthService, public_url: str | None,
+                 registration: ClientRegistration | None = None) -> None:
         self.oauth = oauth
         self.auth = auth
+        self.registration = registration
         self.public_url = public_url.rstrip("/") if public_url else None
 
     def base(self, request: web.Request) -> str:
@@ -86,11 +91,14 @@ class OAuthWeb:
     # ------------------------------------------------------------------ registration and tokens
 
     async def register(self, request: web.Request) -> web.Response:
-        """Register a client (RFC 7591): 201 with the client information."""
+        """Register a client (RFC 7591): 201 with the client information; 429 past the per-address limit."""
         if (request.content_length or 0) > 64 * 1024:
             return _oauth_error(OAuthError("invalid_client_metadata", "client metadata is larger than 64 KiB"))
         try:
-            info = await self.oauth.register(await request.read())
+            if self.registration is not None:
+                info = await self.registration.register(await request.read(), request.get(CLIENT, request.remote))
+            else:
+                info = await self.oauth.register(await request.read())
         except OAuthError as e:
             return _oauth_error(e)
         return _json(info, status=201)
@@ -224,9 +232,10 @@ class OAuthWeb:
 OAUTH = web.AppKey("oauth", OAuthWeb)
 
 
-def add_routes(app: web.Application, oauth: OAuthService, auth: AuthService, public_url: str | None) -> None:
+def add_routes(app: web.Application, oauth: OAuthService, auth: AuthService, public_url: str | None,
+               registration: ClientRegistration | None = None) -> None:
     """Register the discovery, registration, approval and token routes."""
-    ep = OAuthWeb(oauth, auth, public_url)
+    ep = OAuthWeb(oauth, auth, public_url, registration)
     app[OAUTH] = ep
     for path in ("/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp"):
         app.router.add_get(path, ep.protected_resource)
@@ -276,6 +285,8 @@ def _json(data: Any, *, status: int = 200, cache: bool = False) -> web.Response:
 
 def _oauth_error(e: OAuthError, *, basic: bool = False) -> web.Response:
     headers = {**CORS, **NO_STORE, **({"WWW-Authenticate": 'Basic realm="amux"'} if basic and e.status == 401 else {})}
+    if isinstance(e, RegistrationLimited):
+        headers["Retry-After"] = retry_after(e.retry_after_s)
     return web.json_response({"error": e.error, "error_description": e.description}, status=e.status, headers=headers)
 
 

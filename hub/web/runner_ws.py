@@ -12,6 +12,7 @@ from typing import Callable, Collection
 from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
 
+from ..domain.text import BadText, loads_bounded
 from ..errors import AmuxError
 from ..loops import Loops, Tasks
 from ..runner import protocol as p
@@ -187,7 +188,7 @@ class RunnerEndpoint:
         ws = web.WebSocketResponse(heartbeat=30, max_msg_size=16 * 1024 * 1024)
         await ws.prepare(request)
         try:
-            first = await ws.receive_json(timeout=self.hello_timeout_s)
+            first = await ws.receive_json(loads=loads_bounded, timeout=self.hello_timeout_s)
             reg = p.Register.model_validate(first)
             runtime_id, conn_id, drop = await self.runtimes.register(caller, reg)
         except (AmuxError, ValidationError, ValueError, TypeError, asyncio.TimeoutError) as e:
@@ -220,7 +221,12 @@ class RunnerEndpoint:
                     break
                 if applier.done():  # it could not apply reports and closed the socket: stop reading
                     break
-                await inbox.put(raw.json())
+                try:
+                    frame = raw.json(loads=loads_bounded)
+                except BadText as e:  # not JSON, or nested past the edge's depth: the runner is not ours
+                    await ws.send_json(p.ErrorMsg(message=f"{e}; upgrade the runner").model_dump())
+                    break
+                await inbox.put(frame)
             if not applier.done():
                 await inbox.put(None)
                 await applier  # apply what arrived before the connection closed

@@ -65,6 +65,8 @@ HUB_ENV = {  # fast clocks so faults resolve inside the run
     "AMUX_HUB__POLL_S": "0.25", "AMUX_HUB__HEARTBEAT_S": "2", "AMUX_HUB__RUNTIME_LOST_S": "10",
     "AMUX_HUB__RESERVATION_TTL_S": "8", "AMUX_SCHEDULES__MIN_INTERVAL_S": "1",
     "AMUX_SCHEDULES__UNKNOWN_AFTER_S": "10", "AMUX_SCHEDULES__RECONCILE_S": "0.5",
+    # the whole fleet reaches the hubs from 127.0.0.1 through one proxy: no per-client connection limits
+    "AMUX_HUB__MAX_PENDING_PER_CLIENT": "0", "AMUX_HUB__MAX_CONNECTIONS_PER_CLIENT": "0",
 }
 
 
