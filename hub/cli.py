@@ -208,6 +208,10 @@ async def _token(args: argparse.Namespace) -> None:
                  f"last used {(t['last_used'] or '-')[:19]}  "
                  f"{'revoked ' + t['revoked'][:19] if t['revoked'] else 'active'}"
                  for t in res["tokens"]]
+        lines += [f"{g['id']}  grant  {g.get('principal') or '-':<16} {g['client']:<24} "
+                  f"scopes {' '.join(g['scopes'])}  approved by {g['approved_by'] or 'a browser sign-in'}  "
+                  f"created {g['created'][:19]}"
+                  for g in res.get("grants", [])]
         _print(args, res, "\n".join(lines) or "no tokens")
     else:
         t = await api.call("DELETE", f"tokens/{args.id}")
@@ -414,12 +418,14 @@ def _add_token_commands(sub: argparse._SubParsersAction) -> None:
     tc.add_argument("--runner", action="store_true", help="a runner token: only connects `amux runner` (/runner/ws)")
     tc.add_argument("--kind", default="user", choices=["user", "service", "runtime"], help="the principal's kind")
     tc.add_argument("--json", action="store_true")
-    tl = tok_sub.add_parser("list", help="your tokens (id, kind, label, created, last used, revoked)")
+    tl = tok_sub.add_parser("list", help="your tokens (id, kind, label, created, last used, revoked) and live OAuth "
+                                         "grants (id, client, scopes, approving token, created)")
     client_opts(tl)
     tl.add_argument("--all", action="store_true", help="every principal's tokens (admin)")
-    tr = tok_sub.add_parser("revoke", help="revoke a token (yours, or anyone's as an admin)")
+    tr = tok_sub.add_parser("revoke", help="revoke a token and the OAuth grants it approved, or one grant (yours, "
+                                           "or anyone's as an admin)")
     client_opts(tr)
-    tr.add_argument("id", help="the token id (tok_…), from `amux token list`")
+    tr.add_argument("id", help="the token id (tok_…) or grant id (og_…), from `amux token list`")
 
 
 def _add_task_commands(sub: argparse._SubParsersAction) -> None:

@@ -477,8 +477,17 @@ class TokenReply(Reply):
     kind: str
 
 
+class GrantReply(Reply):
+    id: str
+    client: str
+    scopes: list[str]
+    approved_by: str | None
+    created: str
+
+
 class TokenListReply(Reply):
     tokens: list[TokenReply]
+    grants: list[GrantReply]
 
 
 class RuntimeListReply(Reply):
@@ -696,11 +705,13 @@ RUNTIME_LIST = op("GET", "/api/v1/runtimes", "runtime_list", "List runtimes", ta
                   reply=RuntimeListReply)
 RUNTIME_DEREGISTER = op("DELETE", "/api/v1/runtimes/{name}", "runtime_deregister", "Free a runtime name you own",
                         RuntimePath, tag="runtimes")
-TOKEN_LIST = op("GET", "/api/v1/tokens", "token_list", "List your tokens (all=1: everyone's, admin)", query=AllQuery,
+TOKEN_LIST = op("GET", "/api/v1/tokens", "token_list",
+                "List your tokens and live OAuth grants (all=1: everyone's, admin)", query=AllQuery,
                 tag="tokens", reply=TokenListReply)
 TOKEN_CREATE = op("POST", "/api/v1/tokens", "token_create", "Create a token", body=TokenCreate, ok=(201,), tag="tokens",
                   reply=TokenReply)
-TOKEN_REVOKE = op("DELETE", "/api/v1/tokens/{id}", "token_revoke", "Revoke a token", TokenPath, tag="tokens")
+TOKEN_REVOKE = op("DELETE", "/api/v1/tokens/{id}", "token_revoke",
+                  "Revoke a token (and the OAuth grants it approved) or a grant (og_…)", TokenPath, tag="tokens")
 SCHEDULE_CREATE = op("POST", "/api/v1/schedules", "schedule_create", "Create a schedule", body=ScheduleCreate,
                      ok=(201,), tag=S, reply=ScheduleReply, max_body=MAX_BODY)
 SCHEDULE_LIST = op("GET", "/api/v1/schedules", "schedule_list", "List schedules", query=ScheduleListQuery, tag=S,
