@@ -703,7 +703,8 @@ TASK_WAIT = op("GET", "/api/v1/tasks/{id}/wait", "task_wait", "Wait for a task's
 TASK_CANCEL = op("POST", "/api/v1/tasks/{id}/cancel", "task_cancel", "Cancel a task", TaskPath, reply=TaskStatusReply)
 RUNTIME_LIST = op("GET", "/api/v1/runtimes", "runtime_list", "List runtimes", tag="runtimes",
                   reply=RuntimeListReply)
-RUNTIME_DEREGISTER = op("DELETE", "/api/v1/runtimes/{name}", "runtime_deregister", "Free a runtime name you own",
+RUNTIME_DEREGISTER = op("DELETE", "/api/v1/runtimes/{name}", "runtime_deregister",
+                        "Free a runtime name and its runner-token binding (yours; an admin: any)",
                         RuntimePath, tag="runtimes")
 TOKEN_LIST = op("GET", "/api/v1/tokens", "token_list",
                 "List your tokens and live OAuth grants (all=1: everyone's, admin)", query=AllQuery,

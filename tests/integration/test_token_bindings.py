@@ -1,14 +1,23 @@
-"""Issue 33 item 4 over real HTTP: a run token reaches the same things on every door, and OAuth grants die with
-the amux token that approved them."""
+"""Issue 33 item 4 over real HTTP: a run token reaches the same things on every door, OAuth grants die with the
+amux token that approved them, runner tokens stay off argv, and a runtime name stays with the token that
+registered it."""
 from __future__ import annotations
 
+import asyncio
+import os
 import re
+import sys
+from pathlib import Path
 
 import httpx2
+import pytest
+import sqlalchemy as sa
 
+from hub.engines.scripted import ScriptedEngine
+from hub.runner.agent import Runner, RunnerRefused
 from hub.services.tasks import SubmitRequest
-from hub.store.tables import api_tokens
-from tests.helpers import mcp_client
+from hub.store.tables import api_tokens, runtimes
+from tests.helpers import REPO, eventually, mcp_client, runner_command
 from tests.integration.test_oauth import (approve, authorize_url, bearer_client, mcp_status, pkce, register, signed_in,
                                           token_request)
 from tests.integration.test_token_lifecycle import amux, call
@@ -108,3 +117,95 @@ async def test_amux_token_list_shows_grants_and_amux_token_revoke_revokes_one_by
     assert code != 0 and "not yours" in err
     async with bearer_client(hub.url, alice) as c:  # the amux token still works
         assert not (await c.call_tool("schedule_list", {})).is_error
+
+
+# ---------------------------------------------------------------- runner tokens: where they come from, what they bind
+
+
+async def runtime_row(hub, name: str):
+    async with hub.hub.db.read() as conn:
+        return (await conn.execute(sa.select(runtimes).where(runtimes.c.name == name))).first()
+
+
+async def test_a_runner_reads_its_token_from_token_file_and_a_token_on_argv_logs_a_warning(hub, tmp_path):
+    token = await hub.hub.auth.create_token("ops", admin=True, runner=True)
+    argv = runner_command(hub.url, token, "from-file", 1, tmp_path / "ws")
+    assert token not in argv
+    quiet = await asyncio.create_subprocess_exec(*argv, cwd=REPO, env={**os.environ, "AMUX_HOME": str(tmp_path)},
+                                                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    loud = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "hub.cli", "runner", "--hub", hub.url, "--token", token, "--name", "from-argv",
+        "--workspace-root", str(tmp_path / "ws2"), cwd=REPO, env={**os.environ, "AMUX_HOME": str(tmp_path)},
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        warning = (await asyncio.wait_for(loud.stderr.readline(), 20)).decode()
+        assert " WARNING " in warning and "`ps` shows it to every local user" in warning
+        assert "--token-file" in warning and "AMUX_TOKEN" in warning
+        for name in ("from-file", "from-argv"):
+            await eventually(lambda: _online(hub, name), timeout=30)
+    finally:
+        for proc in (quiet, loud):
+            proc.terminate()
+        _, quiet_err = await quiet.communicate()
+        await loud.wait()
+    assert "WARNING" not in quiet_err.decode()
+    empty = tmp_path / "empty.token"
+    empty.write_text("")
+    code, _, err = await amux("runner", "--hub", hub.url, "--token-file", str(empty), env={})
+    assert code == 2 and "is empty" in err and "amux token create" in err
+
+
+async def _online(hub, name: str) -> bool:
+    row = await runtime_row(hub, name)
+    return row is not None and row.status == "online"
+
+
+def in_process_runner(hub, token: str, name: str) -> Runner:
+    return Runner(hub.url, token, name=name, slots=1, workspace_root=Path(hub.hub.settings.home) / "ws" / name,
+                  engines={"scripted": ScriptedEngine()})
+
+
+async def test_a_runtime_name_stays_with_the_runner_token_that_registered_it_until_it_is_freed(hub):
+    first = await hub.hub.auth.create_token("ops", admin=True, runner=True)
+    second = await hub.hub.auth.create_token("ops", admin=True, runner=True)  # same principal, another machine
+    runner = await hub.start_runner(name="pool", token=first)
+    bound = (await runtime_row(hub, "pool")).connection_id
+    with pytest.raises(RunnerRefused, match="bound to the runner token.*amux runtime deregister pool"):
+        await asyncio.wait_for(in_process_runner(hub, second, "pool").run_forever(), 10)
+    row = await runtime_row(hub, "pool")
+    assert row.connection_id == bound and row.token_id == "tok_" + first.split(".")[1]
+    admin = await hub.hub.auth.authenticate(hub.admin_token)
+    sub = await hub.hub.tasks.submit(admin, SubmitRequest(prompt="say still mine", profile="scripted"))
+    assert (await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=20))["status"] == "succeeded"
+    await runner.stop()  # the same token reconnecting is the same runner
+    await eventually(lambda: _is_offline(hub, "pool"))
+    again = await hub.start_runner(name="pool", token=first)
+    await again.stop()
+    await eventually(lambda: _is_offline(hub, "pool"))
+    # The operator frees the name; then another token may take it.
+    code, out, err = await amux("runtime", "deregister", "pool", env={"AMUX_HUB_URL": hub.url,
+                                                                       "AMUX_TOKEN": hub.admin_token})
+    assert code == 0 and "pool: deregistered" in out, err
+    await hub.start_runner(name="pool", token=second)
+    assert (await runtime_row(hub, "pool")).token_id == "tok_" + second.split(".")[1]
+
+
+async def test_a_revoked_runner_tokens_runtime_goes_to_the_owners_new_token(hub):
+    old = await hub.hub.auth.create_token("ops", admin=True, runner=True)
+    runner = await hub.start_runner(name="rotated", token=old)
+    status, _ = await call(hub, "DELETE", f"tokens/tok_{old.split('.')[1]}", hub.admin_token)
+    assert status == 200
+    with pytest.raises(RunnerRefused):
+        await asyncio.wait_for(hub.runners[-1][1], 10)
+    await runner.stop()
+    await eventually(lambda: _is_offline(hub, "rotated"))
+    new = await hub.hub.auth.create_token("ops", admin=True, runner=True)
+    await hub.start_runner(name="rotated", token=new)
+    thief = await hub.hub.auth.create_token("mallory", runner=True)  # another principal: still refused
+    with pytest.raises(RunnerRefused, match="belongs to 'ops'"):
+        await asyncio.wait_for(in_process_runner(hub, thief, "rotated").run_forever(), 10)
+
+
+async def _is_offline(hub, name: str) -> bool:
+    row = await runtime_row(hub, name)
+    return row is not None and row.status != "online"
