@@ -59,6 +59,15 @@ async def test_a_run_token_is_refused_instance_tools_over_mcp_as_over_rest_and_k
         assert not (await c.call_tool("instance_create", {"profile": "scripted"})).is_error
 
 
+async def test_a_run_token_cannot_open_the_boxes_page_which_shows_leases_it_cannot_reach_elsewhere(hub):
+    token = await run_token(hub)
+    async with httpx2.AsyncClient() as http:
+        page = await http.get(f"{hub.url}/boxes", headers={"Authorization": f"Bearer {token}"})
+        assert page.status_code == 401 and "memory and coordination" in page.text
+        mine = await http.get(f"{hub.url}/boxes", headers={"Authorization": f"Bearer {await hub.token('alice')}"})
+        assert mine.status_code == 200
+
+
 async def test_revoking_the_approving_token_kills_the_grants_access_and_refresh_tokens(any_hub):
     url = any_hub.url
     status, made = await call(any_hub, "POST", "tokens", any_hub.admin_token, {"principal": "alice"})
