@@ -107,7 +107,7 @@ async def request_guard(ctx, call_next):  # noqa: ANN001, ANN201
         capture_client(state, method, params or None)
     if method == "tools/call":
         caller, tool = (state or {}).get("caller"), str(params.get("name", ""))
-        refusal = scope_refusal(caller, tool) or run_tool_refusal(caller, tool) or argument_refusal(params)
+        refusal = run_tool_refusal(caller, tool) or scope_refusal(caller, tool) or argument_refusal(params)
         if refusal is not None:
             return tool_refusal(ctx, refusal)
     return await call_next(ctx)

@@ -53,6 +53,8 @@ async def test_a_run_token_is_refused_instance_tools_over_mcp_as_over_rest_and_k
         text = refused.content[0].text
         assert text.startswith("instance_create:") and "memory and coordination" in text and "amux token create" in text
         assert (await c.call_tool("instance_get", {"instance_id": "inst_x"})).is_error
+        boxes = await c.call_tool("rift_task_new", {"name": "escape"})  # the fix named is a token, not a scope
+        assert boxes.is_error and "memory and coordination" in boxes.content[0].text
         for tool in ("session_list", "schedule_list", "profile_list"):  # what REST lets it do, MCP does too
             assert not (await c.call_tool(tool, {})).is_error, tool
     async with mcp_client(hub.url, await hub.token("bob")) as c:  # a user token is untouched
