@@ -62,7 +62,8 @@ async def _token_file(hub: Hub, path: Path, principal: str, label: str, *, runne
                 await TokenAdmin(hub.auth).revoke(caller, caller.token_id)
         except AmuxError:
             pass
-    token = await hub.auth.create_token(principal, label=label, admin=True, runner=runner)
+    # A runner token made anew replaces the earlier ones: the in-process runtime's name is bound to its token.
+    token = await hub.auth.create_token(principal, label=label, admin=True, runner=runner, replace=runner)
     private_dir(path.parent)
     write_private(path, token + "\n")
     return token

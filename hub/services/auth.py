@@ -157,10 +157,11 @@ class AuthService:
             self.forget(token_id)
 
     async def create_token(self, principal: str, label: str | None = None, admin: bool = False, kind: str = "user",
-                           *, runner: bool = False) -> str:
+                           *, runner: bool = False, replace: bool = False) -> str:
         """Create a token for `principal` (created if new) and return its plaintext, shown once.
 
         `runner`: a runner token (only /runner/ws); with `admin` it registers shared runtimes and is no admin token.
+        `replace`: revoke the principal's other live tokens of the same kind and label (a token file made anew).
         """
         principal = principal.strip()
         if not principal or len(principal) > 200:
@@ -172,10 +173,14 @@ class AuthService:
         async with self.db.write() as conn:
             # Another replica may create the same principal at the same moment: then its row is used.
             pid = await self.ensure_principal(conn, principal, kind)
-            await self.store.add_token(conn, token_id=token_id, principal_id=pid,
-                                       label=label or ("runner" if runner else None), token_hash=hash_secret(secret),
-                                       admin=admin, kind="runner" if runner else "admin" if admin else "user",
+            token_kind = "runner" if runner else "admin" if admin else "user"
+            label = label or ("runner" if runner else None)
+            replaced = await self.store.revoke_alike(conn, pid, token_kind, label, self.clock.now()) if replace else []
+            await self.store.add_token(conn, token_id=token_id, principal_id=pid, label=label,
+                                       token_hash=hash_secret(secret), admin=admin, kind=token_kind,
                                        now=self.clock.now())
+        for old in replaced:
+            self.forget(old)
         return f"{TOKEN_PREFIX}.{token_id.split('_', 1)[1]}.{secret}"
 
     async def authenticate(self, header: str | None, *, surface: str = "api", fresh: bool = False) -> Caller:

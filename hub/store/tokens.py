@@ -71,6 +71,14 @@ class SqlTokenStore:
         await conn.execute(api_tokens.update().where(api_tokens.c.label == label, api_tokens.c.revoked_at.is_(None))
                            .values(revoked_at=now))
 
+    async def revoke_alike(self, conn: Connection, principal_id: str, kind: str, label: str | None,
+                           now: datetime) -> list[str]:
+        """Revoke the principal's live tokens of this kind and label; return their ids."""
+        res = await conn.execute(api_tokens.update().where(
+            api_tokens.c.principal_id == principal_id, api_tokens.c.kind == kind, api_tokens.c.label == label,
+            api_tokens.c.revoked_at.is_(None)).values(revoked_at=now).returning(api_tokens.c.id))
+        return list(res.scalars().all())
+
     async def revoke_run_tokens(self, conn: Connection, task_id: str, now: datetime) -> list[str]:
         """Revoke every live token of task run `task_id`; return the ids revoked now."""
         return list((await conn.execute(_REVOKE_RUN, {"b_task_id": task_id, "b_now": now})).scalars().all())

@@ -8,6 +8,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx2
 import pytest
@@ -220,3 +221,30 @@ async def test_a_revoked_runner_tokens_runtime_goes_to_the_owners_new_token(hub)
 async def _is_offline(hub, name: str) -> bool:
     row = await runtime_row(hub, name)
     return row is not None and row.status != "online"
+
+
+async def test_amux_up_with_a_new_runner_token_file_keeps_its_in_process_runtime(tmp_path):
+    from tests.integration.test_cli_discovery import Up
+
+    home = tmp_path / "home"
+
+    async def local_status(url: str) -> str | None:
+        admin = (home / "admin.token").read_text().strip()
+        status, body = await call(SimpleNamespace(url=url), "GET", "runtimes", admin)
+        return next((r["status"] for r in body["runtimes"] if r["name"].startswith("local-")), None)
+
+    first = Up(home, tmp_path)
+    try:
+        await eventually(lambda: _equals(local_status(first.url), "online"), timeout=30)
+    finally:
+        first.stop()
+    (home / "runner.token").unlink()  # a new token is minted: it replaces the old one, which held the name
+    second = Up(home, tmp_path)
+    try:
+        await eventually(lambda: _equals(local_status(second.url), "online"), timeout=30)
+    finally:
+        second.stop()
+
+
+async def _equals(coro, value) -> bool:
+    return (await coro) == value
