@@ -187,7 +187,7 @@ class AuthService:
         """Resolve an `Authorization` header (or bare token) to a Caller, or raise Unauthorized.
 
         `surface` is where the token is presented: runner tokens are accepted only on "runner"
-        (/runner/ws), run tokens everywhere but there (each door narrows them further, see `check_run_token`).
+        (/runner/ws), run tokens everywhere but there (each door narrows them further, see `run_token_refusal`).
         `fresh` skips the verification cache (runner connections: a revoked runner must not reconnect).
         """
         caller = await self._verify(header, fresh)
