@@ -12,7 +12,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .cli_discovery import DEFAULT_HUB, check_home, listen_address, url_of
 from .errors import AmuxError
@@ -62,7 +62,8 @@ async def _token_file(hub: Hub, path: Path, principal: str, label: str, *, runne
                 await TokenAdmin(hub.auth).revoke(caller, caller.token_id)
         except AmuxError:
             pass
-    token = await hub.auth.create_token(principal, label=label, admin=True, runner=runner)
+    # A runner token made anew replaces the earlier ones: the in-process runtime's name is bound to its token.
+    token = await hub.auth.create_token(principal, label=label, admin=True, runner=runner, replace=runner)
     private_dir(path.parent)
     write_private(path, token + "\n")
     return token
@@ -150,14 +151,37 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
     await hub.db.close()
 
 
+ARGV_TOKEN = ("the runner token was given on the command line (--token): `ps` shows it to every local user; pass "
+              "it with --token-file PATH (a file only you can read) or the AMUX_TOKEN environment variable instead")
+
+
+def runner_token(argv_token: str | None, token_file: str | None, env: Mapping[str, str]) -> str:
+    """Return the runner's token from --token-file, AMUX_TOKEN or --token (warned about: argv is public)."""
+    if token_file:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as e:
+            raise AmuxError(f"cannot read --token-file {token_file}: {e.strerror or e}; point it at the file holding "
+                            "the runner token (`amux token create --principal NAME --runner`)") from e
+        if not token:
+            raise AmuxError(f"--token-file {token_file} is empty; write the runner token into it "
+                            "(`amux token create --principal NAME --runner`)")
+        return token
+    if argv_token:
+        logging.getLogger("amux.runner").warning("%s", ARGV_TOKEN)
+        return argv_token
+    token = env.get("AMUX_TOKEN", "").strip()
+    if not token:
+        raise AmuxError("amux runner needs a token: --token-file PATH or AMUX_TOKEN; create one with `amux token "
+                        "create --principal NAME --runner`")
+    return token
+
+
 async def _runner(args: argparse.Namespace) -> None:
     from .engines.registry import default_engines
     from .runner.agent import Runner
 
-    token = args.token or os.environ.get("AMUX_TOKEN")
-    if not token:
-        raise AmuxError("amux runner needs --token (or AMUX_TOKEN); create one with `amux token create --principal "
-                        "NAME --runner`")
+    token = runner_token(args.token, args.token_file, os.environ)
     root = Path(args.workspace_root or Path.home() / ".amux" / "workspaces")
     runner = Runner(args.hub, token, name=args.name or socket.gethostname(), slots=args.slots,
                     workspace_root=root, engines=default_engines(), authoring=args.authoring,
@@ -216,6 +240,10 @@ async def _token(args: argparse.Namespace) -> None:
                  f"last used {(t['last_used'] or '-')[:19]}  "
                  f"{'revoked ' + t['revoked'][:19] if t['revoked'] else 'active'}"
                  for t in res["tokens"]]
+        lines += [f"{g['id']}  grant  {g.get('principal') or '-':<16} {g['client']:<24} "
+                  f"scopes {' '.join(g['scopes'])}  approved by {g['approved_by'] or 'a browser sign-in'}  "
+                  f"created {g['created'][:19]}"
+                  for g in res.get("grants", [])]
         _print(args, res, "\n".join(lines) or "no tokens")
     else:
         t = await api.call("DELETE", f"tokens/{args.id}")
@@ -395,7 +423,11 @@ def _add_server_commands(sub: argparse._SubParsersAction) -> None:
 
     run = sub.add_parser("runner", help="connect this machine to a hub as a runtime")
     run.add_argument("--hub", required=True)
-    run.add_argument("--token")
+    given = run.add_mutually_exclusive_group()
+    given.add_argument("--token-file", metavar="PATH",
+                       help="read the runner token from this file (default: $AMUX_TOKEN)")
+    given.add_argument("--token", help="the runner token itself; avoid it: `ps` shows argv to every local user "
+                                       "(use --token-file or AMUX_TOKEN)")
     run.add_argument("--slots", type=int, default=4)
     run.add_argument("--name")
     run.add_argument("--workspace-root")
@@ -433,12 +465,14 @@ def _add_token_commands(sub: argparse._SubParsersAction) -> None:
     tc.add_argument("--runner", action="store_true", help="a runner token: only connects `amux runner` (/runner/ws)")
     tc.add_argument("--kind", default="user", choices=["user", "service", "runtime"], help="the principal's kind")
     tc.add_argument("--json", action="store_true")
-    tl = tok_sub.add_parser("list", help="your tokens (id, kind, label, created, last used, revoked)")
+    tl = tok_sub.add_parser("list", help="your tokens (id, kind, label, created, last used, revoked) and live OAuth "
+                                         "grants (id, client, scopes, approving token, created)")
     client_opts(tl)
     tl.add_argument("--all", action="store_true", help="every principal's tokens (admin)")
-    tr = tok_sub.add_parser("revoke", help="revoke a token (yours, or anyone's as an admin)")
+    tr = tok_sub.add_parser("revoke", help="revoke a token and the OAuth grants it approved, or one grant (yours, "
+                                           "or anyone's as an admin)")
     client_opts(tr)
-    tr.add_argument("id", help="the token id (tok_…), from `amux token list`")
+    tr.add_argument("id", help="the token id (tok_…) or grant id (og_…), from `amux token list`")
 
 
 def _add_task_commands(sub: argparse._SubParsersAction) -> None:
@@ -509,6 +543,8 @@ def _add_resource_commands(sub: argparse._SubParsersAction) -> None:
     cli_alerts.add_parser(sub, client_opts)
     from . import cli_identity
     cli_identity.add_parser(sub, client_opts)
+    from . import cli_runtimes
+    cli_runtimes.add_parser(sub, client_opts)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -544,6 +580,9 @@ async def _command(args: argparse.Namespace) -> None:
     elif args.cmd == "identity":
         from . import cli_identity
         await cli_identity.run(args, _client(args), _print)
+    elif args.cmd == "runtime":
+        from . import cli_runtimes
+        await cli_runtimes.run(args, _client(args), _print)
     else:
         handlers = {"runner": _runner, "db": _db_upgrade, "token": _token, "task": _task,
                     "memory": _memory, "profile": _profile, "credential": _credential}

@@ -162,8 +162,13 @@ async def mcp_client(url: str, token: str | None, name: str = "pytest", mode: st
 
 
 def runner_command(url: str, token: str, name: str, slots: int, workspace: Path) -> list[str]:
-    """Return argv for a real `amux runner` subprocess."""
-    return [sys.executable, "-m", "hub.cli", "runner", "--hub", url, "--token", token,
+    """Return argv for a real `amux runner` subprocess; its token goes in a private file beside the workspace
+    (`--token-file`: argv is readable by every local user)."""
+    token_file = workspace.parent / f"{name}.runner-token"
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    token_file.touch(mode=0o600)
+    token_file.write_text(token + "\n")
+    return [sys.executable, "-m", "hub.cli", "runner", "--hub", url, "--token-file", str(token_file),
             "--name", name, "--slots", str(slots), "--workspace-root", str(workspace), "--dedicated",
             "--isolation", "process"]
 

@@ -11,7 +11,7 @@ from mcp_types.methods import serialize_server_result
 
 from ..errors import AmuxError
 from ..domain.text import BadText, check_value
-from ..services.auth import ALL_SCOPES, Caller
+from ..services.auth import ALL_SCOPES, Caller, run_token_refusal
 from .client_sessions import clean_name, labeled
 
 INSTRUCTIONS = (
@@ -50,6 +50,21 @@ def scope_refusal(caller: Caller | None, tool: str) -> str | None:
             f"client and allow `{missing}` on the hub's approval page")
 
 
+# The REST area of each tool group (`/api/v1/<area>`), so a run token reaches the same things on both doors.
+TOOL_AREAS = (("schedule_", "schedules"), ("rift_", "leases"), ("task_", "tasks"), ("instance_", "instances"),
+              ("profile_", "profiles"), ("permission_", "tasks"), ("session_", "sessions"))
+READ_TOOLS = ("_list", "_get", "_wait", "_events", "_history")
+
+
+def run_tool_refusal(caller: Caller | None, tool: str) -> str | None:
+    """Return the refusal of a run token's tool call outside memory and coordination (the REST rule), or None."""
+    if caller is None:
+        return None
+    area = next((a for prefix, a in TOOL_AREAS if tool.startswith(prefix)), "")
+    refusal = run_token_refusal(caller, area, read=tool.endswith(READ_TOOLS), what=f"the {tool} tool")
+    return f"{tool}: {refusal}" if refusal else None
+
+
 def tool_refusal(ctx, text: str) -> Any:  # noqa: ANN001
     """Answer a tools/call from middleware with a tool error (a middleware owns the wire shape per version)."""
     refusal = {"content": [{"type": "text", "text": text}], "isError": True, "resultType": "complete"}
@@ -81,7 +96,7 @@ def capture_client(state: dict[str, Any], method: str, params: dict[str, Any] | 
 
 async def request_guard(ctx, call_next):  # noqa: ANN001, ANN201
     """Every request's middleware (one layer, not three): capture the client's name, then refuse a tool call outside
-    the caller's scopes or with arguments no store can keep.
+    the caller's scopes, outside what a run token may reach, or with arguments no store can keep.
 
     The HTTP door put the caller (and the client its session id names) in the request state.
     """
@@ -91,7 +106,8 @@ async def request_guard(ctx, call_next):  # noqa: ANN001, ANN201
     if state is not None and state.get("token_caller") is not None:
         capture_client(state, method, params or None)
     if method == "tools/call":
-        refusal = scope_refusal((state or {}).get("caller"), str(params.get("name", ""))) or argument_refusal(params)
+        caller, tool = (state or {}).get("caller"), str(params.get("name", ""))
+        refusal = run_tool_refusal(caller, tool) or scope_refusal(caller, tool) or argument_refusal(params)
         if refusal is not None:
             return tool_refusal(ctx, refusal)
     return await call_next(ctx)

@@ -15,7 +15,7 @@ from ..domain.tasks import is_terminal
 from ..errors import Forbidden, Invalid, NotFound, Unauthorized
 from ..ids import new_id
 from ..store.db import Connection, Database, Row
-from ..store.tokens import SqlTokenStore
+from ..store.tokens import SqlOAuthStore, SqlTokenStore
 
 TOKEN_PREFIX = "amux"
 MISSING = (
@@ -79,6 +79,9 @@ class OAuthVerifier(Protocol):
 
     async def verify_access_token(self, token: str) -> Caller:
         """Return the granting principal's Caller with the granted scopes, or raise Unauthorized."""
+
+    def forget_grants(self, grant_ids: list[str]) -> None:
+        """Drop these grants from this replica's verification cache (they were revoked here)."""
 
 
 class AuthService:
@@ -154,10 +157,11 @@ class AuthService:
             self.forget(token_id)
 
     async def create_token(self, principal: str, label: str | None = None, admin: bool = False, kind: str = "user",
-                           *, runner: bool = False) -> str:
+                           *, runner: bool = False, replace: bool = False) -> str:
         """Create a token for `principal` (created if new) and return its plaintext, shown once.
 
         `runner`: a runner token (only /runner/ws); with `admin` it registers shared runtimes and is no admin token.
+        `replace`: revoke the principal's other live tokens of the same kind and label (a token file made anew).
         """
         principal = principal.strip()
         if not principal or len(principal) > 200:
@@ -169,17 +173,21 @@ class AuthService:
         async with self.db.write() as conn:
             # Another replica may create the same principal at the same moment: then its row is used.
             pid = await self.ensure_principal(conn, principal, kind)
-            await self.store.add_token(conn, token_id=token_id, principal_id=pid,
-                                       label=label or ("runner" if runner else None), token_hash=hash_secret(secret),
-                                       admin=admin, kind="runner" if runner else "admin" if admin else "user",
+            token_kind = "runner" if runner else "admin" if admin else "user"
+            label = label or ("runner" if runner else None)
+            replaced = await self.store.revoke_alike(conn, pid, token_kind, label, self.clock.now()) if replace else []
+            await self.store.add_token(conn, token_id=token_id, principal_id=pid, label=label,
+                                       token_hash=hash_secret(secret), admin=admin, kind=token_kind,
                                        now=self.clock.now())
+        for old in replaced:
+            self.forget(old)
         return f"{TOKEN_PREFIX}.{token_id.split('_', 1)[1]}.{secret}"
 
     async def authenticate(self, header: str | None, *, surface: str = "api", fresh: bool = False) -> Caller:
         """Resolve an `Authorization` header (or bare token) to a Caller, or raise Unauthorized.
 
         `surface` is where the token is presented: runner tokens are accepted only on "runner"
-        (/runner/ws), run tokens everywhere but there (REST narrows them further, see `run_token_may`).
+        (/runner/ws), run tokens everywhere but there (each door narrows them further, see `run_token_refusal`).
         `fresh` skips the verification cache (runner connections: a revoked runner must not reconnect).
         """
         caller = await self._verify(header, fresh)
@@ -270,32 +278,62 @@ def check_surface(caller: Caller, surface: str) -> Caller:
 
 RUN_SCOPES = frozenset({"tasks", "schedules"})  # a run token's MCP scopes (hub/mcp/server.py TOOL_SCOPES)
 
-# What a run token (a task child's AMUX_TOKEN) may call over REST: memory and coordination
-# (delegated tasks, sessions and their turns, schedules, permission answers of its own delegations).
-RUN_TOKEN_PREFIXES = ("/api/v1/memory", "/api/v1/tasks", "/api/v1/sessions", "/api/v1/turns", "/api/v1/schedules")
-RUN_TOKEN_READS = ("/api/v1/whoami", "/api/v1/profiles")
+# What a run token (a task child's AMUX_TOKEN) may reach, on every door alike: memory and coordination (delegated
+# tasks, sessions and their turns, schedules, permission answers of its own delegations), and two reads. An area is
+# the REST path segment after `/api/v1/` (`rest_area`); the MCP door maps each tool to one (hub/mcp/server.py).
+RUN_TOKEN_AREAS = frozenset({"memory", "tasks", "sessions", "turns", "schedules"})
+RUN_TOKEN_READS = frozenset({"whoami", "profiles"})
 
 
-def run_token_may(method: str, path: str) -> bool:
-    """Return whether a run token may make this REST call."""
-    if any(path == p or path.startswith(p + "/") for p in RUN_TOKEN_PREFIXES):
-        return True
-    return method in ("GET", "HEAD") and path in RUN_TOKEN_READS
+def run_token_may(area: str, *, read: bool) -> bool:
+    """Return whether a run token may act on `area` (`read`: the call changes nothing)."""
+    return area in RUN_TOKEN_AREAS or (read and area in RUN_TOKEN_READS)
+
+
+def rest_area(path: str) -> str:
+    """Return the area of a REST path: its segment after `/api/v1/` (`tasks` for `/api/v1/tasks/x/wait`)."""
+    rest = path.removeprefix("/api/v1/")
+    return rest.split("/", 1)[0] if rest != path else ""
+
+
+def run_token_refusal(caller: Caller, area: str, *, read: bool, what: str) -> str | None:
+    """Return the refusal of a run token's call outside memory and coordination (`what` names the call), or None."""
+    if caller.kind == "run" and not run_token_may(area, read=read):
+        return RUN_REFUSED.format(what=what)
+    return None
 
 
 RUN_REFUSED = ("a task run's AMUX_TOKEN is for memory and coordination calls only (memory, tasks, sessions, "
                "turns, schedules); use your own token (`amux token create --principal NAME`) for {what}")
 
 
+APPROVE_REFUSED = ("a task run's AMUX_TOKEN cannot approve an MCP client: the grant would outlive the run; paste your "
+                   "own token (`amux token create --principal NAME`) or sign in with a Feishu login link "
+                   "(`/amux login`)")
+
+
+def check_may_approve(caller: Caller) -> None:
+    """Refuse an OAuth approval by a token whose rights end before a grant would (a run token)."""
+    if caller.kind not in ("user", "admin"):
+        raise Forbidden(APPROVE_REFUSED)
+
+
+GRANT_PREFIX = "og_"  # OAuth grant ids (hub/services/oauth.py), revoked through the same door as tokens
+APPROVER_REVOKED = "the amux token that approved it was revoked"
+
+
 class TokenAdmin:
-    """List and revoke tokens: an admin sees every token, a user their own; never a hash.
+    """List and revoke tokens and the OAuth grants they approved: an admin sees every one, a user their own; never
+    a hash.
 
     Revocation is immediate in the database; replicas' verification caches forget a token within
     `AuthService.cache_s` (5 s), and `AuthService.revocation_listeners` (the runner endpoint) act at once locally.
+    Revoking a token revokes the grants it approved (and verification checks the approving token as well).
     """
 
     def __init__(self, auth: AuthService) -> None:
         self.auth = auth
+        self.grants = SqlOAuthStore(auth.db)
 
     @staticmethod
     def _may_manage(caller: Caller) -> None:
@@ -312,6 +350,16 @@ class TokenAdmin:
                                                      include_revoked=include_revoked)
         return [token_view(r) for r in rows]
 
+    async def list_grants(self, caller: Caller, *, all_: bool = False) -> list[dict]:
+        """List the caller's live OAuth grants (an admin with `all_`: everyone's)."""
+        self._may_manage(caller)
+        if all_ and not caller.admin:
+            raise Forbidden("only an admin lists every grant; drop --all to list your own")
+        async with self.auth.db.read() as conn:
+            rows = await self.grants.live_grants(conn, None if all_ else caller.principal_id)
+        return [{"id": r.id, "principal": r.principal, "client": r.client_name, "scopes": r.scope.split(),
+                 "approved_by": r.approved_by, "created": _iso(r.created_at)} for r in rows]
+
     async def create(self, caller: Caller, principal: str | None = None, *, label: str | None = None,
                      admin: bool = False, runner: bool = False) -> dict:
         """Create a token: a user for themselves (user or runner kind), an admin for anyone and any kind."""
@@ -327,18 +375,35 @@ class TokenAdmin:
                 "label": label or ("runner" if runner else None), "shared": shared, "token": token}
 
     async def revoke(self, caller: Caller, token_id: str) -> dict:
-        """Revoke a token (idempotent): your own, or anyone's as an admin."""
+        """Revoke a token and the grants it approved, or an OAuth grant by its id (idempotent): your own, or
+        anyone's as an admin."""
         self._may_manage(caller)
+        if token_id.startswith(GRANT_PREFIX):
+            return await self._revoke_grant(caller, token_id)
+        now = self.auth.clock.now()
         async with self.auth.db.write() as conn:
             row = await self.auth.store.token(conn, token_id)
             if row is None or (row.principal_id != caller.principal_id and not caller.admin):
                 raise NotFound(f"token {token_id} does not exist or is not yours; list yours with `amux token list`")
-            await self.auth.store.revoke_token(conn, token_id, self.auth.clock.now())
+            await self.auth.store.revoke_token(conn, token_id, now)
+            grants = await self.grants.revoke_approved_by(conn, token_id, now, APPROVER_REVOKED)
         self.auth.forget(token_id)
+        if self.auth.oauth is not None:
+            self.auth.oauth.forget_grants(grants)
         for fn in self.auth.revocation_listeners:
             fn(token_id)
         view = [t for t in await self.list(caller, all_=caller.admin) if t["id"] == token_id]
         return view[0] if view else {"id": token_id, "revoked": True}
+
+    async def _revoke_grant(self, caller: Caller, grant_id: str) -> dict:
+        async with self.auth.db.write() as conn:
+            row = await self.grants.grant(conn, grant_id)
+            if row is None or (row.principal_id != caller.principal_id and not caller.admin):
+                raise NotFound(f"grant {grant_id} does not exist or is not yours; list yours with `amux token list`")
+            await self.grants.revoke_grant(conn, grant_id, self.auth.clock.now(), "revoked with `amux token revoke`")
+        if self.auth.oauth is not None:
+            self.auth.oauth.forget_grants([grant_id])
+        return {"id": grant_id, "kind": "grant", "revoked": True}
 
     async def is_live(self, token_id: str) -> bool:
         """Return whether the token is still unrevoked, from the database (no cache)."""

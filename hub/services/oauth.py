@@ -7,7 +7,8 @@ the `/mcp` door resolves to a `Caller` with the granted scopes. HTTP lives in `h
 Rules: every secret (client secret, code, token, login link, browser session) is random, shown
 once and stored as its SHA-256; durations read the injected clock; all state is in the database,
 so any replica answers any step. A code is single-use: replaying one revokes what it issued. A
-refresh token is single-use: presenting a rotated one revokes its whole family (the grant).
+refresh token is single-use: presenting a rotated one revokes its whole family (the grant). A grant approved
+with an amux token dies with that token: revoking it revokes the grant, and verification checks it too.
 """
 from __future__ import annotations
 
@@ -246,8 +247,12 @@ class OAuthService:
         return AuthorizeRequest(client=client, redirect_uri=redirect, redirect_explicit=explicit, state=state,
                                 code_challenge=challenge, scopes=tuple(scopes), resource=resource)
 
-    async def approve(self, req: AuthorizeRequest, principal_id: str, scopes: list[str]) -> str:
-        """Record the user's approval and return a single-use authorization code (short-lived)."""
+    async def approve(self, req: AuthorizeRequest, principal_id: str, scopes: list[str], *,
+                      approved_by: str | None = None) -> str:
+        """Record the user's approval and return a single-use authorization code (short-lived).
+
+        `approved_by`: the amux token that approved (None for a browser sign-in); its grant dies with that token.
+        """
         code = secrets.token_urlsafe(32)
         now = self.clock.now()
         async with self.db.write() as conn:
@@ -255,7 +260,7 @@ class OAuthService:
                                       principal_id=principal_id, redirect_uri=req.redirect_uri,
                                       redirect_explicit=req.redirect_explicit, code_challenge=req.code_challenge,
                                       scope=" ".join(s for s in SCOPES if s in scopes), resource=req.resource,
-                                      expires_at=now + self.code_ttl, now=now)
+                                      expires_at=now + self.code_ttl, now=now, approved_by=approved_by)
         return code
 
     # ------------------------------------------------------------------ the token endpoint
@@ -307,7 +312,7 @@ class OAuthService:
             row = await self.store.refresh_to_rotate(conn, hash_secret(refresh_token))
             if row is None or row.client_id != client.id:
                 failure = ("invalid_grant", "refresh token is unknown: sign in again")
-            elif row.revoked_at is not None:
+            elif row.revoked_at is not None or row.approver_revoked_at is not None:
                 failure = ("invalid_grant", "this sign-in was revoked: sign in again")
             elif row.rotated_at is not None:
                 await self._revoke_grant(conn, row.grant_id, now, "refresh token reused")
@@ -343,8 +348,12 @@ class OAuthService:
 
     async def _revoke_grant(self, conn: Connection, grant_id: str, now: datetime, reason: str) -> None:
         await self.store.revoke_grant(conn, grant_id, now, reason)
+        self.forget_grants([grant_id])
+
+    def forget_grants(self, grant_ids: list[str]) -> None:
+        """Drop these grants' access tokens from this replica's verification cache (they were revoked here)."""
         for digest, (_, _, caller) in list(self._verified.items()):
-            if caller.token_id == grant_id:
+            if caller.token_id in grant_ids:
                 self._verified.pop(digest, None)
 
     # ------------------------------------------------------------------ the resource server's side
@@ -366,7 +375,7 @@ class OAuthService:
             return hit[2]
         async with self.db.read() as conn:
             row = await self.store.access_token(conn, digest)
-        if row is None or row.revoked_at is not None:
+        if row is None or row.revoked_at is not None or row.approver_revoked_at is not None:
             raise Unauthorized(f"invalid or revoked OAuth access token: {RESTART}")
         expires = utc(row.expires_at)
         if expires <= now:

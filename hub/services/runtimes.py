@@ -69,6 +69,9 @@ def _pending(row: Row) -> SimpleNamespace:
 TAKEN = ("runtime name {name!r} belongs to {owner!r}, who registered it first; start the runner with another "
          "--name, or have {owner!r} deregister it (`DELETE /api/v1/runtimes/{name}` with their token) while its "
          "runner is stopped")
+BOUND = ("runtime name {name!r} is bound to the runner token that registered it, and this is another token; start "
+         "this runner with another --name, or free the name first: `amux runtime deregister {name}` (the owner, or "
+         "an admin: `DELETE /api/v1/runtimes/{name}`) while its runner is stopped")
 REVOKED = ("this runner's token was revoked; the connection is closed: create a new one with "
            "`amux token create --runner`")
 
@@ -134,7 +137,9 @@ class RuntimeService:
         """Upsert the runtime, mark it online under a new connection, reconcile held work.
 
         A runtime name belongs to the principal that registered it first: anyone else (an admin
-        included) is refused until the owner deregisters it. Runtimes registered with an admin's runner
+        included) is refused until the owner deregisters it. Within that principal it is bound to the token
+        that registered it: another live token is refused (`BOUND`) until the owner or an admin deregisters
+        it, so a second runner cannot take over its dispatches. Runtimes registered with an admin's runner
         token (or an admin token) are shared.
         """
         if msg.protocol != p.PROTOCOL_VERSION:
@@ -163,9 +168,11 @@ class RuntimeService:
         if row is not None and row.principal_id != caller.principal_id:
             owner = await self.store.owner_name(conn, row.principal_id)
             raise Conflict(TAKEN.format(name=msg.name, owner=owner))
+        if row is not None and not await self._may_bind(conn, row, caller):
+            raise Conflict(BOUND.format(name=msg.name))
         rt_id = await self.store.register(conn, runtime_id=row.id if row is not None else None, name=msg.name,
                                           principal_id=caller.principal_id, capabilities=caps, slots=msg.slots,
-                                          shared=shared, connection_id=conn_id, now=now)
+                                          shared=shared, connection_id=conn_id, now=now, token_id=caller.token_id)
         for t in await self.store.runs_on(conn, rt_id):
             if held.get(t.id) == t.attempt:
                 continue
@@ -180,12 +187,20 @@ class RuntimeService:
                 drop.append(task_id)
         return rt_id, conn_id, drop
 
+    async def _may_bind(self, conn: Connection, row: Row, caller: Caller) -> bool:
+        """Whether the owner's token `caller` may serve runtime `row`: the token that registered it, or any when none
+        is bound (a runtime from before 0017) or the bound one was revoked (a rotated token)."""
+        if row.token_id is None or row.token_id == caller.token_id:
+            return True
+        return not await self.store.runner_token_live(conn, row.token_id)
+
     async def deregister(self, caller: Caller, name: str) -> dict:
-        """Free a runtime name: only its owner, only while its runner is stopped and it holds no work."""
+        """Free a runtime name (and its token binding): its owner or an admin, only while its runner is stopped and
+        it holds no work."""
 
         async def deregister(conn: Connection) -> None:
             row = await self.store.by_name(conn, name, lock=True)
-            if row is None or row.principal_id != caller.principal_id:
+            if row is None or (row.principal_id != caller.principal_id and not caller.admin):
                 raise NotFound(f"you own no runtime named {name!r}; list runtimes with `GET /api/v1/runtimes`")
             if row.status == "online":
                 raise Conflict(f"runtime {name!r} is online; stop its runner first, then deregister it")

@@ -165,11 +165,12 @@ class SqlRuntimeStore:
 
     async def register(self, conn: Connection, *, runtime_id: str | None, name: str, principal_id: str,
                        capabilities: dict[str, Any], slots: int, shared: bool, connection_id: str,
-                       now: datetime) -> str:
-        """Mark the runtime online under `connection_id` with its latest capabilities and slots, inserting it when
-        `runtime_id` is None; return its id. A concurrent first registration of `name` raises RegistrationRace."""
+                       now: datetime, token_id: str | None = None) -> str:
+        """Mark the runtime online under `connection_id` with its latest capabilities and slots, bound to the token
+        `token_id` that registered it, inserting it when `runtime_id` is None; return its id. A concurrent first
+        registration of `name` raises RegistrationRace."""
         values = dict(capabilities=capabilities, slots=slots, status="online", connection_id=connection_id,
-                      last_seen_at=now, shared=shared)
+                      last_seen_at=now, shared=shared, token_id=token_id)
         if runtime_id is not None:
             await conn.execute(runtimes.update().where(runtimes.c.id == runtime_id).values(**values))
             return runtime_id

@@ -43,6 +43,7 @@ runtimes = sa.Table(
     sa.Column("connection_id", sa.String(40)),
     sa.Column("registered_at", TS, nullable=False),
     sa.Column("last_seen_at", TS, nullable=False),
+    sa.Column("token_id", sa.String(40)),  # the token that registered the name; another is refused (0017)
 )
 
 task_runs = sa.Table(
@@ -489,7 +490,9 @@ oauth_grants = sa.Table(
     sa.Column("created_at", TS, nullable=False),
     sa.Column("revoked_at", TS),
     sa.Column("revoked_reason", sa.String(200)),
+    sa.Column("approved_by", sa.String(40)),  # the amux token that approved it (None: a browser sign-in); 0017
     sa.Index("ix_oauth_grants_principal", "principal_id"),
+    sa.Index("ix_oauth_grants_approved_by", "approved_by"),
 )
 
 oauth_codes = sa.Table(
@@ -506,6 +509,7 @@ oauth_codes = sa.Table(
     sa.Column("used_at", TS),
     sa.Column("grant_id", sa.String(40)),
     sa.Column("created_at", TS, nullable=False),
+    sa.Column("approved_by", sa.String(40)),  # carried to the grant it issues (0017)
 )
 
 oauth_tokens = sa.Table(

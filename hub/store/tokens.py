@@ -71,6 +71,14 @@ class SqlTokenStore:
         await conn.execute(api_tokens.update().where(api_tokens.c.label == label, api_tokens.c.revoked_at.is_(None))
                            .values(revoked_at=now))
 
+    async def revoke_alike(self, conn: Connection, principal_id: str, kind: str, label: str | None,
+                           now: datetime) -> list[str]:
+        """Revoke the principal's live tokens of this kind and label; return their ids."""
+        res = await conn.execute(api_tokens.update().where(
+            api_tokens.c.principal_id == principal_id, api_tokens.c.kind == kind, api_tokens.c.label == label,
+            api_tokens.c.revoked_at.is_(None)).values(revoked_at=now).returning(api_tokens.c.id))
+        return list(res.scalars().all())
+
     async def revoke_run_tokens(self, conn: Connection, task_id: str, now: datetime) -> list[str]:
         """Revoke every live token of task run `task_id`; return the ids revoked now."""
         return list((await conn.execute(_REVOKE_RUN, {"b_task_id": task_id, "b_now": now})).scalars().all())
@@ -125,6 +133,9 @@ class SqlTokenStore:
         return res.rowcount == 1
 
 
+_APPROVER = api_tokens.alias("approver")  # the amux token that approved a grant
+
+
 class SqlOAuthStore:
     """The authorization server's clients, codes, grants, token pairs and sign-in links.
 
@@ -173,12 +184,14 @@ class SqlOAuthStore:
 
     async def add_code(self, conn: Connection, *, code_hash: str, client_id: str, principal_id: str,
                        redirect_uri: str, redirect_explicit: bool, code_challenge: str, scope: str,
-                       resource: str | None, expires_at: datetime, now: datetime) -> None:
-        """Store an approved authorization code by its hash, unused, expiring at `expires_at`."""
+                       resource: str | None, expires_at: datetime, now: datetime,
+                       approved_by: str | None = None) -> None:
+        """Store an approved authorization code by its hash, unused, expiring at `expires_at`, with the amux token
+        that approved it (`approved_by`, None for a browser sign-in)."""
         await conn.execute(oauth_codes.insert().values(
             code_hash=code_hash, client_id=client_id, principal_id=principal_id, redirect_uri=redirect_uri,
             redirect_explicit=redirect_explicit, code_challenge=code_challenge, scope=scope, resource=resource,
-            expires_at=expires_at, created_at=now))
+            expires_at=expires_at, created_at=now, approved_by=approved_by))
 
     async def code_to_exchange(self, conn: Connection, code_hash: str) -> Row | None:
         """Return the code row locked for this transaction, so two exchanges of one code run one after the other."""
@@ -190,11 +203,11 @@ class SqlOAuthStore:
         await conn.execute(oauth_codes.update().where(oauth_codes.c.code_hash == code_hash).values(used_at=now))
 
     async def grant_code(self, conn: Connection, code: Row, grant_id: str, now: datetime) -> None:
-        """Open the grant a code issues (its client, principal, scope and resource) and remember it on the code,
-        so replaying the code revokes what it issued."""
+        """Open the grant a code issues (its client, principal, scope, resource and approving token) and remember it
+        on the code, so replaying the code revokes what it issued."""
         await conn.execute(oauth_grants.insert().values(
             id=grant_id, client_id=code.client_id, principal_id=code.principal_id, scope=code.scope,
-            resource=code.resource, created_at=now))
+            resource=code.resource, created_at=now, approved_by=code.approved_by))
         await conn.execute(oauth_codes.update().where(oauth_codes.c.code_hash == code.code_hash)
                            .values(grant_id=grant_id))
 
@@ -212,13 +225,15 @@ class SqlOAuthStore:
         ])
 
     async def refresh_to_rotate(self, conn: Connection, token_hash: str) -> Row | None:
-        """Return a refresh token with its grant's `client_id`, `revoked_at` and `grant_scope`, locked for this
-        transaction so two rotations of one token run one after the other."""
+        """Return a refresh token with its grant's `client_id`, `revoked_at`, `grant_scope` and its approving token's
+        `approver_revoked_at`, locked for this transaction so two rotations of one token run one after the other."""
         return (await conn.execute(self.db.for_update(
             sa.select(oauth_tokens, oauth_grants.c.client_id, oauth_grants.c.revoked_at,
-                      oauth_grants.c.scope.label("grant_scope"))
+                      oauth_grants.c.scope.label("grant_scope"), _APPROVER.c.revoked_at.label("approver_revoked_at"))
             .join(oauth_grants, oauth_grants.c.id == oauth_tokens.c.grant_id)
-            .where(oauth_tokens.c.token_hash == token_hash, oauth_tokens.c.kind == "refresh")))).first()
+            .outerjoin(_APPROVER, _APPROVER.c.id == oauth_grants.c.approved_by)
+            .where(oauth_tokens.c.token_hash == token_hash, oauth_tokens.c.kind == "refresh"),
+            of=oauth_tokens))).first()
 
     async def rotate(self, conn: Connection, token_hash: str, now: datetime) -> None:
         """Mark a refresh token rotated: presenting it again is a reuse."""
@@ -236,15 +251,43 @@ class SqlOAuthStore:
                            .where(oauth_grants.c.id == grant_id, oauth_grants.c.revoked_at.is_(None))
                            .values(revoked_at=now, revoked_reason=reason))
 
+    async def revoke_approved_by(self, conn: Connection, token_id: str, now: datetime, reason: str) -> list[str]:
+        """Revoke every live grant the amux token `token_id` approved; return their ids."""
+        res = await conn.execute(oauth_grants.update()
+                                 .where(oauth_grants.c.approved_by == token_id, oauth_grants.c.revoked_at.is_(None))
+                                 .values(revoked_at=now, revoked_reason=reason).returning(oauth_grants.c.id))
+        return list(res.scalars().all())
+
+    async def grant(self, conn: Connection, grant_id: str) -> Row | None:
+        """Return one grant row, or None."""
+        return (await conn.execute(sa.select(oauth_grants).where(oauth_grants.c.id == grant_id))).first()
+
+    async def live_grants(self, conn: Connection, principal_id: str | None) -> list[Row]:
+        """List the unrevoked grants whose approving token (if any) is unrevoked, oldest first, with the client's
+        `client_name` and the principal's name as `principal`: one principal's, or everyone's for None."""
+        q = (sa.select(oauth_grants.c.id, oauth_grants.c.scope, oauth_grants.c.approved_by, oauth_grants.c.created_at,
+                       oauth_clients.c.name.label("client_name"), principals.c.name.label("principal"))
+             .join(oauth_clients, oauth_clients.c.id == oauth_grants.c.client_id)
+             .join(principals, principals.c.id == oauth_grants.c.principal_id)
+             .outerjoin(_APPROVER, _APPROVER.c.id == oauth_grants.c.approved_by)
+             .where(oauth_grants.c.revoked_at.is_(None), _APPROVER.c.revoked_at.is_(None))
+             .order_by(oauth_grants.c.created_at, oauth_grants.c.id))
+        if principal_id is not None:
+            q = q.where(oauth_grants.c.principal_id == principal_id)
+        return list((await conn.execute(q)).all())
+
     async def access_token(self, conn: Connection, token_hash: str) -> Row | None:
         """Return an access token's `scope` and `expires_at` with its grant (`id`, `revoked_at`, `principal_id`),
-        the principal's `name` and the client's `client_name`; None for an unknown hash or a refresh token."""
+        the principal's `name`, the client's `client_name` and the approving token's `approver_revoked_at`; None for
+        an unknown hash or a refresh token."""
         return (await conn.execute(
             sa.select(oauth_tokens.c.scope, oauth_tokens.c.expires_at, oauth_grants.c.id, oauth_grants.c.revoked_at,
-                      oauth_grants.c.principal_id, principals.c.name, oauth_clients.c.name.label("client_name"))
+                      oauth_grants.c.principal_id, principals.c.name, oauth_clients.c.name.label("client_name"),
+                      _APPROVER.c.revoked_at.label("approver_revoked_at"))
             .join(oauth_grants, oauth_grants.c.id == oauth_tokens.c.grant_id)
             .join(principals, principals.c.id == oauth_grants.c.principal_id)
             .join(oauth_clients, oauth_clients.c.id == oauth_grants.c.client_id)
+            .outerjoin(_APPROVER, _APPROVER.c.id == oauth_grants.c.approved_by)
             .where(oauth_tokens.c.token_hash == token_hash, oauth_tokens.c.kind == "access"))).first()
 
     # --- sign-in links and browser sessions ------------------------------------------------------

@@ -477,8 +477,17 @@ class TokenReply(Reply):
     kind: str
 
 
+class GrantReply(Reply):
+    id: str
+    client: str
+    scopes: list[str]
+    approved_by: str | None
+    created: str
+
+
 class TokenListReply(Reply):
     tokens: list[TokenReply]
+    grants: list[GrantReply]
 
 
 class RuntimeListReply(Reply):
@@ -694,13 +703,16 @@ TASK_WAIT = op("GET", "/api/v1/tasks/{id}/wait", "task_wait", "Wait for a task's
 TASK_CANCEL = op("POST", "/api/v1/tasks/{id}/cancel", "task_cancel", "Cancel a task", TaskPath, reply=TaskStatusReply)
 RUNTIME_LIST = op("GET", "/api/v1/runtimes", "runtime_list", "List runtimes", tag="runtimes",
                   reply=RuntimeListReply)
-RUNTIME_DEREGISTER = op("DELETE", "/api/v1/runtimes/{name}", "runtime_deregister", "Free a runtime name you own",
+RUNTIME_DEREGISTER = op("DELETE", "/api/v1/runtimes/{name}", "runtime_deregister",
+                        "Free a runtime name and its runner-token binding (yours; an admin: any)",
                         RuntimePath, tag="runtimes")
-TOKEN_LIST = op("GET", "/api/v1/tokens", "token_list", "List your tokens (all=1: everyone's, admin)", query=AllQuery,
+TOKEN_LIST = op("GET", "/api/v1/tokens", "token_list",
+                "List your tokens and live OAuth grants (all=1: everyone's, admin)", query=AllQuery,
                 tag="tokens", reply=TokenListReply)
 TOKEN_CREATE = op("POST", "/api/v1/tokens", "token_create", "Create a token", body=TokenCreate, ok=(201,), tag="tokens",
                   reply=TokenReply)
-TOKEN_REVOKE = op("DELETE", "/api/v1/tokens/{id}", "token_revoke", "Revoke a token", TokenPath, tag="tokens")
+TOKEN_REVOKE = op("DELETE", "/api/v1/tokens/{id}", "token_revoke",
+                  "Revoke a token (and the OAuth grants it approved) or a grant (og_…)", TokenPath, tag="tokens")
 SCHEDULE_CREATE = op("POST", "/api/v1/schedules", "schedule_create", "Create a schedule", body=ScheduleCreate,
                      ok=(201,), tag=S, reply=ScheduleReply, max_body=MAX_BODY)
 SCHEDULE_LIST = op("GET", "/api/v1/schedules", "schedule_list", "List schedules", query=ScheduleListQuery, tag=S,

@@ -11,7 +11,7 @@ from aiohttp import web
 from ..clock import Clock
 from ..domain.leases import UNSANDBOXED, ago
 from ..errors import AmuxError
-from ..services.auth import AuthService, Caller
+from ..services.auth import AuthService, Caller, run_token_refusal
 from ..services.box_sessions import SESSION_TTL_S, BoxSessionService
 from ..services.leases import BoxesPage, LeaseService
 
@@ -202,6 +202,9 @@ def add_routes(app: web.Application, auth: AuthService, leases: LeaseService, cl
                 caller = await auth.authenticate(header)
             except AmuxError as e:
                 return unauthorized(request, e.message)
+            refusal = run_token_refusal(caller, "leases", read=True, what="the Boxes page")  # as on REST and MCP
+            if refusal is not None:
+                return unauthorized(request, refusal)
         else:
             caller = await sessions.resolve(request.cookies.get(COOKIE))
             if caller is None:

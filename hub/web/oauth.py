@@ -17,7 +17,7 @@ from mcp.shared.auth import OAuthMetadata, ProtectedResourceMetadata
 
 from ..domain.rate import retry_after
 from ..errors import AmuxError
-from ..services.auth import AuthService
+from ..services.auth import AuthService, check_may_approve
 from ..services.oauth_registration import ClientRegistration, RegistrationLimited
 from .edge import CLIENT
 from ..services.oauth import SCOPE_TEXT, SCOPES, AuthorizeRequest, OAuthError, OAuthService, PageError, RedirectError
@@ -158,9 +158,11 @@ class OAuthWeb:
         token = str(form.get("token") or "").strip()
         try:
             if token:
-                principal_id = (await self.auth.authenticate(token)).principal_id  # an amux token pasted here
+                approver = await self.auth.authenticate(token)  # an amux token pasted here
+                check_may_approve(approver)
+                principal_id, approved_by = approver.principal_id, approver.token_id
             elif signed_in and session and form.get("csrf") == _csrf(session):
-                principal_id = signed_in[0]
+                principal_id, approved_by = signed_in[0], None
             else:
                 return self._approval_page(req, params, signed_in, session, status=401,
                                            error="Paste your amux token (or sign in with a Feishu login "
@@ -171,7 +173,7 @@ class OAuthWeb:
         if not chosen:
             return self._approval_page(req, params, signed_in, session, status=400,
                                        error="Choose at least one permission.")
-        code = await self.oauth.approve(req, principal_id, chosen)
+        code = await self.oauth.approve(req, principal_id, chosen, approved_by=approved_by)
         return _redirect_to(req.redirect_uri, {"code": code, "state": req.state, "iss": self.base(request)})
 
     def _approval_page(self, req: AuthorizeRequest, params: dict[str, str], signed_in: tuple[str, str] | None,

@@ -11,7 +11,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from ..errors import AmuxError, Forbidden, NotFound
-from ..services.auth import RUN_REFUSED, AuthService, TokenAdmin, run_token_may
+from ..services.auth import AuthService, TokenAdmin, rest_area, run_token_refusal
 from ..services.credentials import CredentialService
 from ..services.memory import MemoryService
 from ..services.profiles import ProfileService
@@ -35,8 +35,10 @@ def auth_middleware(auth: AuthService) -> Callable:
             return await handler(request)
         try:
             caller = await auth.authenticate(request.headers.get("Authorization"))
-            if caller.kind == "run" and not run_token_may(request.method, request.path):
-                raise Forbidden(RUN_REFUSED.format(what=f"{request.method} {request.path}"))
+            refusal = run_token_refusal(caller, rest_area(request.path), read=request.method in ("GET", "HEAD"),
+                                        what=f"{request.method} {request.path}")
+            if refusal is not None:
+                raise Forbidden(refusal)
             request[CALLER] = caller
             return await handler(request)
         except AmuxError as e:
@@ -159,10 +161,13 @@ def add_routes(app: web.Application, hub: RestServices) -> None:
 
 
 def add_token_routes(app: web.Application, tokens: TokenAdmin) -> None:
-    """`GET/POST /api/v1/tokens`, `DELETE /api/v1/tokens/{id}`: your tokens (an admin: anyone's); never a hash."""
+    """`GET/POST /api/v1/tokens`, `DELETE /api/v1/tokens/{id}`: your tokens and live OAuth grants (an admin:
+    anyone's); never a hash. DELETE takes a token id (tok_…) or a grant id (og_…)."""
 
     async def token_list(c: Call) -> dict:
-        return {"tokens": await tokens.list(c.caller, all_=flag(c.query.all))}
+        all_ = flag(c.query.all)
+        return {"tokens": await tokens.list(c.caller, all_=all_),
+                "grants": await tokens.list_grants(c.caller, all_=all_)}
 
     async def token_create(c: Call) -> dict:
         b = c.body

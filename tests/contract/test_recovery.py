@@ -326,7 +326,8 @@ async def test_upgrade_heads_applies_recovery_on_a_database_already_at_the_previ
         script = ScriptDirectory.from_config(cfg)
         # The heads before the merge revision, with 0008_recovery not yet applied: its parents instead.
         merge = script.get_revision("0017_merge_heads")
-        previous = (set(merge.down_revision) - {"0008_recovery"}) | set(script.get_revision("0008_recovery").down_revision)
+        recovery = script.get_revision("0008_recovery")
+        previous = (set(merge.down_revision) - {"0008_recovery"}) | set(recovery.down_revision)
         import asyncio
         for head in sorted(previous):
             await asyncio.to_thread(command.upgrade, cfg, head)

@@ -39,7 +39,7 @@ def parse_env(text: str) -> dict[str, str]:
 async def test_a_scripted_subprocess_child_of_a_real_runner_process_sees_none_of_the_runners_variables(hub, tmp_path):
     runner_token = await hub.hub.auth.create_token("ops", admin=True, runner=True)
     argv = [a for a in runner_command(hub.url, runner_token, "envcheck", 1, tmp_path / "ws")]
-    i = argv.index("--token")
+    i = argv.index("--token-file")
     del argv[i:i + 2]  # the runner takes its token from AMUX_TOKEN, as operators often run it
     env = {**os.environ, **SENTINELS, "AMUX_TOKEN": runner_token, "HOME": str(tmp_path / "runner-home")}
     proc = await asyncio.create_subprocess_exec(*argv, cwd=REPO, env=env, stdout=asyncio.subprocess.DEVNULL,

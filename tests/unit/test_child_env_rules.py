@@ -8,7 +8,7 @@ from hub.engines.codex import CodexEngine
 from hub.engines.environment import base_env, child_env
 from hub.runner import protocol as p
 from hub.runner.agent import launch_env
-from hub.services.auth import run_token_may
+from hub.services.auth import rest_area, run_token_may
 
 RUNNER = {
     "PATH": "/usr/bin", "HOME": "/root", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "xterm", "TZ": "UTC",
@@ -62,4 +62,4 @@ def test_an_engine_finds_its_own_config_from_a_per_run_home(tmp_path):
     ("GET", "/api/v1/memoryx", False),            # a prefix is a path segment, not a string prefix
 ])
 def test_a_run_token_may_make_only_memory_and_coordination_calls(method, path, allowed):
-    assert run_token_may(method, path) is allowed
+    assert run_token_may(rest_area(path), read=method == "GET") is allowed

@@ -1,0 +1,26 @@
+"""`amux runtime list | deregister NAME` over REST: the registered runtimes, and freeing a name."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # noqa: ANN001
+    """Add `amux runtime …`; `client_opts` adds --hub/--token/--json."""
+    rt = subparsers.add_parser("runtime", help="registered runtimes (runners)")
+    sub = rt.add_subparsers(dest="runtime_cmd", required=True)
+    client_opts(sub.add_parser("list", help="every registered runtime: name, status, slots"))
+    de = sub.add_parser("deregister", help="free a runtime name and its runner-token binding (the owner, or an "
+                                           "admin), while its runner is stopped")
+    client_opts(de)
+    de.add_argument("name", help="the runtime's name, from `amux runtime list`")
+
+
+async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
+    """Run one `amux runtime` command with the REST client `api`; `emit(args, data, human)` prints."""
+    if args.runtime_cmd == "list":
+        res = await api.call("GET", "runtimes")
+        emit(args, res, "\n".join(f"{r['name']:<24} {r['status']:<8} slots {r['slots']}" for r in res["runtimes"])
+             or "no runtimes; start one with `amux runner`")
+    else:
+        res = await api.call("DELETE", f"runtimes/{args.name}")
+        emit(args, res, f"{res['name']}: deregistered")
