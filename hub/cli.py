@@ -297,7 +297,8 @@ async def _task(args: argparse.Namespace) -> None:
         body = {k: v for k, v in {"prompt": prompt, "profile": args.profile, "runtime": args.runtime,
                                   "model": args.model, "extra_args": args.arg or None,
                                   "timeout_s": args.timeout, "name": args.name, "reasoning_effort": args.effort,
-                                  "permission_policy": args.policy, "credential_profile": args.credential}.items()
+                                  "permission_policy": args.policy, "credential_profile": args.credential,
+                                  "isolation": args.isolation}.items()
                 if v is not None}
         sub = await api.call("POST", "tasks", body)
         if not args.wait:
@@ -492,6 +493,8 @@ def _add_task_commands(sub: argparse._SubParsersAction) -> None:
     ts.add_argument("--effort", help="reasoning effort (minimal|low|medium|high|xhigh)")
     ts.add_argument("--policy", help="permission policy (policy-allow|escalate-to-main|deny-all)")
     ts.add_argument("--credential", help="credential profile to materialize at launch")
+    ts.add_argument("--isolation", choices=("linux-dac", "process"),
+                    help="execution mode (default: the strongest one a runtime offers)")
     for name in ("get", "wait", "cancel"):
         p = task_sub.add_parser(name, help=f"{name} a task")
         client_opts(p)

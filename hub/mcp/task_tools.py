@@ -1,6 +1,8 @@
 """MCP tools for profiles and tasks."""
 from __future__ import annotations
 
+from typing import Literal
+
 from mcp.server.mcpserver import Context, MCPServer
 
 from ..services.profiles import BUILTIN_LISTING, ProfileService
@@ -28,11 +30,13 @@ def task_tools(tasks: TaskService, profiles: ProfileService, permissions: Permis
                               model: str | None = None, extra_args: list[str] | None = None,
                               timeout_s: float | None = None, name: str | None = None,
                               reasoning_effort: str | None = None, permission_policy: str | None = None,
-                              credential_profile: str | None = None) -> m.Submitted:
+                              credential_profile: str | None = None,
+                              isolation: Literal["linux-dac", "process"] | None = None) -> m.Submitted:
             """Admit a task (returns at once with its task_id); follow it with task_wait or task_get."""
             req = SubmitRequest(prompt=prompt, profile=profile, runtime=runtime, model=model, extra_args=extra_args,
                                 timeout_s=timeout_s, name=name, reasoning_effort=reasoning_effort,
-                                permission_policy=permission_policy, credential_profile=credential_profile)
+                                permission_policy=permission_policy, credential_profile=credential_profile,
+                                isolation=isolation)
             return m.Submitted(**await guarded(lambda: tasks.submit(caller_of(ctx), req)))
 
         @server.tool()
@@ -40,11 +44,13 @@ def task_tools(tasks: TaskService, profiles: ProfileService, permissions: Permis
                            model: str | None = None, extra_args: list[str] | None = None,
                            timeout_s: float | None = None, name: str | None = None,
                            reasoning_effort: str | None = None, permission_policy: str | None = None,
-                           credential_profile: str | None = None) -> m.TaskView:
+                           credential_profile: str | None = None,
+                           isolation: Literal["linux-dac", "process"] | None = None) -> m.TaskView:
             """Submit a task and block until it is terminal; returns its result."""
             req = SubmitRequest(prompt=prompt, profile=profile, runtime=runtime, model=model, extra_args=extra_args,
                                 timeout_s=timeout_s, name=name, reasoning_effort=reasoning_effort,
-                                permission_policy=permission_policy, credential_profile=credential_profile)
+                                permission_policy=permission_policy, credential_profile=credential_profile,
+                                isolation=isolation)
             return m.TaskView(**await guarded(lambda: tasks.run(caller_of(ctx), req)))
 
         @server.tool()

@@ -222,6 +222,7 @@ class TaskSubmit(Model):
     reasoning_effort: Short | None = None
     permission_policy: Short | None = None
     credential_profile: Short | None = None
+    isolation: Literal["linux-dac", "process"] | None = None
 
 
 class SessionCreate(Model):

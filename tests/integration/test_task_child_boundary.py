@@ -249,3 +249,47 @@ async def test_an_exhausted_uid_range_makes_a_linux_dac_task_wait_and_waiting_fo
         hub.hub.settings.execution.uid_count = 2  # the operator widens it: the run goes
         done = await hub.hub.tasks.wait_terminal(caller, sub["task_id"], timeout_s=60)
         assert done["status"] == "succeeded", done
+
+
+async def test_after_amux_up_a_claude_task_runs_under_another_uid_and_cannot_read_the_admin_token(tmp_path):
+    """The new user's path: `make run` (`amux up`, as root with bubblewrap), then a `claude` task."""
+    import aiohttp
+
+    home = tmp_path / ".amux"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMUX_")}
+    env.update(AMUX_HOME=str(home), AMUX_CLAUDE_BIN=str(SHELL_AGENT))
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "hub.cli", "up", "--listen", "127.0.0.1:0",
+                                                "--slots", "1", cwd=tmp_path, env=env,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        url = None
+        while True:
+            line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode()
+            assert line, "amux up ended before its runner started"
+            if "listening on " in line:
+                url = line.split("listening on ", 1)[1].split()[0]
+            if "in-process runner" in line:
+                break
+        token = (home / "admin.token").read_text().strip()
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http:
+            body = {"prompt": f"id -u; cat {home}/admin.token; echo rc=$?", "profile": "claude"}
+
+            async def submitted() -> str | None:  # once the in-process runner has registered
+                async with http.post(f"{url}/api/v1/tasks", json=body) as r:
+                    return (await r.json())["task_id"] if r.status in (200, 201) else None
+
+            task_id = await eventually(submitted, timeout=60, interval=0.2)
+
+            async def ended() -> dict | None:
+                async with http.get(f"{url}/api/v1/tasks/{task_id}") as r:
+                    view = await r.json()
+                return view if view["status"] not in ("queued", "running") else None
+
+            view = await eventually(ended, timeout=120, interval=0.2)
+        text = out(view)
+        assert view["status"] == "succeeded" and view["snapshot"]["isolation"] == "linux-dac", view
+        assert int(text.splitlines()[0]) != os.geteuid()
+        assert token not in text and "rc=0" not in text, text
+    finally:
+        proc.terminate()
+        await proc.wait()
