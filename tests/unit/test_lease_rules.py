@@ -175,6 +175,17 @@ def test_box_settings_come_from_the_environment_form():
             s.boxes.cpus) == ("unsandboxed", "host", 3, 512, 100, 0.5)
 
 
+def test_a_task_holds_any_number_of_boxes_by_default_and_the_limits_are_per_principal():
+    from hub.config import load_settings
+
+    s = load_settings(env={}, home="/nonexistent-amux-home")
+    assert (s.boxes.max_per_task, s.boxes.max_live_per_principal, s.leases.max_open_tasks_per_principal,
+            s.boxes.shm_mb) == (0, 8, 20, 64)
+    s = load_settings(env={"AMUX_BOXES__MAX_LIVE_PER_PRINCIPAL": "0", "AMUX_LEASES__MAX_OPEN_TASKS_PER_PRINCIPAL": "5",
+                           "AMUX_BOXES__SHM_MB": "16"}, home="/nonexistent-amux-home")
+    assert (s.boxes.max_live_per_principal, s.leases.max_open_tasks_per_principal, s.boxes.shm_mb) == (0, 5, 16)
+
+
 @pytest.mark.parametrize("network, shares_net", [("none", False), ("host", True)])
 def test_a_box_init_unshares_every_namespace_and_binds_only_system_directories(network, shares_net, tmp_path):
     from hub.boxes.bwrap import init_argv
