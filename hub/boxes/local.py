@@ -266,6 +266,7 @@ class LocalBoxDriver:
         if isinstance(pid, int) and handle.get("init_start") is not None and _start_time(pid) == handle["init_start"]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)  # pid 1 of the box: the kernel kills everything in its PID namespace
+            await _reaped_init(pid, handle["init_start"])  # before its uid is given back
         await self._kill(exec_marker=("AMUX_BOX_ID", box_id), groups=sorted(self._groups.pop(box_id, set())))
         cgroups = handle.get("cgroups") or await asyncio.to_thread(existing_cgroups, box_id)
         if cgroups:
@@ -283,8 +284,8 @@ class LocalBoxDriver:
             pid = handle.get("init_pid")
             alive = box_dir.is_dir() and isinstance(pid, int) and _start_time(pid) == handle.get("init_start")
             pids = await asyncio.to_thread(_namespace_pids, pid) if alive else []
-        else:
-            alive = box_dir.is_dir()
+        else:  # a handle without its sandbox record runs nothing (`exec`), so it is not a live box either
+            alive = box_dir.is_dir() and handle.get("sandbox") == "none"
             pids = await asyncio.to_thread(_tagged_pids, "AMUX_BOX_ID", box_id)
         return BoxInfo(box_id, handle.get("driver") or self.name, alive,
                        {"dir": str(box_dir), "sandbox": handle.get("sandbox"), "processes": len(pids),
@@ -349,6 +350,19 @@ async def _reaped(counter: Path | None, baseline: int | None, within_s: float = 
         if now is None or now <= baseline:
             return
         await asyncio.sleep(0.01)
+
+
+async def _reaped_init(pid: int, start: int, within_s: float = 2.0) -> None:
+    """Wait, at most `within_s`, until a killed box init is reaped: its PID namespace's processes are gone first."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return
+        if int(stat.rsplit(")", 1)[1].split()[19]) != start:  # the pid names another process now
+            return
+        await asyncio.sleep(0.005)
 
 
 def _tagged_pids(key: str, value: str) -> list[int]:

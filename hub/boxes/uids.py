@@ -26,9 +26,14 @@ class UidClaims:
         self.base, self.span = base, span
 
     def claim(self, box_id: str) -> int:
-        """Return the lowest uid of the range no live box holds, now held by `box_id`; refuse when none is free."""
+        """Return the lowest uid of the range no live box holds, now held by `box_id`; refuse when none is free.
+
+        A uid some process of the machine runs as is not free either, claimed or not (a box made before claims
+        existed, or a user of the machine).
+        """
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         taken = {int(n) for n in os.listdir(self.directory) if n.isdigit()}
+        taken |= _running_uids(self.base, self.base + self.span)
         for uid in range(self.base, self.base + self.span):
             if uid in taken:
                 continue
@@ -65,3 +70,18 @@ class UidClaims:
             return os.listdir(self.directory)
         except OSError:
             return []
+
+
+def _running_uids(low: int, high: int) -> set[int]:
+    """Return the uids in [low, high) that live processes of the machine run as (the owner of `/proc/<pid>` is its
+    effective uid; a zombie holds nothing but its pid, and where no reaper waits for it, it never goes)."""
+    found = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                uid = entry.stat(follow_symlinks=False).st_uid
+                if low <= uid < high and uid not in found:
+                    state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
+                    if state not in ("Z", "X"):
+                        found.add(uid)
+    return found

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -45,3 +48,16 @@ def test_releasing_never_frees_another_boxs_uid_and_without_the_uid_finds_the_bo
     assert claims.held() == {a: "vm_a", b: "vm_b"}
     claims.release("vm_a")              # a provisional handle: no uid recorded, found by the box id
     assert claims.held() == {b: "vm_b"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starting a process as another uid needs root")
+def test_a_uid_some_process_runs_as_is_not_free_even_unclaimed(tmp_path):
+    proc = subprocess.Popen(["setpriv", "--reuid=300500", "--regid=300500", "--clear-groups", "sleep", "30"])
+    try:
+        deadline = time.monotonic() + 5
+        while os.stat(f"/proc/{proc.pid}").st_uid != 300500 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert UidClaims(tmp_path, base=300500, span=2).claim("vm_a") == 300501
+    finally:
+        proc.kill()
+        proc.wait()
