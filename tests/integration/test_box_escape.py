@@ -485,4 +485,18 @@ async def test_a_hub_that_is_not_root_runs_commands_in_its_boxes_which_still_can
     finally:
         proc.terminate()
         await proc.wait()
+        kill_boxes_of(home / "amux.db")  # boxes outlive their hub: a failed test must not leave them running
         shutil.rmtree(base, ignore_errors=True)
+
+
+def kill_boxes_of(db_path: Path) -> None:
+    """Kill the init of every box a stopped hub's SQLite database still holds live."""
+    import sqlite3
+
+    with contextlib.suppress(sqlite3.Error), contextlib.closing(sqlite3.connect(db_path)) as conn:
+        for (raw,) in conn.execute("select handle from boxes where state in ('creating', 'live')"):
+            handle = json.loads(raw or "{}")
+            pid = handle.get("init_pid")
+            with contextlib.suppress(OSError, ValueError, IndexError):  # only that very process, never a reused pid
+                if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]) == handle["init_start"]:
+                    os.kill(pid, 9)
