@@ -498,5 +498,5 @@ def kill_boxes_of(db_path: Path) -> None:
             handle = json.loads(raw or "{}")
             pid = handle.get("init_pid")
             with contextlib.suppress(OSError, ValueError, IndexError):  # only that very process, never a reused pid
-                if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]) == handle["init_start"]:
+                if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]) == handle.get("init_start"):
                     os.kill(pid, 9)
