@@ -87,6 +87,8 @@ class LeaseSettings(BaseModel):
     activity_granularity_s: float = 60
     takeover_quiet_s: float = 1800
     auto_close_quiet_s: float = 14400
+    # Open lease tasks one principal may hold at once (README "Boxes"); 0 = no limit; admin tokens are exempt.
+    max_open_tasks_per_principal: int = Field(default=20, ge=0)
 
 
 class BoxSettings(BaseModel):
@@ -94,11 +96,13 @@ class BoxSettings(BaseModel):
 
     driver: str = "local"        # "local": bubblewrap sandbox; "unsandboxed": plain processes, operator opt-in
     network: str = "none"        # "none": loopback only; "host": the host's network (not its loopback services' files)
-    max_per_task: int = Field(default=32, ge=1)      # a safety cap; the seed lets a task hold any number
+    max_per_task: int = Field(default=0, ge=0)       # 0 = any number (the seed); the real limit is the next one
+    max_live_per_principal: int = Field(default=8, ge=0)  # live boxes of one principal, all its tasks; 0 = no limit
     memory_mb: int = Field(default=1024, ge=16)      # per box (cgroup), or per process (RLIMIT_AS) without cgroups
     pids_max: int = Field(default=256, ge=8)         # processes and threads per box
     cpus: float = Field(default=1.0, gt=0)           # CPU time per box, in cores
     disk_mb: int = Field(default=1024, ge=1)         # size of the box's writable /box and of its /tmp (memory-backed)
+    shm_mb: int = Field(default=64, ge=1)            # size of the box's /dev/shm (memory-backed; /dev itself is 64 KiB)
     page_size: int = Field(default=50, ge=1, le=1000)  # open tasks per Boxes page (AMUX_BOXES__PAGE_SIZE)
 
     @field_validator("driver")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
+import fcntl
 import json
 import logging
 import os
@@ -22,6 +22,7 @@ from ..ids import short_id
 from . import bwrap as bw
 from .base import OUTPUT_CAP_BYTES, BoxError, BoxInfo, ExecResult
 from .limits import Limits, enforcement, enter, existing_cgroups, remove_cgroups, setup_cgroups
+from .uids import UidClaims
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +31,11 @@ _PATH = bw.PATH
 # After the command exits, background children may still hold its pipes; read what is there, then stop.
 _PIPE_GRACE_S = 0.2
 _START_TIMEOUT_S = 15.0
-# Each box runs as its own unprivileged uid outside (root inside maps to it) when the hub runs as root.
-UID_BASE, UID_SPAN = 200_000, 60_000
+_NS_GET_PARENT = 0xB702  # ioctl: the parent of a user namespace (linux/nsfs.h)
 
+NO_SANDBOX_RECORD = ("box {box_id} has no sandbox record (its stored handle names neither a bubblewrap init nor the "
+                     "operator's boxes.driver = \"unsandboxed\"), so nothing runs in it; `rift_vm_destroy` it and "
+                     "make another with `rift_vm_new`")
 NO_BWRAP = ("bubblewrap (`bwrap`) is not installed on this hub's machine, so boxes cannot be sandboxed; "
             "the operator installs it (`apt-get install bubblewrap`), or sets boxes.driver = \"unsandboxed\" "
             "(AMUX_BOXES__DRIVER=unsandboxed) to run boxes without isolation")
@@ -48,17 +51,22 @@ class LocalBoxDriver:
     in the box between commands and die with it. Memory, process and CPU limits come from a cgroup per box
     (v2, else v1) or, where none is writable, rlimits. Everything is rebuilt from the stored handle.
 
-    Unsandboxed: a directory and plain processes tagged with `AMUX_BOX_ID` (how `destroy` finds them).
+    Unsandboxed: a directory and plain processes tagged with `AMUX_BOX_ID` (how `destroy` finds them), only for a
+    box whose handle says `"sandbox": "none"` (made under the operator's `boxes.driver = "unsandboxed"`); a handle
+    that names no sandbox runs nothing.
+
+    When the hub runs as root, each box runs as a host uid of its own, claimed in `uids` (hub/boxes/uids.py).
     """
 
     def __init__(self, root: Path, settings: BoxSettings | None = None, *, hide: list[Path] | None = None,
-                 output_cap: int = OUTPUT_CAP_BYTES) -> None:
+                 output_cap: int = OUTPUT_CAP_BYTES, uids: UidClaims | None = None) -> None:
         self.settings = settings or BoxSettings()
         self.sandboxed = self.settings.driver == "local"
         self.name = self.settings.driver
         self.root = Path(root).resolve()
         self.hide = [Path(p).resolve() for p in (hide or [])] + [self.root]
         self.output_cap = output_cap
+        self.uids = uids or UidClaims()
         self._groups: dict[str, set[int]] = {}
         self.host = socket.gethostname()
 
@@ -115,12 +123,12 @@ class LocalBoxDriver:
             if not shutil.which(tool):
                 raise BoxError(f"`{tool}` is missing on this hub's machine; the operator installs util-linux")
         limits = self.limits
+        # Released by `destroy`, which `create` calls when this fails.
+        uid = await asyncio.to_thread(self.uids.claim, box_id) if os.geteuid() == 0 else None
         cgroups = await asyncio.to_thread(setup_cgroups, box_id, limits)
-        uid = (UID_BASE + int(hashlib.sha256(box_id.encode()).hexdigest()[:8], 16) % UID_SPAN
-               if os.geteuid() == 0 else None)
         info_r, info_w = os.pipe()
         argv = bw.init_argv(bwrap, box_id, network=self.settings.network, disk_bytes=self.settings.disk_mb << 20,
-                            hide=self.hide, info_fd=info_w)
+                            shm_bytes=self.settings.shm_mb << 20, hide=self.hide, info_fd=info_w)
 
         def prepare() -> None:  # in the forked child: limits first (as root), then the unprivileged uid
             enter(cgroups, limits, nproc=uid is not None)
@@ -148,6 +156,8 @@ class LocalBoxDriver:
             os.close(info_r)
         pid = info.get("child-pid") if info else None
         start = _start_time(pid) if isinstance(pid, int) else None
+        if start is not None and not await _settled(pid, start):
+            start = None
         if start is None:
             detail = log_path.read_text(errors="replace").strip()[-400:] if log_path.exists() else ""
             raise BoxError(f"bubblewrap could not sandbox box {box_id} on this machine ({detail or 'no output'}); "
@@ -162,9 +172,11 @@ class LocalBoxDriver:
                 "without isolation")
 
     def _init_pid(self, handle: dict[str, Any], box_id: str) -> int:
-        """Return the pid of the box's running init, or refuse when it is gone."""
+        """Return the pid of the box's running init, or refuse when it is gone or its handle never named one."""
         pid, start = handle.get("init_pid"), handle.get("init_start")
-        if not isinstance(pid, int) or start is None or _start_time(pid) != start:
+        if not isinstance(pid, int) or not isinstance(start, int):
+            raise BoxError(NO_SANDBOX_RECORD.format(box_id=box_id))
+        if _start_time(pid) != start:
             raise BoxError(f"box {box_id} is no longer running (its sandbox stopped, e.g. the machine restarted); "
                            f"`rift_vm_destroy` it and make another with `rift_vm_new`")
         return pid
@@ -175,31 +187,38 @@ class LocalBoxDriver:
         if not box_dir.is_dir():
             raise BoxError(self._elsewhere(handle, box_dir) or f"box {box_id} is gone; make another with `rift_vm_new`")
         exec_id = short_id("ex", 10)
-        sandboxed = handle.get("sandbox") == "bwrap"
+        sandbox = handle.get("sandbox")
+        if sandbox not in ("bwrap", "none"):  # fail closed: only the operator's explicit choice runs on the host
+            raise BoxError(NO_SANDBOX_RECORD.format(box_id=box_id))
+        sandboxed = sandbox == "bwrap"
         env = {"PATH": _PATH, "HOME": bw.BOX_HOME if sandboxed else str(box_dir), "LANG": "C.UTF-8", "TERM": "dumb",
                "AMUX_BOX_ID": box_id, "AMUX_EXEC_ID": exec_id}
         preexec = None
         counter: Path | None = None
+        stdin: int | None = None
         if sandboxed:
-            argv = bw.enter_argv(self._init_pid(handle, box_id), command)
+            pid = self._init_pid(handle, box_id)
+            as_owner = os.geteuid() != 0
+            argv = bw.enter_argv(pid, command, as_owner=as_owner)
+            stdin = _outer_userns(pid, box_id) if as_owner else None
             cgroups, limits, nproc = dict(handle.get("cgroups") or {}), self.limits, handle.get("uid") is not None
             preexec = lambda: enter(cgroups, limits, nproc=nproc)  # noqa: E731
             cwd = "/"
             counter = Path(cgroups["pids"], "pids.current") if cgroups.get("pids") else None
         else:
             argv, cwd = ["/bin/sh", "-c", command], str(box_dir)
-        return await self._run(box_id, exec_id, argv, env, cwd, preexec, timeout_s, counter)
+        return await self._run(box_id, exec_id, argv, env, cwd, preexec, timeout_s, counter, stdin)
 
     async def _run(self, box_id: str, exec_id: str, argv: list[str], env: dict[str, str], cwd: str,
-                   preexec: Any, timeout_s: float, counter: Path | None = None) -> ExecResult:
+                   preexec: Any, timeout_s: float, counter: Path | None = None, stdin: int | None = None) -> ExecResult:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         started = time.monotonic()
         baseline = _count(counter)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out_w, stderr=err_w, cwd=cwd, env=env,
-                start_new_session=True, preexec_fn=preexec)
+                *argv, stdin=asyncio.subprocess.DEVNULL if stdin is None else stdin, stdout=out_w, stderr=err_w,
+                cwd=cwd, env=env, start_new_session=True, preexec_fn=preexec)
         except (OSError, subprocess.SubprocessError) as e:
             os.close(out_r)
             os.close(err_r)
@@ -207,6 +226,8 @@ class LocalBoxDriver:
         finally:
             os.close(out_w)
             os.close(err_w)
+            if stdin is not None:
+                os.close(stdin)
         self._groups.setdefault(box_id, set()).add(proc.pid)
         readers = [asyncio.create_task(self._read_capped(out_r)), asyncio.create_task(self._read_capped(err_r))]
         timed_out = False
@@ -245,12 +266,15 @@ class LocalBoxDriver:
         if isinstance(pid, int) and handle.get("init_start") is not None and _start_time(pid) == handle["init_start"]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)  # pid 1 of the box: the kernel kills everything in its PID namespace
+            await _reaped_init(pid, handle["init_start"])  # before its uid is given back
         await self._kill(exec_marker=("AMUX_BOX_ID", box_id), groups=sorted(self._groups.pop(box_id, set())))
         cgroups = handle.get("cgroups") or await asyncio.to_thread(existing_cgroups, box_id)
         if cgroups:
             await asyncio.to_thread(remove_cgroups, cgroups)
         if box_dir.exists():
             await asyncio.to_thread(shutil.rmtree, box_dir, True)
+        if handle.get("sandbox") != "none":  # last: nothing of the box is left to run as this uid
+            await asyncio.to_thread(self.uids.release, box_id, handle.get("uid"))
 
     async def describe(self, handle: dict[str, Any]) -> BoxInfo:
         """Report whether the box runs, how it is isolated and limited, and its process count."""
@@ -260,8 +284,8 @@ class LocalBoxDriver:
             pid = handle.get("init_pid")
             alive = box_dir.is_dir() and isinstance(pid, int) and _start_time(pid) == handle.get("init_start")
             pids = await asyncio.to_thread(_namespace_pids, pid) if alive else []
-        else:
-            alive = box_dir.is_dir()
+        else:  # a handle without its sandbox record runs nothing (`exec`), so it is not a live box either
+            alive = box_dir.is_dir() and handle.get("sandbox") == "none"
             pids = await asyncio.to_thread(_tagged_pids, "AMUX_BOX_ID", box_id)
         return BoxInfo(box_id, handle.get("driver") or self.name, alive,
                        {"dir": str(box_dir), "sandbox": handle.get("sandbox"), "processes": len(pids),
@@ -328,6 +352,19 @@ async def _reaped(counter: Path | None, baseline: int | None, within_s: float = 
         await asyncio.sleep(0.01)
 
 
+async def _reaped_init(pid: int, start: int, within_s: float = 2.0) -> None:
+    """Wait, at most `within_s`, until a killed box init is reaped: its PID namespace's processes are gone first."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return
+        if int(stat.rsplit(")", 1)[1].split()[19]) != start:  # the pid names another process now
+            return
+        await asyncio.sleep(0.005)
+
+
 def _tagged_pids(key: str, value: str) -> list[int]:
     """Return live processes whose environment holds `key=value`."""
     needle = f"{key}={value}".encode()
@@ -371,6 +408,37 @@ def _namespace_pids(init_pid: int) -> list[int]:
                 if os.readlink(f"/proc/{entry.name}/ns/pid") == ns:
                     found.append(int(entry.name))
     return found
+
+
+async def _settled(init_pid: int, start: int, within_s: float = _START_TIMEOUT_S) -> bool:
+    """Wait until a box's init has started the box's first process: bwrap reports the init's pid before it has
+    moved into its nested user namespace and finished the mounts; False when the init died first."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if _start_time(init_pid) != start:
+            return False
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{init_pid}/task/{init_pid}/children").read_text().strip():
+                return True
+        await asyncio.sleep(0.005)
+    return False
+
+
+def _outer_userns(init_pid: int, box_id: str) -> int:
+    """Open the user namespace that owns a box's namespaces: the parent of its init's (bwrap's `--disable-userns`)."""
+    try:
+        fd = os.open(f"/proc/{init_pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise BoxError(f"box {box_id} is no longer running ({e}); `rift_vm_destroy` it and make another with "
+                       f"`rift_vm_new`") from e
+    try:
+        return fcntl.ioctl(fd, _NS_GET_PARENT)
+    except OSError as e:
+        raise BoxError(f"this hub is not root and cannot enter box {box_id} ({e}: the kernel needs NS_GET_PARENT, "
+                       f"Linux 4.9 or later); the operator runs the hub as root or on a newer kernel, then "
+                       f"`rift_vm_destroy` it and make another with `rift_vm_new`") from e
+    finally:
+        os.close(fd)
 
 
 def _read_json(fd: int) -> dict[str, Any] | None:

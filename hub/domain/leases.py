@@ -178,6 +178,21 @@ def too_many_boxes(task_id: str, count: int) -> str:
             f"`rift_vm_destroy` one, or `rift_task_new` for separate work")
 
 
+def too_many_open_tasks(count: int, limit: int) -> str:
+    """Refuse one more open task to a principal holding the configured most."""
+    return (f"you already have {count} open lease tasks, the most one user may hold on this hub "
+            f"(leases.max_open_tasks_per_principal = {limit}); close one you are done with with `rift_task_close` "
+            f"(`rift_task_list` shows them; `rift_task_attach` takes one up to close it), or ask the operator to "
+            f"raise the setting")
+
+
+def too_many_live_boxes(count: int, limit: int) -> str:
+    """Refuse one more box to a principal whose tasks hold the configured most live boxes."""
+    return (f"you already have {count} live boxes across your tasks, the most one user may hold on this hub "
+            f"(boxes.max_live_per_principal = {limit}); destroy one you are done with with `rift_vm_destroy` (or "
+            f"close a task and its boxes with `rift_task_close`), or ask the operator to raise the setting")
+
+
 def stuck_cutoff(now: datetime, grace_s: float = CREATING_GRACE_S) -> datetime:
     """Return the time before which a box still `creating` is taken to be abandoned by a crashed hub."""
     return now - timedelta(seconds=grace_s)

@@ -14,7 +14,7 @@ from ..boxes.base import DEFAULT_EXEC_TIMEOUT_S, MAX_COMMAND_BYTES, MAX_EXEC_TIM
 from ..clock import Clock, utc
 from ..config import BoxSettings, LeaseSettings
 from ..domain import leases as rules
-from ..errors import Conflict, Invalid, NotFound
+from ..errors import Conflict, Invalid, NotFound, TooMany
 from ..ids import short_id
 from ..store.db import Connection, Database, Row
 from ..store.leases import Box, PageBox, PageTask, SqlLeaseStore
@@ -155,14 +155,24 @@ class LeaseService:
     # --- tasks ---------------------------------------------------------------------------------
 
     async def new(self, caller: Caller, name: str | None) -> dict[str, Any]:
-        """Open a task held by the caller and return it with its handle (shown once)."""
+        """Open a task held by the caller and return it with its handle (shown once).
+
+        Refused past `leases.max_open_tasks_per_principal` open tasks (admin tokens are exempt), counted under the
+        owner's row lock so concurrent opens on several replicas never pass it together.
+        """
         try:
             clean = rules.clean_name(name, required=True, what="task")
         except ValueError as e:
             raise Invalid(str(e)) from e
         now, secret = self.clock.now(), secrets.token_urlsafe(24)
         task_id = short_id("task")
+        limit = 0 if caller.admin else self.settings.max_open_tasks_per_principal
         async with self.db.write() as conn:
+            if limit:
+                await self.store.lock_owner(conn, caller.principal_id)
+                count = await self.store.count_open_tasks(conn, caller.principal_id)
+                if count >= limit:
+                    raise TooMany(rules.too_many_open_tasks(count, limit))
             row = await self.store.open_task(conn, task_id=task_id, owner_id=caller.principal_id, name=clean,
                                              holder_label=holder_of(caller), holder_token_id=caller.token_id,
                                              secret_hash=_hash(secret), now=now)
@@ -227,7 +237,11 @@ class LeaseService:
     # --- boxes ---------------------------------------------------------------------------------
 
     async def vm_new(self, caller: Caller, handle: str | None, name: str | None = None) -> dict[str, Any]:
-        """Claim a new box inside the held task."""
+        """Claim a new box inside the held task.
+
+        Refused past `boxes.max_live_per_principal` live boxes across the owner's tasks (admin tokens are exempt;
+        counted under the owner's row lock) and, when it is set, past `boxes.max_per_task` in the task.
+        """
         try:
             clean = rules.clean_name(name, required=False, what="box")
         except ValueError as e:
@@ -237,9 +251,16 @@ class LeaseService:
         async with self.db.write() as conn:
             row = await self._gate(conn, caller, handle, lock=True)
             await self._touch(conn, row, now)
-            count = await self.store.count_live_boxes(conn, row.id)
-            if count >= self.boxes.max_per_task:
-                raise Conflict(rules.too_many_boxes(row.id, count))
+            limit = 0 if caller.admin else self.boxes.max_live_per_principal
+            if limit:
+                await self.store.lock_owner(conn, caller.principal_id)
+                mine = await self.store.count_owner_live_boxes(conn, caller.principal_id)
+                if mine >= limit:
+                    raise TooMany(rules.too_many_live_boxes(mine, limit))
+            if self.boxes.max_per_task:
+                count = await self.store.count_live_boxes(conn, row.id)
+                if count >= self.boxes.max_per_task:
+                    raise Conflict(rules.too_many_boxes(row.id, count))
             # The provisional handle is stored first, so a box a crash catches half-made is still destroyed.
             await self.store.add_box(conn, box_id=box_id, task_id=row.id, name=clean, driver=self.driver.name,
                                      provisional=self.driver.provisional(box_id), now=now)

@@ -206,6 +206,22 @@ class SqlLeaseStore:
             status="closed", closed_at=now, secret_hash=None, closed_reason=reason))
         return res.rowcount
 
+    async def lock_owner(self, conn: Connection, owner_id: str) -> None:
+        """Hold the owner's principal row until the transaction ends, so its concurrent opens and box claims count
+        one after another on PostgreSQL (SQLite's writers are serialized already)."""
+        await conn.execute(self.db.for_update(sa.select(principals.c.id).where(principals.c.id == owner_id)))
+
+    async def count_open_tasks(self, conn: Connection, owner_id: str) -> int:
+        """Return how many of an owner's tasks are open."""
+        return (await conn.execute(sa.select(sa.func.count()).select_from(lease_tasks).where(
+            lease_tasks.c.owner_id == owner_id, lease_tasks.c.status == "open"))).scalar_one()
+
+    async def count_owner_live_boxes(self, conn: Connection, owner_id: str) -> int:
+        """Return how many boxes of an owner's tasks, open or closed, still hold resources (being made or live)."""
+        return (await conn.execute(sa.select(sa.func.count()).select_from(
+            boxes.join(lease_tasks, lease_tasks.c.id == boxes.c.task_id)).where(
+            lease_tasks.c.owner_id == owner_id, _live(boxes.c.state)))).scalar_one()
+
     async def open_tasks(self, conn: Connection, owner_id: str) -> list[Row]:
         """Return an owner's open tasks, most recently active first."""
         return list((await conn.execute(

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from hub.boxes.local import LocalBoxDriver
 from hub.clock import utc
 from hub.config import BoxSettings, LeaseSettings
-from hub.errors import AmuxError, Conflict, Invalid, NotFound
+from hub.errors import AmuxError, Conflict, Invalid, NotFound, TooMany
 from hub.services.auth import AuthService
 from hub.services.leases import LeaseService
 from hub.store.db import Database
@@ -23,7 +23,9 @@ UNSANDBOXED = BoxSettings(driver="unsandboxed")
 @pytest.fixture
 async def leases(db, clock, tmp_path):
     """A LeaseService over each backend with a plain (unsandboxed) local box driver."""
-    return LeaseService(db, clock, LeaseSettings(), LocalBoxDriver(tmp_path / "boxes", UNSANDBOXED))
+    # No cap on open tasks here: the caps have tests of their own (the reaper tests open thirty).
+    return LeaseService(db, clock, LeaseSettings(max_open_tasks_per_principal=0),
+                        LocalBoxDriver(tmp_path / "boxes", UNSANDBOXED))
 
 
 @pytest.fixture
@@ -314,3 +316,43 @@ async def test_without_bubblewrap_rift_vm_new_refuses_with_the_fix_and_leaves_no
     async with db.read() as conn:
         assert (await conn.execute(sa.select(boxes.c.state))).scalars().all() == ["failed"]
     assert list((tmp_path / "boxes").iterdir()) == []
+
+
+async def _on_replicas(db_url: str, db: Database, clock, tmp_path, leases: LeaseSettings,  # noqa: ANN001
+                       boxes_: BoxSettings) -> tuple[list[LeaseService], list[Database]]:
+    """Return three lease services sharing one database as replicas do (on SQLite: one process's database)."""
+    dbs = [db if db.is_sqlite else Database(db_url) for _ in range(3)]
+    return [LeaseService(d, clock, leases, LocalBoxDriver(tmp_path / "boxes", boxes_), boxes_) for d in dbs], dbs
+
+
+async def test_replicas_opening_tasks_at_once_never_pass_the_per_principal_cap_together(db_url, db, clock, alice,
+                                                                                         tmp_path):
+    replicas, dbs = await _on_replicas(db_url, db, clock, tmp_path, LeaseSettings(max_open_tasks_per_principal=3),
+                                       UNSANDBOXED)
+    try:
+        results = await asyncio.gather(*(replicas[i % 3].new(alice, f"t{i}") for i in range(12)),
+                                       return_exceptions=True)
+    finally:
+        for d in dbs:
+            if d is not db:
+                await d.close()
+    assert sum(isinstance(r, dict) for r in results) == 3
+    assert all(isinstance(r, TooMany) and "leases.max_open_tasks_per_principal" in r.message
+               for r in results if not isinstance(r, dict))
+
+
+async def test_replicas_claiming_boxes_at_once_never_pass_the_per_principal_cap_together(db_url, db, clock, alice,
+                                                                                         tmp_path):
+    capped = BoxSettings(driver="unsandboxed", max_live_per_principal=4)
+    replicas, dbs = await _on_replicas(db_url, db, clock, tmp_path, LeaseSettings(), capped)
+    try:
+        handles = [(await replicas[0].new(alice, f"t{i}"))["handle"] for i in range(3)]
+        results = await asyncio.gather(*(replicas[i % 3].vm_new(alice, handles[i % 3]) for i in range(12)),
+                                       return_exceptions=True)
+    finally:
+        for d in dbs:
+            if d is not db:
+                await d.close()
+    assert sum(isinstance(r, dict) for r in results) == 4
+    assert all(isinstance(r, TooMany) and "boxes.max_live_per_principal" in r.message
+               for r in results if not isinstance(r, dict))

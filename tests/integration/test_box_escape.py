@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -18,11 +21,14 @@ import sqlalchemy as sa
 from aiohttp import web
 
 from hub.app import Hub
+from hub.boxes.base import BoxError
+from hub.boxes.local import LocalBoxDriver
+from hub.boxes.uids import UID_BASE, UID_SPAN, UidClaims
 from hub.clock import ManualClock
-from hub.config import BoxSettings
+from hub.config import BoxSettings, LeaseSettings
 from hub.store.db import Database
 from hub.store.tables import boxes
-from tests.helpers import hub_settings, mcp_client
+from tests.helpers import REPO, eventually, hub_settings, mcp_client
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
                                 reason="install bubblewrap (make test does: apt-get install -y bubblewrap)")
@@ -39,14 +45,16 @@ async def destroy_live_boxes(hub: Hub) -> None:
 
 
 @contextlib.asynccontextmanager
-async def box_hub(db_url: str, home: Path, keep_boxes: bool = False,
+async def box_hub(db_url: str, home: Path, keep_boxes: bool = False, leases: dict[str, Any] | None = None,
                   **box_settings: Any) -> AsyncIterator[dict[str, Any]]:
-    """Serve a hub whose boxes use `box_settings`; yield its url, port, home, admin token and Hub.
+    """Serve a hub whose boxes use `box_settings` (and its leases `leases`); yield its url, port, home, admin token
+    and Hub.
 
     Its boxes are destroyed when it stops, unless `keep_boxes` (a hub restart keeps them).
     """
     settings = hub_settings(db_url, home)
     settings.boxes = BoxSettings(**box_settings)
+    settings.leases = LeaseSettings(**(leases or {}))
     hub = Hub(settings, Database(db_url), ManualClock())
     runner = web.AppRunner(hub.web_app(background=False), access_log=None)
     await runner.setup()
@@ -86,6 +94,11 @@ class Agent:
         assert not res.is_error, f"{tool}: {res.content[0].text}"
         return res.structured_content
 
+    async def refused(self, tool: str, **args: Any) -> str:
+        res = await self.client.call_tool(tool, {"task": self.handle, **args})
+        assert res.is_error, f"{tool} was not refused: {res.structured_content}"
+        return res.content[0].text
+
     async def box(self) -> str:
         return (await self.call("rift_vm_new"))["vm_id"]
 
@@ -102,6 +115,11 @@ async def h(sqlite_url: str, tmp_path: Path) -> AsyncIterator[dict[str, Any]]:
 async def handle_of(h: dict[str, Any], vm_id: str) -> dict[str, Any]:
     async with h["hub"].db.read() as conn:
         return (await conn.execute(sa.select(boxes.c.handle).where(boxes.c.id == vm_id))).scalar_one()
+
+
+async def set_handle(h: dict[str, Any], vm_id: str, handle: dict[str, Any]) -> None:
+    async with h["hub"].db.write() as conn:
+        await conn.execute(boxes.update().where(boxes.c.id == vm_id).values(handle=handle))
 
 
 def pids_in_box(init_pid: int, ns: str | None = None) -> list[int]:
@@ -335,3 +353,150 @@ async def test_a_memory_hog_hits_the_memory_limit_and_the_hub_stays_responsive(t
     r, p99, _ = await _under_load(tight, "head -c 1000000000 /dev/zero | tail -c 900000000 | wc -c; echo rc=$?")
     assert "900000000" not in r["stdout"]  # it never got the memory it asked for
     assert p99 < 1.0, f"/healthz p99 {p99:.3f}s while a box allocated without limit"
+
+
+# --- the driver fails closed -------------------------------------------------------------------------------
+
+def _without(*keys: str) -> Any:
+    return lambda handle: {k: v for k, v in handle.items() if k not in keys}
+
+
+@pytest.mark.parametrize("damage", [
+    pytest.param(_without("sandbox"), id="no-sandbox-key"),
+    pytest.param(_without("init_pid", "init_start"), id="bwrap-without-its-init"),
+    pytest.param(lambda handle: {**handle, "sandbox": "podman"}, id="an-unknown-sandbox"),
+    pytest.param(lambda handle: {k: handle[k] for k in ("box_id", "host", "dir")}, id="the-provisional-handle"),
+])
+async def test_a_box_whose_handle_lacks_its_sandbox_record_runs_nothing_on_the_host(h, tmp_path, damage):
+    marker = tmp_path / "ran-on-the-host"
+    async with agent(h) as a:
+        vm = await a.box()
+        good = await handle_of(h, vm)
+        await set_handle(h, vm, damage(good))
+        try:
+            text = await a.refused("rift_vm_exec", vm_id=vm, command=f"touch {marker}; echo RAN")
+        finally:
+            await set_handle(h, vm, good)  # so the box is destroyed through its real handle
+    assert "no sandbox record" in text and "`rift_vm_destroy` it" in text and "`rift_vm_new`" in text, text
+    assert not marker.exists()
+
+
+# --- every tmpfs has a size ------------------------------------------------------------------------------
+
+async def test_dev_and_dev_shm_in_a_box_are_small_and_writing_past_them_fails(sqlite_url, tmp_path):
+    async with box_hub(sqlite_url, tmp_path / "home", shm_mb=4, disk_mb=8) as hh, agent(hh) as a:
+        vm = await a.box()
+        r = await a.run(vm, "df -k /dev /dev/shm /tmp /box | tail -n +2 | awk '{print $6, $2}'")
+        assert dict(line.split() for line in r["stdout"].splitlines()) == {
+            "/dev": "64", "/dev/shm": "4096", "/tmp": "8192", "/box": "8192"}
+        r = await a.run(vm, "dd if=/dev/zero of=/dev/shm/fill bs=1M count=64 2>&1; stat -c %s /dev/shm/fill")
+        assert "No space left on device" in r["stdout"] and int(r["stdout"].split()[-1]) <= 4 << 20
+        r = await a.run(vm, "echo x > /dev/fill")
+        assert r["exit_code"] != 0 and "Read-only file system" in r["stderr"]
+        r = await a.run(vm, "echo x > /dev/null && head -c 8 /dev/urandom | wc -c && ls /dev")
+        assert r["stdout"].split() == ["8", "fd", "full", "null", "random", "shm", "stderr", "stdin", "stdout", "tty",
+                                       "urandom", "zero"]
+
+
+# --- uids ---------------------------------------------------------------------------------------------------
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="a box gets a host uid of its own only under a root hub")
+
+
+@root_only
+async def test_live_boxes_never_share_a_host_uid(sqlite_url, tmp_path):
+    async with box_hub(sqlite_url, tmp_path / "home", max_live_per_principal=0) as hh, agent(hh) as a:
+        vms = await asyncio.gather(*(a.box() for _ in range(12)))
+        handles = [await handle_of(hh, vm) for vm in vms]
+        uids = [hd["uid"] for hd in handles]
+        assert len(set(uids)) == 12 and all(UID_BASE <= u < UID_BASE + UID_SPAN for u in uids)
+        for hd in handles:  # outside, every process of a box runs as that box's uid
+            owners = {Path(f"/proc/{p}/status").read_text().split("Uid:")[1].split()[0]
+                      for p in pids_in_box(hd["init_pid"])}
+            assert owners == {str(hd["uid"])}
+
+
+@root_only
+async def test_a_destroyed_boxs_uid_is_free_for_the_next_box_and_none_is_shared_meanwhile(tmp_path):
+    claims = UidClaims(tmp_path / "uids", base=300_000, span=2)  # a range of two, so the third box must wait
+    driver = LocalBoxDriver(tmp_path / "boxes", BoxSettings(), hide=[tmp_path], uids=claims)
+    made = list(await asyncio.gather(driver.create("vm_uida"), driver.create("vm_uidb")))
+    try:
+        assert sorted(hd["uid"] for hd in made) == [300_000, 300_001]
+        with pytest.raises(BoxError) as refused:
+            await driver.create("vm_uidc")
+        assert "rift_vm_destroy" in str(refused.value) and not (tmp_path / "boxes" / "vm_uidc").exists()
+        await driver.destroy(made[0])
+        made.append(await driver.create("vm_uidc"))
+        assert made[-1]["uid"] == made[0]["uid"] and claims.held() == {made[0]["uid"]: "vm_uidc",
+                                                                       made[1]["uid"]: "vm_uidb"}
+        assert (await driver.exec(made[-1], "echo hi", 10)).stdout == "hi\n"
+    finally:
+        for hd in made:
+            await driver.destroy(hd)
+    assert claims.held() == {}
+
+
+# --- a hub that is not root ---------------------------------------------------------------------------------
+
+NOBODY = 65534
+
+
+@root_only
+async def test_a_hub_that_is_not_root_runs_commands_in_its_boxes_which_still_cannot_see_the_hosts_files():
+    base = Path(tempfile.mkdtemp(prefix="amux-nonroot-", dir="/tmp"))  # outside root's 0700 pytest directories
+    home = base / "home"
+    home.mkdir()
+    canary = base / "host-file.txt"
+    canary.write_text("host-canary-5521\n")
+    for p in (base, home, canary):
+        os.chown(p, NOBODY, NOBODY)
+    base.chmod(0o755)
+    canary.chmod(0o644)  # readable by the hub's user, so only the sandbox keeps it from a box
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "AMUX_HOME": str(home),
+           "PYTHONPATH": str(REPO), "LANG": "C.UTF-8"}
+    with open(base / "hub.log", "wb") as log:
+        proc = await asyncio.create_subprocess_exec(
+            "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--",
+            sys.executable, "-m", "hub.cli", "up", "--listen", "127.0.0.1:0", "--slots", "1",
+            cwd=REPO, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log)
+    try:
+        async def served() -> dict[str, Any] | None:
+            if proc.returncode is not None:
+                raise AssertionError((base / "hub.log").read_text()[-2000:])
+            with contextlib.suppress(OSError, ValueError):
+                if (home / "admin.token").exists():
+                    return json.loads((home / "hub.json").read_text())
+            return None
+        url = (await eventually(served, timeout=60))["url"]
+        admin = (home / "admin.token").read_text().strip()
+        async with mcp_client(url, admin, name="Claude") as client:
+            task = await client.call_tool("rift_task_new", {"name": "not root"})
+            handle = task.structured_content["handle"]
+            a = Agent(client, handle)
+            vm = await a.box()
+            assert (await a.run(vm, "echo hi"))["stdout"] == "hi\n"
+            r = await a.run(vm, f"id -u; cat {canary}; ls -A {base} {home}; cat {home}/admin.token; "
+                                f"ls /proc | grep -E '^[0-9]+$' | sort -n | tail -1")
+            out = r["stdout"] + r["stderr"]
+            assert r["stdout"].split()[0] == "0" and int(r["stdout"].split()[-1]) < 100
+            assert "host-canary-5521" not in out and admin not in out and "hub.log" not in out
+            await a.call("rift_task_close")
+    finally:
+        proc.terminate()
+        await proc.wait()
+        kill_boxes_of(home / "amux.db")  # boxes outlive their hub: a failed test must not leave them running
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def kill_boxes_of(db_path: Path) -> None:
+    """Kill the init of every box a stopped hub's SQLite database still holds live."""
+    import sqlite3
+
+    with contextlib.suppress(sqlite3.Error), contextlib.closing(sqlite3.connect(db_path)) as conn:
+        for (raw,) in conn.execute("select handle from boxes where state in ('creating', 'live')"):
+            handle = json.loads(raw or "{}")
+            pid = handle.get("init_pid")
+            with contextlib.suppress(OSError, ValueError, IndexError):  # only that very process, never a reused pid
+                if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]) == handle.get("init_start"):
+                    os.kill(pid, 9)

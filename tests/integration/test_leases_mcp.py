@@ -12,7 +12,7 @@ import pytest
 
 from hub.domain import leases as rules
 from tests.helpers import mcp_client, start_hub
-from tests.integration.test_box_escape import destroy_live_boxes
+from tests.integration.test_box_escape import box_hub, destroy_live_boxes
 
 LEASE_TOOLS = {"rift_task_new", "rift_task_list", "rift_task_attach", "rift_task_release", "rift_task_close",
                "rift_vm_new", "rift_vm_list", "rift_vm_exec", "rift_vm_destroy"}
@@ -152,6 +152,56 @@ async def test_another_users_task_id_is_refused_as_not_yours(hub):
             assert await refused(bob, "rift_vm_new", {"task": t["handle"]}) == rules.not_yours(t["task_id"])
             assert (await ok(bob, "rift_task_list"))["tasks"] == []
         assert (await ok(claude, "rift_vm_list", {"task": t["handle"]}))["boxes"] == []
+
+
+async def test_one_user_holds_at_most_max_open_tasks_and_closing_one_makes_room(sqlite_url, tmp_path):
+    async with box_hub(sqlite_url, tmp_path / "home", leases={"max_open_tasks_per_principal": 2}) as h:
+        async with mcp_client(h["url"], await h["hub"].auth.create_token("alice"), name="Claude") as alice:
+            first = await ok(alice, "rift_task_new", {"name": "one"})
+            await ok(alice, "rift_task_new", {"name": "two"})
+            text = await refused(alice, "rift_task_new", {"name": "three"})
+            assert text == rules.too_many_open_tasks(2, 2)
+            assert "leases.max_open_tasks_per_principal = 2" in text and "`rift_task_close`" in text
+            assert "ask the operator to raise the setting" in text
+            released = await ok(alice, "rift_task_release", {"task": first["handle"]})  # released is still open
+            assert released["status"] == "open" and (await refused(alice, "rift_task_new", {"name": "three"}))
+            taken = await ok(alice, "rift_task_attach", {"task_id": first["task_id"]})
+            await ok(alice, "rift_task_close", {"task": taken["handle"]})
+            await ok(alice, "rift_task_new", {"name": "three"})
+        async with mcp_client(h["url"], await h["hub"].auth.create_token("bob"), name="Claude") as bob:
+            await ok(bob, "rift_task_new", {"name": "bob's own count"})
+        async with mcp_client(h["url"], h["admin"], name="Claude") as admin:  # admin tokens are exempt
+            for n in range(3):
+                await ok(admin, "rift_task_new", {"name": f"admin {n}"})
+
+
+async def test_one_user_holds_at_most_max_live_boxes_across_all_tasks_and_destroying_one_makes_room(sqlite_url,
+                                                                                                     tmp_path):
+    async with box_hub(sqlite_url, tmp_path / "home", max_live_per_principal=2) as h:
+        async with mcp_client(h["url"], await h["hub"].auth.create_token("alice"), name="Claude") as alice:
+            one = (await ok(alice, "rift_task_new", {"name": "one"}))["handle"]
+            two = (await ok(alice, "rift_task_new", {"name": "two"}))["handle"]
+            first = await ok(alice, "rift_vm_new", {"task": one})
+            await ok(alice, "rift_vm_new", {"task": two})
+            text = await refused(alice, "rift_vm_new", {"task": two})
+            assert text == rules.too_many_live_boxes(2, 2)
+            assert "boxes.max_live_per_principal = 2" in text and "`rift_vm_destroy`" in text
+            assert "`rift_task_close`" in text and "ask the operator to raise the setting" in text
+            await ok(alice, "rift_vm_destroy", {"task": one, "vm_id": first["vm_id"]})
+            await ok(alice, "rift_vm_new", {"task": two})
+        async with mcp_client(h["url"], h["admin"], name="Claude") as admin:  # admin tokens are exempt
+            task = (await ok(admin, "rift_task_new", {"name": "admin"}))["handle"]
+            for _ in range(3):
+                await ok(admin, "rift_vm_new", {"task": task})
+
+
+async def test_by_default_a_task_holds_any_number_of_boxes(sqlite_url, tmp_path):
+    async with box_hub(sqlite_url, tmp_path / "home", driver="unsandboxed", max_live_per_principal=0) as h:
+        async with mcp_client(h["url"], await h["hub"].auth.create_token("alice"), name="Claude") as alice:
+            task = (await ok(alice, "rift_task_new", {"name": "many"}))["handle"]
+            for _ in range(40):  # past the old cap of 32
+                await ok(alice, "rift_vm_new", {"task": task})
+            assert len((await ok(alice, "rift_vm_list", {"task": task}))["boxes"]) == 40
 
 
 @pytest.mark.parametrize("handle", [

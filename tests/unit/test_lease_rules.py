@@ -175,11 +175,23 @@ def test_box_settings_come_from_the_environment_form():
             s.boxes.cpus) == ("unsandboxed", "host", 3, 512, 100, 0.5)
 
 
+def test_a_task_holds_any_number_of_boxes_by_default_and_the_limits_are_per_principal():
+    from hub.config import load_settings
+
+    s = load_settings(env={}, home="/nonexistent-amux-home")
+    assert (s.boxes.max_per_task, s.boxes.max_live_per_principal, s.leases.max_open_tasks_per_principal,
+            s.boxes.shm_mb) == (0, 8, 20, 64)
+    s = load_settings(env={"AMUX_BOXES__MAX_LIVE_PER_PRINCIPAL": "0", "AMUX_LEASES__MAX_OPEN_TASKS_PER_PRINCIPAL": "5",
+                           "AMUX_BOXES__SHM_MB": "16"}, home="/nonexistent-amux-home")
+    assert (s.boxes.max_live_per_principal, s.leases.max_open_tasks_per_principal, s.boxes.shm_mb) == (0, 5, 16)
+
+
 @pytest.mark.parametrize("network, shares_net", [("none", False), ("host", True)])
 def test_a_box_init_unshares_every_namespace_and_binds_only_system_directories(network, shares_net, tmp_path):
     from hub.boxes.bwrap import init_argv
 
-    argv = init_argv("bwrap", "vm_abc", network=network, disk_bytes=1 << 20, hide=[tmp_path], info_fd=9)
+    argv = init_argv("bwrap", "vm_abc", network=network, disk_bytes=1 << 20, shm_bytes=1 << 20, hide=[tmp_path],
+                     info_fd=9)
     assert argv[:3] == ["bwrap", "--unshare-all", "--unshare-user"] and ("--share-net" in argv) is shares_net
     assert {"--new-session", "--disable-userns", "--clearenv"} <= set(argv) and "--die-with-parent" not in argv
     binds = [argv[i + 1] for i, a in enumerate(argv) if a in ("--ro-bind", "--bind") and argv[i + 1] != "/dev/null"]
@@ -192,6 +204,19 @@ def test_a_box_init_unshares_every_namespace_and_binds_only_system_directories(n
     assert ["--remount-ro", "/"] == argv[argv.index("--remount-ro", argv.index("/box")):][:2]
 
 
+def test_every_tmpfs_of_a_box_has_a_size_and_its_dev_is_a_small_read_only_one(tmp_path):
+    from hub.boxes.bwrap import DEV_BYTES, init_argv
+
+    argv = init_argv("bwrap", "vm_abc", network="none", disk_bytes=8 << 20, shm_bytes=2 << 20, hide=[tmp_path],
+                     info_fd=9)
+    at = [i for i, a in enumerate(argv) if a == "--tmpfs"]
+    assert at and all(argv[i - 2] == "--size" and int(argv[i - 1]) > 0 for i in at)
+    sizes = {argv[i + 1]: int(argv[i - 1]) for i in at}
+    assert (sizes["/dev"], sizes["/dev/shm"], sizes["/tmp"], sizes["/box"]) == (DEV_BYTES, 2 << 20, 8 << 20, 8 << 20)
+    assert "--dev" not in argv  # bwrap's own /dev is a tmpfs it cannot size
+    assert argv[argv.index("--remount-ro", argv.index("/dev/shm")) + 1] == "/dev"
+
+
 def test_entering_a_box_drops_every_capability_before_the_command():
     from hub.boxes.bwrap import enter_argv
 
@@ -199,3 +224,14 @@ def test_entering_a_box_drops_every_capability_before_the_command():
     assert argv[:3] == ["nsenter", "-t", "4242"]
     assert {"--user", "--mount", "--pid", "--ipc", "--uts", "--net", "--cgroup", "--root"} <= set(argv)
     assert argv[argv.index("setpriv"):][-3:] == ["/bin/sh", "-c", "echo hi"] and "--bounding-set=-all" in argv
+
+
+def test_a_hub_that_is_not_root_enters_the_outer_user_namespace_first_then_the_others_then_the_inits():
+    from hub.boxes.bwrap import enter_argv
+
+    argv = enter_argv(4242, "echo hi", as_owner=True)
+    first, second = argv.index("nsenter"), argv.index("nsenter", 1)
+    assert argv[first:second][:3] == ["nsenter", "--preserve-credentials", "--user=/proc/self/fd/0"]
+    assert {"--mount", "--pid", "--ipc", "--uts", "--net", "--cgroup", "--root"} <= set(argv[first:second])
+    assert argv[second:argv.index("setpriv")] == ["nsenter", "--preserve-credentials", "-t", "1", "--user", "--"]
+    assert argv[-1] == "echo hi" and "exec </dev/null" in argv[-3]  # the namespace's descriptor leaves stdin
