@@ -52,7 +52,7 @@ class Loops:
     """Start, supervise and stop the background loops of one replica."""
 
     def __init__(self, registry: CollectorRegistry | None = None, *, unready_after: int = 5,
-                 backoff_max_s: float = 30.0) -> None:
+                 backoff_max_s: float = 2.0) -> None:
         self.unready_after = unready_after
         self.backoff_max_s = backoff_max_s
         self.loops: dict[str, LoopState] = {}

@@ -22,7 +22,10 @@ ACTIVE = frozenset({Status.QUEUED, Status.DISPATCHED, Status.RUNNING})
 # The execution outcomes schedules and Task history reconcile; a Turn waiting for the person is not one of them.
 OUTCOMES = tuple(s.value for s in (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.TIMED_OUT))
 
-RUNTIME_LOST = "runtime lost: the runner stopped reporting; resubmit the task"
+# A lost runtime's running work: accepted, so its engine may have run. Said as unknown, never as "didn't run".
+RUNTIME_LOST = ("runtime lost while the task ran: its outcome is unknown (the engine may have finished, or may still "
+                "be running on that machine); check the runtime and the task's workspace before you resubmit — if the "
+                "runner comes back and reports, this record is corrected to what happened")
 
 
 def is_terminal(status: str) -> bool:

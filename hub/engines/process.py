@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import os
 import signal
+import sys
 from collections import deque
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -13,9 +15,18 @@ from .base import EngineResult
 from ..runner.boundary import wrap
 from .environment import child_env
 
+PR_SET_PDEATHSIG = 1
 LINE_LIMIT = 32 * 1024 * 1024  # one stream line (a tool result can carry a whole file)
 STDERR_TAIL = 2000
 EXIT_GRACE_S = 5.0
+
+
+def die_with_runner() -> None:
+    """In the forked child: be killed when the runner dies (PR_SET_PDEATHSIG), so a runner that is killed leaves no
+    engine running on without it — nothing of a run it can no longer report on goes on (linux-dac children also
+    have bubblewrap's --die-with-parent)."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class ChildProcess:
@@ -35,7 +46,7 @@ class ChildProcess:
         inside `boundary` when the run has one (linux-dac)."""
         argv, full_env = wrap(boundary, argv, child_env(env))
         proc = await asyncio.create_subprocess_exec(
-            *argv, cwd=cwd, env=full_env, start_new_session=True, limit=LINE_LIMIT,
+            *argv, cwd=cwd, env=full_env, start_new_session=True, limit=LINE_LIMIT, preexec_fn=die_with_runner,
             stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )

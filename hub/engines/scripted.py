@@ -14,6 +14,7 @@ from ..errors import AmuxError
 from ..runner.boundary import wrap
 from .base import EngineResult, Emit, Job
 from .environment import child_env
+from .process import die_with_runner
 
 
 async def interpret(prompt: str, workspace: Path, emit: Emit, job: Job | None = None) -> EngineResult:
@@ -118,7 +119,7 @@ async def run_subprocess(job: Job, emit: Emit) -> EngineResult:
                      child_env(job.env))
     proc = await asyncio.create_subprocess_exec(
         *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        cwd=job.workspace, env=env, start_new_session=True,
+        cwd=job.workspace, env=env, start_new_session=True, preexec_fn=die_with_runner,
     )
     try:
         assert proc.stdin and proc.stdout

@@ -1,6 +1,7 @@
 """Build the MCPServer with amux's tools; authentication happens at the HTTP door."""
 from __future__ import annotations
 
+import logging
 from typing import Any, Awaitable, Callable
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -10,9 +11,13 @@ from mcp_types import CLIENT_INFO_META_KEY
 from mcp_types.methods import serialize_server_result
 
 from ..errors import AmuxError
+from ..ids import new_id
+from ..store.db import is_unavailable, unavailable_text
 from ..domain.text import BadText, check_value
 from ..services.auth import ALL_SCOPES, Caller, run_token_refusal
 from .client_sessions import clean_name, labeled
+
+log = logging.getLogger("amux.mcp")
 
 INSTRUCTIONS = (
     "amux hub: delegate bounded coding-agent work as Tasks (task_submit, task_wait, task_get). "
@@ -119,6 +124,13 @@ async def guarded(fn: Callable[[], Awaitable[Any]]) -> Any:
         return await fn()
     except AmuxError as e:
         raise ToolError(e.message) from e
+    except Exception as e:
+        if not is_unavailable(e):
+            raise
+        rid = new_id("req")
+        log.warning("tool call failed on the database (%s: %s); answered retry, request id %s", type(e).__name__,
+                    str(e)[:200], rid)
+        raise ToolError(unavailable_text(rid)) from e
 
 
 def client_name(method: str, params: Any) -> str | None:

@@ -62,6 +62,9 @@ class _Held:
     steering: asyncio.Queue | None = None
     cancel_intent: bool = False
     finished: bool = False
+    # Set when the hub has committed that this attempt holds the reservation (the Ack of its Accepted): the engine
+    # launches only then. A refusal (`drop`) cancels the attempt before anything ran.
+    confirmed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Redactor:
@@ -375,6 +378,7 @@ class Runner:
                 return
             h = self.held.get(ack.task_id)
             if h:
+                h.confirmed.set()  # any acknowledgement of this attempt covers its Accepted (rseq 0)
                 h.unacked = [m for m in h.unacked if m.get("rseq", m.get("last_rseq", 0)) > ack.rseq]
                 if h.finished and not h.unacked:
                     self.held.pop(ack.task_id, None)
@@ -386,6 +390,9 @@ class Runner:
     def _drop(self, task_id: str) -> None:
         h = self.held.pop(task_id, None)
         if h and h.task and not h.task.done():
+            if not h.confirmed.is_set():
+                log.info("task %s attempt %d: the hub says this attempt no longer holds it; not launched",
+                         task_id, h.attempt)
             h.task.cancel()
 
     def _start(self, d: p.Dispatch) -> None:
@@ -453,6 +460,18 @@ class Runner:
     # Long by design: the engine's emit closure and the Finished report share one attempt's state.
     async def _execute(self, h: _Held, d: p.Dispatch) -> None:
         await self._send(h, {**p.Accepted(task_id=d.task_id, attempt=d.attempt).model_dump(), "rseq": 0})
+        # The fence: nothing of the run happens until the hub has committed, in its database, that this attempt
+        # holds the reservation. Its Accepted is resent on every reconnect; a refusal cancels this task here.
+        try:
+            await h.confirmed.wait()
+        except asyncio.CancelledError:
+            if not h.cancel_intent:
+                raise
+            h.rseq += 1
+            h.finished = True
+            await self._send(h, p.Finished(task_id=d.task_id, attempt=d.attempt, rseq=h.rseq, outcome="cancelled",
+                                           error="cancelled on request before it started").model_dump())
+            return
         # A session's turns and an instance's runs share the session's workspace; a plain task gets its own.
         workspace = self.workspace_root / (d.snapshot.get("workspace_key") or d.task_id)
         mode = modes.frozen_mode(d.snapshot) if modes.needs_boundary(d.snapshot) else None

@@ -172,7 +172,8 @@ class Dispatcher:
         if not await self.store.anything_to_reap(now, now - timedelta(seconds=s.runtime_lost_s),
                                                  now - timedelta(seconds=s.deadline_grace_s),
                                                  now - timedelta(seconds=s.queue_timeout_s)):
-            return {"expired": 0, "lost": 0, "timed_out": 0, "not_placed": 0}  # a read, no write transaction
+            # A read, no write transaction.
+            return {"expired": 0, "lost": 0, "requeued": 0, "timed_out": 0, "not_placed": 0}
         counts, touched = await self.db.transaction(lambda conn: self._reap(conn, now))
         for task_id in touched:
             self.notifier.notify(task_key(task_id))
@@ -182,7 +183,7 @@ class Dispatcher:
 
     async def _reap(self, conn: Connection, now: datetime) -> tuple[dict[str, int], list[str]]:
         """One reaper round in the caller's transaction; return the counts and the tasks it changed."""
-        counts = {"expired": 0, "lost": 0, "timed_out": 0}
+        counts = {"expired": 0, "lost": 0, "requeued": 0, "timed_out": 0}
         touched: list[str] = []
         await self.db.serialize(conn, "placement")  # the reaper moves what placement reads
         # Each expired reservation: its task row first, then the reservation (see release_expired).
@@ -192,8 +193,14 @@ class Dispatcher:
         lost_before = now - timedelta(seconds=self.settings.runtime_lost_s)
         for rt_id in await self.store.silent_since(conn, lost_before):
             await self.store.mark_lost(conn, rt_id)
-            for task_id in await self.store.active_run_ids(conn, rt_id):
-                if await self.tasks.finish(conn, task_id, Status.FAILED, now, error=RUNTIME_LOST):
+            # Dispatched but never accepted: its engine never launched (the runner launches only after the hub
+            # commits its acceptance), so it is placed again. Running: accepted, so its fate is unknown.
+            for task_id, status in await self.store.active_runs(conn, rt_id):
+                if status == Status.DISPATCHED.value:
+                    if await self.store.requeue_unstarted(conn, task_id, now):
+                        counts["requeued"] += 1
+                        touched.append(task_id)
+                elif await self.tasks.finish(conn, task_id, Status.FAILED, now, error=RUNTIME_LOST):
                     counts["lost"] += 1
                     touched.append(task_id)
         grace = timedelta(seconds=self.settings.deadline_grace_s)

@@ -16,7 +16,7 @@ from ..config import ExecutionSettings
 from ..domain import isolation
 from ..domain import memory as memory_rules
 from ..domain.events import clean_usage, project
-from ..domain.tasks import Status, is_terminal
+from ..domain.tasks import RUNTIME_LOST, Status, is_terminal
 from ..errors import AmuxError, Conflict, Forbidden, Invalid, NotFound
 from ..ids import new_id
 from ..runner import protocol as p
@@ -48,6 +48,7 @@ class _Effects:
     # reports of one run (accepted, events, finished), and the run is read once (None: not this runtime's).
     held: dict[tuple[str, int], SimpleNamespace | None] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)  # event rows not inserted yet (`event_rows`)
+    stale: set[tuple[str, int]] = field(default_factory=set)  # reports of attempts that no longer hold their task
     # Runs the batch ended (their reservations released and run tokens revoked by `_write_pending`, one statement
     # each for the batch), and those of them whose task row it wrote terminal.
     ended: set[str] = field(default_factory=set)
@@ -185,6 +186,8 @@ class RuntimeService:
             placed = await self.store.placement_of(conn, task_id)
             if placed is None or placed.runtime_id != rt_id or placed.attempt != attempt:
                 drop.append(task_id)
+            elif is_terminal(placed.status) and placed.error != RUNTIME_LOST:
+                drop.append(task_id)  # ended here already; a run ended as lost keeps it, to hear what happened
         return rt_id, conn_id, drop
 
     async def _may_bind(self, conn: Connection, row: Row, caller: Caller) -> bool:
@@ -265,8 +268,28 @@ class RuntimeService:
             elif isinstance(msg, p.Steered):
                 # Taken by the running turn, or back to the mailbox for a later wake.
                 await self.store.settle_steer(conn, msg.steer_id, msg.task_id, msg.delivered, now)
+            if isinstance(msg, (p.Events, p.Finished)) and fx.held.get((msg.task_id, msg.attempt)) is None:
+                fx.stale.add((msg.task_id, msg.attempt))
+        await self._record_stale(conn, runtime_id, fx, now)
         await self._write_pending(conn, fx, now)
         return fx, replies
+
+    async def _record_stale(self, conn: Connection, runtime_id: str, fx: _Effects, now: datetime) -> None:
+        """Record, on the task, each report of an attempt that no longer holds it: dropped, never applied."""
+        for task_id, attempt in sorted(fx.stale):
+            placed = await self.store.placement_of(conn, task_id)
+            if placed is None:
+                continue
+            log.warning("dropped a report of task %s attempt %d from runtime %s: that attempt no longer holds it "
+                        "(the task is at attempt %s, %s)", task_id, attempt, runtime_id, placed.attempt, placed.status)
+            note = {"text": f"a report from attempt {attempt} (runtime {runtime_id}) was dropped: that attempt no "
+                            f"longer holds this task"}
+            live = next((r for (t, _), r in fx.held.items() if t == task_id and r is not None), None)
+            if live is None:
+                await self.tasks.append_event(conn, task_id, "warning", note, now)
+            else:  # the live attempt's events of this batch are numbered after it
+                fx.events += event_rows(task_id, [("warning", note)], now, event_seq=live.event_seq)
+                live.event_seq, live.seen_dirty = live.event_seq + 1, True
 
     async def heartbeat(self, runtime_id: str, conn_id: str) -> None:
         """Record that the runner is alive on this connection."""
@@ -386,6 +409,19 @@ class RuntimeService:
         row = await self._held(conn, runtime_id, msg.task_id, msg.attempt, fx)
         if row is None:
             return False
+        if row.status == Status.FAILED.value and row.error == RUNTIME_LOST and msg.outcome != "waiting_for_user":
+            # The runtime was declared lost while this attempt ran, and its runner came back with the real outcome.
+            if await self.tasks.correct_lost(conn, row.id, Status(msg.outcome), now, error=msg.error,
+                                             result_text=msg.result_text, result_json=msg.result_json,
+                                             usage=clean_usage(msg.usage) or row.usage_json,
+                                             changed_files=msg.changed_files, lost_error=RUNTIME_LOST):
+                note = {"text": f"the runner came back after its runtime was declared lost and reported "
+                                f"{msg.outcome}; this record now says what happened"}
+                fx.events += event_rows(row.id, [("status", note)], now, event_seq=row.event_seq)
+                row.event_seq, row.seen_dirty = row.event_seq + 1, True
+                fx.changed.add(row.id)
+            row.status, row.last_rseq = msg.outcome, msg.rseq
+            return True
         if not is_terminal(row.status):
             status, error = Status(msg.outcome), msg.error
             if status == Status.WAITING_FOR_USER and (row.kind != "turn" or msg.question is None):

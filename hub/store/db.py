@@ -68,6 +68,35 @@ def is_transient(exc: BaseException) -> bool:
     return code in ("40001", "40P01")
 
 
+def is_unavailable(exc: BaseException) -> bool:
+    """Say whether an error means the database cannot be reached or used just now (a restart, an outage): the
+    caller answers "retry", never a bare error."""
+    if isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError, ConnectionError)):
+        return True
+    if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    return type(exc).__module__.startswith("asyncpg") and ("Connection" in type(exc).__name__
+                                                          or "CannotConnectNow" in type(exc).__name__)
+
+
+async def insert_new(conn: "Connection", table: sa.Table, values: dict[str, Any], key: Collection[str]) -> bool:
+    """Insert a row unless one with the same `key` columns exists (ON CONFLICT DO NOTHING on both stores); return
+    whether it was inserted. An expected race between replicas stays out of the database server's error log."""
+    from sqlalchemy.dialects.postgresql import insert as pg_insert
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+    done = await conn.execute(insert(table).values(**values).on_conflict_do_nothing(
+        index_elements=[table.c[k] for k in key]))
+    return done.rowcount > 0
+
+
+def unavailable_text(request_id: str | None) -> str:
+    """What a caller is told while the database is unavailable: retry, with the request id."""
+    rid = f" (request id {request_id})" if request_id else ""
+    return f"the hub could not reach its database just now; retry in a few seconds{rid}"
+
+
 class TextList(sa.types.TypeDecorator[list[str]]):
     """A list of strings bound as one parameter: a `text[]` on PostgreSQL, a JSON array on SQLite."""
 

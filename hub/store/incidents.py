@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from ..domain.states import BindingStatus, DeliveryState, NoticeState
-from .db import Connection, Database, Row
+from .db import Connection, Database, Row, insert_new
 from .tables import (decisions, feishu_apps, firings, identity_bindings, incidents, outbox, principals,
                      recovery_results, schedules)
 
@@ -81,12 +81,15 @@ class SqlIncidentStore:
                   incident_id: str | None = None, notice_id: str | None = None, outcome: str | None = None) -> None:
         """Append one decision; a second decision with the same `ingest_key` raises DecidedElsewhere (each
         outcome is decided exactly once, on whichever replica gets there first)."""
-        try:
-            await conn.execute(decisions.insert().values(
-                id=decision_id, at=at, decision=decision, detail=detail, ingest_key=ingest_key, firing_id=firing_id,
-                schedule_id=schedule_id, incident_id=incident_id, notice_id=notice_id, outcome=outcome))
-        except IntegrityError as e:
-            raise DecidedElsewhere(f"outcome {ingest_key} was decided concurrently") from e
+        values = dict(id=decision_id, at=at, decision=decision, detail=detail, ingest_key=ingest_key,
+                      firing_id=firing_id, schedule_id=schedule_id, incident_id=incident_id, notice_id=notice_id,
+                      outcome=outcome)
+        if ingest_key is None:
+            await conn.execute(decisions.insert().values(**values))
+            return
+        # Two replicas deciding one outcome at once is expected: ON CONFLICT keeps it out of the server's error log.
+        if not await insert_new(conn, decisions, values, ["ingest_key"]):
+            raise DecidedElsewhere(f"outcome {ingest_key} was decided concurrently")
 
     async def log_many(self, conn: Connection, at: datetime, rows: Sequence[NewDecision]) -> None:
         """Append the decisions of one round at `at` in one statement (none of them keyed by an outcome)."""
@@ -264,10 +267,10 @@ class SqlIncidentStore:
 
     async def add_app(self, conn: Connection, *, app_id: str, admin_open_id: str | None, delivery_state: str,
                       diagnostic: str | None, timezone: str, now: datetime) -> None:
-        """Insert a configured application at administrator epoch 0."""
-        await conn.execute(feishu_apps.insert().values(
+        """Insert a configured application at administrator epoch 0 (a replica that inserted it first wins)."""
+        await insert_new(conn, feishu_apps, dict(
             app_id=app_id, admin_open_id=admin_open_id, admin_changed_at=now, admin_epoch=0,
-            delivery_state=delivery_state, diagnostic=diagnostic, timezone=timezone, updated_at=now))
+            delivery_state=delivery_state, diagnostic=diagnostic, timezone=timezone, updated_at=now), ["app_id"])
 
     async def change_admin(self, conn: Connection, app_id: str, *, admin_open_id: str | None, delivery_state: str,
                            diagnostic: str | None, timezone: str, now: datetime) -> None:

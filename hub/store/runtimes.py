@@ -19,7 +19,8 @@ ON_RUNTIME = [Status.DISPATCHED.value, Status.RUNNING.value]
 # The runner reports' statements, built once: building a statement costs more than running it (bench/dispatch).
 # What the reports read of the run they apply to (never its prompt or snapshot).
 HELD_COLUMNS = [task_runs.c[n] for n in ("id", "owner_id", "session_id", "kind", "status", "created_at", "runtime_id",
-                                          "attempt", "cancel_requested_at", "last_rseq", "event_seq", "usage_json")]
+                                          "attempt", "cancel_requested_at", "last_rseq", "event_seq", "usage_json",
+                                          "error")]
 _HELD = sa.select(*HELD_COLUMNS).where(task_runs.c.id == sa.bindparam("b_task_id"))
 _HELD_MANY = (sa.select(*HELD_COLUMNS).where(one_of(task_runs.c.id, "b_task_ids"))
               .order_by(task_runs.c.id))  # one lock order for every batch (PostgreSQL)
@@ -221,9 +222,9 @@ class SqlRuntimeStore:
             task_runs.c.runtime_id == runtime_id, among(task_runs.c.status, ON_RUNTIME)))).all())
 
     async def placement_of(self, conn: Connection, task_id: str) -> Row | None:
-        """Return where a run is placed: runtime_id, attempt, status; None for an unknown run."""
-        return (await conn.execute(sa.select(task_runs.c.runtime_id, task_runs.c.attempt, task_runs.c.status)
-                                   .where(task_runs.c.id == task_id))).first()
+        """Return where a run is placed: runtime_id, attempt, status, error; None for an unknown run."""
+        return (await conn.execute(sa.select(task_runs.c.runtime_id, task_runs.c.attempt, task_runs.c.status,
+                                             task_runs.c.error).where(task_runs.c.id == task_id))).first()
 
     async def held_run(self, conn: Connection, runtime_id: str, task_id: str, attempt: int) -> Row | None:
         """Return the run (`HELD_COLUMNS`), locked until the transaction ends, only when this runtime holds this
@@ -467,6 +468,22 @@ class SqlRuntimeStore:
         """Return the ids of runs dispatched to or running on the runtime."""
         return list((await conn.execute(sa.select(task_runs.c.id).where(
             task_runs.c.runtime_id == runtime_id, among(task_runs.c.status, ON_RUNTIME)))).scalars())
+
+    async def active_runs(self, conn: Connection, runtime_id: str) -> list[tuple[str, str]]:
+        """Return (id, status) of the runs dispatched to or running on the runtime."""
+        return [(r.id, r.status) for r in (await conn.execute(sa.select(task_runs.c.id, task_runs.c.status).where(
+            task_runs.c.runtime_id == runtime_id, among(task_runs.c.status, ON_RUNTIME)))).all()]
+
+    async def requeue_unstarted(self, conn: Connection, task_id: str, now: datetime) -> bool:
+        """Put a dispatched run that never started back in the queue and release its pending reservation (the task
+        row first, then the reservation, as every writer); False when it was no longer dispatched."""
+        moved = await conn.execute(task_runs.update().where(
+            task_runs.c.id == task_id, task_runs.c.status == Status.DISPATCHED.value)
+            .values(status=Status.QUEUED.value, runtime_id=None))
+        await conn.execute(reservations.update().where(reservations.c.task_id == task_id,
+                                                       reservations.c.state == "pending")
+                           .values(state="released", released_at=now))
+        return moved.rowcount > 0
 
     async def overdue(self, conn: Connection, before: datetime) -> list[str]:
         """Return the dispatched or running runs whose deadline passed before `before`."""

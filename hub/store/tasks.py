@@ -173,6 +173,18 @@ class SqlTaskStore:
         return True
 
     @staticmethod
+    async def correct_lost(conn: Connection, task_id: str, status: Status, now: datetime, *, error: str | None,
+                           result_text: str, result_json: Any, usage: Any, changed_files: Any,
+                           lost_error: str) -> bool:
+        """Replace the unknown outcome of a run ended because its runtime was lost (error `lost_error`) with the one
+        its runner reported when it came back; False, with nothing written, when the run ended otherwise."""
+        res = await conn.execute(task_runs.update().where(
+            task_runs.c.id == task_id, task_runs.c.status == Status.FAILED.value, task_runs.c.error == lost_error)
+            .values(status=status.value, outcome=status.value, error=error, result_text=result_text,
+                    result_json=result_json, usage_json=usage, changed_files=changed_files, finished_at=now))
+        return res.rowcount > 0
+
+    @staticmethod
     async def release_reservations(conn: Connection, task_ids: Collection[str], now: datetime) -> None:
         """Release the reservations of runs ended in this transaction (their task rows written first), whatever
         their state, in one statement."""

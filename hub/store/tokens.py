@@ -5,9 +5,8 @@ from datetime import datetime
 from typing import Any, Collection
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
 
-from .db import Connection, Database, HotRead, Row, insert_many, one_of, run
+from .db import Connection, Database, HotRead, Row, insert_many, insert_new, one_of, run
 from .tables import (api_tokens, oauth_clients, oauth_codes, oauth_grants, oauth_logins, oauth_tokens, principals,
                      task_runs)
 
@@ -35,15 +34,12 @@ class SqlTokenStore:
         found = await self.principal_id(conn, name)
         if found is not None:
             return found
-        try:
-            async with conn.begin_nested():
-                await conn.execute(principals.insert().values(id=new_id, kind=kind, name=name, created_at=now))
-        except IntegrityError:
-            found = await self.principal_id(conn, name)
-            if found is None:
-                raise
-            return found
-        return new_id
+        if await insert_new(conn, principals, dict(id=new_id, kind=kind, name=name, created_at=now), ["name"]):
+            return new_id
+        found = await self.principal_id(conn, name)
+        if found is None:
+            raise RuntimeError(f"principal {name!r} could neither be created nor read")
+        return found
 
     async def principal_id(self, conn: Connection, name: str) -> str | None:
         """Return the id of the principal called `name`, or None."""

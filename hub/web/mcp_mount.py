@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
 from typing import Any, AsyncIterator
 
 from aiohttp import web
@@ -25,7 +27,11 @@ from multidict import CIMultiDict
 from ..errors import AmuxError
 from ..mcp.client_sessions import ClientSessions, labeled
 from ..services.auth import AuthService
+from ..store.db import is_unavailable, unavailable_text
+from .edge import REQUEST_ID
 from .oauth import challenge as oauth_challenge
+
+log = logging.getLogger("amux.mcp")
 
 SESSION_HEADER = "Mcp-Session-Id"
 WATCH_S = 0.5            # how often a long-running request checks that its client is still there
@@ -37,6 +43,24 @@ MAX_BODY = 1024 * 1024   # one JSON-RPC message; larger answers 413
 def _refusal(status: int, code: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     body = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
     return web.json_response(body, status=status, headers=headers)
+
+
+async def _database_down(request: web.Request, error: BaseException) -> web.Response:
+    """Answer a request whose token could not be checked because the database is unavailable: a tool call gets a
+    tool error naming the fix (retry, with the request id), anything else a JSON-RPC error saying the same."""
+    rid = request.get(REQUEST_ID) or ""
+    log.warning("MCP request %s: the database is unavailable (%s); answered retry", rid, type(error).__name__)
+    text = unavailable_text(rid)
+    try:
+        msg = json.loads(await request.read())
+    except (ValueError, web.HTTPException):
+        msg = None
+    rpc_id = msg.get("id") if isinstance(msg, dict) else None
+    if isinstance(msg, dict) and msg.get("method") == "tools/call":
+        result = {"content": [{"type": "text", "text": text}], "isError": True}
+        return web.json_response({"jsonrpc": "2.0", "id": rpc_id, "result": result}, headers={"Retry-After": "2"})
+    return web.json_response({"jsonrpc": "2.0", "id": rpc_id, "error": {"code": -32603, "message": text}},
+                             status=503, headers={"Retry-After": "2"})
 
 
 def method_not_allowed(method: str) -> web.Response:
@@ -199,6 +223,10 @@ class McpMount:
         except AmuxError as e:
             return web.json_response({"error": "invalid_token", "error_description": e.message}, status=401,
                                      headers={"WWW-Authenticate": oauth_challenge(request, e.message)})
+        except Exception as e:
+            if not is_unavailable(e):
+                raise
+            return await _database_down(request, e)
         if request.method != "POST":
             return method_not_allowed(request.method)
         if request.content_length is not None and request.content_length > MAX_BODY:

@@ -22,6 +22,8 @@ from ..services.runtimes import Link, Outbound, RuntimeService
 from ..store.db import Connection, Row
 
 log = logging.getLogger("amux.runner_ws")
+# A runner that misses this many heartbeats in a row is offline: placement never chooses it (it reconnects).
+SILENT_HEARTBEATS = 3
 REVOKED_CLOSE = 4401  # application close code: the runner's token was revoked (the runner stops; no retry helps)
 
 
@@ -215,8 +217,16 @@ class RunnerEndpoint:
         applier = asyncio.create_task(self._apply_loop(ws, runtime_id, conn_id, inbox))
         self.open.add(ws)
         self.by_token.setdefault(caller.token_id, set()).add(ws)
+        silence_s = SILENT_HEARTBEATS * self.heartbeat_s
         try:
-            async for raw in ws:
+            while True:
+                try:
+                    raw = await ws.receive(timeout=silence_s)
+                except asyncio.TimeoutError:  # frozen or cut off: offline now, so placement passes it by
+                    log.info("runner of runtime %s sent nothing for %.0fs (%d heartbeats); closing its connection",
+                             runtime_id, silence_s, SILENT_HEARTBEATS)
+                    await ws.close(code=WSCloseCode.GOING_AWAY, message=b"silent")
+                    break
                 if raw.type != WSMsgType.TEXT:
                     break
                 if applier.done():  # it could not apply reports and closed the socket: stop reading
