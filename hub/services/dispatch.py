@@ -9,6 +9,7 @@ from typing import Any, Callable, Protocol
 
 from ..clock import Clock
 from ..config import HubSettings
+from ..domain.fair_share import FairShares
 from ..domain.placement import unfit
 from ..domain.placement import waiting_for as waiting_reason
 from ..domain.tasks import RUNTIME_LOST, Status
@@ -41,6 +42,32 @@ def eligible(task: Any, runtime: Any) -> bool:
 def waiting_for(task: Any, known: list[Any]) -> str:
     """Say why a queued task waits, from the runtimes the hub knows (any status)."""
     return waiting_reason(task.snapshot, task.owner_id, known)
+
+
+class _Round:
+    """What one placement round has decided so far: free slots, runs per owner, shares, busy sessions, placements."""
+
+    def __init__(self, now: datetime, free: dict[str, int], running: dict[str, int], shares: FairShares | None,
+                 owners: set[str], busy: set[str]) -> None:
+        self.now, self.free, self.running, self.shares = now, free, running, shares
+        self.owners, self.busy = owners, busy
+        self.gave_way: set[str] = set()  # sessions whose next run gave way: their later runs wait behind it
+        self.exempt: set[str] | None = None  # principals holding an admin token, read when someone is at the cap
+        self.placed: list[Placement] = []
+
+    def place(self, task: Row, runtime_id: str, timeout_s: float) -> None:
+        """Place the task on the runtime: one slot fewer there, one run more for its owner."""
+        self.free[runtime_id] -= 1
+        self.running[task.owner_id] = self.running.get(task.owner_id, 0) + 1
+        if self.shares is not None:
+            self.shares.placed(task.id, runtime_id)
+        self.placed.append(Placement(task_id=task.id, runtime_id=runtime_id, attempt=task.attempt + 1,
+                                     deadline_at=self.now + timedelta(seconds=timeout_s)))
+
+    def not_starting(self, task: Row) -> None:
+        """Note that the task will not start this round (it no longer waits for a slot of it)."""
+        if self.shares is not None:
+            self.shares.not_starting(task.id)
 
 
 class Dispatcher:
@@ -111,33 +138,56 @@ class Dispatcher:
         capacity = sum(max(0, n) for n in free.values())
         if capacity == 0:
             return [], online, {}  # nothing fits (or nothing is online): don't read the queue at all
-        running = await self.store.active_runs_by_owner(conn)
+        held = await self.store.active_runs_by_owner_and_runtime(conn)
+        running: dict[str, int] = {}
+        for (owner, _), n in held.items():
+            running[owner] = running.get(owner, 0) + n
         queued = await self._fair_queue(conn, min(batch, capacity * 4), running)
-        limited = self.settings.max_running_per_principal
-        exempt: set[str] | None = None  # admins are not limited: read only when someone is at the limit
+        fits = {t.id: [r for r in online if eligible(t, r)] for t in queued}
+        # The fair share matters only between principals: alone, a principal uses every free slot.
+        shares = FairShares({r.id: r.slots for r in online}, held,
+                            {t.id: (t.owner_id, frozenset(r.id for r in fits[t.id])) for t in queued}) \
+            if len(set(running) | {t.owner_id for t in queued}) > 1 else None
+        round_ = _Round(now, free, running, shares, {t.owner_id for t in queued},
+                        busy=await self.store.busy_sessions(conn) if any(t.session_id for t in queued) else set())
+        deferred = [t for t in queued if not await self._place_one(conn, round_, t, fits[t.id])]
+        for task in deferred:  # at its share, it gave way to others below theirs: what they left is its to take
+            await self._place_one(conn, round_, task, fits[task.id], last=True)
+        return round_.placed, online, {t.id: t for t in queued}
+
+    async def _place_one(self, conn: Connection, round_: _Round, task: Row, fits: list[Row],
+                         last: bool = False) -> bool:
+        """Place one task when it may start and a runtime fits; return False only when it gave way to principals
+        below their fair share (`last`: the round's second pass, where it no longer waits for them)."""
         # One run at a time per session: a session's turns (and an instance's runs) go in order.
-        busy = await self.store.busy_sessions(conn) if any(t.session_id for t in queued) else set()
-        placed: list[Placement] = []
-        for task in queued:
-            if task.session_id and task.session_id in busy:
-                continue
-            if limited and running.get(task.owner_id, 0) >= limited:
-                if exempt is None:
-                    exempt = await self.store.admin_holders(conn, {t.owner_id for t in queued})
-                if task.owner_id not in exempt:
-                    continue  # at hub.max_running_per_principal: the others go first
-            candidates = [r for r in online if free[r.id] > 0 and eligible(task, r)]
-            if not candidates:
-                continue
-            if task.session_id:
-                busy.add(task.session_id)
-            rt = max(candidates, key=lambda r: free[r.id])  # spread load
-            free[rt.id] -= 1
-            running[task.owner_id] = running.get(task.owner_id, 0) + 1
-            timeout = float(task.snapshot.get("timeout_s") or self.settings.default_timeout_s)
-            placed.append(Placement(task_id=task.id, runtime_id=rt.id, attempt=task.attempt + 1,
-                                    deadline_at=now + timedelta(seconds=timeout)))
-        return placed, online, {t.id: t for t in queued}
+        if task.session_id and task.session_id in round_.busy:
+            round_.not_starting(task)
+            return True
+        limited = self.settings.max_running_per_principal
+        if limited and round_.running.get(task.owner_id, 0) >= limited:
+            if round_.exempt is None:  # admins are not limited: read only when someone is at the limit
+                round_.exempt = await self.store.admin_holders(conn, round_.owners)
+            if task.owner_id not in round_.exempt:
+                round_.not_starting(task)
+                return True  # at hub.max_running_per_principal: the others go first
+        if not last and task.session_id in round_.gave_way:
+            return False  # its session's earlier run gave way: it stays behind that run
+        candidates = [r for r in fits if round_.free[r.id] > 0]
+        if candidates and round_.shares is not None:
+            fair = [r for r in candidates if round_.shares.may_take(task.id, r.id)]
+            if not fair and not last:
+                if task.session_id:
+                    round_.gave_way.add(task.session_id)
+                return False
+            candidates = fair
+        if not candidates:
+            return True
+        if task.session_id:
+            round_.busy.add(task.session_id)
+        rt = max(candidates, key=lambda r: round_.free[r.id])  # spread load
+        timeout = float(task.snapshot.get("timeout_s") or self.settings.default_timeout_s)
+        round_.place(task, rt.id, timeout)
+        return True
 
     async def _fair_queue(self, conn: Connection, limit: int, running: dict[str, int]) -> list[Row]:
         """Lock up to `limit` queued tasks, fairly across principals (weighted round robin).

@@ -38,8 +38,9 @@ _MARK_DISPATCHED = HotRead(task_runs.update().where(task_runs.c.id == sa.bindpar
     last_rseq=0, dispatched_at=sa.bindparam("b_now", type_=TS), deadline_at=sa.bindparam("b_deadline_at", type_=TS)))
 _OFFERS = sa.select(runtimes.c.name, runtimes.c.capabilities)  # admission reads it for every submission
 # Each placement round's reads.
-_RUNS_BY_OWNER = HotRead(sa.select(task_runs.c.owner_id, sa.func.count().label("n"))
-                         .where(among(task_runs.c.status, ON_RUNTIME)).group_by(task_runs.c.owner_id))
+_RUNS_BY_OWNER = HotRead(sa.select(task_runs.c.owner_id, task_runs.c.runtime_id, sa.func.count().label("n"))
+                         .where(among(task_runs.c.status, ON_RUNTIME))
+                         .group_by(task_runs.c.owner_id, task_runs.c.runtime_id))
 _RANKED = (sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.created_at,
                      sa.func.row_number().over(partition_by=task_runs.c.owner_id,
                                                order_by=task_runs.c.created_at).label("place"))
@@ -370,7 +371,14 @@ class SqlRuntimeStore:
 
     async def active_runs_by_owner(self, conn: Connection) -> dict[str, int]:
         """Count dispatched and running runs per owner; owners without any are absent."""
-        return {r.owner_id: int(r.n) for r in (await run(conn, _RUNS_BY_OWNER)).rows}
+        counts: dict[str, int] = {}
+        for (owner, _), n in (await self.active_runs_by_owner_and_runtime(conn)).items():
+            counts[owner] = counts.get(owner, 0) + n
+        return counts
+
+    async def active_runs_by_owner_and_runtime(self, conn: Connection) -> dict[tuple[str, str], int]:
+        """Count dispatched and running runs per (owner, runtime); pairs without any are absent."""
+        return {(r.owner_id, r.runtime_id): int(r.n) for r in (await run(conn, _RUNS_BY_OWNER)).rows}
 
     async def any_queued(self) -> bool:
         """Say whether any run is queued, read alone outside any transaction (an index probe)."""

@@ -232,3 +232,103 @@ async def test_submissions_that_arrive_while_a_commit_runs_are_inserted_together
     release.set()
     await asyncio.gather(first, *rest)
     assert batches == [["t0"], ["t1", "t2", "t3"]]
+
+
+# --- the fair share: work-conserving, never pre-empting, reached as runs end ---------------------------------------
+
+HOURS = "sleep 3000\nsay done"  # a run that holds its slot until it is cancelled
+
+
+async def submit_over_mcp(c, n: int) -> list[str]:  # noqa: ANN001
+    """Submit `n` hour-long scripted tasks through the MCP client `c`; return their ids."""
+    ids = []
+    for _ in range(n):
+        res = await c.call_tool("task_submit", {"prompt": HOURS, "profile": "scripted"})
+        assert not res.is_error, res.content[0].text
+        ids.append(res.structured_content["task_id"])
+    return ids
+
+
+async def end_one(hub, c, task_id: str) -> None:  # noqa: ANN001
+    """Cancel a running task over MCP and wait until its slot is free again (its run ended on the runner)."""
+    assert not (await c.call_tool("task_cancel", {"task_id": task_id})).is_error
+
+    async def ended() -> bool:
+        return (await statuses(hub, [task_id]))[0] == "cancelled"
+
+    await eventually(ended)
+
+
+async def on_runtime(hub, ids: list[str]) -> int:  # noqa: ANN001
+    return sum(s in ("dispatched", "running") for s in await statuses(hub, ids))
+
+
+async def test_alone_one_user_uses_every_slot(db_url, tmp_path, clock):
+    hub = await start_hub(db_url, tmp_path, clock)
+    try:
+        await hub.start_runner(slots=4)
+        async with mcp_client(hub.url, await hub.token("alice")) as alice:
+            mine = await submit_over_mcp(alice, 6)
+            await eventually(lambda: _equals(on_runtime(hub, mine), 4))
+        assert (await statuses(hub, mine)).count("queued") == 2  # the runtime is full: the rest wait for a slot
+    finally:
+        await hub.stop()
+
+
+async def _equals(value, expected) -> bool:  # noqa: ANN001
+    return await value == expected
+
+
+async def test_a_second_user_takes_each_slot_that_frees_until_both_hold_their_fair_share(db_url, tmp_path, clock):
+    """Alice fills the runtime alone; Bob waits only until a run ends, and Alice gets no slot back while Bob is
+    below his share (ceil(4 slots / 2 users) = 2); once Bob has no work waiting, Alice may use a freed slot."""
+    hub = await start_hub(db_url, tmp_path, clock)
+    try:
+        await hub.start_runner(slots=4)
+        async with mcp_client(hub.url, await hub.token("alice")) as alice, \
+                mcp_client(hub.url, await hub.token("bob")) as bob:
+            a = await submit_over_mcp(alice, 8)
+            await eventually(lambda: _equals(on_runtime(hub, a), 4))
+            b = await submit_over_mcp(bob, 2)
+            await hub.hub.dispatcher.place_once()
+            assert await statuses(hub, b) == ["queued", "queued"]  # running tasks are never pre-empted
+            held = [t for t, s in zip(a, await statuses(hub, a)) if s != "queued"]
+            await end_one(hub, alice, held[0])
+            await eventually(lambda: _equals(on_runtime(hub, b), 1))
+            await end_one(hub, alice, held[1])
+            await eventually(lambda: _equals(on_runtime(hub, b), 2))
+            assert await on_runtime(hub, a) == 2  # alice got neither freed slot back while bob waited
+            assert (await statuses(hub, a)).count("queued") == 4
+            await end_one(hub, bob, b[0])  # bob has nothing left to run: alice may use his freed slot
+            await eventually(lambda: _equals(on_runtime(hub, a), 3))
+    finally:
+        await hub.stop()
+
+
+async def test_runs_on_a_principals_own_runtime_do_not_count_against_its_share_of_a_shared_one(
+        db_url, tmp_path, clock):
+    """Bob keeps three runs on his own runtime and waits for the shared one; Alice holds both shared slots. When one
+    of hers ends she is at her share of the shared runtime (ceil(2 / 2) = 1) and Bob below his: the slot is Bob's,
+    although he runs more tasks in all."""
+    hub = await start_hub(db_url, tmp_path, clock)
+    try:
+        await hub.start_runner(name="shared", slots=2)
+        await hub.start_runner(name="bob-box", slots=3, token=await hub.hub.auth.create_token("bob", runner=True))
+        async with mcp_client(hub.url, await hub.token("alice")) as alice, \
+                mcp_client(hub.url, await hub.token("bob")) as bob:
+            own = []
+            for _ in range(3):
+                res = await bob.call_tool("task_submit", {"prompt": HOURS, "profile": "scripted",
+                                                          "runtime": "bob-box"})
+                own.append(res.structured_content["task_id"])
+            await eventually(lambda: _equals(on_runtime(hub, own), 3))
+            a = await submit_over_mcp(alice, 3)  # only the shared runtime takes alice's tasks
+            await eventually(lambda: _equals(on_runtime(hub, a), 2))
+            res = await bob.call_tool("task_submit", {"prompt": HOURS, "profile": "scripted", "runtime": "shared"})
+            wants_shared = res.structured_content["task_id"]
+            held = [t for t, s in zip(a, await statuses(hub, a)) if s != "queued"]
+            await end_one(hub, alice, held[0])
+            await eventually(lambda: _equals(on_runtime(hub, [wants_shared]), 1))
+            assert (await statuses(hub, a)).count("queued") == 1
+    finally:
+        await hub.stop()
