@@ -55,7 +55,9 @@ class ProfileSettings(BaseModel):
 class MemorySettings(BaseModel):
     """Hub memory scopes."""
 
-    user_isolation: bool = False  # on: each principal's executions use that principal's memory; off: global
+    # On (the default): each principal's executions use that principal's own memory. Off: every principal shares one
+    # global memory, an operator's explicit choice (README "Memory").
+    user_isolation: bool = True
 
 
 class LeaseSettings(BaseModel):
