@@ -5,7 +5,7 @@ import asyncio
 import logging
 from datetime import datetime, timedelta
 from types import SimpleNamespace
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Collection, Protocol
 
 from ..clock import Clock
 from ..config import HubSettings
@@ -45,20 +45,26 @@ def waiting_for(task: Any, known: list[Any]) -> str:
 
 
 class _Round:
-    """What one placement round has decided so far: free slots, runs per owner, shares, busy sessions, placements."""
+    """What one placement round has decided so far: free slots, runs held, shares, sessions, placements."""
 
-    def __init__(self, now: datetime, free: dict[str, int], running: dict[str, int], shares: FairShares | None,
-                 owners: set[str], busy: set[str]) -> None:
-        self.now, self.free, self.running, self.shares = now, free, running, shares
-        self.owners, self.busy = owners, busy
+    def __init__(self, now: datetime, free: dict[str, int], held: dict[tuple[str, str], int]) -> None:
+        self.now, self.free, self.held = now, free, held
+        self.running: dict[str, int] = {}  # runs per owner, this round's placements included
+        for (owner, _), n in held.items():
+            self.running[owner] = self.running.get(owner, 0) + n
+        self.shares: FairShares | None = None
+        self.busy: set[str] = set()  # sessions with a run on a runtime (one run at a time per session)
         self.gave_way: set[str] = set()  # sessions whose next run gave way: their later runs wait behind it
-        self.exempt: set[str] | None = None  # principals holding an admin token, read when someone is at the cap
+        self.owners: set[str] = set()  # the owners of the window's tasks
+        self.exempt: set[str] | None = None  # of those, the ones holding an admin token, read when one is at the cap
         self.placed: list[Placement] = []
 
     def place(self, task: Row, runtime_id: str, timeout_s: float) -> None:
         """Place the task on the runtime: one slot fewer there, one run more for its owner."""
         self.free[runtime_id] -= 1
         self.running[task.owner_id] = self.running.get(task.owner_id, 0) + 1
+        if task.session_id:
+            self.busy.add(task.session_id)
         if self.shares is not None:
             self.shares.placed(task.id, runtime_id)
         self.placed.append(Placement(task_id=task.id, runtime_id=runtime_id, attempt=task.attempt + 1,
@@ -138,22 +144,39 @@ class Dispatcher:
         capacity = sum(max(0, n) for n in free.values())
         if capacity == 0:
             return [], online, {}  # nothing fits (or nothing is online): don't read the queue at all
-        held = await self.store.active_runs_by_owner_and_runtime(conn)
-        running: dict[str, int] = {}
-        for (owner, _), n in held.items():
-            running[owner] = running.get(owner, 0) + n
-        queued = await self._fair_queue(conn, min(batch, capacity * 4), running)
-        fits = {t.id: [r for r in online if eligible(t, r)] for t in queued}
+        round_ = _Round(now, free, await self.store.active_runs_by_owner_and_runtime(conn))
+        queued, fits = await self._window(conn, online, free, min(batch, capacity * 4), batch, round_.running)
+        round_.owners = {t.owner_id for t in queued}
         # The fair share matters only between principals: alone, a principal uses every free slot.
-        shares = FairShares({r.id: r.slots for r in online}, held,
-                            {t.id: (t.owner_id, frozenset(r.id for r in fits[t.id])) for t in queued}) \
-            if len(set(running) | {t.owner_id for t in queued}) > 1 else None
-        round_ = _Round(now, free, running, shares, {t.owner_id for t in queued},
-                        busy=await self.store.busy_sessions(conn) if any(t.session_id for t in queued) else set())
+        if len(set(round_.running) | round_.owners) > 1:
+            round_.shares = FairShares({r.id: r.slots for r in online}, round_.held,
+                                       {t.id: (t.owner_id, frozenset(r.id for r in fits[t.id])) for t in queued})
+        if any(t.session_id for t in queued):
+            round_.busy = await self.store.busy_sessions(conn)
         deferred = [t for t in queued if not await self._place_one(conn, round_, t, fits[t.id])]
-        for task in deferred:  # at its share, it gave way to others below theirs: what they left is its to take
+        for task in deferred:  # it gave way to principals below their fair share: what they left is its to take
             await self._place_one(conn, round_, task, fits[task.id], last=True)
         return round_.placed, online, {t.id: t for t in queued}
+
+    async def _window(self, conn: Connection, online: list[Row], free: dict[str, int], limit: int, batch: int,
+                      running: dict[str, int]) -> tuple[list[Row], dict[str, list[Row]]]:
+        """Lock the round's window of queued tasks, in placement order, with the online runtimes each could run on.
+
+        A principal whose tasks in the window all wait for runtimes with no free slot (pinned to its own busy
+        runtime, say) while it has more queued gets those read too (up to `batch`): a task of its that could start
+        must not wait behind them, nor leave its fair share to others.
+        """
+        queued, order, deeper = await self._fair_queue(conn, limit, running)
+        fits = {t.id: [r for r in online if eligible(t, r)] for t in queued}
+        stuck = {t.owner_id for t in queued} - {t.owner_id for t in queued
+                                                if any(free[r.id] > 0 for r in fits[t.id])}
+        if stuck & deeper and batch > limit:
+            more, more_order, _ = await self._fair_queue(conn, batch, running, owners=stuck & deeper,
+                                                         seen=set(order))
+            fits.update((t.id, [r for r in online if eligible(t, r)]) for t in more)
+            order.update(more_order)
+            queued = sorted(queued + more, key=lambda r: order[r.id])
+        return queued, fits
 
     async def _place_one(self, conn: Connection, round_: _Round, task: Row, fits: list[Row],
                          last: bool = False) -> bool:
@@ -165,7 +188,7 @@ class Dispatcher:
             return True
         limited = self.settings.max_running_per_principal
         if limited and round_.running.get(task.owner_id, 0) >= limited:
-            if round_.exempt is None:  # admins are not limited: read only when someone is at the limit
+            if round_.exempt is None:  # admins are not limited: read only when someone is at the cap
                 round_.exempt = await self.store.admin_holders(conn, round_.owners)
             if task.owner_id not in round_.exempt:
                 round_.not_starting(task)
@@ -182,27 +205,31 @@ class Dispatcher:
             candidates = fair
         if not candidates:
             return True
-        if task.session_id:
-            round_.busy.add(task.session_id)
         rt = max(candidates, key=lambda r: round_.free[r.id])  # spread load
         timeout = float(task.snapshot.get("timeout_s") or self.settings.default_timeout_s)
         round_.place(task, rt.id, timeout)
         return True
 
-    async def _fair_queue(self, conn: Connection, limit: int, running: dict[str, int]) -> list[Row]:
-        """Lock up to `limit` queued tasks, fairly across principals (weighted round robin).
+    async def _fair_queue(self, conn: Connection, limit: int, running: dict[str, int], *,
+                          owners: set[str] | None = None,
+                          seen: Collection[str] = ()) -> tuple[list[Row], dict[str, tuple], set[str]]:
+        """Lock up to `limit` queued tasks (of `owners` only, when given; none of `seen`), fairly across principals
+        (weighted round robin); return them in order, each one's place in that order, and the principals that
+        have more queued than it read.
 
         Each principal's oldest queued tasks are ranked by their place in that principal's own queue plus
         the runs it already has: one user's backlog of thousands waits behind another user's first task,
         and a principal with many runs yields to one with few. Ties go to the older task.
         """
         heads = await self.store.queue_heads(conn, limit)
-        if not heads:
-            return []
-        heads.sort(key=lambda r: (r.place + running.get(r.owner_id, 0), r.created_at, r.id))
-        order = {r.id: i for i, r in enumerate(heads[:limit])}
+        deeper = {r.owner_id for r in heads if r.place >= limit}
+        ranked = sorted(((r.place + running.get(r.owner_id, 0), r.created_at, r.id), r.id) for r in heads
+                        if r.id not in seen and (owners is None or r.owner_id in owners))[:limit]
+        if not ranked:
+            return [], {}, deeper
+        order = {task_id: key for key, task_id in ranked}
         rows = await self.store.lock_queued(conn, list(order))
-        return sorted(rows, key=lambda r: order[r.id])
+        return sorted(rows, key=lambda r: order[r.id]), order, deeper
 
     async def reap_once(self) -> dict[str, int]:
         """Expire uncommitted reservations, fail tasks of lost runtimes, time out overdue runs."""

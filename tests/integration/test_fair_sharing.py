@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from hub.config import load_settings
 from hub.domain import schedule_rules as rules
 from hub.errors import Invalid
+from hub.runner import protocol as p
 from hub.services.admission import SubmitRequest
 from hub.store.tables import runtimes, task_runs
 from tests.helpers import eventually, mcp_client, start_hub
@@ -332,3 +333,47 @@ async def test_runs_on_a_principals_own_runtime_do_not_count_against_its_share_o
             assert (await statuses(hub, a)).count("queued") == 1
     finally:
         await hub.stop()
+
+
+async def test_a_backlog_pinned_to_a_principals_busy_runtime_does_not_hold_back_its_share_of_a_shared_one(
+        db_url, tmp_path, clock):
+    """Bob's oldest tasks wait for his own busy runtime; his newest could run on the shared one. When Alice's run
+    there ends, Bob's task is seen (each runtime a principal names has a queue of its own) and takes the slot."""
+    hub = await start_hub(db_url, tmp_path, clock)
+    try:
+        await hub.start_runner(name="shared", slots=2)
+        await hub.start_runner(name="bob-box", slots=1, token=await hub.hub.auth.create_token("bob", runner=True))
+        async with mcp_client(hub.url, await hub.token("alice")) as alice, \
+                mcp_client(hub.url, await hub.token("bob")) as bob:
+            pinned = []
+            for _ in range(6):
+                res = await bob.call_tool("task_submit", {"prompt": HOURS, "profile": "scripted",
+                                                          "runtime": "bob-box"})
+                pinned.append(res.structured_content["task_id"])
+            await eventually(lambda: _equals(on_runtime(hub, pinned), 1))
+            a = await submit_over_mcp(alice, 4)
+            await eventually(lambda: _equals(on_runtime(hub, a), 2))
+            res = await bob.call_tool("task_submit", {"prompt": HOURS, "profile": "scripted", "runtime": "shared"})
+            wants_shared = res.structured_content["task_id"]
+            await end_one(hub, alice, next(t for t, s in zip(a, await statuses(hub, a)) if s != "queued"))
+            await eventually(lambda: _equals(on_runtime(hub, [wants_shared]), 1))
+            assert await on_runtime(hub, a) == 1
+    finally:
+        await hub.stop()
+
+
+async def test_a_free_slot_is_not_left_idle_while_a_task_that_fits_waits_behind_its_owners_that_cannot_start(
+        quiet_hub):
+    hub = quiet_hub
+    admin = await hub.hub.auth.authenticate(hub.admin_token)
+    caps = {"platform": "linux", "engines": ["claude"], "workspace_root": "/tmp", "workspace_writable": True}
+    await hub.hub.runtimes.register(admin, p.Register(name="claude-box", slots=1, capabilities=caps))
+    async with hub.hub.db.write() as conn:  # the only runtime offering claude is offline: claude tasks wait
+        await conn.execute(runtimes.update().where(runtimes.c.name == "claude-box").values(status="offline"))
+    await hub.start_runner(name="r1", slots=1)
+    alice = await hub.hub.auth.authenticate(await hub.token("alice"))
+    stuck = [(await hub.hub.tasks.submit(alice, SubmitRequest(prompt="hello", profile="claude")))["task_id"]
+             for _ in range(8)]
+    fits = (await hub.hub.tasks.submit(alice, SubmitRequest(prompt=LONG, profile="scripted")))["task_id"]
+    assert await hub.hub.dispatcher.place_once() == 1
+    assert (await statuses(hub, [fits]))[0] != "queued" and set(await statuses(hub, stuck)) == {"queued"}
