@@ -83,6 +83,11 @@ async def test_max_running_per_principal_holds_a_users_next_task_while_others_ru
         await hub.stop()
 
 
+def test_the_operator_running_cap_is_off_by_default_so_the_fair_share_governs():
+    assert load_settings(env={}).hub.max_running_per_principal == 0
+    assert load_settings(env={"AMUX_HUB__MAX_RUNNING_PER_PRINCIPAL": "3"}).hub.max_running_per_principal == 3
+
+
 async def test_max_queued_per_principal_refuses_naming_the_limit_and_the_setting(db_url, tmp_path, clock):
     hub = await start_hub(db_url, tmp_path, clock, background=False, max_queued_per_principal=2)
     try:
@@ -377,3 +382,28 @@ async def test_a_free_slot_is_not_left_idle_while_a_task_that_fits_waits_behind_
     fits = (await hub.hub.tasks.submit(alice, SubmitRequest(prompt=LONG, profile="scripted")))["task_id"]
     assert await hub.hub.dispatcher.place_once() == 1
     assert (await statuses(hub, [fits]))[0] != "queued" and set(await statuses(hub, stuck)) == {"queued"}
+
+
+async def test_a_sessions_later_turn_never_starts_before_the_earlier_one_that_gave_way_to_the_fair_share(quiet_hub):
+    """Alice holds her share (2 of the shared runtime's 4 slots) and queues two turns of one session; Bob, below
+    his share there, waits between them. The first turn gives way to Bob; the second must not take the slot that
+    is left before it: the first one takes it."""
+    hub = quiet_hub
+    await hub.start_runner(name="shared", slots=4)
+    await hub.start_runner(name="bob-box", slots=2, token=await hub.hub.auth.create_token("bob", runner=True))
+    alice = await hub.hub.auth.authenticate(await hub.token("alice"))
+    bob = await hub.hub.auth.authenticate(await hub.token("bob"))
+    for _ in range(2):
+        await hub.hub.tasks.submit(bob, SubmitRequest(prompt=HOURS, profile="scripted", runtime="bob-box"))
+        await hub.hub.tasks.submit(alice, SubmitRequest(prompt=HOURS, profile="scripted"))
+    assert await hub.hub.dispatcher.place_once() == 4
+    sid = (await hub.hub.sessions.create(alice, profile="scripted"))["session_id"]
+    hub.clock.advance(1)  # queued in this order: first turn, Bob's task, second turn
+    first = await hub.hub.sessions.submit_turn(alice, sid, HOURS)
+    hub.clock.advance(1)
+    bobs = (await hub.hub.tasks.submit(bob, SubmitRequest(prompt=HOURS, profile="scripted",
+                                                          runtime="shared")))["task_id"]
+    hub.clock.advance(1)
+    second = await hub.hub.sessions.submit_turn(alice, sid, HOURS)
+    assert await hub.hub.dispatcher.place_once() == 2
+    assert await statuses(hub, [first, bobs, second]) == ["dispatched", "dispatched", "queued"]
