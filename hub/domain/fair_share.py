@@ -29,6 +29,7 @@ class FairShares:
         self.queued = dict(queued)
         self.waiting = dict(queued)  # what could still take a slot this round
         self._shares: dict[frozenset[str], int] = {}
+        self._holds: dict[tuple[str, frozenset[str]], int] = {}
 
     def share(self, pool: frozenset[str]) -> int:
         """Return the fair share of `pool`: its slots over the principals holding runs on it or queued for it."""
@@ -40,7 +41,10 @@ class FairShares:
 
     def holds(self, owner: str, pool: frozenset[str]) -> int:
         """Count the runs `owner` holds on `pool`."""
-        return sum(n for (o, rt), n in self.held.items() if o == owner and rt in pool)
+        key = (owner, pool)
+        if key not in self._holds:
+            self._holds[key] = sum(n for (o, rt), n in self.held.items() if o == owner and rt in pool)
+        return self._holds[key]
 
     def below_share(self, task_id: str) -> bool:
         """Say whether the task's owner holds fewer runs than its share of the runtimes the task could run on."""
@@ -60,6 +64,9 @@ class FairShares:
         """Count the task's run on `runtime_id`; it waits no more."""
         owner = self.queued[task_id][0]
         self.held[(owner, runtime_id)] = self.held.get((owner, runtime_id), 0) + 1
+        for (o, pool) in self._holds:
+            if o == owner and runtime_id in pool:
+                self._holds[(o, pool)] += 1
         self.waiting.pop(task_id, None)
 
     def not_starting(self, task_id: str) -> None:

@@ -221,10 +221,11 @@ class Dispatcher:
         the runs it already has: one user's backlog of thousands waits behind another user's first task,
         and a principal with many runs yields to one with few. Ties go to the older task.
         """
-        heads = await self.store.queue_heads(conn, limit)
+        heads = await (self.store.queue_heads(conn, limit) if owners is None
+                       else self.store.queue_heads_of(conn, owners, limit))
         deeper = {r.owner_id for r in heads if r.place >= limit}
         ranked = sorted(((r.place + running.get(r.owner_id, 0), r.created_at, r.id), r.id) for r in heads
-                        if r.id not in seen and (owners is None or r.owner_id in owners))[:limit]
+                        if r.id not in seen)[:limit]
         if not ranked:
             return [], {}, deeper
         order = {task_id: key for key, task_id in ranked}
