@@ -145,35 +145,40 @@ class Dispatcher:
         if capacity == 0:
             return [], online, {}  # nothing fits (or nothing is online): don't read the queue at all
         round_ = _Round(now, free, await self.store.active_runs_by_owner_and_runtime(conn))
-        queued, fits = await self._window(conn, online, free, min(batch, capacity * 4), batch, round_.running)
+        queued, fits = await self._window(conn, online, round_, min(batch, capacity * 4), batch)
         round_.owners = {t.owner_id for t in queued}
         # The fair share matters only between principals: alone, a principal uses every free slot.
         if len(set(round_.running) | round_.owners) > 1:
             round_.shares = FairShares({r.id: r.slots for r in online}, round_.held,
                                        {t.id: (t.owner_id, frozenset(r.id for r in fits[t.id])) for t in queued})
-        if any(t.session_id for t in queued):
-            round_.busy = await self.store.busy_sessions(conn)
         deferred = [t for t in queued if not await self._place_one(conn, round_, t, fits[t.id])]
         for task in deferred:  # it gave way to principals below their fair share: what they left is its to take
             await self._place_one(conn, round_, task, fits[task.id], last=True)
         return round_.placed, online, {t.id: t for t in queued}
 
-    async def _window(self, conn: Connection, online: list[Row], free: dict[str, int], limit: int, batch: int,
-                      running: dict[str, int]) -> tuple[list[Row], dict[str, list[Row]]]:
-        """Lock the round's window of queued tasks, in placement order, with the online runtimes each could run on.
+    async def _window(self, conn: Connection, online: list[Row], round_: _Round, limit: int,
+                      batch: int) -> tuple[list[Row], dict[str, list[Row]]]:
+        """Lock the round's window of queued tasks, in placement order, with the online runtimes each could run on
+        (and read the busy sessions, when the window holds a session's run).
 
-        A principal whose tasks in the window all wait for runtimes with no free slot (pinned to its own busy
-        runtime, say) while it has more queued gets those read too (up to `batch`): a task of its that could start
-        must not wait behind them, nor leave its fair share to others.
+        A principal none of whose tasks in the window can start — each waits for runtimes with no free slot
+        (pinned to its own busy runtime, say) or behind its session's running turn — while it has more queued gets
+        those read too (up to `batch`): a task of its that could start must not wait behind them, leaving a slot
+        idle or its fair share to others.
         """
-        queued, order, deeper = await self._fair_queue(conn, limit, running)
+        queued, order, deeper = await self._fair_queue(conn, limit, round_.running)
         fits = {t.id: [r for r in online if eligible(t, r)] for t in queued}
-        stuck = {t.owner_id for t in queued} - {t.owner_id for t in queued
-                                                if any(free[r.id] > 0 for r in fits[t.id])}
+        if any(t.session_id for t in queued):
+            round_.busy = await self.store.busy_sessions(conn)
+        stuck = {t.owner_id for t in queued} - {
+            t.owner_id for t in queued
+            if t.session_id not in round_.busy and any(round_.free[r.id] > 0 for r in fits[t.id])}
         if stuck & deeper and batch > limit:
-            more, more_order, _ = await self._fair_queue(conn, batch, running, owners=stuck & deeper,
+            more, more_order, _ = await self._fair_queue(conn, batch, round_.running, owners=stuck & deeper,
                                                          seen=set(order))
             fits.update((t.id, [r for r in online if eligible(t, r)]) for t in more)
+            if any(t.session_id for t in more) and not round_.busy:
+                round_.busy = await self.store.busy_sessions(conn)
             order.update(more_order)
             queued = sorted(queued + more, key=lambda r: order[r.id])
         return queued, fits

@@ -407,3 +407,21 @@ async def test_a_sessions_later_turn_never_starts_before_the_earlier_one_that_ga
     second = await hub.hub.sessions.submit_turn(alice, sid, HOURS)
     assert await hub.hub.dispatcher.place_once() == 2
     assert await statuses(hub, [first, bobs, second]) == ["dispatched", "dispatched", "queued"]
+
+
+async def test_a_task_does_not_wait_behind_its_owners_turns_that_wait_for_their_sessions_running_turn(quiet_hub):
+    hub = quiet_hub
+    await hub.start_runner(slots=2)
+    alice = await hub.hub.auth.authenticate(await hub.token("alice"))
+    sid = (await hub.hub.sessions.create(alice, profile="scripted"))["session_id"]
+    running = await hub.hub.sessions.submit_turn(alice, sid, HOURS)
+    assert await hub.hub.dispatcher.place_once() == 1
+    turns = []
+    for _ in range(5):
+        hub.clock.advance(1)
+        turns.append(await hub.hub.sessions.submit_turn(alice, sid, HOURS))
+    hub.clock.advance(1)
+    task = (await hub.hub.tasks.submit(alice, SubmitRequest(prompt=HOURS, profile="scripted")))["task_id"]
+    assert await hub.hub.dispatcher.place_once() == 1
+    assert (await statuses(hub, [running, task]))[1] == "dispatched"
+    assert set(await statuses(hub, turns)) == {"queued"}  # one run at a time per session
