@@ -425,3 +425,20 @@ async def test_a_task_does_not_wait_behind_its_owners_turns_that_wait_for_their_
     assert await hub.hub.dispatcher.place_once() == 1
     assert (await statuses(hub, [running, task]))[1] == "dispatched"
     assert set(await statuses(hub, turns)) == {"queued"}  # one run at a time per session
+
+
+async def test_an_admins_backlog_is_held_to_the_fair_share_too(db_url, tmp_path, clock):
+    """Admin tokens are exempt from the operator caps, not from the share: a freed slot goes to the waiting user."""
+    hub = await start_hub(db_url, tmp_path, clock)
+    try:
+        await hub.start_runner(slots=2)
+        async with mcp_client(hub.url, hub.admin_token) as root, \
+                mcp_client(hub.url, await hub.token("alice")) as alice:
+            mine = await submit_over_mcp(root, 4)
+            await eventually(lambda: _equals(on_runtime(hub, mine), 2))
+            theirs = await submit_over_mcp(alice, 1)
+            await end_one(hub, root, next(t for t, s in zip(mine, await statuses(hub, mine)) if s != "queued"))
+            await eventually(lambda: _equals(on_runtime(hub, theirs), 1))
+            assert (await statuses(hub, mine)).count("queued") == 2
+    finally:
+        await hub.stop()
