@@ -23,8 +23,9 @@ class HubSettings(BaseModel):
     max_prompt_bytes: int = 256 * 1024
     max_extra_args: int = 64
     default_timeout_s: float = 3600.0
-    # Fair sharing (README "Fair sharing"): 0 turns a limit off; tokens made with --admin are exempt.
-    max_running_per_principal: int = Field(default=64, ge=0)
+    # Fair sharing (README "Fair sharing"): placement keeps each principal to its fair share while others wait
+    # (hub/domain/fair_share.py); these are operator caps on top of it, 0 = off; tokens made with --admin are exempt.
+    max_running_per_principal: int = Field(default=0, ge=0)  # a cap even on an idle fleet (e.g. for cost)
     max_queued_per_principal: int = Field(default=1000, ge=0)
     queue_timeout_s: float = Field(default=1800.0, gt=0)  # a task nothing online can take fails `not placed: …`
     # Slow and idle clients (hub/web/server.py): time for a request head, for a body, for a runner's hello;
@@ -78,7 +79,9 @@ class ProfileSettings(BaseModel):
 class MemorySettings(BaseModel):
     """Hub memory scopes."""
 
-    user_isolation: bool = False  # on: each principal's executions use that principal's memory; off: global
+    # On (the default): each principal's executions use that principal's own memory. Off: every principal shares one
+    # global memory, an operator's explicit choice (README "Memory").
+    user_isolation: bool = True
 
 
 class LeaseSettings(BaseModel):

@@ -5,11 +5,12 @@ import asyncio
 import logging
 from datetime import datetime, timedelta
 from types import SimpleNamespace
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Collection, Protocol
 
 from ..clock import Clock
 from ..config import ExecutionSettings, HubSettings
 from ..domain import isolation
+from ..domain.fair_share import FairShares
 from ..domain.placement import unfit
 from ..domain.placement import waiting_for as waiting_reason
 from ..domain.tasks import RUNTIME_LOST, Status
@@ -43,6 +44,39 @@ def eligible(task: Any, runtime: Any) -> bool:
 def waiting_for(task: Any, known: list[Any]) -> str:
     """Say why a queued task waits, from the runtimes the hub knows (any status)."""
     return waiting_reason(task.snapshot, task.owner_id, known)
+
+
+class _Round:
+    """What one placement round has decided so far: free slots, runs held, shares, sessions, placements."""
+
+    def __init__(self, now: datetime, free: dict[str, int], held: dict[tuple[str, str], int]) -> None:
+        self.now, self.free, self.held = now, free, held
+        self.running: dict[str, int] = {}  # runs per owner, this round's placements included
+        for (owner, _), n in held.items():
+            self.running[owner] = self.running.get(owner, 0) + n
+        self.shares: FairShares | None = None
+        self.busy: set[str] = set()  # sessions with a run on a runtime (one run at a time per session)
+        self.gave_way: set[str] = set()  # sessions whose next run gave way: their later runs wait behind it
+        self.owners: set[str] = set()  # the owners of the window's tasks
+        self.exempt: set[str] | None = None  # of those, the ones holding an admin token, read when one is at the cap
+        self.uids: dict[str, int] = {}  # the linux-dac uid of each owner that has one
+        self.placed: list[Placement] = []
+
+    def place(self, task: Row, runtime_id: str, timeout_s: float) -> None:
+        """Place the task on the runtime: one slot fewer there, one run more for its owner."""
+        self.free[runtime_id] -= 1
+        self.running[task.owner_id] = self.running.get(task.owner_id, 0) + 1
+        if task.session_id:
+            self.busy.add(task.session_id)
+        if self.shares is not None:
+            self.shares.placed(task.id, runtime_id)
+        self.placed.append(Placement(task_id=task.id, runtime_id=runtime_id, attempt=task.attempt + 1,
+                                     deadline_at=self.now + timedelta(seconds=timeout_s)))
+
+    def not_starting(self, task: Row) -> None:
+        """Note that the task will not start this round (it no longer waits for a slot of it)."""
+        if self.shares is not None:
+            self.shares.not_starting(task.id)
 
 
 class Dispatcher:
@@ -116,54 +150,105 @@ class Dispatcher:
         capacity = sum(max(0, n) for n in free.values())
         if capacity == 0:
             return [], online, {}  # nothing fits (or nothing is online): don't read the queue at all
-        running = await self.store.active_runs_by_owner(conn)
-        queued = await self._fair_queue(conn, min(batch, capacity * 4), running)
-        limited = self.settings.max_running_per_principal
-        exempt: set[str] | None = None  # admins are not limited: read only when someone is at the limit
-        # One run at a time per session: a session's turns (and an instance's runs) go in order.
-        busy = await self.store.busy_sessions(conn) if any(t.session_id for t in queued) else set()
+        round_ = _Round(now, free, await self.store.active_runs_by_owner_and_runtime(conn))
+        queued, fits = await self._window(conn, online, round_, min(batch, capacity * 4), batch)
+        round_.owners = {t.owner_id for t in queued}
         # A linux-dac run needs its owner's uid; an owner the range has no uid left for waits (`waiting_for`).
         dac = {t.owner_id for t in queued if isolation.runs_as_principal(t.snapshot)}
-        uids = await self.uids.allocate(conn, dac, self.execution.uid_base, self.execution.uid_count, now) if dac \
-            else {}
-        placed: list[Placement] = []
-        for task in queued:
-            if task.session_id and task.session_id in busy:
-                continue
-            if task.owner_id not in uids and isolation.runs_as_principal(task.snapshot):
-                continue
-            if limited and running.get(task.owner_id, 0) >= limited:
-                if exempt is None:
-                    exempt = await self.store.admin_holders(conn, {t.owner_id for t in queued})
-                if task.owner_id not in exempt:
-                    continue  # at hub.max_running_per_principal: the others go first
-            candidates = [r for r in online if free[r.id] > 0 and eligible(task, r)]
-            if not candidates:
-                continue
-            if task.session_id:
-                busy.add(task.session_id)
-            rt = max(candidates, key=lambda r: free[r.id])  # spread load
-            free[rt.id] -= 1
-            running[task.owner_id] = running.get(task.owner_id, 0) + 1
-            timeout = float(task.snapshot.get("timeout_s") or self.settings.default_timeout_s)
-            placed.append(Placement(task_id=task.id, runtime_id=rt.id, attempt=task.attempt + 1,
-                                    deadline_at=now + timedelta(seconds=timeout)))
-        return placed, online, {t.id: t for t in queued}
+        round_.uids = (await self.uids.allocate(conn, dac, self.execution.uid_base, self.execution.uid_count, now)
+                       if dac else {})
+        # The fair share matters only between principals: alone, a principal uses every free slot.
+        if len(set(round_.running) | round_.owners) > 1:
+            round_.shares = FairShares({r.id: r.slots for r in online}, round_.held,
+                                       {t.id: (t.owner_id, frozenset(r.id for r in fits[t.id])) for t in queued})
+        deferred = [t for t in queued if not await self._place_one(conn, round_, t, fits[t.id])]
+        for task in deferred:  # it gave way to principals below their fair share: what they left is its to take
+            await self._place_one(conn, round_, task, fits[task.id], last=True)
+        return round_.placed, online, {t.id: t for t in queued}
 
-    async def _fair_queue(self, conn: Connection, limit: int, running: dict[str, int]) -> list[Row]:
-        """Lock up to `limit` queued tasks, fairly across principals (weighted round robin).
+    async def _window(self, conn: Connection, online: list[Row], round_: _Round, limit: int,
+                      batch: int) -> tuple[list[Row], dict[str, list[Row]]]:
+        """Lock the round's window of queued tasks, in placement order, with the online runtimes each could run on
+        (and read the busy sessions, when the window holds a session's run).
+
+        A principal none of whose tasks in the window can start — each waits for runtimes with no free slot
+        (pinned to its own busy runtime, say) or behind its session's running turn — while it has more queued gets
+        those read too (up to `batch`): a task of its that could start must not wait behind them, leaving a slot
+        idle or its fair share to others.
+        """
+        queued, order, deeper = await self._fair_queue(conn, limit, round_.running)
+        fits = {t.id: [r for r in online if eligible(t, r)] for t in queued}
+        if any(t.session_id for t in queued):
+            round_.busy = await self.store.busy_sessions(conn)
+        stuck = {t.owner_id for t in queued} - {
+            t.owner_id for t in queued
+            if t.session_id not in round_.busy and any(round_.free[r.id] > 0 for r in fits[t.id])}
+        if stuck & deeper and batch > limit:
+            more, more_order, _ = await self._fair_queue(conn, batch, round_.running, owners=stuck & deeper,
+                                                         seen=set(order))
+            fits.update((t.id, [r for r in online if eligible(t, r)]) for t in more)
+            if any(t.session_id for t in more) and not round_.busy:
+                round_.busy = await self.store.busy_sessions(conn)
+            order.update(more_order)
+            queued = sorted(queued + more, key=lambda r: order[r.id])
+        return queued, fits
+
+    async def _place_one(self, conn: Connection, round_: _Round, task: Row, fits: list[Row],
+                         last: bool = False) -> bool:
+        """Place one task when it may start and a runtime fits; return False only when it gave way to principals
+        below their fair share (`last`: the round's second pass, where it no longer waits for them)."""
+        # One run at a time per session: a session's turns (and an instance's runs) go in order.
+        if task.session_id and task.session_id in round_.busy:
+            round_.not_starting(task)
+            return True
+        if task.owner_id not in round_.uids and isolation.runs_as_principal(task.snapshot):
+            round_.not_starting(task)
+            return True  # no uid left in execution.uid_base/uid_count: it waits
+        limited = self.settings.max_running_per_principal
+        if limited and round_.running.get(task.owner_id, 0) >= limited:
+            if round_.exempt is None:  # admins are not limited: read only when someone is at the cap
+                round_.exempt = await self.store.admin_holders(conn, round_.owners)
+            if task.owner_id not in round_.exempt:
+                round_.not_starting(task)
+                return True  # at hub.max_running_per_principal: the others go first
+        if not last and task.session_id in round_.gave_way:
+            return False  # its session's earlier run gave way: it stays behind that run
+        candidates = [r for r in fits if round_.free[r.id] > 0]
+        if candidates and round_.shares is not None:
+            fair = [r for r in candidates if round_.shares.may_take(task.id, r.id)]
+            if not fair and not last:
+                if task.session_id:
+                    round_.gave_way.add(task.session_id)
+                return False
+            candidates = fair
+        if not candidates:
+            return True
+        rt = max(candidates, key=lambda r: round_.free[r.id])  # spread load
+        timeout = float(task.snapshot.get("timeout_s") or self.settings.default_timeout_s)
+        round_.place(task, rt.id, timeout)
+        return True
+
+    async def _fair_queue(self, conn: Connection, limit: int, running: dict[str, int], *,
+                          owners: set[str] | None = None,
+                          seen: Collection[str] = ()) -> tuple[list[Row], dict[str, tuple], set[str]]:
+        """Lock up to `limit` queued tasks (of `owners` only, when given; none of `seen`), fairly across principals
+        (weighted round robin); return them in order, each one's place in that order, and the principals that
+        have more queued than it read.
 
         Each principal's oldest queued tasks are ranked by their place in that principal's own queue plus
         the runs it already has: one user's backlog of thousands waits behind another user's first task,
         and a principal with many runs yields to one with few. Ties go to the older task.
         """
-        heads = await self.store.queue_heads(conn, limit)
-        if not heads:
-            return []
-        heads.sort(key=lambda r: (r.place + running.get(r.owner_id, 0), r.created_at, r.id))
-        order = {r.id: i for i, r in enumerate(heads[:limit])}
+        heads = await (self.store.queue_heads(conn, limit) if owners is None
+                       else self.store.queue_heads_of(conn, owners, limit))
+        deeper = {r.owner_id for r in heads if r.place >= limit}
+        ranked = sorted(((r.place + running.get(r.owner_id, 0), r.created_at, r.id), r.id) for r in heads
+                        if r.id not in seen)[:limit]
+        if not ranked:
+            return [], {}, deeper
+        order = {task_id: key for key, task_id in ranked}
         rows = await self.store.lock_queued(conn, list(order))
-        return sorted(rows, key=lambda r: order[r.id])
+        return sorted(rows, key=lambda r: order[r.id]), order, deeper
 
     async def reap_once(self) -> dict[str, int]:
         """Expire uncommitted reservations, fail tasks of lost runtimes, time out overdue runs."""

@@ -22,7 +22,7 @@ class SessionService:
     """Create Sessions, submit Turns into them and read their outcomes."""
 
     def __init__(self, db: Database, clock: Clock, notifier: Notifier, admission: Admission, tasks: TaskService,
-                 on_admitted: Callable[[], None] | None = None, user_isolation: bool = False) -> None:
+                 on_admitted: Callable[[], None] | None = None, user_isolation: bool = True) -> None:
         self.db = db
         self.store = SqlSessionStore(db)
         self.questions = SqlQuestionStore(db)

@@ -39,13 +39,17 @@ _MARK_DISPATCHED = HotRead(task_runs.update().where(task_runs.c.id == sa.bindpar
     last_rseq=0, dispatched_at=sa.bindparam("b_now", type_=TS), deadline_at=sa.bindparam("b_deadline_at", type_=TS)))
 _OFFERS = sa.select(runtimes.c.name, runtimes.c.capabilities)  # admission reads it for every submission
 # Each placement round's reads.
-_RUNS_BY_OWNER = HotRead(sa.select(task_runs.c.owner_id, sa.func.count().label("n"))
-                         .where(among(task_runs.c.status, ON_RUNTIME)).group_by(task_runs.c.owner_id))
+_RUNS_BY_OWNER = HotRead(sa.select(task_runs.c.owner_id, task_runs.c.runtime_id, sa.func.count().label("n"))
+                         .where(among(task_runs.c.status, ON_RUNTIME))
+                         .group_by(task_runs.c.owner_id, task_runs.c.runtime_id))
 _RANKED = (sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.created_at,
                      sa.func.row_number().over(partition_by=task_runs.c.owner_id,
                                                order_by=task_runs.c.created_at).label("place"))
-           .where(task_runs.c.status == Status.QUEUED.value).subquery())
-_QUEUE_HEADS = HotRead(sa.select(_RANKED).where(_RANKED.c.place <= sa.bindparam("per_owner")))
+           .where(task_runs.c.status == Status.QUEUED.value))
+_QUEUED_ALL = _RANKED.subquery()
+_QUEUE_HEADS = HotRead(sa.select(_QUEUED_ALL).where(_QUEUED_ALL.c.place <= sa.bindparam("per_owner")))
+_QUEUED_OF = _RANKED.where(one_of(task_runs.c.owner_id, "b_owners")).subquery()  # some owners' only
+_QUEUE_HEADS_OF = HotRead(sa.select(_QUEUED_OF).where(_QUEUED_OF.c.place <= sa.bindparam("per_owner")))
 _USED = (sa.select(reservations.c.runtime_id, sa.func.count().label("n"))
          .where(among(reservations.c.state, ACTIVE_RES)).group_by(reservations.c.runtime_id).subquery())
 _ONLINE_USED = HotRead(sa.select(runtimes, sa.func.coalesce(_USED.c.n, 0).label("used"))
@@ -377,7 +381,14 @@ class SqlRuntimeStore:
 
     async def active_runs_by_owner(self, conn: Connection) -> dict[str, int]:
         """Count dispatched and running runs per owner; owners without any are absent."""
-        return {r.owner_id: int(r.n) for r in (await run(conn, _RUNS_BY_OWNER)).rows}
+        counts: dict[str, int] = {}
+        for (owner, _), n in (await self.active_runs_by_owner_and_runtime(conn)).items():
+            counts[owner] = counts.get(owner, 0) + n
+        return counts
+
+    async def active_runs_by_owner_and_runtime(self, conn: Connection) -> dict[tuple[str, str], int]:
+        """Count dispatched and running runs per (owner, runtime); pairs without any are absent."""
+        return {(r.owner_id, r.runtime_id): int(r.n) for r in (await run(conn, _RUNS_BY_OWNER)).rows}
 
     async def any_queued(self) -> bool:
         """Say whether any run is queued, read alone outside any transaction (an index probe)."""
@@ -387,6 +398,12 @@ class SqlRuntimeStore:
         """Return each owner's `per_owner` oldest queued runs: id, owner_id, created_at and `place`, the run's
         position in its owner's own queue (1 = oldest)."""
         return (await run(conn, _QUEUE_HEADS, {"per_owner": per_owner})).rows
+
+    async def queue_heads_of(self, conn: Connection, owners: Collection[str], per_owner: int) -> list[Row]:
+        """Return `queue_heads` of these owners only."""
+        if not owners:
+            return []
+        return (await run(conn, _QUEUE_HEADS_OF, {"per_owner": per_owner, "b_owners": sorted(set(owners))})).rows
 
     async def lock_queued(self, conn: Connection, task_ids: list[str]) -> list[Row]:
         """Lock those of `task_ids` still queued, skipping rows another replica holds (PostgreSQL SKIP LOCKED):

@@ -470,6 +470,26 @@ async def test_queue_heads_are_each_owners_oldest_queued_runs_with_their_place(d
         [(a[0], alice, 1), (a[1], alice, 2), (b, bob, 1)])
 
 
+async def test_queue_heads_of_some_owners_are_only_theirs_with_the_same_places(db, store):
+    async with db.write() as conn:
+        alice, bob = await principal(conn), await principal(conn)
+        a = [await task(conn, alice, created_at=T0 + timedelta(seconds=i)) for i in range(3)]
+        await task(conn, bob, created_at=T0)
+        heads = await store.queue_heads_of(conn, {alice}, 5)
+        assert await store.queue_heads_of(conn, set(), 5) == []
+    assert sorted((h.id, h.place) for h in heads) == sorted([(a[0], 1), (a[1], 2), (a[2], 3)])
+
+
+async def test_active_runs_by_owner_and_runtime_count_each_owners_runs_on_each_runtime(db, store):
+    async with db.write() as conn:
+        alice, bob = await principal(conn), await principal(conn)
+        x, y = await runtime(conn, alice), await runtime(conn, alice)
+        for owner, rt, status in ((alice, x, "dispatched"), (alice, x, "running"), (alice, y, "running"),
+                                  (bob, x, "running"), (bob, y, "succeeded")):
+            await task(conn, owner, status=status, runtime_id=rt)
+        assert await store.active_runs_by_owner_and_runtime(conn) == {(alice, x): 2, (alice, y): 1, (bob, x): 1}
+
+
 async def test_lock_queued_returns_only_runs_still_queued(db, store):
     async with db.write() as conn:
         owner = await principal(conn)

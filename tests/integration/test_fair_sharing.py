@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from hub.config import load_settings
 from hub.domain import schedule_rules as rules
 from hub.errors import Invalid
+from hub.runner import protocol as p
 from hub.services.admission import SubmitRequest
 from hub.store.tables import runtimes, task_runs
 from tests.helpers import eventually, mcp_client, start_hub
@@ -80,6 +81,11 @@ async def test_max_running_per_principal_holds_a_users_next_task_while_others_ru
         assert "queued" not in await statuses(hub, r)
     finally:
         await hub.stop()
+
+
+def test_the_operator_running_cap_is_off_by_default_so_the_fair_share_governs():
+    assert load_settings(env={}).hub.max_running_per_principal == 0
+    assert load_settings(env={"AMUX_HUB__MAX_RUNNING_PER_PRINCIPAL": "3"}).hub.max_running_per_principal == 3
 
 
 async def test_max_queued_per_principal_refuses_naming_the_limit_and_the_setting(db_url, tmp_path, clock):
@@ -232,3 +238,207 @@ async def test_submissions_that_arrive_while_a_commit_runs_are_inserted_together
     release.set()
     await asyncio.gather(first, *rest)
     assert batches == [["t0"], ["t1", "t2", "t3"]]
+
+
+# --- the fair share: work-conserving, never pre-empting, reached as runs end ---------------------------------------
+
+HOURS = "sleep 3000\nsay done"  # a run that holds its slot until it is cancelled
+
+
+async def submit_over_mcp(c, n: int) -> list[str]:  # noqa: ANN001
+    """Submit `n` hour-long scripted tasks through the MCP client `c`; return their ids."""
+    ids = []
+    for _ in range(n):
+        res = await c.call_tool("task_submit", {"prompt": HOURS, "profile": "scripted"})
+        assert not res.is_error, res.content[0].text
+        ids.append(res.structured_content["task_id"])
+    return ids
+
+
+async def end_one(hub, c, task_id: str) -> None:  # noqa: ANN001
+    """Cancel a running task over MCP and wait until its slot is free again (its run ended on the runner)."""
+    assert not (await c.call_tool("task_cancel", {"task_id": task_id})).is_error
+
+    async def ended() -> bool:
+        return (await statuses(hub, [task_id]))[0] == "cancelled"
+
+    await eventually(ended)
+
+
+async def on_runtime(hub, ids: list[str]) -> int:  # noqa: ANN001
+    return sum(s in ("dispatched", "running") for s in await statuses(hub, ids))
+
+
+async def test_alone_one_user_uses_every_slot(db_url, tmp_path, clock):
+    hub = await start_hub(db_url, tmp_path, clock)
+    try:
+        await hub.start_runner(slots=4)
+        async with mcp_client(hub.url, await hub.token("alice")) as alice:
+            mine = await submit_over_mcp(alice, 6)
+            await eventually(lambda: _equals(on_runtime(hub, mine), 4))
+        assert (await statuses(hub, mine)).count("queued") == 2  # the runtime is full: the rest wait for a slot
+    finally:
+        await hub.stop()
+
+
+async def _equals(value, expected) -> bool:  # noqa: ANN001
+    return await value == expected
+
+
+async def test_a_second_user_takes_each_slot_that_frees_until_both_hold_their_fair_share(db_url, tmp_path, clock):
+    """Alice fills the runtime alone; Bob waits only until a run ends, and Alice gets no slot back while Bob is
+    below his share (ceil(4 slots / 2 users) = 2); once Bob has no work waiting, Alice may use a freed slot."""
+    hub = await start_hub(db_url, tmp_path, clock)
+    try:
+        await hub.start_runner(slots=4)
+        async with mcp_client(hub.url, await hub.token("alice")) as alice, \
+                mcp_client(hub.url, await hub.token("bob")) as bob:
+            a = await submit_over_mcp(alice, 8)
+            await eventually(lambda: _equals(on_runtime(hub, a), 4))
+            b = await submit_over_mcp(bob, 2)
+            await hub.hub.dispatcher.place_once()
+            assert await statuses(hub, b) == ["queued", "queued"]  # running tasks are never pre-empted
+            held = [t for t, s in zip(a, await statuses(hub, a)) if s != "queued"]
+            await end_one(hub, alice, held[0])
+            await eventually(lambda: _equals(on_runtime(hub, b), 1))
+            await end_one(hub, alice, held[1])
+            await eventually(lambda: _equals(on_runtime(hub, b), 2))
+            assert await on_runtime(hub, a) == 2  # alice got neither freed slot back while bob waited
+            assert (await statuses(hub, a)).count("queued") == 4
+            await end_one(hub, bob, b[0])  # bob has nothing left to run: alice may use his freed slot
+            await eventually(lambda: _equals(on_runtime(hub, a), 3))
+    finally:
+        await hub.stop()
+
+
+async def test_runs_on_a_principals_own_runtime_do_not_count_against_its_share_of_a_shared_one(
+        db_url, tmp_path, clock):
+    """Bob keeps three runs on his own runtime and waits for the shared one; Alice holds both shared slots. When one
+    of hers ends she is at her share of the shared runtime (ceil(2 / 2) = 1) and Bob below his: the slot is Bob's,
+    although he runs more tasks in all."""
+    hub = await start_hub(db_url, tmp_path, clock)
+    try:
+        await hub.start_runner(name="shared", slots=2)
+        await hub.start_runner(name="bob-box", slots=3, token=await hub.hub.auth.create_token("bob", runner=True))
+        async with mcp_client(hub.url, await hub.token("alice")) as alice, \
+                mcp_client(hub.url, await hub.token("bob")) as bob:
+            own = []
+            for _ in range(3):
+                res = await bob.call_tool("task_submit", {"prompt": HOURS, "profile": "scripted",
+                                                          "runtime": "bob-box"})
+                own.append(res.structured_content["task_id"])
+            await eventually(lambda: _equals(on_runtime(hub, own), 3))
+            a = await submit_over_mcp(alice, 3)  # only the shared runtime takes alice's tasks
+            await eventually(lambda: _equals(on_runtime(hub, a), 2))
+            res = await bob.call_tool("task_submit", {"prompt": HOURS, "profile": "scripted", "runtime": "shared"})
+            wants_shared = res.structured_content["task_id"]
+            held = [t for t, s in zip(a, await statuses(hub, a)) if s != "queued"]
+            await end_one(hub, alice, held[0])
+            await eventually(lambda: _equals(on_runtime(hub, [wants_shared]), 1))
+            assert (await statuses(hub, a)).count("queued") == 1
+    finally:
+        await hub.stop()
+
+
+async def test_a_backlog_pinned_to_a_principals_busy_runtime_does_not_hold_back_its_share_of_a_shared_one(
+        db_url, tmp_path, clock):
+    """Bob's oldest tasks wait for his own busy runtime; his newest could run on the shared one. When Alice's run
+    there ends, Bob's task is seen (each runtime a principal names has a queue of its own) and takes the slot."""
+    hub = await start_hub(db_url, tmp_path, clock)
+    try:
+        await hub.start_runner(name="shared", slots=2)
+        await hub.start_runner(name="bob-box", slots=1, token=await hub.hub.auth.create_token("bob", runner=True))
+        async with mcp_client(hub.url, await hub.token("alice")) as alice, \
+                mcp_client(hub.url, await hub.token("bob")) as bob:
+            pinned = []
+            for _ in range(6):
+                res = await bob.call_tool("task_submit", {"prompt": HOURS, "profile": "scripted",
+                                                          "runtime": "bob-box"})
+                pinned.append(res.structured_content["task_id"])
+            await eventually(lambda: _equals(on_runtime(hub, pinned), 1))
+            a = await submit_over_mcp(alice, 4)
+            await eventually(lambda: _equals(on_runtime(hub, a), 2))
+            res = await bob.call_tool("task_submit", {"prompt": HOURS, "profile": "scripted", "runtime": "shared"})
+            wants_shared = res.structured_content["task_id"]
+            await end_one(hub, alice, next(t for t, s in zip(a, await statuses(hub, a)) if s != "queued"))
+            await eventually(lambda: _equals(on_runtime(hub, [wants_shared]), 1))
+            assert await on_runtime(hub, a) == 1
+    finally:
+        await hub.stop()
+
+
+async def test_a_free_slot_is_not_left_idle_while_a_task_that_fits_waits_behind_its_owners_that_cannot_start(
+        quiet_hub):
+    hub = quiet_hub
+    admin = await hub.hub.auth.authenticate(hub.admin_token)
+    caps = {"platform": "linux", "engines": ["claude"], "workspace_root": "/tmp", "workspace_writable": True}
+    await hub.hub.runtimes.register(admin, p.Register(name="claude-box", slots=1, capabilities=caps))
+    async with hub.hub.db.write() as conn:  # the only runtime offering claude is offline: claude tasks wait
+        await conn.execute(runtimes.update().where(runtimes.c.name == "claude-box").values(status="offline"))
+    await hub.start_runner(name="r1", slots=1)
+    alice = await hub.hub.auth.authenticate(await hub.token("alice"))
+    stuck = [(await hub.hub.tasks.submit(alice, SubmitRequest(prompt="hello", profile="claude")))["task_id"]
+             for _ in range(8)]
+    fits = (await hub.hub.tasks.submit(alice, SubmitRequest(prompt=LONG, profile="scripted")))["task_id"]
+    assert await hub.hub.dispatcher.place_once() == 1
+    assert (await statuses(hub, [fits]))[0] != "queued" and set(await statuses(hub, stuck)) == {"queued"}
+
+
+async def test_a_sessions_later_turn_never_starts_before_the_earlier_one_that_gave_way_to_the_fair_share(quiet_hub):
+    """Alice holds her share (2 of the shared runtime's 4 slots) and queues two turns of one session; Bob, below
+    his share there, waits between them. The first turn gives way to Bob; the second must not take the slot that
+    is left before it: the first one takes it."""
+    hub = quiet_hub
+    await hub.start_runner(name="shared", slots=4)
+    await hub.start_runner(name="bob-box", slots=2, token=await hub.hub.auth.create_token("bob", runner=True))
+    alice = await hub.hub.auth.authenticate(await hub.token("alice"))
+    bob = await hub.hub.auth.authenticate(await hub.token("bob"))
+    for _ in range(2):
+        await hub.hub.tasks.submit(bob, SubmitRequest(prompt=HOURS, profile="scripted", runtime="bob-box"))
+        await hub.hub.tasks.submit(alice, SubmitRequest(prompt=HOURS, profile="scripted"))
+    assert await hub.hub.dispatcher.place_once() == 4
+    sid = (await hub.hub.sessions.create(alice, profile="scripted"))["session_id"]
+    hub.clock.advance(1)  # queued in this order: first turn, Bob's task, second turn
+    first = await hub.hub.sessions.submit_turn(alice, sid, HOURS)
+    hub.clock.advance(1)
+    bobs = (await hub.hub.tasks.submit(bob, SubmitRequest(prompt=HOURS, profile="scripted",
+                                                          runtime="shared")))["task_id"]
+    hub.clock.advance(1)
+    second = await hub.hub.sessions.submit_turn(alice, sid, HOURS)
+    assert await hub.hub.dispatcher.place_once() == 2
+    assert await statuses(hub, [first, bobs, second]) == ["dispatched", "dispatched", "queued"]
+
+
+async def test_a_task_does_not_wait_behind_its_owners_turns_that_wait_for_their_sessions_running_turn(quiet_hub):
+    hub = quiet_hub
+    await hub.start_runner(slots=2)
+    alice = await hub.hub.auth.authenticate(await hub.token("alice"))
+    sid = (await hub.hub.sessions.create(alice, profile="scripted"))["session_id"]
+    running = await hub.hub.sessions.submit_turn(alice, sid, HOURS)
+    assert await hub.hub.dispatcher.place_once() == 1
+    turns = []
+    for _ in range(5):
+        hub.clock.advance(1)
+        turns.append(await hub.hub.sessions.submit_turn(alice, sid, HOURS))
+    hub.clock.advance(1)
+    task = (await hub.hub.tasks.submit(alice, SubmitRequest(prompt=HOURS, profile="scripted")))["task_id"]
+    assert await hub.hub.dispatcher.place_once() == 1
+    assert (await statuses(hub, [running, task]))[1] == "dispatched"
+    assert set(await statuses(hub, turns)) == {"queued"}  # one run at a time per session
+
+
+async def test_an_admins_backlog_is_held_to_the_fair_share_too(db_url, tmp_path, clock):
+    """Admin tokens are exempt from the operator caps, not from the share: a freed slot goes to the waiting user."""
+    hub = await start_hub(db_url, tmp_path, clock)
+    try:
+        await hub.start_runner(slots=2)
+        async with mcp_client(hub.url, hub.admin_token) as root, \
+                mcp_client(hub.url, await hub.token("alice")) as alice:
+            mine = await submit_over_mcp(root, 4)
+            await eventually(lambda: _equals(on_runtime(hub, mine), 2))
+            theirs = await submit_over_mcp(alice, 1)
+            await end_one(hub, root, next(t for t, s in zip(mine, await statuses(hub, mine)) if s != "queued"))
+            await eventually(lambda: _equals(on_runtime(hub, theirs), 1))
+            assert (await statuses(hub, mine)).count("queued") == 2
+    finally:
+        await hub.stop()

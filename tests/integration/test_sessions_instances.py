@@ -364,7 +364,7 @@ async def test_a_child_uses_amux_memory_with_the_token_its_launch_carries(hub):
         env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await proc.communicate()
     assert proc.returncode == 0, err.decode()
-    assert json.loads(out)["scope"] == "global"
+    assert json.loads(out)["scope"] == f"principal:{admin.principal_id}"  # isolated by default
     assert (await hub.hub.memory.get(admin, "plan"))["value"] == "ship friday"
 
 

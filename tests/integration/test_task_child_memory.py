@@ -49,7 +49,7 @@ def parse_env(text: str) -> dict[str, str]:
 
 
 async def test_a_plain_tasks_child_uses_amux_memory_in_its_owners_scope_with_its_own_run_token(hub, tmp_path):
-    hub.hub.settings.memory.user_isolation = True  # so the scope shows whose memory the child used
+    assert hub.hub.settings.memory.user_isolation  # the default: the scope shows whose memory the child used
     script, record = agent_that_uses_memory(tmp_path)
     runner_token = await hub.hub.auth.create_token("ops", admin=True, runner=True)  # a shared runtime
     env = {**os.environ, "AMUX_CLAUDE_BIN": str(script), "HOME": str(tmp_path / "runner-home")}

@@ -116,7 +116,8 @@ def test_the_boundary_binds_the_workspace_and_home_rw_the_reveals_ro_and_drops_t
     drop = argv.index("setpriv")
     assert argv[drop:drop + 5] == ["setpriv", "--reuid", "300000", "--regid", "300000"]
     assert "--no-new-privs" in argv[drop:] and argv[-2:] == ["/bin/agent", "-p"]
-    assert argv[argv.index("--tmpfs", argv.index("--size")) + 1] == "/dev"  # a sized /dev, not bwrap's --dev
+    sized = [argv[argv.index("--tmpfs", i) + 1] for i in range(len(argv)) if argv[i] == "--size"]
+    assert "/dev" in sized and "/dev/shm" in sized and "/tmp" in sized  # every tmpfs sized; not bwrap's --dev
     assert "--dev" not in argv
     assert "8787=/run/amux/hub.sock" in argv and f"{dac.PROXY_PORT}=/run/amux/proxy.sock" in argv
 
