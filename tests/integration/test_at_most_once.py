@@ -24,7 +24,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from hub.store.tables import runtimes, task_runs
+from hub.store.tables import reservations, runtimes, task_runs
 from tests.helpers import REPO, runner_command
 from tests.integration.test_soak import Postgres, Proxy, free_port, until
 
@@ -33,7 +33,9 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the throwaway Postgre
 TTL_S = 3.0
 HEARTBEAT_S = 2.0  # the hub closes a runner's connection after 3 silent heartbeats (6 s)
 STOP_S = 4.5       # > TTL, < the silence limit
+LONG_STOP_S = 8.0  # > the silence limit, < runtime_lost_s
 TASKS = 24
+BURST = 6          # submitted while a runner is stopped
 HUB_ENV = {"AMUX_HUB__POLL_S": "0.1", "AMUX_HUB__HEARTBEAT_S": str(HEARTBEAT_S),
            "AMUX_HUB__RESERVATION_TTL_S": str(TTL_S), "AMUX_HUB__RUNTIME_LOST_S": "30",
            "AMUX_HUB__MAX_PENDING_PER_CLIENT": "0", "AMUX_HUB__MAX_CONNECTIONS_PER_CLIENT": "0",
@@ -115,8 +117,8 @@ class Cluster:
                     await p.wait()
 
 
-async def submitter(url: str, token: str, submitted: list[str], n: int) -> None:
-    """Submit `n` tasks, one every 0.3 s, retrying each until the hub answers (outages included)."""
+async def submitter(url: str, token: str, submitted: list[str], n: int, gap: float = 0.3) -> None:
+    """Submit `n` tasks, one every `gap` s, retrying each until the hub answers (outages included)."""
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http:
         for k in range(n):
             body = {"prompt": str(0.5 + (k % 4) * 0.5), "profile": "claude", "name": f"amo-{k}"}
@@ -130,7 +132,7 @@ async def submitter(url: str, token: str, submitted: list[str], n: int) -> None:
                 except (aiohttp.ClientError, asyncio.TimeoutError):
                     pass
                 await asyncio.sleep(0.3)
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(gap)
 
 
 async def test_no_engine_runs_twice_through_a_runner_stall_a_hub_outage_and_a_database_stop_and_records_match():
@@ -166,11 +168,22 @@ async def test_no_engine_runs_twice_through_a_runner_stall_a_hub_outage_and_a_da
         await until(online, 120)
         load = asyncio.create_task(submitter(url, token, submitted, TASKS))
 
-        # 1. A runner stalls past the reservation TTL, short of the hub's silence limit.
-        await asyncio.sleep(1.5)
-        os.kill(cluster.runners[0].pid, signal.SIGSTOP)
-        await asyncio.sleep(STOP_S)
-        os.kill(cluster.runners[0].pid, signal.SIGCONT)
+        # 1. A runner stalls past the reservation TTL, short of the hub's silence limit: dispatches sent to it
+        #    meanwhile expire and go elsewhere; it reads them when it wakes. Then once past the silence limit.
+        async def idle(name: str) -> bool:  # the runner holds nothing: what is sent to it next waits in its socket
+            async with engine.connect() as conn:
+                busy = (await conn.execute(sa.select(sa.func.count()).select_from(reservations).join(
+                    runtimes, runtimes.c.id == reservations.c.runtime_id).where(
+                    runtimes.c.name == name, reservations.c.state.in_(["pending", "committed"])))).scalar()
+            return busy == 0
+
+        for stall in (STOP_S, LONG_STOP_S):
+            await until(lambda: idle("amo-0"), 60, interval=0.05)
+            os.kill(cluster.runners[0].pid, signal.SIGSTOP)
+            burst = asyncio.create_task(submitter(url, token, submitted, BURST, gap=0.05))
+            await asyncio.sleep(stall)
+            os.kill(cluster.runners[0].pid, signal.SIGCONT)
+            await burst
         # 2. Both replicas die for longer than the TTL, then come back.
         await asyncio.sleep(1.0)
         await cluster.kill_hubs()
@@ -208,13 +221,13 @@ async def test_no_engine_runs_twice_through_a_runner_stall_a_hub_outage_and_a_da
             rows = {r.id: r for r in (await conn.execute(sa.select(task_runs.c.id, task_runs.c.status,
                                                                     task_runs.c.error, task_runs.c.attempt)
                                                           .where(task_runs.c.id.in_(submitted)))).all()}
-        assert len(submitted) == TASKS and set(rows) == set(submitted)
+        assert len(submitted) == TASKS + 2 * BURST and set(rows) == set(submitted)
         for task_id, row in rows.items():
             assert (row.status == "succeeded") == (starts[task_id] == 1), (task_id, row, starts[task_id])
         assert all(r.status == "succeeded" for r in rows.values()), {t: (r.status, r.error) for t, r in rows.items()
                                                                      if r.status != "succeeded"}
         assert ready_after < 10, f"/readyz took {ready_after:.1f}s after the database was back"
-        print(f"at-most-once: {TASKS} tasks, {sum(starts.values())} engine starts, "
+        print(f"at-most-once: {len(submitted)} tasks, {sum(starts.values())} engine starts, "
               f"{sum(1 for r in rows.values() if r.attempt > 1)} placed again, ready {ready_after:.1f}s after the "
               f"database came back", flush=True)
         passed = True
