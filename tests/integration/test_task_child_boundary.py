@@ -293,3 +293,57 @@ async def test_after_amux_up_a_claude_task_runs_under_another_uid_and_cannot_rea
     finally:
         proc.terminate()
         await proc.wait()
+
+
+async def test_another_users_box_cannot_be_entered_or_seen_from_a_linux_dac_child(dac_hub, tmp_path):
+    hub = dac_hub
+    owner = await hub.hub.auth.authenticate(await hub.token("boxowner"))
+    task = await hub.hub.leases.new(owner, "secret-box")
+    box = await hub.hub.leases.vm_new(owner, task["handle"])
+    try:
+        await hub.hub.leases.vm_exec(owner, task["handle"], box["vm_id"], "echo box-secret > /box/secret.txt")
+        async with hub.hub.db.read() as conn:
+            from hub.store.tables import boxes
+            handle = (await conn.execute(sa.select(boxes.c.handle).where(boxes.c.id == box["vm_id"]))).scalar()
+        init = handle["init_pid"]
+        async with runner_process(hub, tmp_path, "dacbox", "--isolation", "linux-dac"):
+            view = await run_as(hub, "mallory", f"nsenter -t {init} -a cat /box/secret.txt; echo rc=$?; "
+                                                f"ls /proc/{init}; echo rc=$?; cat /proc/{init}/root/box/secret.txt; "
+                                                "echo rc=$?")
+        text = out(view)
+        assert view["status"] == "succeeded", view
+        assert "box-secret" not in text and "rc=0" not in text, text
+    finally:
+        await hub.hub.leases.close(owner, task["handle"])
+
+
+async def test_the_seeds_policy_rows_hold_in_linux_dac_claude_bypasses_and_codex_runs_danger_full_access(
+        dac_hub, tmp_path, monkeypatch):
+    hub = dac_hub
+    monkeypatch.setenv("AMUX_CODEX_BIN", str(SHELL_AGENT))  # offered: the runner finds an executable for codex
+    async with runner_process(hub, tmp_path, "dacpol", "--isolation", "linux-dac"):
+        claude = await run_as(hub, "paula", "id -u")
+        assert claude["status"] == "succeeded" and claude["snapshot"]["isolation"] == "linux-dac"
+        assert claude["snapshot"]["native_args"][:2] == ["--permission-mode", "bypassPermissions"]
+        caller = await hub.hub.auth.authenticate(await hub.token("paula"))
+        sub = await hub.hub.tasks.submit(caller, SubmitRequest(prompt="id -u", profile="codex"))
+        codex = await hub.hub.tasks.get(caller, sub["task_id"])
+        assert codex["snapshot"]["isolation"] == "linux-dac"
+        assert codex["snapshot"]["native_args"][:4] == ["--sandbox", "danger-full-access", "-c", "approval_policy=never"]
+        await hub.hub.tasks.cancel(caller, sub["task_id"])
+
+
+async def test_the_runner_users_own_engine_login_reaches_a_child_only_with_share_engine_login(dac_hub, tmp_path):
+    hub = dac_hub
+    hub.hub.settings.execution.allow_process_on_hub = True  # a process-mode runner as the hub's uid, for this check
+    for name, flags in (("noshare", ()), ("share", ("--share-engine-login",))):
+        runner_home = tmp_path / f"{name}-home"
+        (runner_home / ".claude").mkdir(parents=True)
+        (runner_home / ".claude" / ".credentials.json").write_text('{"token": "operator-login"}')
+        async with runner_process(hub, tmp_path, name, "--dedicated", "--isolation", "process", *flags):
+            view = await run_as(hub, f"user-{name}", "echo CCD=${CLAUDE_CONFIG_DIR:-none}")
+        line = next(x for x in out(view).splitlines() if x.startswith("CCD="))
+        if flags:
+            assert line == f"CCD={runner_home / '.claude'}", line
+        else:
+            assert line == "CCD=none", line
