@@ -329,7 +329,8 @@ async def test_the_seeds_policy_rows_hold_in_linux_dac_claude_bypasses_and_codex
         sub = await hub.hub.tasks.submit(caller, SubmitRequest(prompt="id -u", profile="codex"))
         codex = await hub.hub.tasks.get(caller, sub["task_id"])
         assert codex["snapshot"]["isolation"] == "linux-dac"
-        assert codex["snapshot"]["native_args"][:4] == ["--sandbox", "danger-full-access", "-c", "approval_policy=never"]
+        expected = ["--sandbox", "danger-full-access", "-c", "approval_policy=never"]
+        assert codex["snapshot"]["native_args"][:4] == expected
         await hub.hub.tasks.cancel(caller, sub["task_id"])
 
 
