@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from hub.store.tables import reservations, runtimes, task_runs
-from tests.helpers import REPO, runner_command
+from tests.helpers import REPO, mcp_client, runner_command
 from tests.integration.test_soak import Postgres, Proxy, free_port, until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the throwaway PostgreSQL cluster is started as root here")
@@ -195,8 +195,13 @@ async def test_no_engine_runs_twice_through_a_runner_stall_a_hub_outage_and_a_da
         await asyncio.sleep(1.0)
         c = pg.cluster
         port = db_url.rsplit(":", 1)[1].split("/")[0]
-        assert await asyncio.to_thread(c.stop)
-        await asyncio.sleep(4.0)
+        async with mcp_client(url, token, name="outage") as client:
+            assert await asyncio.to_thread(c.stop)
+            # During the outage a tool answers a tool error naming the fix, never a bare error or an HTTP 500.
+            answer = await client.call_tool("task_get", {"task_id": submitted[0]})
+            text = " ".join(getattr(part, "text", "") for part in answer.content or [])
+            assert answer.is_error and "retry in a few seconds" in text and "request id" in text, text
+            await asyncio.sleep(3.0)
         opts = shlex.join(["-p", port, "-k", c.sock, "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
         rc, out = await asyncio.to_thread(c.runner.run, [c.bin("pg_ctl"), "-D", c.data, "-l", c.logfile, "-w",
                                                          "-o", opts, "start"], cwd=c.base)
