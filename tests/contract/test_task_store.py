@@ -291,3 +291,59 @@ async def test_concurrent_placement_from_two_hubs_on_postgres_never_overbooks(pg
     finally:
         for h in hubs:
             await h.db.close()
+
+
+async def test_a_lost_runtimes_never_accepted_run_is_placed_again_not_failed(core, clock):
+    core.settings.hub.reservation_ttl_s = 3600  # the runtime is lost first, before the reservation would expire
+    rt, conn_id = await register(core, slots=1)
+    tid = await submit(core)
+    await core.dispatcher.place_once()
+    assert (await row(core, tid)).status == "dispatched"  # its engine never launched: the runner waits for the ack
+    await core.runtimes.disconnected(rt, conn_id)
+    clock.advance(core.settings.hub.runtime_lost_s + 1)
+    counts = await core.dispatcher.reap_once()
+    assert counts["requeued"] == 1 and counts["lost"] == 0
+    r = await row(core, tid)
+    assert r.status == "queued" and r.error is None and r.runtime_id is None
+    assert await active_reservations(core, rt) == 0
+
+
+async def test_a_lost_runtimes_running_task_ends_outcome_unknown_and_its_runners_late_report_corrects_it(core, clock):
+    rt, conn_id = await register(core, slots=1)
+    tid = await submit(core)
+    await core.dispatcher.place_once()
+    await core.runtimes.accepted(rt, p.Accepted(task_id=tid, attempt=1))
+    await core.runtimes.disconnected(rt, conn_id)
+    clock.advance(core.settings.hub.runtime_lost_s + 1)
+    await core.dispatcher.reap_once()
+    r = await row(core, tid)
+    assert r.status == "failed" and "outcome is unknown" in r.error and "may have finished" in r.error
+    # The runner comes back holding the finished attempt: the hub keeps it (no drop) and records what happened.
+    _rt, _conn, drop = await core.runtimes.register(
+        core.admin, p.Register(name="r1", slots=1, capabilities=CAPS, running=[p.RunningWork(task_id=tid, attempt=1)]))
+    assert tid not in drop
+    assert await core.runtimes.finished(rt, p.Finished(task_id=tid, attempt=1, rseq=3, outcome="succeeded",
+                                                       result_text="done after all"))
+    r = await row(core, tid)
+    assert r.status == "succeeded" and r.outcome == "succeeded" and r.result_text == "done after all"
+    async with core.db.read() as conn:
+        texts = [e.payload.get("text", "") for e in (await conn.execute(
+            sa.select(task_events).where(task_events.c.task_id == tid))).all()]
+    assert any("declared lost and reported succeeded" in t for t in texts), texts
+
+
+async def test_a_report_from_an_attempt_that_no_longer_holds_its_task_is_dropped_and_recorded(core, clock):
+    rt, conn_id = await register(core, slots=1)
+    tid = await submit(core)
+    await core.dispatcher.place_once()
+    clock.advance(core.settings.hub.reservation_ttl_s + 1)
+    await core.dispatcher.reap_once()  # attempt 1's reservation expired: the task is queued again
+    await core.dispatcher.place_once()  # attempt 2
+    replies = await core.runtimes.apply(rt, conn_id, [p.Finished(task_id=tid, attempt=1, rseq=2, outcome="succeeded")])
+    assert any(m.get("type") == "ack" and m.get("drop") for m in replies)
+    r = await row(core, tid)
+    assert r.attempt == 2 and r.status == "dispatched"
+    async with core.db.read() as conn:
+        texts = [e.payload.get("text", "") for e in (await conn.execute(
+            sa.select(task_events).where(task_events.c.task_id == tid))).all()]
+    assert any("attempt 1" in t and "was dropped" in t for t in texts), texts
