@@ -35,6 +35,7 @@ from .services.leases import LeaseService
 from .services.notify import Notifier
 from .services.runtimes import RuntimeService
 from .services.schedule_firing import ScheduleFiring
+from .services.schedule_results import ScheduleResults
 from .services.schedules import ScheduleService
 from .services.recovery import RecoveryService
 from .services.instances import InstanceService
@@ -130,8 +131,9 @@ class Hub:
         self.bot_state = BotService(self.db, self.clock, self.sessions)
         self.bot_services = BotServices(
             clock=self.clock, feishu=settings.feishu, public_url=settings.public_url, auth=self.auth, oauth=self.oauth,
-            identity=self.identity, sessions=self.sessions, schedules=self.schedules, alerts=self.alerts,
-            runtimes=self.runtimes, state=self.bot_state)
+            identity=self.identity, sessions=self.sessions, schedules=self.schedules,
+            results=ScheduleResults(self.db, self.schedules), alerts=self.alerts, runtimes=self.runtimes,
+            state=self.bot_state)
         self.bot = build_bot(self.bot_services)
 
     def web_app(self, *, background: bool = True) -> web.Application:
