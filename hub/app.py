@@ -115,8 +115,10 @@ class Hub:
         self.recovery = RecoveryService(self.db, self.clock)  # upgrade creator recovery (issue 9)
         self.identity = IdentityService(self.db, self.clock)  # Feishu identity links (issue 15)
         # The Feishu channel, wired here: configured apps load it (a missing lark-oapi fails the start, naming
-        # the fix); no apps is the explicit NullChannel.
-        channel = load_channel(settings.feishu.channel, settings) if settings.feishu.apps else NullChannel()
+        # the fix); no apps is the explicit NullChannel (the console's own application delivers through it).
+        channel = (load_channel(settings.feishu.channel, settings) if settings.feishu.apps else NullChannel(
+            "no Feishu application is configured ([[feishu.apps]]): status notices have no channel to go to, "
+            "the console's own application included"))
         self.alerts = AlertService(self.db, self.clock, settings.alerts, settings.feishu, channel, self.schedules)
         # Reconciled firing outcomes feed the alert pipeline (its OutcomeSink).
         self.schedule_firing = ScheduleFiring(self.db, self.clock, settings.schedules, self.admission, self.sessions,
