@@ -12,7 +12,7 @@ from .overview import outcome_line, outcome_text
 from .views import HistoryView, ResultsView, ScheduleDetailView, ScheduleListView
 
 RESULT_PART_BYTES = 9_000  # escaped result text per card part; the card stays far below 30 KB
-ERROR_CHARS = 2_000        # of a failed run's error on its Results card (escaping at most doubles it)
+ERROR_CHARS = 1_000        # of a failed run's error: three copies (content, en, zh) fit beside a result part
 
 
 def _when(iso: str | None) -> str:

@@ -211,7 +211,10 @@ def test_a_successful_runs_results_card_has_no_failure_and_a_long_error_is_cut()
                                      firing=Outcome("n", None, "succeeded"), error="ignored")) == {}
     text = _failure_text(ResultsView(schedule_id="sch_1", name="n", page=0, pages=1, part=0, parts=1,
                                      firing=Outcome("n", None, "failed"), text="x" * 9000, error="<" * 50_000))
-    assert text["en_us"].endswith("\\<" * 2000 + "…")
+    assert text["en_us"].endswith("\\<" * 1000 + "…")
+    # the widest error (CJK, three bytes a character) beside the fullest part still fits one card
+    _failure_text(ResultsView(schedule_id="sch_1", name="n", page=0, pages=1, part=0, parts=1,
+                              firing=Outcome("n", None, "failed"), text="<" * 4500, error="错" * 50_000))
 
 
 @pytest.mark.parametrize("value", [
