@@ -6,7 +6,8 @@ sends (`im.message.receive_v1`, `card.action.trigger`) and goes through `FeishuB
 deduplication, identity binding, handlers and authorization; only the transport differs. Replies are
 collected instead of sent. The console's API needs an administrator token (it can act as any user),
 and when no application is configured it offers a local one, `cli_console`, whose administrator is
-`ou_admin`.
+`ou_admin`; the alert center knows that application from the hub's start, so its delivery state and
+Recheck answer for it like for a configured one.
 """
 from __future__ import annotations
 
@@ -59,8 +60,16 @@ class Console:
     def __init__(self, bot: FeishuBot, services: BotServices) -> None:
         self.bot = bot
         self.services = services
+        self.local: FeishuAppSettings | None = None
         if not bot.apps:
-            bot.apps[CONSOLE_APP] = FeishuAppSettings(app_id=CONSOLE_APP, admin_open_id="ou_admin", mode="console")
+            self.local = bot.apps[CONSOLE_APP] = FeishuAppSettings(app_id=CONSOLE_APP, admin_open_id="ou_admin",
+                                                                   mode="console")
+
+    async def start(self, _app: web.Application) -> None:
+        """Make the console's own application known to the alert center (its Recheck then has a real answer)."""
+        if self.local is not None:
+            await self.services.alerts.add_local_app(self.local.app_id, self.local.admin_open_id or "",
+                                                     self.local.timezone)
 
     async def _admin(self, request: web.Request) -> None:
         caller = await self.services.auth.authenticate(request.headers.get("Authorization"))
@@ -137,6 +146,7 @@ class Console:
 def add_routes(app: web.Application, bot: FeishuBot, services: BotServices) -> None:
     """Mount `/console` and its API."""
     c = Console(bot, services)
+    app.on_startup.append(c.start)
     app.router.add_get("/console", c.page)
     app.router.add_get("/console/api/apps", c.apps)
     app.router.add_post("/console/api/message", c.message)
@@ -154,7 +164,10 @@ label{margin-right:1rem}input,select{font:inherit;padding:.2rem .4rem}
 .card{border:1px solid #d0d0d5;border-radius:8px;overflow:hidden;max-width:36rem}
 .card header{padding:.5rem .8rem;color:#fff;font-weight:600;background:#3370ff}
 .card header.orange{background:#f80}.card header.grey{background:#8f959e}
-.card .body{padding:.6rem .8rem}.md{white-space:pre-wrap;margin:.3rem 0}
+.card .body{padding:.6rem .8rem}.md{margin:.3rem 0}.md p{white-space:pre-wrap;margin:.2rem 0}
+.md ul,.md ol{margin:.2rem 0;padding-left:1.4rem}
+.md code{font:12px ui-monospace,monospace;background:#f2f3f5;padding:0 .2rem;border-radius:3px}
+.md pre{background:#f2f3f5;padding:.5rem;border-radius:6px;overflow:auto}.md pre code{background:none;padding:0}
 .row{display:flex;gap:.4rem;flex-wrap:wrap;margin:.4rem 0}
 button.primary{background:#3370ff;color:#fff;border:1px solid #3370ff}button.danger{color:#d83931}
 button{font:inherit;padding:.25rem .7rem;border-radius:6px;border:1px solid #c9c9ce;background:#fff;cursor:pointer}
@@ -187,13 +200,59 @@ function toast(t){ if(!t) return; const el=$("toast"); const lang=$("lang").valu
   el.textContent=(t.i18n&&t.i18n[lang])||t.content; el.className=t.type; el.style.display="block";
   clearTimeout(el._t); el._t=setTimeout(()=>{el.style.display="none";}, 4000); }
 function txt(node){ const lang=$("lang").value; return (node.i18n_content&&node.i18n_content[lang])||node.content||""; }
-function mdInto(parent, text){ // **bold** only; everything is text, never HTML
-  const p=document.createElement("div"); p.className="md";
-  text.replace(/\\([\\`*~\[\]()<>#|])/g,"$1").split(/(\*\*[^*]+\*\*)/).forEach(part=>{
-    if(part.startsWith("**")&&part.endsWith("**")&&part.length>4){
-      const b=document.createElement("b");b.textContent=part.slice(2,-2);p.appendChild(b);}
-    else p.appendChild(document.createTextNode(part)); });
-  parent.appendChild(p); }
+// Card markdown as Feishu renders it: **bold**, *italic*, ~~strike~~, `code`, ```fenced``` blocks, [links](url)
+// (http/https only: applink.feishu.cn links are https; any other target stays text) and "- " / "1. " lists.
+// Nodes are built with textContent only, never innerHTML: user text (escaped by the bot with "\") stays text.
+const MD_ESC="\\`*~[]()<>#|";
+function el(tag, cls){ const e=document.createElement(tag); if(cls) e.className=cls; return e; }
+function toks(s){ const t=[]; for(let i=0;i<s.length;i++){ const c=s[i];
+  if(c==="\\"&&i+1<s.length&&MD_ESC.includes(s[i+1])){ t.push({c:s[i+1],lit:true}); i++; }
+  else t.push({c:c,lit:false}); } return t; }
+function find(t, from, end, d){ // the first unescaped `d` in t[from, end)
+  outer: for(let i=from;i+d.length<=end;i++){
+    for(let k=0;k<d.length;k++) if(t[i+k].lit||t[i+k].c!==d[k]) continue outer;
+    return i; } return -1; }
+function plainOf(t, a, b){ return t.slice(a,b).map(x=>x.c).join(""); }
+function safeUrl(u){ try{ const x=new URL(u.trim()); if(x.protocol==="http:"||x.protocol==="https:") return x.href; }
+  catch(e){} return null; }
+function at(t, i, d){ return find(t, i, i+d.length, d)===i; }
+function inline(parent, t, a, b){
+  let buf=""; const flush=()=>{ if(buf){ parent.appendChild(document.createTextNode(buf)); buf=""; } };
+  const wrap=(tag, d, i)=>{ const j=find(t, i+d.length, b, d); if(j<=i+d.length) return -1;
+    flush(); const e=el(tag); inline(e, t, i+d.length, j); parent.appendChild(e); return j+d.length; };
+  for(let i=a;i<b;){
+    let next=-1;
+    if(!t[i].lit){
+      if(at(t,i,"`")){ const j=find(t, i+1, b, "`");
+        if(j>i+1){ flush(); const c=el("code"); c.textContent=plainOf(t,i+1,j); parent.appendChild(c); next=j+1; } }
+      else if(at(t,i,"**")) next=wrap("strong","**",i);
+      else if(at(t,i,"~~")) next=wrap("del","~~",i);
+      else if(at(t,i,"*")) next=wrap("em","*",i);
+      else if(at(t,i,"[")){ const j=find(t, i+1, b, "](");
+        const k=j<0?-1:find(t, j+2, b, ")"); const href=k<0?null:safeUrl(plainOf(t,j+2,k));
+        if(href){ flush(); const link=el("a"); link.href=href; link.rel="noopener noreferrer"; link.target="_blank";
+          inline(link, t, i+1, j); parent.appendChild(link); next=k+1; } } }
+    if(next<0){ buf+=t[i].c; i++; } else i=next; }
+  flush(); }
+function inlineInto(parent, s){ const t=toks(s); inline(parent, t, 0, t.length); }
+const LIST=/^\s*(?:([-*])|(\d{1,9})\.)\s+(.*)$/;
+function mdInto(parent, text){
+  const box=el("div","md"); const lines=text.split("\n"); let para=null, list=null;
+  const end=()=>{ para=null; list=null; };
+  for(let i=0;i<lines.length;i++){
+    const line=lines[i];
+    if(/^\s*```/.test(line)){ end(); const pre=el("pre"); const code=el("code"); const body=[];
+      for(i++; i<lines.length&&!/^\s*```\s*$/.test(lines[i]); i++) body.push(lines[i]);
+      code.textContent=body.join("\n"); pre.appendChild(code); box.appendChild(pre); continue; }
+    const m=LIST.exec(line);
+    if(m){ const tag=m[1]?"ul":"ol"; para=null;
+      if(!list||list.tagName.toLowerCase()!==tag){
+        list=el(tag); if(m[2]) list.start=Number(m[2]); box.appendChild(list); }
+      const li=el("li"); inlineInto(li, m[3]); list.appendChild(li); continue; }
+    list=null;
+    if(!para){ para=el("p"); box.appendChild(para); } else para.appendChild(document.createTextNode("\n"));
+    inlineInto(para, line); }
+  parent.appendChild(box); }
 function renderInto(box, card, messageId){
   box.replaceChildren(); box.card=card; box.messageId=messageId;
   const h=document.createElement("header"); h.textContent=txt(card.header.title);

@@ -35,6 +35,7 @@ from .services.leases import LeaseService
 from .services.notify import Notifier
 from .services.runtimes import RuntimeService
 from .services.schedule_firing import ScheduleFiring
+from .services.schedule_results import ScheduleResults
 from .services.schedules import ScheduleService
 from .services.recovery import RecoveryService
 from .services.instances import InstanceService
@@ -114,8 +115,10 @@ class Hub:
         self.recovery = RecoveryService(self.db, self.clock)  # upgrade creator recovery (issue 9)
         self.identity = IdentityService(self.db, self.clock)  # Feishu identity links (issue 15)
         # The Feishu channel, wired here: configured apps load it (a missing lark-oapi fails the start, naming
-        # the fix); no apps is the explicit NullChannel.
-        channel = load_channel(settings.feishu.channel, settings) if settings.feishu.apps else NullChannel()
+        # the fix); no apps is the explicit NullChannel (the console's own application delivers through it).
+        channel = (load_channel(settings.feishu.channel, settings) if settings.feishu.apps else NullChannel(
+            "no Feishu application is configured ([[feishu.apps]]): status notices have no channel to go to, "
+            "the console's own application included"))
         self.alerts = AlertService(self.db, self.clock, settings.alerts, settings.feishu, channel, self.schedules)
         # Reconciled firing outcomes feed the alert pipeline (its OutcomeSink).
         self.schedule_firing = ScheduleFiring(self.db, self.clock, settings.schedules, self.admission, self.sessions,
@@ -130,8 +133,9 @@ class Hub:
         self.bot_state = BotService(self.db, self.clock, self.sessions)
         self.bot_services = BotServices(
             clock=self.clock, feishu=settings.feishu, public_url=settings.public_url, auth=self.auth, oauth=self.oauth,
-            identity=self.identity, sessions=self.sessions, schedules=self.schedules, alerts=self.alerts,
-            runtimes=self.runtimes, state=self.bot_state)
+            identity=self.identity, sessions=self.sessions, schedules=self.schedules,
+            results=ScheduleResults(self.db, self.schedules), alerts=self.alerts, runtimes=self.runtimes,
+            state=self.bot_state)
         self.bot = build_bot(self.bot_services)
 
     def web_app(self, *, background: bool = True) -> web.Application:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from bot.i18n import Catalogs, _
+from hub.services.schedule_views import UNSUCCESSFUL
 
 from .actions import CardAction
 from .base import button, button_row, card, check_limits, esc, hr, join, markdown, same
@@ -11,6 +12,7 @@ from .overview import outcome_line, outcome_text
 from .views import HistoryView, ResultsView, ScheduleDetailView, ScheduleListView
 
 RESULT_PART_BYTES = 9_000  # escaped result text per card part; the card stays far below 30 KB
+ERROR_CHARS = 1_000        # of a failed run's error: three copies (content, en, zh) fit beside a result part
 
 
 def _when(iso: str | None) -> str:
@@ -123,6 +125,18 @@ def split_result(text: str, limit: int = RESULT_PART_BYTES) -> list[str]:
     return parts
 
 
+def _failure(tr: Catalogs, state: str, error: str) -> dict[str, str]:
+    """Return the outcome (the catalog's word) and the hub's error (its own words, escaped as user text)."""
+    label = outcome_text(tr, state)
+    outcome = tr.text(_("**Outcome**: {outcome}"), outcome="")
+    outcome = {lang: outcome[lang] + label[lang] for lang in label}
+    if not error:
+        return join(outcome, tr.text(_("The hub recorded no error for this run.")))
+    if len(error) > ERROR_CHARS:
+        error = error[:ERROR_CHARS] + "…"
+    return join(outcome, tr.text(_("**Error**: {error}"), error=esc(error)))
+
+
 def render_results(v: ResultsView, tr: Catalogs) -> dict[str, Any]:
     """Render one part of one firing's Task result (text is already one part, escaped)."""
     elements: list[dict[str, Any]] = []
@@ -130,6 +144,8 @@ def render_results(v: ResultsView, tr: Catalogs) -> dict[str, Any]:
         elements.append(markdown(tr.text(_("No results yet: no run of this schedule has a Task result."))))
     else:
         elements.append(markdown(join(same(f"**{esc(v.name)}**"), outcome_line(tr, v.firing, False))))
+        if v.firing.state in UNSUCCESSFUL:
+            elements.append(markdown(_failure(tr, v.firing.state, v.error)))
         elements.append(markdown(tr.text(_("Part {part} of {parts}"), part=v.part + 1, parts=v.parts)))
         # Result text is the agent's own words: one copy, no translation.
         elements.append({"tag": "markdown", "content": v.text or "—"})

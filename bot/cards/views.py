@@ -90,6 +90,7 @@ class ResultsView:
     parts: int
     firing: Outcome | None = None
     text: str = ""
+    error: str = ""    # the hub's error of an unsuccessful Task, as it gave it (raw: the card escapes it)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -68,16 +68,17 @@ async def history(ctx: Ctx, a: CardAction) -> Answer:
 
 
 async def results(ctx: Ctx, a: CardAction) -> Answer:
-    """Show one part of one firing's Task result; long results are split across parts under 30 KB."""
+    """Show one part of one firing's Task result, and its outcome and error when it did not succeed; long results
+    are split across parts under 30 KB."""
     with yours():
-        r = await ctx.services.schedules.result_page(ctx.viewer.caller(), a.schedule_id, a.page)
+        r = await ctx.services.results.page(ctx.viewer.caller(), a.schedule_id, a.page)
     if not r.pages or r.firing is None:
         return Answer(card=render_results(ResultsView(schedule_id=r.schedule_id, name=r.name, page=0, pages=0, part=0,
                                                       parts=0), ctx.tr))
     parts = split_result(r.text)
     part = min(a.sub, len(parts) - 1)
     view = ResultsView(schedule_id=r.schedule_id, name=r.name, page=r.page, pages=r.pages, part=part, parts=len(parts),
-                       firing=_outcome(r.firing), text=parts[part])
+                       firing=_outcome(r.firing), text=parts[part], error=r.error)
     return Answer(card=render_results(view, ctx.tr))
 
 

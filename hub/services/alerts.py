@@ -291,6 +291,14 @@ class AlertService:
                         await self.store.set_delivery(conn, app.app_id, DeliveryState.OK, None, now)
         self.synced = True
 
+    async def add_local_app(self, app_id: str, admin_open_id: str, timezone: str) -> None:
+        """Make an application the hub serves itself (the local console's) known to the alert center, as a
+        configured one is: its delivery state, diagnostics and recheck answer for it (idempotent across replicas;
+        an existing row is left as it is)."""
+        async with self.db.write() as conn:
+            await self.store.add_app(conn, app_id=app_id, admin_open_id=admin_open_id, delivery_state=DeliveryState.OK,
+                                     diagnostic=None, timezone=timezone, now=self.clock.now())
+
     async def _change_admin(self, conn: Connection, app: Row, admin: str | None, now: datetime) -> None:
         """Retire the old administrator's requests and card ids; clear ack/snooze; re-notify active incidents."""
         old = await self.outbox.live_of_app(conn, app.app_id)

@@ -8,6 +8,8 @@ from typing import Any
 
 # What the overview counts as failing: a schedule whose latest firing shows one of these.
 FAILING = ("failed", "timed_out", "missed", "error", "cancelled")
+# The Task outcomes whose Results view names the outcome and the hub's error (a success shows its text only).
+UNSUCCESSFUL = ("failed", "timed_out", "cancelled", "unknown")
 
 
 def firing_state(outcome: str | None, admission: str | None) -> str:
@@ -94,7 +96,8 @@ class ScheduleCard:
 
 @dataclass(frozen=True, kw_only=True)
 class ResultPage:
-    """One firing's Task result: which firing with a Task (`page`, 0 = newest) of how many, and its text."""
+    """One firing's Task result: which firing with a Task (`page`, 0 = newest) of how many, its text, and the
+    error the hub recorded when the Task did not succeed."""
 
     schedule_id: str
     name: str
@@ -102,6 +105,7 @@ class ResultPage:
     pages: int
     firing: FiringLine | None = None
     text: str = ""
+    error: str = ""
 
 
 def failing(latest_first: list[Any]) -> int:

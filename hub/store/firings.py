@@ -230,3 +230,9 @@ class SqlFiringStore:
         stmt = (sa.select(firings).where(firings.c.schedule_id == schedule_id, firings.c.task_id.is_not(None))
                 .order_by(firings.c.nominal_time.desc()).offset(index).limit(1))
         return (await conn.execute(stmt)).first()
+
+    async def task_error(self, conn: Connection, firing_id: str) -> str | None:
+        """Return the error the hub recorded on the Task a firing admitted (None: no Task, or it has no error)."""
+        stmt = (sa.select(task_runs.c.error).select_from(firings.join(task_runs, task_runs.c.id == firings.c.task_id))
+                .where(firings.c.id == firing_id))
+        return (await conn.execute(stmt)).scalar()

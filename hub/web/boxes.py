@@ -18,7 +18,8 @@ from ..services.leases import BoxesPage, LeaseService
 COOKIE = "amux_boxes"
 COOKIE_MAX_AGE_S = SESSION_TTL_S
 HEADERS = {
-    "Content-Security-Policy": ("default-src 'none'; style-src 'unsafe-inline'; form-action 'none'; "
+    # form-action 'self': the one form, sign-out, posts here (a cross-site post carries no SameSite=Strict cookie)
+    "Content-Security-Policy": ("default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
                                 "frame-ancestors 'none'; base-uri 'none'"),
     "Cache-Control": "no-store",
     "Referrer-Policy": "no-referrer",
@@ -33,7 +34,11 @@ th{background:#f5f5f7;font-weight:600}code{font:12px ui-monospace,monospace;back
 .muted{color:#6e6e73}.warn{background:#fff4e5;border:1px solid #f5c26b;padding:.5rem .8rem;border-radius:6px}
 .unsandboxed{color:#a0522d;font-weight:600}#pages{margin:.6rem 0}#pages a{margin-right:1rem}
 .help{background:#f0f6ff;border:1px solid #c9defc;padding:.7rem 1rem;border-radius:6px}
+#signout{margin:0 0 .8rem}#signout button{font:inherit;padding:.1rem .6rem;cursor:pointer}
 """
+# Ends this browser's session only (POST /boxes/signout); nothing else on the page acts.
+SIGNOUT = '<form id="signout" method="post" action="/boxes/signout"><button type="submit">Sign out</button></form>'
+
 _EPOCH, _EPOCH_NAIVE = datetime(1970, 1, 1, tzinfo=timezone.utc), datetime(1970, 1, 1)
 NO_BOXES = '<span class="muted">none</span>'
 UNSANDBOXED_CELL = '<span class="unsandboxed">not sandboxed</span>'
@@ -117,10 +122,11 @@ def _box_rows(tasks: list[Any], boxes: list[Any], box_cells: dict[str, list[str]
 
 
 def render_page(caller: Caller, tasks: list[Any], boxes: list[Any], now: datetime, auto_close_s: float, *,
-                page: BoxesPage | None = None) -> str:
+                page: BoxesPage | None = None, signout: bool = False) -> str:
     """Render the Boxes page: tasks with holder, last activity and boxes; boxes with their task.
 
     With `page`, `tasks` and `boxes` are one page of them: the header counts every open task and links the pages.
+    With `signout` (a browser session signed the viewer in), the header carries the sign-out button.
     """
     n_tasks = page.open_tasks if page is not None else len(tasks)
     counts = f"{_plural(n_tasks, 'open task', 'open tasks')}, {_plural(len(boxes), 'box', 'boxes')}"
@@ -131,7 +137,7 @@ def render_page(caller: Caller, tasks: list[Any], boxes: list[Any], now: datetim
         '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Boxes · amux</title>',
         f'<meta name="viewport" content="width=device-width"><style>{STYLE}</style></head><body>',
         f'<h1>Boxes</h1><p class="muted">Signed in as <span id="principal">{escape(caller.principal)}</span> · '
-        f"{counts} · as of {_t(now)}</p>",
+        f"{counts} · as of {_t(now)}</p>{SIGNOUT if signout else ''}",
         _help(auto_close_s),
     ]
     if page.unsandboxed if page is not None else any(b.driver == "unsandboxed" for b in boxes):
@@ -227,7 +233,8 @@ def add_routes(app: web.Application, auth: AuthService, leases: LeaseService, cl
         except AmuxError as e:
             return web.Response(text=_message_page(e.message), content_type="text/html", status=e.status,
                                 headers=HEADERS)
-        html = render_page(caller, page.tasks, page.boxes, clock.now(), leases.settings.auto_close_quiet_s, page=page)
+        html = render_page(caller, page.tasks, page.boxes, clock.now(), leases.settings.auto_close_quiet_s, page=page,
+                           signout=not header)
         return web.Response(text=html, content_type="text/html", headers=HEADERS)
 
     async def signout(request: web.Request) -> web.Response:

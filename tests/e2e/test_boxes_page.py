@@ -101,7 +101,9 @@ async def test_the_boxes_page_shows_open_tasks_with_holder_activity_and_boxes_an
         assert "rift_task_close" in help_text and "rift_vm_destroy" in help_text
         assert "quiet for 4 hours closes itself" in help_text
 
-        assert await page.locator(ACTING).count() == 0  # no control that changes state
+        # no control that changes state: the one form ends this browser's session
+        assert await page.locator(f":is({ACTING}):not(#signout, #signout button)").count() == 0
+        assert await page.locator("#signout button").inner_text() == "Sign out"
         before = await hub.hub.leases.list(await hub.hub.auth.authenticate(made["alice_token"]))
         await page.reload()
         await page.mouse.click(10, 10)
@@ -122,3 +124,25 @@ async def test_the_boxes_page_needs_the_users_token(hub):
         resp = await page.goto(f"{hub.url}/boxes")
         assert resp.status == 200 and "No open tasks" in await page.inner_text("body")
         assert await page.inner_text("#principal") == "carol"
+        assert await page.locator("#signout").count() == 0       # no session of the page's own to end
+
+
+async def test_the_boxes_pages_sign_out_button_ends_the_session_and_the_page_then_asks_for_a_token(hub):
+    made = await seed(hub)
+    async with chromium() as browser:
+        ctx = await browser.new_context()
+        page = await ctx.new_page()
+        await page.goto(f"{hub.url}/boxes?token={made['alice_token']}")
+        session = next(c["value"] for c in await ctx.cookies() if c["name"] == "amux_boxes")
+        assert await page.locator("#tasks tbody tr").count() == 2
+        async with page.expect_navigation():
+            await page.click("#signout button")
+        assert page.url == f"{hub.url}/boxes"
+        body = await page.inner_text("body")
+        assert "Sign in to see your boxes." in body and "/boxes?token=<your token>" in body
+        assert await page.locator("#tasks").count() == 0
+        assert not any(c["name"] == "amux_boxes" for c in await ctx.cookies())
+        # the session is revoked at the hub, not only forgotten by this browser
+        await ctx.add_cookies([{"name": "amux_boxes", "value": session, "url": f"{hub.url}/boxes"}])
+        resp = await page.goto(f"{hub.url}/boxes")
+        assert resp.status == 401 and "Your Boxes session ended" in await page.inner_text("body")

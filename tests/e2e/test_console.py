@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import AsyncIterator
 
 import pytest
+import sqlalchemy as sa
 from aiohttp import web
 from playwright.async_api import Browser, Page, async_playwright
 
@@ -17,7 +18,8 @@ from hub.ids import new_id
 from hub.services.auth import Caller
 from hub.services.schedules import ScheduleSpec
 from hub.store.db import Database
-from hub.store.tables import identity_bindings, runtimes
+from bot.cards.base import card, markdown, same
+from hub.store.tables import identity_bindings, runtimes, schedules
 from tests.helpers import hub_settings
 
 CHROMIUM = "/usr/bin/chromium"
@@ -38,11 +40,11 @@ async def chromium() -> AsyncIterator[Browser]:
             await browser.close()
 
 
-@pytest.fixture
-async def console(sqlite_url: str, tmp_path: Path, clock: ManualClock):
+@contextlib.asynccontextmanager
+async def serve(sqlite_url: str, tmp_path: Path, clock: ManualClock, apps: list[FeishuAppSettings]):
+    """Run a hub with `apps` on a real port; yield (hub, url, admin token, user token)."""
     settings = hub_settings(sqlite_url, tmp_path)
-    settings.feishu.apps = [FeishuAppSettings(app_id="cli_demo", app_secret="s", verification_token="vt",
-                                              admin_open_id="ou_boss", base_url="http://127.0.0.1:9")]
+    settings.feishu.apps = apps
     hub = Hub(settings, Database(sqlite_url), clock)
     admin = await hub.auth.create_token("admin", admin=True)
     user = await hub.auth.create_token("someone")
@@ -57,9 +59,26 @@ async def console(sqlite_url: str, tmp_path: Path, clock: ManualClock):
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
-    yield hub, f"http://127.0.0.1:{port}", admin, user
-    await runner.cleanup()
-    await hub.db.close()
+    try:
+        yield hub, f"http://127.0.0.1:{port}", admin, user
+    finally:
+        await runner.cleanup()
+        await hub.db.close()
+
+
+@pytest.fixture
+async def console(sqlite_url: str, tmp_path: Path, clock: ManualClock):
+    app = FeishuAppSettings(app_id="cli_demo", app_secret="s", verification_token="vt", admin_open_id="ou_boss",
+                            base_url="http://127.0.0.1:9")
+    async with serve(sqlite_url, tmp_path, clock, [app]) as handle:
+        yield handle
+
+
+@pytest.fixture
+async def local_console(sqlite_url: str, tmp_path: Path, clock: ManualClock):
+    """A hub with no Feishu application: the console offers its own, cli_console (administrator ou_admin)."""
+    async with serve(sqlite_url, tmp_path, clock, []) as handle:
+        yield handle
 
 
 async def connect(page: Page, url: str, token: str, open_id: str) -> None:
@@ -125,3 +144,86 @@ async def test_console_runs_the_bot_through_the_same_handlers(console):
         await boss.locator("button", has_text="Alert center").click()
         await boss.locator("header", has_text="Alert center").wait_for()
         assert "No active incidents." in await boss.inner_text()
+
+
+async def principal_of(hub: Hub, open_id: str, app_id: str = "cli_demo") -> Caller:
+    async with hub.db.read() as conn:
+        pid = (await conn.execute(sa.select(identity_bindings.c.principal_id).where(
+            identity_bindings.c.open_id == open_id))).scalar()
+    return Caller(pid, f"feishu:{app_id}:{open_id}", "t", "feishu", False)
+
+
+async def test_the_console_renders_card_markdown_code_links_and_lists_and_user_text_stays_text(console):
+    hub, url, admin, _user = console
+    async with chromium() as browser:
+        page = await browser.new_page()
+        await connect(page, url, admin, "ou_alice")
+        await send(page, "/amux")
+        alice = await principal_of(hub, "ou_alice")
+        evil = "<script>window.pwned=1</script> **not bold** [x](javascript:alert(1)) `nope`"
+        s = await hub.schedules.create(alice, ScheduleSpec(prompt="say hi", rule="every 1h", name=evil))
+        async with hub.db.write() as conn:      # one firing, so the overview lists its latest outcome
+            await conn.execute(schedules.update().where(schedules.c.id == s["schedule_id"])
+                               .values(next_fire_at=hub.clock.now()))
+        assert await hub.schedule_firing.fire_due() == 1
+
+        await send(page, "/amux")                                   # a list: the latest outcomes
+        overview = page.locator(".card").last
+        item = overview.locator(".md ul li").first
+        assert evil in await item.inner_text()                      # the bot's escaped user text, shown as typed
+        await overview.locator("button", has_text="Personal schedules").click()
+        await overview.locator("header", has_text="Personal schedules").wait_for()
+        assert await overview.locator(".md code").all_inner_texts() == ["every 1h"]   # `code`
+        assert evil in await overview.inner_text()
+        # nothing of the user's text became markup: no script ran, no bold, link or code was made of it
+        assert await page.evaluate("window.pwned") is None
+        assert await overview.locator(".md script, .md a, .md strong strong").count() == 0
+        assert await overview.locator(".md strong").all_inner_texts() == [evil]   # the name is bold, as typed
+
+        await send(page, "/amux login")                             # [a link](url)
+        link = page.locator(".card").last.locator(".md a")
+        assert await link.inner_text() == "open the link"
+        href = await link.get_attribute("href")
+        assert href.startswith("http") and "/oauth/login?code=" in href
+        assert await link.get_attribute("rel") == "noopener noreferrer"
+
+        # the rest of what Feishu renders, in a card of the bot's own building blocks
+        md = ("**bold** and *italic* and ~~gone~~ and `a < b`\n```\nfor i in x:\n    print(\"<b>\")\n```\n"
+              "1. first\n2. second\n- [ok](https://applink.feishu.cn/client/chat/open) "
+              "[bad](javascript:alert(1)) [ftp](ftp://example.com/x)\n\\<script\\>x\\</script\\> \\*plain\\*")
+        doc = card(same("Demo"), [markdown(same(md))])
+        await page.evaluate("(c) => cardBox(c, 'om_demo')", doc)
+        demo = page.locator(".card").last
+        assert await demo.locator(".md strong").inner_text() == "bold"
+        assert await demo.locator(".md em").inner_text() == "italic"
+        assert await demo.locator(".md del").inner_text() == "gone"
+        assert await demo.locator(".md p code").inner_text() == "a < b"
+        assert await demo.locator(".md pre code").inner_text() == 'for i in x:\n    print("<b>")'
+        assert await demo.locator(".md ol li").all_inner_texts() == ["first", "second"]
+        links = demo.locator(".md ul li a")
+        assert await links.count() == 1 and await links.get_attribute("href") == \
+            "https://applink.feishu.cn/client/chat/open"
+        text = await demo.locator(".md").inner_text()
+        assert "[bad](javascript:alert(1))" in text and "[ftp](ftp://example.com/x)" in text
+        assert "<script>x</script> *plain*" in text and await demo.locator(".md em").count() == 1
+        assert await page.evaluate("window.pwned") is None
+
+
+async def test_recheck_in_the_console_answers_for_the_consoles_own_application(local_console):
+    hub, url, admin, _user = local_console
+    async with chromium() as browser:
+        page = await browser.new_page()
+        await connect(page, url, admin, "ou_admin")
+        assert await page.locator("#app option").all_inner_texts() == ["cli_console (admin ou_admin)"]
+        await send(page, "/amux")
+        center = page.locator(".card").last
+        await center.locator("button", has_text="Alert center").click()
+        await center.locator("header", has_text="Alert center").wait_for()
+        assert "Delivery: ok" in await center.inner_text()
+        await page.evaluate("document.getElementById('toast').textContent = ''")
+        await center.locator("button", has_text="Recheck delivery").click()
+        await page.locator("#toast:not(:empty)").wait_for()
+        assert await page.inner_text("#toast") == "Delivery rechecked"
+        assert "Delivery: ok" in await center.inner_text()
+    answer = await hub.alerts.recheck("cli_console")               # the same real answer the button got
+    assert answer["delivery_state"] == "ok" and answer["diagnostic"] is None

@@ -182,6 +182,41 @@ def test_results_split_keeps_every_part_under_the_limit():
                                   TR))
 
 
+def _failure_text(v: ResultsView) -> dict[str, str]:
+    card = render_results(v, TR)
+    check_card(card)
+    md = [e["i18n_content"] for e in card["body"]["elements"] if "Outcome" in e.get("content", "")]
+    return md[0] if md else {}
+
+
+@pytest.mark.parametrize(("state", "error", "en", "zh"), [
+    # the outcome word from the catalog; the error in the hub's words, escaped as user text
+    ("failed", "exit 2: <at id=all></at> *x*",
+     "**Outcome**: failed\n**Error**: exit 2: \\<at id=all\\>\\</at\\> \\*x\\*",
+     "**结果**：失败\n**错误**：exit 2: \\<at id=all\\>\\</at\\> \\*x\\*"),
+    ("timed_out", "ran past 600 s",
+     "**Outcome**: timed out\n**Error**: ran past 600 s", "**结果**：超时\n**错误**：ran past 600 s"),
+    # no error recorded: said so, in the person's language
+    ("cancelled", "", "**Outcome**: cancelled\nThe hub recorded no error for this run.",
+     "**结果**：已取消\n本次运行没有记录错误。"),
+])
+def test_an_unsuccessful_runs_results_card_names_the_outcome_and_the_error(state: str, error: str, en: str, zh: str):
+    text = _failure_text(ResultsView(schedule_id="sch_1", name="n", page=0, pages=1, part=0, parts=1,
+                                     firing=Outcome("n", None, state), error=error))
+    assert text == {"en_us": en, "zh_cn": zh}
+
+
+def test_a_successful_runs_results_card_has_no_failure_and_a_long_error_is_cut():
+    assert _failure_text(ResultsView(schedule_id="sch_1", name="n", page=0, pages=1, part=0, parts=1,
+                                     firing=Outcome("n", None, "succeeded"), error="ignored")) == {}
+    text = _failure_text(ResultsView(schedule_id="sch_1", name="n", page=0, pages=1, part=0, parts=1,
+                                     firing=Outcome("n", None, "failed"), text="x" * 9000, error="<" * 50_000))
+    assert text["en_us"].endswith("\\<" * 1000 + "…")
+    # the widest error (CJK, three bytes a character) beside the fullest part still fits one card
+    _failure_text(ResultsView(schedule_id="sch_1", name="n", page=0, pages=1, part=0, parts=1,
+                              firing=Outcome("n", None, "failed"), text="<" * 4500, error="错" * 50_000))
+
+
 @pytest.mark.parametrize("value", [
     None, "x", {"p": "alert", "v": 1, "op": "ack"}, {"p": "amux", "v": 2, "op": "overview"},
     {"p": "amux", "v": 1, "op": "rm -rf"}, {"p": "amux", "v": 1, "op": "pause"},
