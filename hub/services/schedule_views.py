@@ -90,6 +90,7 @@ class ScheduleCard:
     notify: str
     deleted: bool
     recent: tuple[FiringLine, ...] = ()
+    overlap: str = "allow"
 
 
 @dataclass(frozen=True, kw_only=True)
