@@ -9,8 +9,12 @@ import sys
 UPDATE_CHOICES = (("--profile", "profile"), ("--runtime", "runtime"), ("--model", "model"),
                   ("--effort", "reasoning_effort"), ("--policy", "permission_policy"),
                   ("--credential", "credential_profile"))
-UPDATE_FIELDS = ("name", "prompt", "rule", "timezone", "session_ref", "timeout_s", "extra_args", "notify") + tuple(
+UPDATE_FIELDS = ("name", "prompt", "rule", "timezone", "session_ref", "timeout_s", "extra_args", "notify",
+                 "overlap") + tuple(
     dest for _, dest in UPDATE_CHOICES)
+OVERLAP = ["allow", "skip", "replace"]
+OVERLAP_HELP = ("subtask schedules: a fire while the previous Task is unfinished — allow (default) admits anyway, "
+                "skip admits nothing, replace cancels it then admits")
 
 
 def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # noqa: ANN001
@@ -21,7 +25,9 @@ def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # 
     client_opts(c)
     c.add_argument("session_ref", nargs="?",
                    help="session id or name (default $AMUX_SESSION_ID); omit with --type subtask")
-    c.add_argument("--rule", required=True, help='"*/5 * * * *" | "every 30s|5m|2h" | "at 2026-12-01T09:00:00+08:00"')
+    c.add_argument("--rule", required=True,
+                   help='"*/5 * * * *" | "@daily" (@hourly @weekly @monthly @yearly) | "every 30s|5m|2h" | '
+                        '"at 2026-12-01T09:00:00+08:00"')
     c.add_argument("--prompt", help="what each firing asks ('-' or omitted: read stdin)")
     c.add_argument("--name")
     c.add_argument("--tz", dest="timezone", help="IANA timezone (default: the hub's)")
@@ -36,6 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # 
     c.add_argument("--arg", dest="extra_args", action="append", help="native engine argument (repeatable)")
     c.add_argument("--notify", choices=["failures", "all", "none"],
                    help="which outcomes reach the Feishu administrator (default failures)")
+    c.add_argument("--overlap", choices=OVERLAP, help=OVERLAP_HELP)
     up = sub.add_parser("update", help="change given fields of a schedule (\"\" clears an execution choice)")
     client_opts(up)
     up.add_argument("id")
@@ -50,6 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # 
     up.add_argument("--arg", dest="extra_args", action="append",
                     help="native engine argument, repeatable (replaces the saved ones)")
     up.add_argument("--notify", choices=["failures", "all", "none"])
+    up.add_argument("--overlap", choices=OVERLAP, help=OVERLAP_HELP)
     nt = sub.add_parser("notify", help="choose which outcomes reach the Feishu administrator")
     client_opts(nt)
     nt.add_argument("id")
@@ -67,7 +75,9 @@ def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # 
 
 def _line(s: dict) -> str:
     state = "paused" if s["paused"] else ("consumed" if s["consumed"] else f"next {s['next_fire_at']}")
-    return f"{s['schedule_id']}  {s['schedule_type']:<14} {s['rule']!r:<22} {s['timezone']:<16} {state}  {s['name']}"
+    overlap = f"  overlap={s['overlap']}" if s.get("overlap", "allow") != "allow" else ""
+    return (f"{s['schedule_id']}  {s['schedule_type']:<14} {s['rule']!r:<22} {s['timezone']:<16} {state}  {s['name']}"
+            + overlap)
 
 
 async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
@@ -79,7 +89,8 @@ async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
         body = {k: getattr(args, k) for k in ("rule", "name", "timezone", "schedule_type", "profile", "runtime",
                                               "model",
                                                "reasoning_effort", "permission_policy", "credential_profile",
-                                               "timeout_s", "extra_args", "notify") if getattr(args, k) is not None}
+                                               "timeout_s", "extra_args", "notify", "overlap")
+                if getattr(args, k) is not None}
         body["prompt"] = prompt
         if args.schedule_type == "session-prompt":
             body["session_ref"] = args.session_ref or os.environ.get("AMUX_SESSION_ID")

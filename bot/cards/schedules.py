@@ -52,6 +52,8 @@ def render_list(v: ScheduleListView, tr: Catalogs) -> dict[str, Any]:
 
 NOTIFY_MODES = ("failures", "all", "none")   # CardAction(op="notify", sub=index) picks one
 NOTIFY_LABELS = {"failures": _("failures only"), "all": _("every run"), "none": _("off")}
+OVERLAP_LABELS = {"allow": _("allowed (runs may overlap)"), "skip": _("skip while the previous run is unfinished"),
+                  "replace": _("cancel the unfinished previous run and replace it")}
 NOTIFY_BUTTONS = {"failures": _("Notify failures only"), "all": _("Notify every run"), "none": _("Notifications off")}
 
 
@@ -68,6 +70,10 @@ def render_detail(v: ScheduleDetailView, tr: Catalogs) -> dict[str, Any]:
     lines.append(tr.text(_("**Notifications**: {mode}"), mode=""))
     mode = tr.text(NOTIFY_LABELS.get(v.notify, NOTIFY_LABELS["failures"]))
     lines[-1] = {lang: lines[-1][lang] + mode[lang] for lang in mode}
+    if v.schedule_type == "subtask":  # only a subtask schedule has a previous Task to overlap
+        lines.append(tr.text(_("**Overlap**: {mode}"), mode=""))
+        overlap = tr.text(OVERLAP_LABELS.get(v.overlap, OVERLAP_LABELS["allow"]))
+        lines[-1] = {lang: lines[-1][lang] + overlap[lang] for lang in overlap}
     elements: list[dict[str, Any]] = [markdown(join(*lines))]
     if v.recent:
         elements.append(markdown(join(tr.text(_("**Last outcomes**")),

@@ -65,6 +65,7 @@ class ScheduleDetailView:
     recent: tuple[Outcome, ...] = ()
     notice: str | None = None   # msgid shown above the controls (e.g. after an action)
     notify: str = "failures"    # the creator's notification preference: failures | all | none
+    overlap: str = "allow"      # a fire while the previous Task is unfinished: allow | skip | replace
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -46,7 +46,7 @@ async def _detail_card(ctx: Ctx, schedule_id: str, notice: str | None = None) ->
     view = ScheduleDetailView(schedule_id=s.schedule_id, name=s.name, rule=s.rule, timezone=s.timezone,
                               schedule_type=s.schedule_type, paused=s.paused,
                               next_fire_at=_iso(s.next_fire_at), recent=tuple(_outcome(f) for f in s.recent),
-                              notice=notice, notify=s.notify)
+                              notice=notice, notify=s.notify, overlap=s.overlap)
     return render_detail(view, ctx.tr)
 
 

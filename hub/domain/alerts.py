@@ -24,6 +24,7 @@ TROUBLE = {"failed": "failure", "timed_out": "failure", "missed": "missed", "unk
 
 # Decision codes: why an outcome did or did not produce a notice (the decision log's vocabulary).
 DECISIONS = {
+    "overlap_skipped": "the previous run was still unfinished (overlap = skip): admission, not an outcome",
     "no_creator": "the schedule has no attributable creator: no proactive notice",
     "no_app": "no Feishu application is attributable to the schedule (creator has no single active binding)",
     "quiet_success": "recurring success is quiet",
@@ -121,7 +122,8 @@ class Step:
 
 
 def classify(o: Outcome) -> str:
-    """Return success | failure | missed | unknown | cancelled; a refused dispatch is a failure."""
+    """Return success | failure | missed | unknown | cancelled; a refused dispatch is a failure (`on_outcome` sets
+    an overlap skip apart first: it is not refused, the previous run is still going)."""
     if o.outcome is None:
         return "failure"
     if o.outcome == "succeeded":
@@ -137,6 +139,8 @@ def _label(o: Outcome) -> str:
 
 def on_outcome(inc: Incident | None, o: Outcome, now: datetime, n: Numbers) -> Step:
     """Apply one outcome to the schedule's active incident (None when it has none)."""
+    if o.outcome is None and o.admission == "skipped:overlap":  # neither a failure nor a missed run
+        return Step(inc, (), "overlap_skipped")
     if not o.has_creator:
         return Step(inc, (), "no_creator")
     if not o.has_app:

@@ -22,8 +22,15 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from ..errors import Invalid
 
-EXAMPLES = ('cron (5 fields) "*/5 * * * *", interval "every 30s" / "every 5m" / "every 2h", '
+EXAMPLES = ('cron (5 fields) "*/5 * * * *" or a macro "@daily", interval "every 30s" / "every 5m" / "every 2h", '
             'one-shot "at 2026-12-01T09:00:00+08:00"')
+# Cron macros (crontab(5)), matched on the local wall clock of the schedule's timezone like any cron rule. Weekdays
+# by name: APScheduler 3 numbers them from Monday = 0, crontab from Sunday = 0.
+MACROS = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *", "@weekly": "0 0 * * sun",
+          "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *"}
+REBOOT = ("rule \"@reboot\" has no durable meaning here: the hub runs on several replicas that restart independently, "
+          "and a schedule fires by the clock, not by a process start; use a time rule such as \"@daily\" or "
+          "\"every 1h\", or an \"at <time>\" rule for a one-off")
 _EVERY = re.compile(r"^every\s+(\d+)\s*([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _TICK = timedelta(microseconds=1)
@@ -99,6 +106,8 @@ def parse(text: str, tz_name: str) -> Rule:
             return Rule(text=s, kind="at", tz=tz, at=when.astimezone(timezone.utc))
         except OverflowError as e:  # year 1 or 9999 shifted across UTC
             raise Invalid(f"rule {text!r} is out of the range of dates; pick a time between years 2 and 9998") from e
+    if low.startswith("@"):
+        return _macro(text, low, tz)
     fields = s.split(" ")
     if len(fields) != 5:
         raise Invalid(f"rule {text!r} is not a rule; write one of: {EXAMPLES}")
@@ -107,6 +116,15 @@ def parse(text: str, tz_name: str) -> Rule:
     except ValueError as e:
         raise Invalid(f"rule {text!r} is not a valid cron expression ({e}); write one of: {EXAMPLES}") from e
     return Rule(text=s, kind="cron", tz=tz, cron=trigger)
+
+
+def _macro(text: str, low: str, tz: ZoneInfo) -> Rule:
+    """Parse a cron macro (`@daily`, …); `@reboot` and unknown macros are refused naming why."""
+    if low == "@reboot":
+        raise Invalid(REBOOT)
+    if low not in MACROS:
+        raise Invalid(f"rule {text!r} is not a cron macro; use one of {', '.join(MACROS)}, or write one of: {EXAMPLES}")
+    return Rule(text=low, kind="cron", tz=tz, cron=CronTrigger.from_crontab(MACROS[low], timezone=timezone.utc))
 
 
 def _exists(wall: datetime, tz: ZoneInfo) -> bool:

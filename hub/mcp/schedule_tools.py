@@ -45,6 +45,7 @@ class ScheduleView(BaseModel):
     credential_profile: str | None = None
     timeout_s: float | None = None
     notify: str = "failures"
+    overlap: str = "allow"
     creator: str | None = None
     creator_id: str | None = None
     app_id: str | None = None
@@ -116,14 +117,17 @@ def schedule_tools(service: ScheduleService):  # noqa: ANN201
                                   runtime: str | None = None, model: str | None = None,
                                   extra_args: list[str] | None = None, permission_policy: str | None = None,
                                   reasoning_effort: str | None = None, credential_profile: str | None = None,
-                                  timeout_s: float | None = None, notify: str | None = None) -> ScheduleView:
-            """Create a schedule. rule: cron "*/5 * * * *", interval "every 30s|5m|2h",
-            one-shot "at 2026-12-01T09:00:00+08:00".
+                                  timeout_s: float | None = None, notify: str | None = None,
+                                  overlap: str | None = None) -> ScheduleView:
+            """Create a schedule. rule: cron "*/5 * * * *" or "@hourly|@daily|@weekly|@monthly|@yearly",
+            interval "every 30s|5m|2h", one-shot "at 2026-12-01T09:00:00+08:00".
 
             schedule_type "subtask" (default) submits a child Task at each fire; "session-prompt" submits the prompt
             into session_ref (session_list finds one; omitted: the caller's own Session, for an agent inside one).
             Omitted execution choices are resolved at each fire; escalate-to-main is refused.
             notify: which outcomes reach the Feishu administrator — "failures" (default), "all" or "none".
+            overlap (subtask only): a fire while this schedule's previous Task is unfinished — "allow" (default:
+            admit anyway), "skip" (admit nothing; history shows skipped:overlap), "replace" (cancel it, then admit).
             """
             caller = caller_of(ctx)
             ref = session_ref_of(caller, schedule_type, session_ref)
@@ -131,7 +135,7 @@ def schedule_tools(service: ScheduleService):  # noqa: ANN201
                                 session_ref=ref, profile=profile, runtime=runtime, model=model,
                                 reasoning_effort=reasoning_effort, extra_args=extra_args,
                                 permission_policy=permission_policy, credential_profile=credential_profile,
-                                timeout_s=timeout_s, notify=notify)
+                                timeout_s=timeout_s, notify=notify, overlap=overlap)
             return ScheduleView(**await guarded(lambda: service.create(caller, spec, source="mcp")))
 
         @server.tool()
@@ -152,16 +156,18 @@ def schedule_tools(service: ScheduleService):  # noqa: ANN201
                                   runtime: str | None = None, model: str | None = None,
                                   extra_args: list[str] | None = None, permission_policy: str | None = None,
                                   reasoning_effort: str | None = None, credential_profile: str | None = None,
-                                  timeout_s: float | None = None, notify: str | None = None) -> ScheduleView:
+                                  timeout_s: float | None = None, notify: str | None = None,
+                                  overlap: str | None = None) -> ScheduleView:
             """Change given fields ("" clears an execution choice back to the default); a new rule restarts from now.
 
             notify: "failures" | "all" | "none" (which outcomes reach the Feishu administrator).
+            overlap: "allow" | "skip" | "replace" (a fire while the previous Task is unfinished; subtask only).
             """
             spec = ScheduleSpec(name=name, prompt=prompt, rule=rule, timezone=timezone, schedule_type=None,
                                 session_ref=session_ref, profile=profile, runtime=runtime, model=model,
                                 reasoning_effort=reasoning_effort, extra_args=extra_args,
                                 permission_policy=permission_policy, credential_profile=credential_profile,
-                                timeout_s=timeout_s, notify=notify)
+                                timeout_s=timeout_s, notify=notify, overlap=overlap)
             return ScheduleView(**await guarded(lambda: service.update(caller_of(ctx), schedule_id, spec)))
 
         @server.tool()

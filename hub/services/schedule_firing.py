@@ -3,9 +3,12 @@
 Fire: claim a batch of due schedules with one statement (`FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite is
 single-process) → in ONE transaction insert the batch's firing rows and advance its rules (one executemany each)
 → commit → dispatch (admit the Tasks, resolving admission once per distinct creator and choices in the batch /
-submit a Turn) → in one transaction insert the Tasks and record each admission and correlation. A firing whose
-dispatch result was never recorded (the hub died after the commit) is marked `unknown` by the reconciler after
-`unknown_after_s`; it is never replayed. `firing_workers` loops per replica claim apart exactly as replicas do.
+submit a Turn) → in one transaction insert the Tasks and record each admission and correlation. A subtask schedule's
+`overlap` decides a fire while a Task an earlier fire admitted is unfinished: `allow` admits it anyway, `skip` admits
+nothing (`skipped:overlap`), `replace` cancels the earlier Task through Task cancellation, then admits it.
+A firing whose dispatch result was never recorded (the hub died after the commit) is marked `unknown` by the
+reconciler after `unknown_after_s`; it is never replayed. `firing_workers` loops per replica claim apart exactly as
+replicas do.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from ..store.db import Connection, Database, Row, StoreError
 from ..store.firings import DispatchResult, NewFiring, SqlFiringStore
 from .admission import Admission
 from .auth import Caller
-from .schedule_ports import FiringOutcome, NullOutcomeSink, OutcomeSink, SessionPort
+from .schedule_ports import FiringOutcome, NullOutcomeSink, OutcomeSink, SessionPort, TaskPort
 from .schedules import submit_request
 
 log = logging.getLogger(__name__)
@@ -38,6 +41,7 @@ def _rule(text: str, tz: str) -> rules.Rule:
     return rules.parse(text, tz)
 
 
+SKIPPED_OVERLAP = "skipped:overlap"  # overlap = skip while the previous Task is unfinished: admission, not an outcome
 ADMIT_ATTEMPTS = 4  # tries of a batch's admission reads before the round fails (0.2 + 0.4 + 0.8 s between)
 
 
@@ -50,6 +54,7 @@ class Due:
     nominal: datetime
     result: tuple[str, str | None, str | None] | None = None  # (admission, task_id, turn_id)
     task_row: dict | None = None
+    replaces: tuple[str, ...] = ()  # overlap = replace: the unfinished Tasks to cancel before this one is admitted
 
 
 def _reason(e: BaseException) -> str:
@@ -62,8 +67,10 @@ class ScheduleFiring:
 
     def __init__(self, db: Database, clock: Clock, settings: SchedulesSettings, admission: Admission,
                  sessions: SessionPort | None = None, sink: OutcomeSink | None = None,
-                 on_admitted: Callable[[], None] | None = None, kicked: asyncio.Event | None = None) -> None:
+                 on_admitted: Callable[[], None] | None = None, kicked: asyncio.Event | None = None,
+                 tasks: TaskPort | None = None) -> None:
         self.db = db
+        self.tasks = tasks  # cancels the previous Task of an `overlap = replace` schedule
         self.clock = clock
         self.settings = settings
         self.admission = admission
@@ -162,6 +169,8 @@ class ScheduleFiring:
         for d in due:
             if d.result is None and d.schedule.type == "session-prompt":
                 await self._submit_turn(d, callers[d.schedule.id])
+            elif d.replaces and d.result is not None and d.result[0] == "ok":
+                await self._replace(d, callers[d.schedule.id])
         await self._record(due, now)
 
     async def _admit_all(self, conn: Connection, due: list[Due], callers: dict[str, Caller], now: datetime) -> None:
@@ -169,13 +178,19 @@ class ScheduleFiring:
         like a Task submission with origin "schedule" (resolved once per distinct creator and choices in the
         batch); fresh on each attempt (the reads may be run again)."""
         online = await self.store.online_runtimes(conn)
+        busy = await self.store.unfinished_tasks(conn, [d.schedule.id for d in due if d.schedule.type == "subtask"
+                                                        and d.schedule.overlap != "allow"])
         subtasks: list[tuple[Due, Caller]] = []
         for d in due:
-            d.result, d.task_row = None, None
+            d.result, d.task_row, d.replaces = None, None, ()
             caller = callers.get(d.schedule.id)
+            unfinished = tuple(busy.get(d.schedule.id, ()))
             if caller is None:
                 d.result = ("error:the schedule has no attributable creator; recreate it", None, None)
+            elif d.schedule.type == "subtask" and unfinished and d.schedule.overlap == "skip":
+                d.result = (SKIPPED_OVERLAP, None, None)
             elif d.schedule.type == "subtask":
+                d.replaces = unfinished if d.schedule.overlap == "replace" else ()
                 subtasks.append((d, caller))
         reqs = [(caller, submit_request(d.schedule)) for d, caller in subtasks]
         snaps = await self.admission.freeze_many(conn, reqs, origin="schedule")
@@ -196,6 +211,21 @@ class ScheduleFiring:
             d.task_row = {"id": task_id, "owner_id": caller.principal_id, "name": req.name, "prompt": req.prompt,
                           "snapshot": snap, "status": Status.QUEUED.value, "attempt": 0, "event_seq": 0,
                           "last_rseq": 0, "created_at": now}
+
+    async def _replace(self, d: Due, caller: Caller) -> None:
+        """Cancel the previous unfinished Tasks of an `overlap = replace` schedule (the cancellation `task_cancel`
+        uses: at once when not started, else through its runner), before this fire's Task is admitted; when one is
+        refused, this fire admits nothing (never two Tasks where one was asked for)."""
+        for task_id in d.replaces:
+            try:
+                if self.tasks is None:
+                    raise RuntimeError("Task cancellation is not wired into this hub")
+                await self.tasks.cancel(caller, task_id)
+            except Exception as e:  # noqa: BLE001 — a refusal is this fire's admission status, never a crash
+                text = e.message if isinstance(e, AmuxError) else f"{type(e).__name__}: {e}"
+                d.result, d.task_row = (f"error:the previous Task {task_id} could not be cancelled (overlap = "
+                                        f"replace), so no new one was admitted: {text}"[:500], None, None), None
+                return
 
     async def _submit_turn(self, d: Due, caller: Caller) -> None:
         if self.sessions is None:

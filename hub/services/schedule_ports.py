@@ -1,4 +1,5 @@
-"""The schedule feature's seams: Sessions (session-prompt delivery) and the outcome feed (alerts)."""
+"""The schedule feature's seams: Sessions (session-prompt delivery), Task cancellation (overlap = replace) and the
+outcome feed (alerts)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,8 +16,8 @@ class FiringOutcome:
     """A firing's outcome was reconciled (or, for a refused dispatch, its admission was recorded).
 
     `outcome` is one of OUTCOMES; it is None only when the dispatch was refused (`admission` is then
-    `skipped:offline` or `error:<reason>`), which is not an execution outcome. `creator_id` None means
-    the schedule has no attributable creator: it gets no proactive notifications.
+    `skipped:offline`, `skipped:overlap` or `error:<reason>`), which is not an execution outcome. `creator_id` None
+    means the schedule has no attributable creator: it gets no proactive notifications.
     """
 
     schedule_id: str
@@ -74,3 +75,11 @@ class SessionPort(Protocol):
 
     async def turn_outcome(self, turn_id: str) -> str | None:
         """Return the turn's canonical terminal outcome (succeeded|failed|cancelled|timed_out), None while running."""
+
+
+class TaskPort(Protocol):
+    """What schedules need from Tasks: the cancellation a person's `task_cancel` uses (overlap = replace)."""
+
+    async def cancel(self, caller: Caller, task_id: str) -> dict:
+        """Cancel `caller`'s Task: at once when it has not started, else through its runner (which finishes it
+        cancelled); a finished Task is left as it is. Raise AmuxError when the Task is not the caller's."""

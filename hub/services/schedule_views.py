@@ -92,6 +92,7 @@ class ScheduleCard:
     notify: str
     deleted: bool
     recent: tuple[FiringLine, ...] = ()
+    overlap: str = "allow"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,6 +28,9 @@ TYPES = ("subtask", "session-prompt")
 CHOICES = ("profile", "runtime", "model", "reasoning_effort", "extra_args", "permission_policy",
            "credential_profile", "timeout_s")
 NOTIFY = ("failures", "all", "none")
+OVERLAP = ("allow", "skip", "replace")
+OVERLAP_SESSION = ("overlap applies to subtask schedules: a session-prompt's Turns already queue in their Session one "
+                   "after another; omit overlap (or pass \"allow\"), or use schedule_type \"subtask\"")
 NO_SESSIONS = ("session-prompt schedules need Sessions, which this hub does not offer yet; "
                "use schedule_type \"subtask\" (the default) to submit a child Task instead")
 
@@ -51,6 +54,7 @@ class ScheduleSpec:
     credential_profile: str | None = None
     timeout_s: float | None = None
     notify: str | None = None   # failures (default) | all | none: which outcomes reach the administrator
+    overlap: str | None = None  # allow (default) | skip | replace: a fire while the previous Task is unfinished
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ScheduleSpec":
@@ -143,6 +147,10 @@ class ScheduleService:
             raise Invalid("prompt is empty; pass what each firing should ask as `prompt`")
         if s.notify is not None and s.notify not in NOTIFY:
             raise Invalid(f"notify {s.notify!r} is unknown; use \"failures\" (default), \"all\" or \"none\"")
+        if s.overlap is not None and s.overlap not in OVERLAP:
+            raise Invalid(f"overlap {s.overlap!r} is unknown; use \"allow\" (default: every fire admits its Task), "
+                          "\"skip\" (no new Task while the previous one is unfinished) or \"replace\" (cancel it, "
+                          "then admit the new one)")
         rule = rules.parse(s.rule, s.timezone)
         rules.check_min_interval(rule, self.settings.min_interval_s)
         first = rules.first_fire(rule, now, anchor)
@@ -151,6 +159,8 @@ class ScheduleService:
         if s.schedule_type == "session-prompt":
             if self.sessions is None:
                 raise Invalid(NO_SESSIONS)
+            if s.overlap not in (None, "allow"):
+                raise Invalid(OVERLAP_SESSION)
             given = [k for k in CHOICES if getattr(s, k) not in (None, [])]
             if given:
                 raise Invalid(f"a session-prompt uses its Session's execution settings; omit {', '.join(given)} "
@@ -185,6 +195,7 @@ class ScheduleService:
         values = {k: getattr(spec, k) for k in ("name", "prompt", "rule", "timezone", "session_ref") + CHOICES}
         values["rule"] = rules.parse(spec.rule, spec.timezone).text
         values["notify"] = spec.notify or "failures"
+        values["overlap"] = spec.overlap or "allow"
         async with self.db.write() as conn:
             provenance = provenance_of(caller, source)
             binding_id, app_id = await self.turn_attribution(conn, caller, provenance)
@@ -203,7 +214,7 @@ class ScheduleService:
         async with self.db.read() as conn:
             row = await self.access.schedule(conn, caller, schedule_id)
         merged = ScheduleSpec(schedule_type=row.type, **{k: getattr(row, k) for k in
-                              ("name", "prompt", "rule", "timezone", "session_ref", "notify") + CHOICES})
+                              ("name", "prompt", "rule", "timezone", "session_ref", "notify", "overlap") + CHOICES})
         changed = {}
         for f in fields(ScheduleSpec):
             value = getattr(spec, f.name)
@@ -217,7 +228,8 @@ class ScheduleService:
         if not changed:
             raise Invalid("nothing to update; pass at least one field to change")
         first = await self._validate(caller, merged, now, utc(row.created_at))
-        values = {k: getattr(merged, k) for k in ("name", "prompt", "timezone", "session_ref", "notify") + CHOICES}
+        values = {k: getattr(merged, k) for k in ("name", "prompt", "timezone", "session_ref", "notify", "overlap")
+                  + CHOICES}
         values["rule"] = rules.parse(merged.rule, merged.timezone).text
         if {"rule", "timezone"} & set(changed):
             values["next_fire_at"] = None if row.paused else first
@@ -280,6 +292,7 @@ class ScheduleService:
             "schedule_id": row.id, "name": row.name, "schedule_type": row.type, "session_ref": row.session_ref,
             "prompt": row.prompt, "rule": row.rule, "timezone": row.timezone, "one_shot": one_shot,
             "paused": row.paused, "next_fire_at": iso(row.next_fire_at), "notify": row.notify,
+            "overlap": row.overlap,
             "consumed": one_shot and row.next_fire_at is None and not row.paused,
             **{k: getattr(row, k) for k in CHOICES},
             "creator": creator, "creator_id": row.creator_id, "app_id": row.app_id,
@@ -337,7 +350,7 @@ class ScheduleService:
             fired = await self.firings.recent(conn, [row.id], limit=recent) if recent else []
         return ScheduleCard(schedule_id=row.id, name=row.name, rule=row.rule, timezone=row.timezone,
                             schedule_type=row.type, paused=row.paused, next_fire_at=row.next_fire_at,
-                            notify=row.notify, deleted=row.deleted_at is not None,
+                            notify=row.notify, overlap=row.overlap, deleted=row.deleted_at is not None,
                             recent=tuple(firing_line(f, row.name) for f in fired))
 
     async def result_page(self, caller: Caller, schedule_id: str, page: int) -> ResultPage:

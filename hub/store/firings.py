@@ -15,7 +15,7 @@ from typing import Any, Collection, Sequence
 import sqlalchemy as sa
 
 from ..domain.states import RuntimeStatus
-from ..domain.tasks import OUTCOMES as TASK_OUTCOMES
+from ..domain.tasks import ACTIVE as TASK_ACTIVE, OUTCOMES as TASK_OUTCOMES
 from .db import Connection, Database, Row
 from .tables import firings, legacy_submissions, principals, runtimes, schedules, task_runs
 
@@ -142,6 +142,20 @@ class SqlFiringStore:
         """Return the name and capabilities of every runtime online now (where a scheduled Task may be admitted)."""
         stmt = sa.select(runtimes.c.name, runtimes.c.capabilities).where(runtimes.c.status == RuntimeStatus.ONLINE)
         return list((await conn.execute(stmt)).all())
+
+    async def unfinished_tasks(self, conn: Connection, schedule_ids: Collection[str]) -> dict[str, list[str]]:
+        """Return, for each of these schedules that has any, the ids of the Tasks its firings admitted that are not
+        finished yet (queued, dispatched or running), oldest fire first (what an overlap policy looks at)."""
+        if not schedule_ids:
+            return {}
+        stmt = (sa.select(firings.c.schedule_id, firings.c.task_id).join(task_runs, task_runs.c.id == firings.c.task_id)
+                .where(firings.c.schedule_id.in_(list(schedule_ids)), firings.c.reconciled_at.is_(None),
+                       task_runs.c.status.in_([s.value for s in TASK_ACTIVE]))
+                .order_by(firings.c.nominal_time))
+        out: dict[str, list[str]] = {}
+        for r in (await conn.execute(stmt)).all():
+            out.setdefault(r.schedule_id, []).append(r.task_id)
+        return out
 
     async def claim_unrecorded(self, conn: Connection, firing_ids: Collection[str]) -> set[str]:
         """Lock and return those of `firing_ids` whose dispatch is still unrecorded and unreconciled, skipping rows

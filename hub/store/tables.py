@@ -277,6 +277,7 @@ schedules = sa.Table(
     sa.Column("timezone", sa.String(64), nullable=False),
     sa.Column("paused", sa.Boolean, nullable=False),
     sa.Column("notify", sa.String(16), nullable=False, server_default="failures"),  # 0013_schedule_notify
+    sa.Column("overlap", sa.String(16), nullable=False, server_default="allow"),  # 0020_schedule_overlap
     sa.Column("deleted_at", TS),
     sa.Column("next_fire_at", TS),
     sa.Column("created_at", TS, nullable=False),

@@ -343,6 +343,7 @@ class ScheduleFields(Model):
     credential_profile: Short | None = None
     timeout_s: Seconds | None = None
     notify: Literal["failures", "all", "none"] | None = None
+    overlap: Literal["allow", "skip", "replace"] | None = None
 
 
 Clearable = text(200, description='1 to 200 characters, or "" to clear it back to the default resolved at each fire')
@@ -467,6 +468,7 @@ class ScheduleReply(Reply):
     rule: str
     paused: bool
     next_fire_at: str | None
+    overlap: Literal["allow", "skip", "replace"]
 
 
 class ScheduleListReply(Reply):

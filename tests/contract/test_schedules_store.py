@@ -88,6 +88,8 @@ async def test_the_definition_keeps_the_callers_choices_as_given_and_omitted_one
     ({"schedule_type": "weekly"}, "subtask"),
     ({"prompt": "   "}, "prompt is empty"),
     ({"session_ref": "main"}, "session-prompt schedules only"),
+    ({"overlap": "forbid"}, '"skip" (no new Task while the previous one is unfinished)'),
+    ({"rule": "@reboot"}, "replicas"),
 ])
 async def test_creation_validates_like_task_submission_and_names_the_fix(core, kw, fix):
     with pytest.raises(Invalid) as e:
@@ -419,3 +421,63 @@ async def test_a_session_prompt_delivery_failure_is_an_error_admission_and_the_r
     await fire_at(core, 300)
     rows = await ledger(core, s["schedule_id"])
     assert [r.admission for r in rows] == ["error:the session is archived"] * 2
+
+
+# --- overlap (issue 34): what a fire does while the schedule's previous Task is unfinished (here: still queued) ----
+
+async def test_overlap_defaults_to_allow_and_a_second_fire_admits_beside_the_unfinished_task(core):
+    s = await core.schedules.create(core.alice, spec())
+    assert s["overlap"] == "allow"
+    await fire_at(core, 300)
+    await fire_at(core, 300)
+    first, second = await ledger(core, s["schedule_id"])
+    assert (first.admission, second.admission) == ("ok", "ok")
+    assert [(await task(core, f.task_id)).status for f in (first, second)] == ["queued", "queued"]
+
+
+async def test_overlap_skip_records_skipped_overlap_and_admits_no_task_while_the_previous_is_unfinished(core):
+    s = await core.schedules.create(core.alice, spec(overlap="skip"))
+    await fire_at(core, 300)
+    await fire_at(core, 300)
+    first, second = await ledger(core, s["schedule_id"])
+    assert first.admission == "ok" and (await task(core, first.task_id)).status == "queued"
+    assert (second.admission, second.task_id, second.outcome) == ("skipped:overlap", None, None)
+    assert second.reconciled_at is not None  # admission, not an outcome: nothing to wait for
+    [event] = [e for e in core.sink.events if e.firing_id == second.id]
+    assert (event.outcome, event.admission) == (None, "skipped:overlap")
+    async with core.db.read() as conn:
+        assert (await conn.execute(sa.select(sa.func.count()).select_from(task_runs))).scalar() == 1
+
+
+async def test_overlap_replace_cancels_the_unfinished_task_then_admits_the_new_one(core):
+    s = await core.schedules.create(core.alice, spec(overlap="replace"))
+    await fire_at(core, 300)
+    await fire_at(core, 300)
+    first, second = await ledger(core, s["schedule_id"])
+    old, new = await task(core, first.task_id), await task(core, second.task_id)
+    assert (old.status, old.error) == ("cancelled", "cancelled before it started")  # the task_cancel path
+    assert second.admission == "ok" and new.status == "queued"
+    await core.schedule_firing.reconcile()
+    first, _ = await ledger(core, s["schedule_id"])
+    assert first.outcome == "cancelled"
+
+
+async def test_overlap_is_changed_by_update_and_a_finished_previous_task_never_holds_a_fire_back(core):
+    s = await core.schedules.create(core.alice, spec())
+    assert (await core.schedules.update(core.alice, s["schedule_id"], ScheduleSpec(overlap="skip")))["overlap"] == \
+        "skip"
+    await fire_at(core, 300)
+    [first] = await ledger(core, s["schedule_id"])
+    await core.tasks.cancel(core.alice, first.task_id)  # finished (cancelled): not unfinished any more
+    await fire_at(core, 300)
+    _, second = await ledger(core, s["schedule_id"])
+    assert second.admission == "ok" and second.task_id
+
+
+async def test_a_session_prompt_schedule_takes_overlap_allow_only(core):
+    core.schedules.sessions = FakeSessions()
+    with pytest.raises(Invalid) as e:
+        await core.schedules.create(core.alice, ScheduleSpec(prompt="hi", rule="every 5m", overlap="skip",
+                                                             schedule_type="session-prompt", session_ref="main"))
+    assert "queue in their Session" in e.value.message and 'schedule_type "subtask"' in e.value.message
+

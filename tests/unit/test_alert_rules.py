@@ -34,6 +34,12 @@ OUTCOME_CASES = [
     # a refused dispatch (admission error, runtime offline) is trouble too
     ("refused_dispatch_is_failure", None, r.Outcome(outcome=None, admission="skipped:offline"), (), "aggregated",
      ("pending", T0 + 60 * S)),
+    # an overlap skip (the previous run still going) is admission, not an outcome: neither failure nor missed run
+    ("overlap_skip_is_not_trouble", None, r.Outcome(outcome=None, admission="skipped:overlap"), (),
+     "overlap_skipped", None),
+    # … nor a receipt for a creator who asked for every outcome
+    ("overlap_skip_no_receipt_with_notify_all", None,
+     r.Outcome(outcome=None, admission="skipped:overlap", notify="all"), (), "overlap_skipped", None),
     # an unknown outcome waits five minutes
     ("unknown_waits_5min", None, r.Outcome(outcome="unknown"), (), "waiting_unknown", ("pending", T0 + 300 * S)),
     # a failure inside the window only adds to the count (one card later)
@@ -69,6 +75,13 @@ def test_outcome_rules(name, state, outcome, notices, decision, expect):
         assert step.incident.state == expect[0]
         if expect[1] is not None:
             assert step.incident.notify_at == expect[1]
+
+
+@pytest.mark.parametrize("state", [None, inc("pending", notify_at=T0 + 60 * S), inc("open"),
+                                   inc("recovering", recovering_since=T0)])
+def test_an_overlap_skip_neither_opens_nor_updates_an_incident(state):
+    step = r.on_outcome(state, r.Outcome(outcome=None, admission="skipped:overlap"), T0, N)
+    assert step.incident is state and step.notices == () and step.decision == "overlap_skipped"
 
 
 TICK_CASES = [

@@ -234,3 +234,22 @@ def test_payload_round_trip():
     a = CardAction(op="results", schedule_id="sch_1", page=3, sub=2)
     assert a.pack() == {"p": "amux", "v": 1, "op": "results", "s": "sch_1", "pg": 3, "sub": 2}
     assert CardAction.unpack(a.pack()) == a
+
+
+@pytest.mark.parametrize("overlap,en,zh", [
+    ("allow", "allowed (runs may overlap)", "允许"),
+    ("skip", "skip while the previous run is unfinished", "跳过"),
+    ("replace", "cancel the unfinished previous run and replace it", "替换"),
+])
+def test_the_schedule_card_shows_the_overlap_setting_in_both_languages(overlap, en, zh):
+    card = render_detail(ScheduleDetailView(schedule_id="sch_1", name="nightly", rule="@daily", timezone="UTC",
+                                            schedule_type="subtask", paused=False, next_fire_at=None,
+                                            overlap=overlap), TR)
+    head = card["body"]["elements"][0]["i18n_content"]
+    assert f"**Overlap**: {en}" in head["en_us"] and "**重叠运行**：" in head["zh_cn"] and zh in head["zh_cn"]
+
+
+def test_a_session_prompt_card_shows_no_overlap_line():
+    card = render_detail(ScheduleDetailView(schedule_id="sch_1", name="nudge", rule="@hourly", timezone="UTC",
+                                            schedule_type="session-prompt", paused=False, next_fire_at=None), TR)
+    assert "Overlap" not in card["body"]["elements"][0]["i18n_content"]["en_us"]

@@ -150,3 +150,73 @@ def test_a_very_long_outage_caps_the_walk_and_still_lands_in_the_future():
     p = rules.plan(rule, due, now, 60, t(2026, 1, 5))
     assert p.missed_count <= rules.MAX_WALK and p.next_fire_at > now
     assert p.next_fire_at == now + timedelta(seconds=1)
+
+
+# --- cron macros (crontab(5)), on the local wall clock of the schedule's zone ------------------------
+
+@pytest.mark.parametrize("macro,tz,after,expected", [
+    ("@hourly", "UTC", t(2026, 1, 5, 9, 1), t(2026, 1, 5, 10, 0)),
+    ("@daily", "UTC", t(2026, 1, 5, 9, 0), t(2026, 1, 6, 0, 0)),
+    ("@midnight", "UTC", t(2026, 1, 5, 9, 0), t(2026, 1, 6, 0, 0)),
+    ("@weekly", "UTC", t(2026, 1, 5, 9, 0), t(2026, 1, 11, 0, 0)),     # Sunday 00:00 (5 Jan 2026 is a Monday)
+    ("@monthly", "UTC", t(2026, 1, 5, 9, 0), t(2026, 2, 1, 0, 0)),
+    ("@yearly", "UTC", t(2026, 1, 5, 9, 0), t(2027, 1, 1, 0, 0)),
+    ("@annually", "UTC", t(2026, 1, 5, 9, 0), t(2027, 1, 1, 0, 0)),
+    # in the schedule's zone: midnight in Shanghai is 16:00 UTC the day before
+    ("@daily", "Asia/Shanghai", t(2026, 1, 5, 9, 0), t(2026, 1, 5, 16, 0)),
+    ("@monthly", "Asia/Shanghai", t(2026, 1, 5, 9, 0), t(2026, 1, 31, 16, 0)),
+    # any case and surrounding blanks
+    (" @DAILY ", "UTC", t(2026, 1, 5, 9, 0), t(2026, 1, 6, 0, 0)),
+])
+def test_a_cron_macro_fires_like_its_crontab_line_in_the_schedule_timezone(macro, tz, after, expected):
+    rule = rules.parse(macro, tz)
+    assert rule.kind == "cron" and rule.text == macro.strip().lower()
+    assert rules.next_after(rule, after) == expected
+
+
+def test_reboot_is_refused_naming_why_and_what_to_use_instead():
+    with pytest.raises(Invalid) as e:
+        rules.parse("@reboot", "UTC")
+    assert "replicas" in e.value.message and '"@daily"' in e.value.message
+
+
+def test_an_unknown_macro_is_refused_listing_the_macros_and_each_rule_form():
+    with pytest.raises(Invalid) as e:
+        rules.parse("@fortnightly", "UTC")
+    assert "@hourly" in e.value.message and "@yearly" in e.value.message and '"every 30s"' in e.value.message
+
+
+def _walk(rule: rules.Rule, after: datetime, n: int) -> list[datetime]:
+    out = []
+    for _ in range(n):
+        after = rules.next_after(rule, after)
+        out.append(after)
+    return out
+
+
+def test_daily_fires_once_a_day_at_local_midnight_across_the_march_dst_change():
+    # New York springs forward on 2026-03-08 at 02:00: that day lasts 23 hours
+    got = _walk(rules.parse("@daily", "America/New_York"), t(2026, 3, 7, 12, 0), 3)
+    assert got == [t(2026, 3, 8, 5, 0), t(2026, 3, 9, 4, 0), t(2026, 3, 10, 4, 0)]  # 00:00 EST, then EDT
+    assert [g.astimezone(rules.zone("America/New_York")).hour for g in got] == [0, 0, 0]
+
+
+def test_daily_fires_once_a_day_at_local_midnight_across_the_november_dst_change():
+    # New York falls back on 2026-11-01 at 02:00: that day lasts 25 hours, and midnight happens once
+    got = _walk(rules.parse("@daily", "America/New_York"), t(2026, 10, 31, 12, 0), 3)
+    assert got == [t(2026, 11, 1, 4, 0), t(2026, 11, 2, 5, 0), t(2026, 11, 3, 5, 0)]  # 00:00 EDT, then EST
+    assert [g.astimezone(rules.zone("America/New_York")).hour for g in got] == [0, 0, 0]
+
+
+def test_hourly_skips_the_missing_hour_and_fires_the_repeated_hour_once():
+    rule = rules.parse("@hourly", "America/New_York")
+    # spring: 01:00 EST, (02:00 does not exist), 03:00 EDT — consecutive real hours
+    assert _walk(rule, t(2026, 3, 8, 5, 30), 2) == [t(2026, 3, 8, 6, 0), t(2026, 3, 8, 7, 0)]
+    # autumn: 01:00 EDT, (01:00 EST is a repeat), 02:00 EST — two real hours apart
+    assert _walk(rule, t(2026, 11, 1, 4, 30), 2) == [t(2026, 11, 1, 5, 0), t(2026, 11, 1, 7, 0)]
+
+
+def test_daily_skips_a_day_whose_midnight_falls_in_the_dst_gap_as_the_documented_rule_says():
+    # São Paulo (2018) sprang forward at midnight: 2018-11-04 00:00 never happened there
+    got = _walk(rules.parse("@daily", "America/Sao_Paulo"), t(2018, 11, 2, 12, 0), 2)
+    assert got == [t(2018, 11, 3, 3, 0), t(2018, 11, 5, 2, 0)]
