@@ -85,7 +85,7 @@ def session_tools(sessions: SessionService):  # noqa: ANN201
     def register(server: MCPServer) -> None:
         @server.tool()
         async def session_list(ctx: Context, limit: int = 50) -> SessionList:
-            """List your Sessions (id, name, engine, model, runtime), most recently updated first.
+            """List your Sessions (id, name, engine, model, runtime), most recently updated first (`limit` 1 to 500).
 
             Use a session_id or name as `session_ref` for session_get, session_send, or a session-prompt schedule.
             """
