@@ -141,10 +141,20 @@ class AmuxMCPServer(MCPServer):
         tools = await super().list_tools()
         return [t.model_copy(update={"input_schema": closed_schema(t.input_schema)}) for t in tools]
 
+    def add_tool(self, *args: Any, **kwargs: Any) -> None:
+        """Register a tool (the SDK's), forgetting the arguments read so far."""
+        super().add_tool(*args, **kwargs)
+        self._arguments = {}
+
+    def remove_tool(self, name: str) -> None:
+        """Remove a tool (the SDK's), forgetting the arguments read so far."""
+        super().remove_tool(name)
+        self._arguments = {}
+
     async def arguments_of(self, tool: str) -> tuple[str, ...] | None:
         """Return the argument names `tool` takes, or None for a tool that does not exist.
 
-        Read from the listing once, and again when a tool of a name not seen yet is called (one registered later).
+        Read from the listing once after the tools change, and again for a name not seen yet.
         """
         if tool not in self._arguments:
             self._arguments = {t.name: tuple(t.input_schema.get("properties") or {}) for t in await self.list_tools()}
