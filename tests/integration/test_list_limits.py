@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import httpx2
 
-from hub.domain.pages import MAX_SCHEDULES, MAX_SESSIONS, MAX_TASKS
+from hub.domain.pages import MAX_SCHEDULES, MAX_SESSIONS, MAX_TASKS, MAX_TURNS
 from tests.helpers import mcp_client
 
 
@@ -31,3 +31,5 @@ async def test_mcp_lists_refuse_a_limit_above_their_maximum_naming_it(hub):
             assert f"limit {maximum + 1} is above the maximum of {maximum}" in res.content[0].text, res.content
             assert f"ask for at most {maximum}" in res.content[0].text
             assert not (await c.call_tool(tool, {"limit": maximum})).is_error
+        res = await c.call_tool("session_get", {"session_ref": "nope", "turns": MAX_TURNS + 1})
+        assert res.is_error and f"turns {MAX_TURNS + 1} is above the maximum of {MAX_TURNS}" in res.content[0].text
