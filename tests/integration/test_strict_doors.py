@@ -1,12 +1,15 @@
 """Every door is as strict as REST: an argument a tool does not take is refused, naming it, and nothing is stored."""
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import httpx2
 import pytest
 
 from bot.cards.actions import CardAction, UnknownKey
+from hub.errors import Invalid
+from hub.web import api_models as m
 from tests.helpers import mcp_client
 from tests.integration.test_feishu_bot import Bot, bot  # noqa: F401 — the Feishu webhook client and its fixture
 
@@ -77,3 +80,35 @@ async def test_a_card_action_with_an_unknown_key_is_refused_with_a_toast_naming_
     with pytest.raises(UnknownKey, match="'force'"):
         CardAction.unpack({"p": "amux", "v": 1, "op": "pause", "s": sid, "force": 1})
     assert CardAction.unpack(CardAction(op="pause", schedule_id=sid).pack()).op == "pause"
+
+
+def path_values(model: type | None) -> dict[str, str]:
+    """Return path parameters the route's model accepts (its first choice, else the first plausible identifier)."""
+    if model is None:
+        return {}
+    props = model.model_json_schema().get("properties", {})
+    choices = {name: [*(p.get("enum") or []), "x1", "X1", "cli_x1", "ou_x1", "k1"] for name, p in props.items()}
+    for combo in itertools.product(*choices.values()):
+        values = dict(zip(choices, combo))
+        try:
+            m.validate(model, values, "path")
+        except Invalid:
+            continue
+        return values
+    raise AssertionError(f"no plausible path for {model.__name__}")
+
+
+async def test_every_rest_operation_refuses_an_unknown_query_parameter_and_body_field_naming_it(hub):
+    headers = {"Authorization": f"Bearer {hub.admin_token}", "Content-Type": "application/json"}
+    assert len(m.OPS) > 40 and sum(1 for o in m.OPS if o.body) > 10
+    async with httpx2.AsyncClient(timeout=10, headers=headers) as http:
+        for o in m.OPS:
+            url = hub.url + o.path.format(**path_values(o.path_model))
+            resp = await http.request(o.method, url, params={UNKNOWN: "deny-all"}, content=b"{}")
+            assert resp.status_code == 400, (o.id, resp.status_code, resp.text[:300])
+            assert f"unknown query parameters ['{UNKNOWN}']" in resp.json()["fix"], (o.id, resp.text[:300])
+            if o.body is not None:
+                resp = await http.request(o.method, url, json={UNKNOWN: "deny-all"})
+                assert resp.status_code == 400, (o.id, resp.status_code, resp.text[:300])
+                assert f"unknown fields ['{UNKNOWN}']" in resp.json()["fix"], (o.id, resp.text[:300])
+    assert await stored_tasks(hub) == []
