@@ -34,8 +34,9 @@ async def stored_tasks(hub) -> list[dict]:  # noqa: ANN001
     return resp.json()["tasks"]
 
 
-async def test_every_mcp_tool_refuses_an_unknown_argument_naming_it_and_publishes_a_closed_schema(hub):
-    async with mcp_client(hub.url, hub.admin_token) as c:
+@pytest.mark.parametrize("mode", ["auto", "legacy"])  # the 2026 protocol and the handshake one
+async def test_every_mcp_tool_refuses_an_unknown_argument_naming_it_and_publishes_a_closed_schema(hub, mode):
+    async with mcp_client(hub.url, hub.admin_token, mode=mode) as c:
         tools = (await c.list_tools()).tools
         assert len(tools) > 30, [t.name for t in tools]
         for tool in tools:
