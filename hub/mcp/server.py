@@ -8,7 +8,7 @@ from typing import Any, Awaitable, Callable
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.inbound import X_MCP_HEADER_KEY
-from mcp_types import CLIENT_INFO_META_KEY
+from mcp_types import CLIENT_INFO_META_KEY, Tool as MCPTool
 from mcp_types.methods import serialize_server_result
 
 from ..errors import AmuxError
@@ -133,10 +133,10 @@ class AmuxMCPServer(MCPServer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._arguments: dict[str, tuple[str, ...]] = {}
+        self._arguments: dict[str, tuple[str, ...]] | None = None
         self.middleware.append(self.request_guard)
 
-    async def list_tools(self) -> list[Any]:
+    async def list_tools(self) -> list[MCPTool]:
         """List all tools, each input schema closed to arguments it does not declare."""
         tools = await super().list_tools()
         return [t.model_copy(update={"input_schema": closed_schema(t.input_schema)}) for t in tools]
@@ -144,19 +144,19 @@ class AmuxMCPServer(MCPServer):
     def add_tool(self, *args: Any, **kwargs: Any) -> None:
         """Register a tool (the SDK's), forgetting the arguments read so far."""
         super().add_tool(*args, **kwargs)
-        self._arguments = {}
+        self._arguments = None
 
     def remove_tool(self, name: str) -> None:
         """Remove a tool (the SDK's), forgetting the arguments read so far."""
         super().remove_tool(name)
-        self._arguments = {}
+        self._arguments = None
 
     async def arguments_of(self, tool: str) -> tuple[str, ...] | None:
         """Return the argument names `tool` takes, or None for a tool that does not exist.
 
-        Read from the listing once after the tools change, and again for a name not seen yet.
+        Read from the listing once after the tools change (not per call: a call naming no tool costs a lookup).
         """
-        if tool not in self._arguments:
+        if self._arguments is None:
             self._arguments = {t.name: tuple(t.input_schema.get("properties") or {}) for t in await self.list_tools()}
         return self._arguments.get(tool)
 
