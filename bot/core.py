@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Awaitable
 from hub.errors import AmuxError
 from hub.services.identity import LinkRefused
 
-from .cards.actions import BadPayload
+from .cards.actions import BadPayload, UnknownKey
 from .cards.identity import LINK_REFUSED, render_link_result
 from .handlers.context import Answer, Ctx
 from .handlers.conversation import converse
@@ -202,6 +202,9 @@ class FeishuBot:
     async def _act(self, app_id: str, event: dict, out: Outgoing) -> dict:
         try:
             action, handler = check((event.get("action") or {}).get("value"))
+        except UnknownKey as e:
+            return {"toast": self.toast(_("This button carries {keys}, which amux does not know; nothing was changed. "
+                                          "Send /amux for a fresh card."), "warning", keys=e.keys)}
         except BadPayload:
             return {"toast": self.toast(_("This button is out of date; send /amux for a fresh card."), "warning")}
         viewer = await self._viewer(app_id, event.get("operator") or {})

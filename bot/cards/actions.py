@@ -20,10 +20,19 @@ MAX_OPTION = 49  # a question offers at most 50 options (hub.runner.protocol.Que
 # which card the answer refreshes: "" the card pressed (alert center), "inc" a pushed incident card
 VIEWS = ("", "inc")
 MAX_PAGE = 10_000
+KEYS = ("p", "v", "op", "s", "i", "pg", "sub", "vw", "q", "o")  # every key `pack()` writes
 
 
 class BadPayload(ValueError):
     """The callback value is not a payload this version of the bot understands."""
+
+
+class UnknownKey(BadPayload):
+    """The callback value carries a key no payload of this version writes (as REST refuses an unknown field)."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = ", ".join(repr(k[:40]) for k in keys[:5])
+        super().__init__(f"unknown keys {self.keys} in card action; a card action takes {list(KEYS)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +73,9 @@ class CardAction:
             raise BadPayload("not an amux card action")
         if value.get("v") != VERSION:
             raise BadPayload(f"card action version {value.get('v')!r} is not supported; send /amux for a fresh card")
+        unknown = sorted(str(k) for k in value if k not in KEYS)
+        if unknown:
+            raise UnknownKey(unknown)
         op = value.get("op")
         if op not in OPS:
             raise BadPayload(f"unknown card action {op!r}")

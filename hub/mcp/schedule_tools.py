@@ -7,6 +7,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel
 
+from ..domain.pages import MAX_SCHEDULES, page_limit
 from ..services.auth import Caller
 from ..services.delegation import own_session_id
 from ..services.schedules import ScheduleService, ScheduleSpec
@@ -145,8 +146,8 @@ def schedule_tools(service: ScheduleService):  # noqa: ANN201
 
         @server.tool()
         async def schedule_list(ctx: Context, limit: int = 100) -> ScheduleList:
-            """List your schedules, newest first."""
-            rows = await guarded(lambda: service.list(caller_of(ctx), limit))
+            """List your schedules, newest first (`limit` from 1 to 1000)."""
+            rows = await guarded(lambda: service.list(caller_of(ctx), page_limit(limit, MAX_SCHEDULES, "schedules")))
             return ScheduleList(schedules=[ScheduleView(**r) for r in rows])
 
         @server.tool()

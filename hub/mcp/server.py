@@ -1,13 +1,14 @@
 """Build the MCPServer with amux's tools; authentication happens at the HTTP door."""
 from __future__ import annotations
 
+import difflib
 import logging
 from typing import Any, Awaitable, Callable
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.inbound import X_MCP_HEADER_KEY
-from mcp_types import CLIENT_INFO_META_KEY
+from mcp_types import CLIENT_INFO_META_KEY, Tool as MCPTool
 from mcp_types.methods import serialize_server_result
 
 from ..errors import AmuxError
@@ -99,23 +100,86 @@ def capture_client(state: dict[str, Any], method: str, params: dict[str, Any] | 
         state["caller"] = labeled(state["token_caller"], name)
 
 
-async def request_guard(ctx, call_next):  # noqa: ANN001, ANN201
-    """Every request's middleware (one layer, not three): capture the client's name, then refuse a tool call outside
-    the caller's scopes, outside what a run token may reach, or with arguments no store can keep.
+def unknown_argument_refusal(tool: str, arguments: Any, known: tuple[str, ...]) -> str | None:
+    """Return the refusal of arguments `tool` does not take, naming the nearest valid one and all of them, or None.
 
-    The HTTP door put the caller (and the client its session id names) in the request state.
+    REST refuses an unknown field (`unknown fields [...]; a task takes [...]`); the SDK would drop it and apply the
+    default, which for a misspelt `permission_policy` is the least safe choice.
     """
-    state = getattr(ctx.request, "scope", {}).get("state")
-    method = ctx.method
-    params = ctx.params if isinstance(ctx.params, dict) else dict(ctx.params or {})
-    if state is not None and state.get("token_caller") is not None:
-        capture_client(state, method, params or None)
-    if method == "tools/call":
-        caller, tool = (state or {}).get("caller"), str(params.get("name", ""))
-        refusal = run_tool_refusal(caller, tool) or scope_refusal(caller, tool) or argument_refusal(params)
-        if refusal is not None:
-            return tool_refusal(ctx, refusal)
-    return await call_next(ctx)
+    unknown = [str(name) for name in arguments if name not in known] if isinstance(arguments, dict) else []
+    if not unknown:
+        return None
+    takes = ", ".join(known) or "no arguments"
+    near = {name: difflib.get_close_matches(name, known, n=1) for name in unknown}
+    if len(unknown) == 1:
+        name = unknown[0]
+        hint = f"; did you mean {near[name][0]!r}? It takes: " if near[name] else "; it takes: "
+        return f"{tool} has no argument {name!r}{hint}{takes}"
+    named = ", ".join(f"{n!r}" + (f" (did you mean {near[n][0]!r}?)" if near[n] else "") for n in unknown)
+    return f"{tool} has no arguments {named}; it takes: {takes}"
+
+
+def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """Return a tool's input schema saying that it takes no argument beyond its properties."""
+    return {**schema, "additionalProperties": False}
+
+
+class AmuxMCPServer(MCPServer):
+    """The SDK's MCPServer publishing every tool's input schema closed (`additionalProperties: false`).
+
+    `list_tools` is the SDK's public listing (its `tools/list` handler calls it). The guard reads the arguments each
+    tool takes from the same listing, so what is published and what is refused cannot drift apart.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._arguments: dict[str, tuple[str, ...]] | None = None
+        self.middleware.append(self.request_guard)
+
+    async def list_tools(self) -> list[MCPTool]:
+        """List all tools, each input schema closed to arguments it does not declare."""
+        tools = await super().list_tools()
+        return [t.model_copy(update={"input_schema": closed_schema(t.input_schema)}) for t in tools]
+
+    def add_tool(self, *args: Any, **kwargs: Any) -> None:
+        """Register a tool (the SDK's), forgetting the arguments read so far."""
+        super().add_tool(*args, **kwargs)
+        self._arguments = None
+
+    def remove_tool(self, name: str) -> None:
+        """Remove a tool (the SDK's), forgetting the arguments read so far."""
+        super().remove_tool(name)
+        self._arguments = None
+
+    async def arguments_of(self, tool: str) -> tuple[str, ...] | None:
+        """Return the argument names `tool` takes, or None for a tool that does not exist.
+
+        Read from the listing once after the tools change (not per call: a call naming no tool costs a lookup).
+        """
+        if self._arguments is None:
+            self._arguments = {t.name: tuple(t.input_schema.get("properties") or {}) for t in await self.list_tools()}
+        return self._arguments.get(tool)
+
+    async def request_guard(self, ctx, call_next):  # noqa: ANN001, ANN201
+        """Every request's middleware (one layer, not three): capture the client's name, then refuse a tool call
+        outside the caller's scopes, outside what a run token may reach, with arguments no store can keep, or with an
+        argument the tool does not take (nothing runs, nothing is stored).
+
+        The HTTP door put the caller (and the client its session id names) in the request state.
+        """
+        state = getattr(ctx.request, "scope", {}).get("state")
+        method = ctx.method
+        params = ctx.params if isinstance(ctx.params, dict) else dict(ctx.params or {})
+        if state is not None and state.get("token_caller") is not None:
+            capture_client(state, method, params or None)
+        if method == "tools/call":
+            caller, tool = (state or {}).get("caller"), str(params.get("name", ""))
+            refusal = run_tool_refusal(caller, tool) or scope_refusal(caller, tool) or argument_refusal(params)
+            if refusal is None and (known := await self.arguments_of(tool)) is not None:
+                refusal = unknown_argument_refusal(tool, params.get("arguments") or {}, known)
+            if refusal is not None:
+                return tool_refusal(ctx, refusal)
+        return await call_next(ctx)
 
 
 async def guarded(fn: Callable[[], Awaitable[Any]]) -> Any:
@@ -252,8 +316,7 @@ def skip_unannotated_header_checks(server: MCPServer) -> None:
 
 def build_mcp(registrars: list[Callable[[MCPServer], None]]) -> MCPServer:
     """Create the MCP server: client-name capture plus each feature's tools."""
-    server = MCPServer("amux", instructions=INSTRUCTIONS, version="0.1.0")
-    server.middleware.append(request_guard)
+    server = AmuxMCPServer("amux", instructions=INSTRUCTIONS, version="0.1.0")
     for register in registrars:
         register(server)
     compact_output_schemas(server)

@@ -6,6 +6,7 @@ import math
 from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel, Field
 
+from ..domain.pages import MAX_TURNS, page_limit
 from ..services.delegation import own_session_id
 from ..services.sessions import SessionService
 from .models import ChangedFiles, TaskResult
@@ -85,7 +86,7 @@ def session_tools(sessions: SessionService):  # noqa: ANN201
     def register(server: MCPServer) -> None:
         @server.tool()
         async def session_list(ctx: Context, limit: int = 50) -> SessionList:
-            """List your Sessions (id, name, engine, model, runtime), most recently updated first.
+            """List your Sessions (id, name, engine, model, runtime), most recently updated first (`limit` 1 to 500).
 
             Use a session_id or name as `session_ref` for session_get, session_send, or a session-prompt schedule.
             """
@@ -95,12 +96,13 @@ def session_tools(sessions: SessionService):  # noqa: ANN201
 
         @server.tool()
         async def session_get(ctx: Context, session_ref: str | None = None, turns: int = 20) -> SessionView:
-            """Return a Session and its recent runs; session_ref is an id or name (omitted: your own session)."""
+            """Return a Session and its recent `turns` (1 to 200); session_ref is an id or name (omitted: your own)."""
             caller = caller_of(ctx)
 
             async def get() -> dict:
+                count = page_limit(turns, MAX_TURNS, "turns", "turns")
                 sid = await sessions.readable_id(caller, session_ref or own_session_id(caller))
-                return await sessions.show(caller, sid, max(1, min(int(turns), 200)))
+                return await sessions.show(caller, sid, count)
 
             return SessionView(**await guarded(get))
 

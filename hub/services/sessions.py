@@ -5,6 +5,7 @@ from typing import Callable
 
 from ..clock import Clock, iso
 from ..domain import memory as memory_rules
+from ..domain.pages import MAX_SESSIONS, page_limit
 from ..domain.tasks import Status, is_terminal
 from ..errors import Invalid, NotFound
 from ..ids import new_id
@@ -97,7 +98,7 @@ class SessionService:
     async def list(self, caller: Caller, limit: int = 50) -> list[dict]:
         """Return the caller's own sessions, most recently updated first (like tasks, an admin lists only theirs)."""
         async with self.db.read() as conn:
-            rows = await self.store.owned(conn, caller.principal_id, max(1, min(int(limit), 500)))
+            rows = await self.store.owned(conn, caller.principal_id, page_limit(limit, MAX_SESSIONS, "sessions"))
         return [{"session_id": r.id, "name": r.name, "kind": r.kind, "source": r.source, "engine": r.engine,
                  "model": r.model, "reasoning_effort": r.reasoning_effort, "runtime": r.runtime, "turns": r.turns,
                  "resume_handle": r.resume_handle, "created_at": iso(r.created_at), "updated_at": iso(r.updated_at)}

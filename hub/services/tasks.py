@@ -10,6 +10,7 @@ from typing import Any, Awaitable, Callable
 from ..clock import Clock, utc
 from ..config import ExecutionSettings, HubSettings
 from ..domain import isolation
+from ..domain.pages import MAX_TASKS, page_limit
 from ..domain.tasks import Status, is_terminal
 from ..errors import Conflict, Invalid, NotFound, TooMany
 from ..ids import new_id
@@ -288,7 +289,7 @@ class TaskService:
     async def list(self, caller: Caller, limit: int = 50) -> list[dict]:
         """Return the caller's most recent tasks."""
         async with self.db.read() as conn:
-            rows = await self.store.list_tasks(conn, caller.principal_id, max(1, min(limit, 500)))
+            rows = await self.store.list_tasks(conn, caller.principal_id, page_limit(limit, MAX_TASKS, "tasks"))
         return [{"task_id": r.id, "name": r.name, "status": r.status, "created_at": _iso(r.created_at)} for r in rows]
 
 

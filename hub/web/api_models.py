@@ -16,6 +16,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
                       ValidationInfo)
 from pydantic_core import PydanticCustomError
 
+from ..domain.pages import MAX_SCHEDULES, MAX_SESSIONS, MAX_TASKS
 from ..domain.text import BadText, check_text, loads
 from ..errors import AmuxError, Forbidden, Invalid
 from ..services.admission import MAX_TIMEOUT_S
@@ -65,8 +66,9 @@ def _number(value: Any) -> Any:
 
 def query_int(lo: int, hi: int, example: int) -> Any:
     """A query parameter holding a whole number from `lo` to `hi`."""
-    return Annotated[int, BeforeValidator(_digits), Field(ge=lo, le=hi, description=(
-        f"a whole number from {lo} to {hi}, e.g. {example}"))]
+    # The bounds before the parser, so the spec shows them as `minimum`/`maximum` (after it, pydantic writes `ge`/`le`).
+    return Annotated[int, Field(ge=lo, le=hi, description=f"a whole number from {lo} to {hi}, e.g. {example}"),
+                     BeforeValidator(_digits)]
 
 
 Flag = Annotated[Literal["0", "1", "true", "false", "yes", "no"],
@@ -168,8 +170,12 @@ class AppPath(Model):
 
 # --- query parameters ------------------------------------------------------------------------------
 
-class ListQuery(QueryModel):
-    limit: query_int(0, INT32, 50) = 50
+class TaskListQuery(QueryModel):
+    limit: query_int(1, MAX_TASKS, 50) = 50
+
+
+class SessionListQuery(QueryModel):
+    limit: query_int(1, MAX_SESSIONS, 50) = 50
 
 
 class CursorQuery(QueryModel):
@@ -192,7 +198,7 @@ class AllQuery(QueryModel):
 
 
 class ScheduleListQuery(QueryModel):
-    limit: query_int(0, INT32, 100) = 100
+    limit: query_int(1, MAX_SCHEDULES, 100) = 100
     all: Flag | None = None
 
 
@@ -697,7 +703,8 @@ SESSION_SEND = op("POST", "/api/v1/sessions/{ref}/turns", "session_send",
 TURN_GET = op("GET", "/api/v1/turns/{id}", "turn_get", "Show a turn", TurnPath, tag="sessions")
 TASK_SUBMIT = op("POST", "/api/v1/tasks", "task_submit", "Submit a task", body=TaskSubmit, ok=(201,),
                  reply=TaskStatusReply, max_body=MAX_BODY)
-TASK_LIST = op("GET", "/api/v1/tasks", "task_list", "List your tasks", query=ListQuery, reply=TaskListReply)
+TASK_LIST = op("GET", "/api/v1/tasks", "task_list", "List your tasks", query=TaskListQuery,
+                reply=TaskListReply)
 TASK_GET = op("GET", "/api/v1/tasks/{id}", "task_get", "Show a task", TaskPath, reply=TaskReply)
 TASK_EVENTS = op("GET", "/api/v1/tasks/{id}/events", "task_events", "Read a task's events after a cursor", TaskPath,
                  query=CursorQuery, reply=EventsReply)
@@ -746,7 +753,7 @@ IDENTITY_LIST = op("GET", "/api/v1/identities", "identity_list", "List identity 
 IDENTITY_UNLINK = op("DELETE", "/api/v1/identities/{id}", "identity_unlink", "Unlink an identity binding",
                      IdentityPath, tag=IDENT)
 SESSION_LIST = op("GET", "/api/v1/sessions", "session_list", "List your sessions, most recently updated first",
-                  query=ListQuery, tag="sessions", reply=SessionListReply)
+                  query=SessionListQuery, tag="sessions", reply=SessionListReply)
 INSTANCE_CREATE = op("POST", "/api/v1/instances", "instance_create", "Create an Agent Instance (prompt: its first run)",
                      body=InstanceCreate, ok=(201,), tag=INST, reply=InstanceReply, max_body=MAX_BODY)
 INSTANCE_GET = op("GET", "/api/v1/instances/{id}", "instance_get", "Show an instance", InstancePath, tag=INST,
