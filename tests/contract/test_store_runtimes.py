@@ -182,7 +182,7 @@ async def test_placement_of_says_where_a_run_is(db, store):
         owner = await principal(conn)
         rt = await runtime(conn, owner)
         tid = await task(conn, owner, status="running", runtime_id=rt, attempt=3)
-        assert tuple(await store.placement_of(conn, tid)) == (rt, 3, "running")
+        assert tuple(await store.placement_of(conn, tid)) == (rt, 3, "running", None)  # and its error
         assert await store.placement_of(conn, "tr_nope") is None
 
 
