@@ -112,10 +112,32 @@ def parse(text: str, tz_name: str) -> Rule:
     if len(fields) != 5:
         raise Invalid(f"rule {text!r} is not a rule; write one of: {EXAMPLES}")
     try:
-        trigger = CronTrigger.from_crontab(s, timezone=timezone.utc)
+        trigger = CronTrigger.from_crontab(" ".join([*fields[:4], crontab_weekdays(fields[4])]), timezone=timezone.utc)
     except ValueError as e:
         raise Invalid(f"rule {text!r} is not a valid cron expression ({e}); write one of: {EXAMPLES}") from e
     return Rule(text=s, kind="cron", tz=tz, cron=trigger)
+
+
+WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+
+def crontab_weekdays(field: str) -> str:
+    """Write a cron day-of-week field by name, as crontab counts (0 and 7 are Sunday, 1 is Monday): APScheduler's
+    `from_crontab` counts numbers from Monday = 0, so `0 9 * * 1` would fire on Tuesdays. Names pass unchanged."""
+    if field == "*" or not any(c.isdigit() for c in field):
+        return field
+    days: list[int] = []
+    for part in field.split(","):
+        base, _, step_text = part.partition("/")
+        if any(c.isalpha() for c in base):
+            raise ValueError(f"day of week {part!r} mixes names and numbers; use one or the other")
+        low, _, high = ("0-6" if base == "*" else base).partition("-")
+        first, last = int(low), int(high or (6 if step_text else low))
+        step = int(step_text or 1)
+        if not (0 <= first <= 7 and 0 <= last <= 7) or step < 1 or first > last:
+            raise ValueError(f"day of week {part!r} is out of 0-7")
+        days += [d % 7 for d in range(first, last + 1, step)]
+    return ",".join(WEEKDAYS[d] for d in sorted(set(days)))
 
 
 def _macro(text: str, low: str, tz: ZoneInfo) -> Rule:

@@ -220,3 +220,27 @@ def test_daily_skips_a_day_whose_midnight_falls_in_the_dst_gap_as_the_documented
     # São Paulo (2018) sprang forward at midnight: 2018-11-04 00:00 never happened there
     got = _walk(rules.parse("@daily", "America/Sao_Paulo"), t(2018, 11, 2, 12, 0), 2)
     assert got == [t(2018, 11, 3, 3, 0), t(2018, 11, 5, 2, 0)]
+
+
+@pytest.mark.parametrize(("rule", "weekdays"), [
+    ("0 9 * * 1", {"Mon"}),                 # crontab counts 1 as Monday (APScheduler's own numbers start at Monday = 0)
+    ("0 9 * * 0", {"Sun"}), ("0 9 * * 7", {"Sun"}),
+    ("0 9 * * 1-5", {"Mon", "Tue", "Wed", "Thu", "Fri"}),
+    ("0 9 * * */2", {"Sun", "Tue", "Thu", "Sat"}),
+    ("0 9 * * 5-7", {"Fri", "Sat", "Sun"}),
+    ("0 9 * * mon,fri", {"Mon", "Fri"}),
+])
+def test_a_numbered_day_of_week_counts_as_crontab_does_sunday_zero_monday_one(rule, weekdays):
+    r = rules.parse(rule, "UTC")
+    seen, at = set(), datetime(2026, 12, 2, tzinfo=timezone.utc)
+    for _ in range(14):
+        at = rules.next_after(r, at)
+        seen.add(at.strftime("%a"))
+        assert at.hour == 9
+    assert seen == weekdays
+
+
+def test_a_day_of_week_mixing_names_and_numbers_is_refused_naming_the_fix():
+    with pytest.raises(Invalid) as e:
+        rules.parse("0 9 * * mon-5", "UTC")
+    assert "use one or the other" in e.value.message
