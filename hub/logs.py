@@ -26,7 +26,7 @@ ACCESS = "amux.access"
 FIELDS = ("request_id", "principal", "client")  # the request context every line carries (null outside one)
 EXTRAS = ("method", "path", "status", "duration_ms", "remote", "loop")  # structured fields some lines add
 # `amux.<id>.<secret>` tokens and `task_<id>.<secret>` lease handles: the id stays, the secret goes
-_TOKEN = re.compile(r"\b((?:amux|task_[A-Za-z0-9]+)\.[A-Za-z0-9_-]+\.)[A-Za-z0-9_-]{8,}")
+_TOKEN = re.compile(r"\b(amux\.[A-Za-z0-9_-]+\.|task_[A-Za-z0-9]+\.)[A-Za-z0-9_-]{8,}")
 _HANDLER_MARK = "_amux_handler"
 
 
