@@ -263,7 +263,7 @@ def read_apps_file(path: Path) -> list[Any]:
 
 
 class LogSettings(Section):
-    """Logs (README "Logs"): text or JSON lines on stderr, and one access line per HTTP request."""
+    """Logs (README "Configuration"): text or JSON lines on stderr, and one access line per HTTP request."""
 
     format: Literal["text", "json"] = "text"
     level: str = "WARNING"     # the hub's own loggers; AMUX_LOG_LEVEL is the older spelling of AMUX_LOG__LEVEL

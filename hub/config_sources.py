@@ -31,7 +31,7 @@ NOT_SETTINGS = frozenset({
     "AMUX_IMAGE", "AMUX_HTTP_PORT", "AMUX_RUNNER_TOKEN", "AMUX_USER", "AMUX_UID",
 })
 NOT_SETTINGS_PREFIXES = ("AMUX_SOAK_", "AMUX_BENCH_", "AMUX_FUZZ_", "AMUX_TEST_")
-ALIASES = {"AMUX_LOG_LEVEL": "AMUX_LOG__LEVEL"}  # older spellings still read (README "Logs")
+ALIASES = {"AMUX_LOG_LEVEL": "AMUX_LOG__LEVEL"}  # older spellings still read (README "Configuration")
 SECRETS = frozenset({"app_secret", "encrypt_key", "verification_token", "secret_key", "metrics_token"})
 
 Path_ = tuple[str, ...]

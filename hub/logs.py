@@ -1,4 +1,4 @@
-"""Logs (README "Logs"): text or JSON lines on stderr, configured once at start by the CLI entry points.
+"""Logs (README "Configuration"): text or JSON lines on stderr, configured once at start by the CLI entry points.
 
 Every line written while a request is handled carries its `request_id` and, once the request is authenticated,
 its principal and client label (the token's label); the edge middleware (hub/web/edge.py) opens that context.
