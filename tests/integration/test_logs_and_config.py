@@ -72,6 +72,12 @@ class Up:
         except urllib.error.HTTPError as e:
             return e.code, _json(e.read())
 
+    def logged(self, pattern: str, timeout: float = 10) -> None:
+        """Wait until stderr has a line matching `pattern` (an access line follows its response by a moment)."""
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.err_path.read_text(), re.M) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def stop(self) -> str:
         """Stop the hub; return everything it wrote to stderr."""
         if self.proc.poll() is None:
@@ -92,7 +98,12 @@ def test_every_line_of_a_json_journey_is_json_with_its_fields_access_lines_and_n
         assert hub.call("GET", "/healthz")[0] == 200
         assert hub.call("GET", f"/nope?token={hub.token}")[0] == 404  # the query (a token here) is never logged
         assert hub.call("GET", "/api/v1/tasks")[0] == 401
-        status, sub = hub.call("POST", "/api/v1/tasks", {"prompt": "say hi", "profile": "scripted"}, token=hub.token)
+        for _ in range(100):  # the in-process runner registers just after `amux up` prints its line
+            status, sub = hub.call("POST", "/api/v1/tasks", {"prompt": "say hi", "profile": "scripted"},
+                                   token=hub.token)
+            if status != 400 or "no registered runtime" not in sub.get("message", ""):
+                break
+            time.sleep(0.2)
         assert status in (200, 201), sub
         done = False
         for _ in range(20):
@@ -100,6 +111,7 @@ def test_every_line_of_a_json_journey_is_json_with_its_fields_access_lines_and_n
             if done := page["done"]:
                 break
         assert done
+        hub.logged(r'"path": "/api/v1/tasks/[^"]+/wait"')
     finally:
         err = hub.stop()
     lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -127,6 +139,7 @@ def test_text_logs_carry_an_access_line_per_request_by_default(tmp_path: Path):
     try:
         assert hub.call("GET", "/healthz?probe=1")[0] == 200
         assert hub.call("GET", "/api/v1/tasks", token=hub.token)[0] in (200, 400)
+        hub.logged(r"GET /api/v1/tasks .*principal=admin$")
     finally:
         err = hub.stop()
     assert re.search(r" INFO amux\.access: GET /healthz 200 [0-9.]+ms request_id=[0-9a-f]{16}$", err, re.M), err
