@@ -100,8 +100,12 @@ def load(config_file: str | os.PathLike[str] | None, env: Mapping[str, str] | No
     token = _PLAN.set(sources)
     try:
         settings = Settings(**overrides)
-    except SettingsError as e:
-        raise Invalid(f"bad configuration: {e}; an AMUX_* value for a list or table is JSON") from e
+    except SettingsError as e:  # a list or table given as a variable that is not JSON
+        top = re.search(r'field "([^"]+)"', str(e))
+        given = [n for n in names if top and _env_path(n)[0] == top.group(1)] or ["an AMUX_* variable"]
+        raise Invalid(f"bad configuration: {' or '.join(given)} is not valid JSON ({e.__cause__ or e}); a list "
+                      "or table set from the environment is JSON, e.g. AMUX_FEISHU__APPS='[{\"app_id\": \"cli_…\"}]'"
+                      ) from e
     except ValidationError as e:
         err = e.errors()[0]
         loc = tuple(str(p) for p in err["loc"])
