@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from pathlib import Path
 from typing import AsyncIterator
@@ -14,6 +15,7 @@ from .clock import Clock, SystemClock
 from .errors import AmuxError
 from .config import Settings
 from .files import private_dir, write_private
+from . import logs
 from .loops import Loops
 from .mcp.instance_tools import instance_tools
 from .mcp.lease_tools import lease_tools
@@ -172,7 +174,14 @@ class Hub:
 
     def app_runner(self, *, background: bool = True) -> GuardedAppRunner:
         """The aiohttp runner for this hub's app, with the slow- and idle-client limits of `hub.*`."""
-        return GuardedAppRunner(self.web_app(background=background), self._limits(), self.clock, access_log=None)
+        return GuardedAppRunner(self.web_app(background=background), self._limits(), self.clock,
+                                **self._access_log())
+
+    def _access_log(self) -> dict[str, object]:
+        """One access line per request (hub/logs.py), unless `log.access` is off."""
+        if not self.settings.log.access:
+            return {"access_log": None}
+        return {"access_log": logging.getLogger(logs.ACCESS), "access_log_class": logs.AccessLog}
 
     def _limits(self) -> ConnectionLimits:
         hs = self.settings.hub
@@ -188,7 +197,7 @@ class Hub:
         app = web.Application(middlewares=[edge.edge_middleware(hs.body_timeout_s)])
         door = health.MetricsDoor(self.auth, hs.metrics_token, open_without_token=True)
         app.router.add_get("/metrics", health.metrics_handler(HealthService(self.db), self.metrics, door))
-        runner = GuardedAppRunner(app, self._limits(), self.clock, access_log=None)
+        runner = GuardedAppRunner(app, self._limits(), self.clock, **self._access_log())
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()

@@ -92,6 +92,8 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
     from .files import private_dir
 
     settings = _settings(args, create_home=True)
+    from . import logs
+    logs.configure(settings.log, secrets=logs.secret_values(settings))  # the configuration's [log], once it is read
     private_dir(settings.home)  # 0700: the database, tokens and secret key live here
     host, port = listen_address(settings.listen)
     await upgrade(settings.db_url())
@@ -548,6 +550,8 @@ def _add_resource_commands(sub: argparse._SubParsersAction) -> None:
     cli_identity.add_parser(sub, client_opts)
     from . import cli_runtimes
     cli_runtimes.add_parser(sub, client_opts)
+    from . import cli_config
+    cli_config.add_parser(sub, server_opts)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -583,6 +587,9 @@ async def _command(args: argparse.Namespace) -> None:
     elif args.cmd == "identity":
         from . import cli_identity
         await cli_identity.run(args, _client(args), _print)
+    elif args.cmd == "config":
+        from . import cli_config
+        cli_config.run(args)
     elif args.cmd == "runtime":
         from . import cli_runtimes
         await cli_runtimes.run(args, _client(args), _print)
@@ -595,8 +602,11 @@ async def _command(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `amux` console script."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=os.environ.get("AMUX_LOG_LEVEL", "WARNING"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from . import logs
+    log_settings, log_problem = logs.from_env(os.environ)  # `up` / `hub serve` reconfigure from their settings
+    logs.configure(log_settings)
+    if log_problem:
+        logging.getLogger("amux").warning("%s", log_problem)
     try:
         asyncio.run(_command(args))
     except AmuxError as e:

@@ -1,18 +1,34 @@
-"""Settings: an optional TOML file overlaid by `AMUX_*` environment variables (`__` between levels)."""
+"""Settings: an optional TOML file overlaid by `AMUX_*` environment variables (`__` between levels), then explicit
+overrides (the CLI's flags); loaded by pydantic-settings (hub/config_sources.py), every key checked."""
 from __future__ import annotations
 
 import ipaddress
-import os
+import json
+import logging
 import tomllib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from .errors import Invalid
+
+class Section(BaseModel):
+    """A settings table: an unknown key is an error, never silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
-class HubSettings(BaseModel):
+def _comma_or_json_list(v: Any) -> Any:
+    """Read a list given as a comma-separated string (the environment's form) or a JSON array."""
+    if isinstance(v, str):
+        if v.lstrip().startswith("["):
+            return json.loads(v)
+        return [x.strip() for x in v.split(",") if x.strip()]
+    return v
+
+
+class HubSettings(Section):
     """Dispatch and runner timing."""
 
     reservation_ttl_s: float = 30.0
@@ -44,12 +60,12 @@ class HubSettings(BaseModel):
     metrics_listen: str | None = None
     # Proxies (IP addresses or networks) whose X-Forwarded-For names the client, for the per-client rules that run
     # after a request head arrived (OAuth registration); e.g. AMUX_HUB__TRUSTED_PROXIES=10.0.0.0/8,172.16.0.0/12
-    trusted_proxies: list[str] = Field(default_factory=list)
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     @field_validator("trusted_proxies", mode="before")
     @classmethod
     def _proxy_list(cls, v: Any) -> Any:
-        items = [p.strip() for p in v.split(",") if p.strip()] if isinstance(v, str) else v
+        items = _comma_or_json_list(v)
         for item in items or []:
             try:
                 ipaddress.ip_network(item, strict=False)
@@ -59,7 +75,7 @@ class HubSettings(BaseModel):
         return items
 
 
-class PresetSettings(BaseModel):
+class PresetSettings(Section):
     """A builtin launch preset (runtime, model, reasoning effort); omitted fields stay engine defaults."""
 
     runtime: str | None = None
@@ -67,7 +83,7 @@ class PresetSettings(BaseModel):
     reasoning_effort: str | None = None
 
 
-class ProfileSettings(BaseModel):
+class ProfileSettings(Section):
     """Profile defaults of this distribution."""
 
     default_profile: str = "scripted"   # used when a task names no profile
@@ -76,7 +92,7 @@ class ProfileSettings(BaseModel):
     authoring_runtime: str | None = None  # explicitly configured runtime for local expert authoring
 
 
-class MemorySettings(BaseModel):
+class MemorySettings(Section):
     """Hub memory scopes."""
 
     # On (the default): each principal's executions use that principal's own memory. Off: every principal shares one
@@ -84,7 +100,7 @@ class MemorySettings(BaseModel):
     user_isolation: bool = True
 
 
-class LeaseSettings(BaseModel):
+class LeaseSettings(Section):
     """Task-lease clocks (seed: rift tasks)."""
 
     activity_granularity_s: float = 60
@@ -94,7 +110,7 @@ class LeaseSettings(BaseModel):
     max_open_tasks_per_principal: int = Field(default=20, ge=0)
 
 
-class BoxSettings(BaseModel):
+class BoxSettings(Section):
     """Boxes (seed: VMs): which driver runs them and the limits of each (README "Boxes")."""
 
     driver: str = "local"        # "local": bubblewrap sandbox; "unsandboxed": plain processes, operator opt-in
@@ -124,7 +140,7 @@ class BoxSettings(BaseModel):
         return v
 
 
-class ExecutionSettings(BaseModel):
+class ExecutionSettings(Section):
     """How task children are separated (README "Execution modes"): the uids of linux-dac children, and whether a
     runner sharing the hub's process or uid may offer `process`."""
 
@@ -133,18 +149,19 @@ class ExecutionSettings(BaseModel):
     allow_process_on_hub: bool = False                # let a runner that shares the hub's process or uid offer process
 
 
-class RunnerSettings(BaseModel):
+class RunnerSettings(Section):
     """The in-process runner of `amux up` (a separate `amux runner` takes the same choices as flags)."""
 
     dedicated: bool = False   # the operator declares this machine dedicated: `process` may be offered
-    isolation: list[str] | None = None  # the modes to offer (default: every mode the machine can provide)
+    isolation: Annotated[list[str] | None, NoDecode] = None  # the modes to offer (default: every mode possible here)
     child_network: str = "isolated"     # linux-dac children: "isolated" (the hub and public egress only) or "host"
-    egress_allow: list[str] = Field(default_factory=list)  # extra host[:port] an isolated child may reach
+    # extra host[:port] an isolated child may reach
+    egress_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     @field_validator("isolation", "egress_allow", mode="before")
     @classmethod
     def _comma_list(cls, v: Any) -> Any:
-        return [x.strip() for x in v.split(",") if x.strip()] if isinstance(v, str) else v
+        return _comma_or_json_list(v)
 
     @field_validator("child_network")
     @classmethod
@@ -155,7 +172,7 @@ class RunnerSettings(BaseModel):
         return v
 
 
-class SchedulesSettings(BaseModel):
+class SchedulesSettings(Section):
     """The durable scheduler (DESIGN §5, §6)."""
 
     misfire_grace_s: float = 60.0       # a fire later than this is recorded `missed`, not dispatched
@@ -168,7 +185,7 @@ class SchedulesSettings(BaseModel):
     min_interval_s: float = Field(default=60.0, ge=0)  # the shortest `every` interval accepted; operators may lower it
 
 
-class AlertSettings(BaseModel):
+class AlertSettings(Section):
     """The alert pipeline's numbers (DESIGN §5); every one overridable as `alerts.*` / `AMUX_ALERTS__*`."""
 
     aggregation_s: float = 60.0           # failures and missed runs are aggregated this long
@@ -190,7 +207,7 @@ class AlertSettings(BaseModel):
     unconfigured_retry_s: float = 60.0    # how often a notice waiting for an administrator is looked at again
 
 
-class FeishuAppSettings(BaseModel):
+class FeishuAppSettings(Section):
     """One Feishu bot application (`[[feishu.apps]]`, DESIGN §4)."""
 
     app_id: str
@@ -203,25 +220,81 @@ class FeishuAppSettings(BaseModel):
     timezone: str = "Asia/Shanghai"
 
 
-class FeishuSettings(BaseModel):
+class FeishuSettings(Section):
     """Feishu applications and delivery numbers."""
 
+    # `[[feishu.apps]]` in TOML; from the environment AMUX_FEISHU__APPS='[{"app_id": …}]' (a JSON array), or
+    # AMUX_FEISHU__APPS_FILE naming a TOML (`[[apps]]`) or JSON file (an array, or {"apps": […]}): one or the other.
     apps: list[FeishuAppSettings] = Field(default_factory=list)
+    apps_file: Path | None = None
     dedup_window_s: float = 3600.0        # Feishu deduplicates a request uuid for this long
     timeout_s: float = 10.0               # one Open Platform call
     channel: str = "bot.feishu.channel:build_channel"  # the outbox channel the composition root loads
     long_connection_lease_s: float = Field(default=30.0, gt=0)  # a long connection's holder renews every third of it
 
+    @model_validator(mode="after")
+    def _apps_from_file(self) -> FeishuSettings:
+        if self.apps_file is None:
+            return self
+        if self.apps:
+            raise ValueError("feishu.apps and feishu.apps_file are both set; keep one (AMUX_FEISHU__APPS or "
+                             "AMUX_FEISHU__APPS_FILE)")
+        self.apps = [FeishuAppSettings.model_validate(a) for a in read_apps_file(self.apps_file)]
+        return self
 
-class OAuthSettings(BaseModel):
+
+def read_apps_file(path: Path) -> list[Any]:
+    """Return the app tables of a Feishu apps file: JSON (an array or {"apps": [...]}) or TOML (`[[apps]]`)."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ValueError(f"feishu.apps_file {path}: {e.strerror or e}; point it at a readable file") from None
+    try:
+        data: Any = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except ValueError as e:
+        raise ValueError(f"feishu.apps_file {path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'} "
+                         f"({e}); fix the line it names") from None
+    if isinstance(data, dict):
+        data = data.get("feishu", data).get("apps", [])
+    if not isinstance(data, list):
+        raise ValueError(f"feishu.apps_file {path} holds no list of apps; write [[apps]] tables (TOML) or a JSON "
+                         "array of app objects")
+    return data
+
+
+class LogSettings(Section):
+    """Logs (README "Configuration"): text or JSON lines on stderr, and one access line per HTTP request."""
+
+    format: Literal["text", "json"] = "text"
+    level: str = "WARNING"     # the hub's own loggers; AMUX_LOG_LEVEL is the older spelling of AMUX_LOG__LEVEL
+    access: bool = True        # access lines (logger amux.access, INFO) whatever `level` says
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _known_level(cls, v: Any) -> Any:
+        name = str(v).strip().upper()
+        if name not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError(f"unknown log level {v!r}; set log.level to DEBUG, INFO, WARNING, ERROR or CRITICAL, "
+                             "e.g. AMUX_LOG__LEVEL=INFO")
+        return name
+
+    def level_number(self) -> int:
+        """Return the level as `logging` numbers it."""
+        return logging.getLevelNamesMapping()[self.level]
+
+
+class OAuthSettings(Section):
     """Dynamic client registration (RFC 7591) for hosted MCP clients (docs/oauth.md)."""
 
     register_per_minute: int = Field(default=20, ge=0)  # per client address and replica; 0 turns the limit off
     unused_client_ttl_s: float = Field(default=86400.0, gt=0)  # a client with no authorization is pruned after this
 
 
-class Settings(BaseModel):
-    """Everything the hub reads at start."""
+class Settings(BaseSettings):
+    """Everything the hub reads at start; `load_settings` (hub/config_sources.py) says from where."""
+
+    model_config = SettingsConfigDict(env_prefix="AMUX_", env_nested_delimiter="__", case_sensitive=False,
+                                      extra="forbid", nested_model_default_partial_update=False)
 
     home: Path = Path(".amux")
     database_url: str | None = None
@@ -239,44 +312,22 @@ class Settings(BaseModel):
     oauth: OAuthSettings = Field(default_factory=OAuthSettings)
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
     runner: RunnerSettings = Field(default_factory=RunnerSettings)
+    log: LogSettings = Field(default_factory=LogSettings)
 
     def db_url(self) -> str:
         """Return the database URL, defaulting to SQLite in `home`."""
         return self.database_url or f"sqlite+aiosqlite:///{(self.home / 'amux.db').resolve()}"
 
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: Any, env_settings: Any,
+                                   dotenv_settings: Any, file_secret_settings: Any) -> tuple[Any, ...]:
+        """Read what `load_settings` chose (flags, then the environment, then the TOML file); no .env files."""
+        from .config_sources import current_sources
+        return current_sources(init_settings, env_settings)
 
-def _set_path(tree: dict[str, Any], path: list[str], value: str) -> None:
-    for part in path[:-1]:
-        tree = tree.setdefault(part, {})
-    tree[path[-1]] = value
 
+def load_settings(config_file: Any = None, env: Any = None, **overrides: Any) -> Settings:
+    """Read the TOML file (if any), overlay `AMUX_*` variables, then explicit overrides; refuse unknown keys."""
+    from .config_sources import load
+    return load(config_file, env, overrides).settings
 
-def load_settings(
-    config_file: str | os.PathLike[str] | None = None,
-    env: Mapping[str, str] | None = None,
-    **overrides: Any,
-) -> Settings:
-    """Read the TOML file (if any), overlay `AMUX_*` variables, then explicit overrides."""
-    env = os.environ if env is None else env
-    home = Path(overrides.get("home") or env.get("AMUX_HOME") or ".amux")
-    path = Path(config_file) if config_file else home / "amux.toml"
-    data: dict[str, Any] = {}
-    if path.exists():
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise Invalid(f"config file {path} is not valid TOML ({e}); fix the line it names") from e
-    elif config_file:
-        raise Invalid(f"config file {path} does not exist; pass an existing file to --config")
-    for key, value in env.items():
-        if key.startswith("AMUX_") and key not in ("AMUX_TEST_DATABASE_URL", "AMUX_SESSION_ID", "AMUX_TOKEN",
-                                                   "AMUX_HUB_URL"):
-            _set_path(data, key[5:].lower().split("__"), value)
-    for key, value in overrides.items():
-        if value is not None:
-            data[key] = value
-    try:
-        return Settings.model_validate(data)
-    except ValidationError as e:
-        raise Invalid(f"bad configuration: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}; fix it in {path} or the "
-                      "AMUX_* variable") from e

@@ -89,7 +89,7 @@ class Loops:
                 if state.consecutive_failures >= self.unready_after:
                     self._up.labels(state.name).set(0)
                 log.exception("loop %s: pass failed (%d in a row); next in %.1fs", state.name,
-                              state.consecutive_failures, backoff)
+                              state.consecutive_failures, backoff, extra={"loop": state.name})
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self.backoff_max_s)
                 continue
@@ -124,16 +124,16 @@ class Loops:
 
     async def stop(self) -> None:
         """Cancel every loop and wait for each to end."""
-        tasks = [s.task for s in self.loops.values() if s.task is not None]
-        for t in tasks:
+        tasks = {s.name: s.task for s in self.loops.values() if s.task is not None}
+        for t in tasks.values():
             t.cancel()
-        for t in tasks:
+        for name, t in tasks.items():
             try:
                 await t
             except asyncio.CancelledError:
                 pass
             except Exception:  # a loop that had died already: its failure was logged by problems()/readyz
-                log.exception("loop ended with an error")
+                log.exception("loop %s ended with an error", name, extra={"loop": name})
         self.loops.clear()
 
 

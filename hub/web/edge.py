@@ -14,12 +14,14 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from .server import rearm
+from .. import logs
 from ..domain.text import MAX_DEPTH, BadText, check_depth, check_text, check_value, loads
 
 log = logging.getLogger("amux.web")
 
 REQUEST_ID = web.RequestKey("request_id", str)
 CLIENT = web.RequestKey("client", str)  # the client's IP address: the peer, or what a trusted proxy forwarded
+LOG_CONTEXT = web.RequestKey("log_context", logs.RequestContext)  # who the request is, for its log lines (hub/logs.py)
 TEXT_PREFIXES = ("/api/", "/console", "/feishu/")  # routes whose JSON text is checked here; MCP checks its own
 
 
@@ -55,6 +57,14 @@ def edge_middleware(body_timeout_s: float = 30.0, trusted_proxies: Collection[st
                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         rid = secrets.token_hex(8)
         request[REQUEST_ID] = rid
+        request[LOG_CONTEXT], log_token = logs.open_request(rid)
+        try:
+            return await _handle(request, handler, rid)
+        finally:
+            logs.close_request(log_token)
+
+    async def _handle(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+                      rid: str) -> web.StreamResponse:
         request[CLIENT] = client_address(request.remote, request.headers.get("X-Forwarded-For") if trusted else None,
                                          trusted)
         try:

@@ -24,6 +24,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from multidict import CIMultiDict
 
+from .. import logs
 from ..errors import AmuxError
 from ..mcp.client_sessions import ClientSessions, labeled
 from ..services.auth import AuthService
@@ -220,6 +221,7 @@ class McpMount:
         """Answer one MCP HTTP request."""
         try:
             caller = await self.auth.authenticate_mcp(request.headers.get("Authorization"))
+            logs.note_caller(caller.principal, caller.label)
         except AmuxError as e:
             return web.json_response({"error": "invalid_token", "error_description": e.message}, status=401,
                                      headers={"WWW-Authenticate": oauth_challenge(request, e.message)})

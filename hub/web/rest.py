@@ -10,6 +10,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
+from .. import logs
 from ..errors import AmuxError, Forbidden, NotFound
 from ..services.auth import AuthService, TokenAdmin, rest_area, run_token_refusal
 from ..services.credentials import CredentialService
@@ -35,6 +36,7 @@ def auth_middleware(auth: AuthService) -> Callable:
             return await handler(request)
         try:
             caller = await auth.authenticate(request.headers.get("Authorization"))
+            logs.note_caller(caller.principal, caller.label)
             refusal = run_token_refusal(caller, rest_area(request.path), read=request.method in ("GET", "HEAD"),
                                         what=f"{request.method} {request.path}")
             if refusal is not None:

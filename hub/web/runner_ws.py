@@ -12,6 +12,7 @@ from typing import Callable, Collection
 from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
 
+from .. import logs
 from ..domain.text import BadText, loads_bounded
 from ..errors import AmuxError
 from ..loops import Loops, Tasks
@@ -185,6 +186,7 @@ class RunnerEndpoint:
         try:
             caller = await self.auth.authenticate(request.headers.get("Authorization"), surface="runner",
                                                  fresh=True)
+            logs.note_caller(caller.principal, caller.label)
         except AmuxError as e:
             return web.json_response({"error": e.code, "message": e.message}, status=e.status)
         ws = web.WebSocketResponse(heartbeat=30, max_msg_size=16 * 1024 * 1024)
