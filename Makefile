@@ -6,23 +6,38 @@ PYTHON      ?= python3
 VENV        := .venv
 VENV_PY     := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
+TEST_STAMP  := $(VENV)/.installed-test
 ARGS        ?=
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2   # pytest-xdist workers (one per core here); a file's tests stay on one worker (--dist loadfile)
 
 .PHONY: venv run test bench clean
 
-## venv: create .venv (if missing) and install the package with test extras
+## venv: create .venv (if missing) and install the package with its runtime dependencies only
 venv: $(STAMP)
 
-# Re-install only when pyproject.toml changes. A venv whose interpreter no
-# longer runs (e.g. the base python moved) is recreated from scratch.
-$(STAMP): pyproject.toml
+## venv-test: venv plus the test extras (pytest, playwright, schemathesis, ruff, mypy, hadolint, ...)
+.PHONY: venv-test
+venv-test: $(TEST_STAMP)
+
+# Re-install only when pyproject.toml changes. Two stamps: $(STAMP) says the runtime install is current,
+# $(TEST_STAMP) that the test extras are too; so a venv made by `make run` gets the extras at `make test`,
+# and `make run` after `make test` installs nothing. A venv whose interpreter no longer runs (e.g. the base
+# python moved) is recreated from scratch (and both stamps go with it).
+define make_venv
 	@if ! $(VENV_PY) -c '' >/dev/null 2>&1; then \
 	  echo "creating $(VENV) with $(PYTHON)"; \
 	  if [ -e $(VENV) ]; then $(PYTHON) -m venv --clear $(VENV); else $(PYTHON) -m venv $(VENV); fi; \
+	  $(VENV_PY) -m pip install --quiet --upgrade pip; \
 	fi
-	$(VENV_PY) -m pip install --quiet --upgrade pip
+endef
+
+$(STAMP): pyproject.toml
+	$(make_venv)
+	$(VENV_PY) -m pip install --quiet -e .
+	@touch $@
+
+$(TEST_STAMP): $(STAMP)
 	$(VENV_PY) -m pip install --quiet -e '.[test]'
 	@touch $@
 
@@ -44,7 +59,7 @@ $(CLIENTS_STAMP): $(CLIENTS)/package-lock.json
 clients: $(CLIENTS_STAMP)
 
 ## test: run the test suite against PostgreSQL (make test PYTEST_ARGS='-k foo')
-test: venv clients
+test: venv-test clients
 	@if ! command -v bwrap >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null 2>&1 \
 	    || echo "make test: WARNING: could not install bubblewrap; the sandboxed box tests are skipped" >&2; \
@@ -76,7 +91,7 @@ test: venv clients
 	AMUX_TEST_DATABASE_URL="$$url" $(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 ## bench: run the benchmarks (make bench ARGS='...')
-bench: venv
+bench: venv-test
 	$(VENV_PY) -m bench $(ARGS)
 
 ## clean: remove the virtualenv, local state and caches
@@ -99,7 +114,7 @@ i18n-compile: venv
 ## lint: ruff over the tree, mypy over hub/domain and hub/store, hadolint on deploy/Dockerfile, sh -n on
 ##       deploy/install.sh, kustomize renders the example overlay (.ci/run runs it before the tests)
 .PHONY: lint
-lint: venv
+lint: venv-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy hub/domain hub/store hub/loops.py hub/clock.py
 	$(VENV)/bin/hadolint deploy/Dockerfile
@@ -112,7 +127,7 @@ lint: venv
 SOAK_S           ?= 600
 SOAK_SIM_RUNNERS ?= 200
 .PHONY: soak
-soak: venv
+soak: venv-test
 	AMUX_SOAK_DURATION_S=$(SOAK_S) AMUX_SOAK_SIM_RUNNERS=$(SOAK_SIM_RUNNERS) \
 	  $(VENV_PY) -m pytest -q -s tests/integration/test_soak.py $(PYTEST_ARGS)
 
@@ -121,7 +136,7 @@ soak: venv
 FUZZ_EXAMPLES ?= 200
 FUZZ_SEED     ?= $(shell date +%s)
 .PHONY: fuzz
-fuzz: venv
+fuzz: venv-test
 	@url="$${AMUX_TEST_DATABASE_URL:-}"; \
 	if [ -z "$$url" ]; then url="$$($(VENV_PY) .ci/ensure_postgres.py)" || { echo "make fuzz: no PostgreSQL" >&2; exit 1; }; fi; \
 	echo "make fuzz: seed $(FUZZ_SEED), $(FUZZ_EXAMPLES) examples per operation" >&2; \

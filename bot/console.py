@@ -201,7 +201,8 @@ function toast(t){ if(!t) return; const el=$("toast"); const lang=$("lang").valu
   clearTimeout(el._t); el._t=setTimeout(()=>{el.style.display="none";}, 4000); }
 function txt(node){ const lang=$("lang").value; return (node.i18n_content&&node.i18n_content[lang])||node.content||""; }
 // Card markdown as Feishu renders it: **bold**, *italic*, ~~strike~~, `code`, ```fenced``` blocks, [links](url)
-// (http/https only: applink.feishu.cn links are https; any other target stays text) and "- " / "1. " lists.
+// (http/https only: applink.feishu.cn links are https; any other target stays text), "- " / "1. " lists and
+// mentions (<at id=ou_…></at> → @ou_…).
 // Nodes are built with textContent only, never innerHTML: user text (escaped by the bot with "\") stays text.
 const MD_ESC="\\`*~[]()<>#|";
 function el(tag, cls){ const e=document.createElement(tag); if(cls) e.className=cls; return e; }
@@ -225,6 +226,9 @@ function inline(parent, t, a, b){
     if(!t[i].lit){
       if(at(t,i,"`")){ const j=find(t, i+1, b, "`");
         if(j>i+1){ flush(); const c=el("code"); c.textContent=plainOf(t,i+1,j); parent.appendChild(c); next=j+1; } }
+      else if(at(t,i,"<at id=")){ const j=find(t, i+7, b, "></at>"); // a mention, as Feishu shows it: @open_id
+        if(j>i+7){ flush(); const m=el("span","at"); m.textContent="@"+plainOf(t,i+7,j); parent.appendChild(m);
+          next=j+6; } }
       else if(at(t,i,"**")) next=wrap("strong","**",i);
       else if(at(t,i,"~~")) next=wrap("del","~~",i);
       else if(at(t,i,"*")) next=wrap("em","*",i);

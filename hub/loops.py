@@ -1,8 +1,8 @@
 """Supervised background loops: one helper runs every loop of a replica and reports their liveness.
 
 A loop is a named `step` run forever: the step does one pass and says how long to wait before the next; the
-supervisor re-raises cancellation, logs and counts a failed pass, backs off (doubling up to a ceiling) and runs
-the step again. A loop whose task ended, or that failed its last `unready_after` passes in a row, makes the
+supervisor re-raises cancellation, logs and counts a failed pass, backs off (tenacity: doubling up to a ceiling) and
+runs the step again. A loop whose task ended, or that failed its last `unready_after` passes in a row, makes the
 replica unready (`/readyz`); `/metrics` carries steps, failures and liveness per loop.
 """
 from __future__ import annotations
@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
+from .backoff import loop_backoff
 from .clock import sleep_until
 
 log = logging.getLogger("amux.loops")
@@ -73,32 +75,23 @@ class Loops:
         self._up.labels(name).set(1)
 
     async def _run(self, state: LoopState, step: Step, wake: asyncio.Event | None) -> None:
-        backoff = min(1.0, state.interval_s) or 0.1
-        while True:
+        async def attempt() -> float | None:
             if wake is not None:
                 wake.clear()
-            try:
-                wait = await step()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # the supervisor's job: count it, say it, back off, go on
-                state.failures += 1
-                state.consecutive_failures += 1
-                state.last_error = f"{type(e).__name__}: {str(e)[:200]}"
-                self._failures.labels(state.name).inc()
-                if state.consecutive_failures >= self.unready_after:
-                    self._up.labels(state.name).set(0)
-                log.exception("loop %s: pass failed (%d in a row); next in %.1fs", state.name,
-                              state.consecutive_failures, backoff, extra={"loop": state.name})
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self.backoff_max_s)
-                continue
+            return await step()
+
+        # A failed pass is retried by tenacity: the first wait min(1 s, interval), doubling up to backoff_max_s;
+        # cancellation (a BaseException) is never retried. Each successful pass starts the schedule afresh.
+        first = min(1.0, state.interval_s) or 0.1
+        retrying = AsyncRetrying(retry=retry_if_exception_type(Exception), wait=loop_backoff(first, self.backoff_max_s),
+                                 before_sleep=lambda rs: self._failed(state, rs))
+        while True:
+            wait: float | None = await retrying(attempt)
             state.steps += 1
             state.consecutive_failures = 0
             state.last_ok = time.monotonic()
             self._steps.labels(state.name).inc()
             self._up.labels(state.name).set(1)
-            backoff = min(1.0, state.interval_s) or 0.1
             wait = state.interval_s if wait is None else wait
             if wait <= 0:
                 await asyncio.sleep(0)  # yield: a loop with a backlog must not starve the event loop
@@ -106,6 +99,18 @@ class Loops:
                 await sleep_until(wake, wait)
             else:
                 await asyncio.sleep(wait)
+
+    def _failed(self, state: LoopState, rs: RetryCallState) -> None:
+        """Count, say and expose one failed pass (the supervisor's job) before tenacity's backoff sleep."""
+        e = rs.outcome.exception() if rs.outcome else None
+        state.failures += 1
+        state.consecutive_failures += 1
+        state.last_error = f"{type(e).__name__}: {str(e)[:200]}"
+        self._failures.labels(state.name).inc()
+        if state.consecutive_failures >= self.unready_after:
+            self._up.labels(state.name).set(0)
+        log.error("loop %s: pass failed (%d in a row); next in %.1fs", state.name, state.consecutive_failures,
+                  rs.next_action.sleep if rs.next_action else 0.0, exc_info=e, extra={"loop": state.name})
 
     def problems(self) -> list[str]:
         """Say which loops make this replica unready: stopped, or failing every recent pass."""

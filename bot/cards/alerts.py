@@ -8,6 +8,7 @@ cards carry Acknowledge, Snooze and Recheck only: no execution control (the crea
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from bot.i18n import _, catalogs
@@ -15,6 +16,7 @@ from hub.domain.alerts import ACTIVE
 from hub.domain.states import IncidentState
 
 from .actions import CardAction
+from .base import esc
 
 MAX_CARD_BYTES = 30 * 1024
 ACTIONS = ("ack", "snooze", "recheck")
@@ -28,6 +30,7 @@ OUTCOME = {"succeeded": _("succeeded"), "failed": _("failed"), "cancelled": _("c
 BUTTONS = {"ack": _("Acknowledge"), "snooze": _("Snooze 24 h"), "recheck": _("Recheck")}
 UNKNOWN_CREATOR = _("unknown")
 LANGS = ("en_us", "zh_cn")
+OPEN_ID = re.compile(r"^ou_[A-Za-z0-9_-]{1,100}$")
 
 
 def _t(message: str, **kw: Any) -> dict[str, str]:
@@ -89,6 +92,24 @@ def _creator(view: dict[str, Any]) -> dict[str, str]:
     return _t(_("**Created by**: {creator}"), creator=view.get("creator") or _Word(UNKNOWN_CREATOR))
 
 
+def _who(by: str | None) -> Any:
+    """Name who acknowledged: a Feishu user as a mention (a card click), a principal by its name (CLI, REST)."""
+    if not by:
+        return _Word(UNKNOWN_CREATOR)
+    return f"<at id={by}></at>" if OPEN_ID.match(by) else esc(by)
+
+
+def _acknowledged(view: dict[str, Any]) -> list[dict[str, str]]:
+    """Say who acknowledged the incident and when, and their comment (user text, escaped)."""
+    if not view.get("acked_at"):  # a card queued before acknowledgements carried their author
+        return [_t(_("Acknowledged — no more reminders."))]
+    lines = [_t(_("**Acknowledged** by {who} at {at} — no more reminders."), who=_who(view.get("acked_by")),
+                at=view["acked_at"])]
+    if view.get("ack_comment"):
+        lines.append(_t(_("**Comment**: {comment}"), comment=esc(view["ack_comment"])))
+    return lines
+
+
 def render_incident(view: dict[str, Any]) -> dict[str, Any]:
     """Render an incident card (new card, update or reminder)."""
     status = view.get("status", IncidentState.OPEN)
@@ -98,7 +119,7 @@ def render_incident(view: dict[str, Any]) -> dict[str, Any]:
              _t(_("**Last outcome**: {last}"), last=_outcome(view.get("last_outcome"))),
              _t(_("**Since**: {since}"), since=view.get("opened_at") or "-")]
     if view.get("acknowledged"):
-        lines.append(_t(_("Acknowledged — no more reminders.")))
+        lines += _acknowledged(view)
     elif view.get("snoozed_until"):
         lines.append(_t(_("Snoozed until {until}."), until=view["snoozed_until"]))
     if view.get("notice") == "reminder":

@@ -1,11 +1,12 @@
 """`POST /feishu/{app_id}/events`: Feishu's event subscription (messages and card callbacks).
 
-Order of checks (lark-oapi's own, plus a freshness window): decrypt `{"encrypt": …}` with
-AES-256-CBC (key = sha256(encrypt_key), iv = first block); answer the URL-verification challenge after
+Order of checks (lark-oapi's own, plus a freshness window): decrypt `{"encrypt": …}` with lark-oapi's
+`AESCipher` (AES-256-CBC, key = sha256(encrypt_key), iv = first block); answer the URL-verification challenge after
 the verification token matches; verify `X-Lark-Signature` = sha256(timestamp + nonce + encrypt_key + body)
 when an encrypt key is set; check the verification token in the header; refuse a request whose timestamp
 is outside the window (replays), then hand the event to the bot, which deduplicates on event_id.
-The answer is sent at once; slow work (a reply, a Turn) runs after it.
+The answer is sent at once; slow work (a reply, a Turn) runs after it. Why the rest is not lark-oapi's
+`EventDispatcherHandler`: docs/dependencies.md.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from aiohttp import web
 from cryptography.hazmat.primitives import padding
+from lark_oapi.core.utils.decryptor import AESCipher
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 if TYPE_CHECKING:
@@ -43,15 +45,9 @@ def signature(timestamp: str, nonce: str, encrypt_key: str, body: bytes) -> str:
 
 
 def decrypt(encrypt: str, encrypt_key: str) -> str:
-    """Decrypt an `encrypt` field (base64 of iv + AES-256-CBC ciphertext, PKCS#7)."""
-    raw = base64.b64decode(encrypt)
-    if len(raw) < 32 or len(raw) % 16:
-        raise ValueError("invalid ciphertext length")
-    key = hashlib.sha256(encrypt_key.encode()).digest()
-    dec = Cipher(algorithms.AES(key), modes.CBC(raw[:16])).decryptor()
-    padded = dec.update(raw[16:]) + dec.finalize()
-    unpad = padding.PKCS7(128).unpadder()
-    return (unpad.update(padded) + unpad.finalize()).decode()
+    """Decrypt an `encrypt` field with lark-oapi's own `AESCipher` (base64 of iv + AES-256-CBC ciphertext, key
+    sha256(encrypt_key), PKCS#7); ValueError or TypeError when it does not decrypt."""
+    return AESCipher(encrypt_key).decrypt_str(encrypt)
 
 
 def encrypt(plaintext: str, encrypt_key: str, iv: bytes) -> str:

@@ -42,6 +42,7 @@ DECISIONS = {
     "reminder": "unacknowledged ongoing incident: one reminder a day",
     "acknowledged": "acknowledged: no more reminders",
     "snoozed": "snoozed: no reminders until the snooze ends",
+    "unsnoozed": "snooze lifted: reminders resume",
     "quiet_hours": "quiet hours: deferred (never dropped)",
     "rate_limited": "rate limit reached: folded into the next digest",
     "suspended": "delivery to this application is suspended until `amux feishu recheck`",
@@ -94,6 +95,8 @@ class Incident:
     recovering_since: datetime | None = None
     closed_at: datetime | None = None
     acked_at: datetime | None = None
+    acked_by: str | None = None           # who acknowledged: a principal's name, or a Feishu open_id (card click)
+    ack_comment: str | None = None        # what they said with it (optional)
     snoozed_until: datetime | None = None
     last_ping_at: datetime | None = None
     last_outcome: str | None = None
@@ -215,19 +218,25 @@ def next_tick(inc: Incident, n: Numbers) -> datetime | None:
     return min(times) if times else None
 
 
-def acknowledge(inc: Incident, now: datetime) -> Step:
-    """Stop reminders for this incident (updates still arrive)."""
-    return Step(replace(inc, acked_at=now), ("update",), "acknowledged")
+def acknowledge(inc: Incident, now: datetime, by: str | None = None, comment: str | None = None) -> Step:
+    """Stop reminders for this incident (updates still arrive); remember who did it and what they said."""
+    return Step(replace(inc, acked_at=now, acked_by=by, ack_comment=comment or None), ("update",), "acknowledged")
 
 
-def snooze(inc: Incident, now: datetime, n: Numbers) -> Step:
-    """Hold reminders for `snooze_s`."""
-    return Step(replace(inc, snoozed_until=now + timedelta(seconds=n.snooze_s)), ("update",), "snoozed")
+def snooze(inc: Incident, now: datetime, n: Numbers, seconds: float | None = None) -> Step:
+    """Hold reminders for `seconds` (default `snooze_s`, the card button's 24 h)."""
+    until = now + timedelta(seconds=n.snooze_s if seconds is None else seconds)
+    return Step(replace(inc, snoozed_until=until), ("update",), "snoozed")
+
+
+def unsnooze(inc: Incident, now: datetime) -> Step:
+    """Lift a snooze: a reminder that fell due during it is sent at the next tick."""
+    return Step(replace(inc, snoozed_until=None), ("update",), "unsnoozed")
 
 
 def retarget(inc: Incident) -> Incident:
     """Clear what belonged to the old administrator (ack, snooze); execution state and counts stay."""
-    return replace(inc, acked_at=None, snoozed_until=None)
+    return replace(inc, acked_at=None, acked_by=None, ack_comment=None, snoozed_until=None)
 
 
 # ---------------------------------------------------------------- outbox gate
@@ -319,3 +328,29 @@ def after_failure(verdict: str, attempts: int, first_attempt_at: datetime, now: 
 def card_patchable(card_sent_at: datetime | None, now: datetime, n: Numbers) -> bool:
     """Return whether a card sent at `card_sent_at` may still be updated in place."""
     return card_sent_at is not None and now - card_sent_at < timedelta(seconds=n.card_update_max_age_s)
+
+
+# ---------------------------------------------------------------- durations (`amux alerts snooze --for 4h`)
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> int:
+    """Return the seconds of a duration such as `30m`, `4h`, `1d`, `1h30m` or `90` (seconds); ValueError if not."""
+    s = text.strip().lower()
+    if s.isdigit():
+        total = int(s)
+    else:
+        total, num = 0, ""
+        for ch in s:
+            if ch.isdigit():
+                num += ch
+            elif ch in _UNITS and num:
+                total, num = total + int(num) * _UNITS[ch], ""
+            else:
+                raise ValueError(f"{text!r} is not a duration: use a number and a unit, e.g. 30m, 4h, 1d or 1h30m")
+        if num or not s:
+            raise ValueError(f"{text!r} is not a duration: use a number and a unit, e.g. 30m, 4h, 1d or 1h30m")
+    if total <= 0:
+        raise ValueError(f"{text!r} is not a positive duration: e.g. 30m, 4h or 1d")
+    return total

@@ -6,7 +6,6 @@ import contextlib
 import logging
 import os
 import platform
-import random
 import shutil
 import socket
 import sys
@@ -16,8 +15,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import aiohttp
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 from yarl import URL
 
+from ..backoff import RECONNECT
 from ..domain import isolation as modes
 from ..domain.events import turn_usage
 from ..domain.policy import normalize_native_args
@@ -262,34 +263,48 @@ class Runner:
         }
 
     async def run_forever(self) -> None:
-        """Connect, serve, and reconnect with backoff until stopped."""
-        delay = 0.1
+        """Connect, serve, and reconnect with backoff (`hub.backoff.RECONNECT`) until stopped; a refusal
+        (`RunnerRefused`: a revoked token, a name taken) is raised, never retried."""
         async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"}) as http:
             while not self._stop.is_set():
-                try:
-                    await self._session(http)
-                    delay = 0.1
-                except aiohttp.WSServerHandshakeError as e:
-                    if e.status in (401, 403):  # a revoked or wrong token: retrying cannot help
-                        self._give_up()
-                        raise RunnerRefused(f"hub refused the runner's token ({e.status}: revoked or invalid); "
-                                            "create a new one with `amux token create --principal NAME "
-                                            "--runner`") from e
-                    log.info("hub refused the connection (%s); retrying in %.1fs", e.status, delay)
-                except RunnerRefused as e:
-                    log.error("%s", e.message)
-                    self._give_up()
-                    raise
-                except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-                    log.info("hub unreachable (%s); retrying in %.1fs", e, delay)
-                except Exception as e:  # noqa: BLE001 - a protocol surprise (a proxy's error page mid-stream): reconnect
-                    log.warning("connection to the hub failed (%s: %s); retrying in %.1fs", type(e).__name__, e, delay)
-                self.ws = None
-                self.registered.clear()
-                if self._stop.is_set():
-                    break
-                await asyncio.sleep(delay + random.random() * delay / 2)
-                delay = min(delay * 2, 2.0)
+                # A fresh schedule per served session: a session that ended cleanly starts again from 0.1 s.
+                retrying = AsyncRetrying(
+                    retry=retry_if_exception(lambda e: isinstance(e, Exception) and not isinstance(e, RunnerRefused)),
+                    wait=RECONNECT, stop=lambda _rs: self._stop.is_set(), before_sleep=self._log_retry,
+                    retry_error_callback=lambda _rs: None)  # stopped while failing: end quietly
+                await retrying(self._connect_once, http)
+                if not self._stop.is_set():
+                    await asyncio.sleep(RECONNECT(RetryCallState(retrying, None, (), {})))
+
+    async def _connect_once(self, http: aiohttp.ClientSession) -> None:
+        """Serve one connection until it ends; turn a refused token into `RunnerRefused`."""
+        try:
+            await self._session(http)
+        except aiohttp.WSServerHandshakeError as e:
+            if e.status in (401, 403):  # a revoked or wrong token: retrying cannot help
+                self._give_up()
+                raise RunnerRefused(f"hub refused the runner's token ({e.status}: revoked or invalid); "
+                                    "create a new one with `amux token create --principal NAME "
+                                    "--runner`") from e
+            raise
+        except RunnerRefused as e:
+            log.error("%s", e.message)
+            self._give_up()
+            raise
+        finally:
+            self.ws = None
+            self.registered.clear()
+
+    @staticmethod
+    def _log_retry(rs: RetryCallState) -> None:
+        e = rs.outcome.exception() if rs.outcome else None
+        delay = rs.next_action.sleep if rs.next_action else 0.0
+        if isinstance(e, aiohttp.WSServerHandshakeError):
+            log.info("hub refused the connection (%s); retrying in %.1fs", e.status, delay)
+        elif isinstance(e, (aiohttp.ClientError, OSError, asyncio.TimeoutError)):
+            log.info("hub unreachable (%s); retrying in %.1fs", e, delay)
+        else:  # a protocol surprise (a proxy's error page mid-stream): reconnect
+            log.warning("connection to the hub failed (%s: %s); retrying in %.1fs", type(e).__name__, e, delay)
 
     def _give_up(self) -> None:
         """Cancel what this runner runs: nothing it runs could report any more."""

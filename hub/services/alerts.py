@@ -47,7 +47,8 @@ def incident_view(inc: rules.Incident, incident_id: str, sched: Row, creator: st
             "status": inc.state, "failures": inc.failures, "missed": inc.missed, "unknowns": inc.unknowns,
             "last_outcome": inc.last_outcome, "opened_at": iso(inc.opened_at),
             "recovering_since": iso(inc.recovering_since), "closed_at": iso(inc.closed_at),
-            "acknowledged": inc.acked_at is not None, "snoozed_until": iso(inc.snoozed_until)}
+            "acknowledged": inc.acked_at is not None, "acked_at": iso(inc.acked_at), "acked_by": inc.acked_by,
+            "ack_comment": inc.ack_comment, "snoozed_until": iso(inc.snoozed_until)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,16 +230,26 @@ class AlertService:
         self.kick()
         return await self.incident(incident_id)
 
-    async def acknowledge(self, incident_id: str, by: str | None = None) -> dict:
-        """Stop reminders for an incident."""
-        result = await self._control(incident_id, rules.acknowledge, f"acknowledged by {by or 'the administrator'}")
-        async with self.db.write() as conn:
-            await self.store.set_acked_by(conn, incident_id, by)
-        return result
+    async def acknowledge(self, incident_id: str, by: str | None = None, comment: str | None = None) -> dict:
+        """Stop reminders for an incident; its card shows who acknowledged it, when, and the comment."""
+        return await self._control(incident_id, lambda inc, now: rules.acknowledge(inc, now, by, comment),
+                                   f"acknowledged by {by or 'the administrator'}" + (f": {comment}" if comment else ""))
 
-    async def snooze(self, incident_id: str) -> dict:
-        """Hold reminders for `alerts.snooze_s`."""
-        return await self._control(incident_id, lambda inc, now: rules.snooze(inc, now, self.n))
+    async def snooze(self, incident_id: str, seconds: float | None = None) -> dict:
+        """Hold reminders for `seconds` (default `alerts.snooze_s`)."""
+        secs = self.n.snooze_s if seconds is None else seconds
+        return await self._control(incident_id, lambda inc, now: rules.snooze(inc, now, self.n, secs),
+                                   f"snoozed for {secs:g} s")
+
+    async def unsnooze(self, incident_id: str) -> dict:
+        """Lift an incident's snooze (reminders resume; one already due is sent at the next round)."""
+        def lift(inc: rules.Incident, now: datetime) -> rules.Step:
+            if inc.snoozed_until is None or inc.snoozed_until <= now:
+                raise Invalid(f"incident {incident_id} is not snoozed; "
+                              f"snooze it with `amux alerts snooze {incident_id} --for 4h`")
+            return rules.unsnooze(inc, now)
+
+        return await self._control(incident_id, lift)
 
     async def pause(self, caller: Caller, incident_id: str) -> dict:
         """Pause the incident's schedule (future dispatch only; admitted Tasks keep running)."""

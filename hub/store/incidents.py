@@ -219,8 +219,8 @@ class SqlIncidentStore:
         """Clear the card, acknowledgement and snooze of every incident of `app_id` (they were the old
         administrator's: the new one gets fresh cards)."""
         await conn.execute(incidents.update().where(incidents.c.app_id == app_id).values(
-            card_message_id=None, card_sent_at=None, acked_at=None, acked_by=None, snoozed_until=None,
-            updated_at=now))
+            card_message_id=None, card_sent_at=None, acked_at=None, acked_by=None, ack_comment=None,
+            snoozed_until=None, updated_at=now))
 
     async def in_app(self, conn: Connection, incident_id: str, app_id: str) -> bool:
         """Say whether `incident_id` exists and belongs to `app_id`."""

@@ -353,6 +353,7 @@ incidents = sa.Table(
     sa.Column("closed_at", TS),
     sa.Column("acked_at", TS),
     sa.Column("acked_by", sa.String(200)),
+    sa.Column("ack_comment", sa.String(1000)),
     sa.Column("snoozed_until", TS),
     sa.Column("last_ping_at", TS),
     sa.Column("card_message_id", sa.String(100)),

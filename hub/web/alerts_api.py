@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from ..errors import Invalid
 from ..services.alerts import AlertService
 from . import api_models as m
 from .api_models import Call, flag, register
@@ -23,11 +24,17 @@ def add_routes(app: web.Application, alerts: AlertService) -> None:
                 "diagnostics": await alerts.diagnostics()}
 
     async def control(c: Call) -> dict:
-        iid, action = c.path.id, c.path.action
+        iid, action, body = c.path.id, c.path.action, c.body
+        if body.comment is not None and action != "ack":
+            raise Invalid(f"`comment` goes with ack only, not {action}; drop it")
+        if body.for_s is not None and action != "snooze":
+            raise Invalid(f"`for_s` goes with snooze only, not {action}; drop it")
         if action == "ack":
-            return await alerts.acknowledge(iid, c.caller.principal)
+            return await alerts.acknowledge(iid, c.caller.principal, body.comment)
         if action == "snooze":
-            return await alerts.snooze(iid)
+            return await alerts.snooze(iid, body.for_s)
+        if action == "unsnooze":
+            return await alerts.unsnooze(iid)
         return await alerts.pause(c.caller, iid)
 
     async def recheck(c: Call) -> dict:

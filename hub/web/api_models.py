@@ -161,7 +161,20 @@ class ExplainPath(Model):
 
 class IncidentPath(Model):
     id: Id
-    action: Literal["ack", "snooze", "pause"]
+    action: Literal["ack", "snooze", "unsnooze", "pause"]
+
+
+AckComment = text(1000, description="ack only: what the administrator says with the acknowledgement")
+SnoozeSeconds = Annotated[int, Field(gt=0, le=90 * 86400, description="snooze only: seconds to hold reminders, at most "
+                                     "90 days (default alerts.snooze_s, the card button's 24 h)")]
+
+
+class IncidentControl(Model):
+    hint: ClassVar[str] = ('send {}, {"comment": "..."} with ack, or {"for_s": 14400} with snooze '
+                           '(default: alerts.snooze_s)')
+    what: ClassVar[str] = "an incident control"
+    comment: AckComment | None = None
+    for_s: SnoozeSeconds | None = None
 
 
 class AppPath(Model):
@@ -743,7 +756,8 @@ ALERT_LIST = op("GET", "/api/v1/alerts", "alert_list", "Open incidents and deliv
 ALERT_EXPLAIN = op("GET", "/api/v1/alerts/explain/{ref}", "alert_explain", "The decision log of an incident or firing",
                    ExplainPath, admin=ALERT_ADMIN, tag=A)
 ALERT_CONTROL = op("POST", "/api/v1/alerts/incidents/{id}/{action}", "alert_control",
-                   "Acknowledge, snooze or pause an incident", IncidentPath, admin=ALERT_ADMIN, tag=A)
+                   "Acknowledge (optional comment), snooze (optional for_s), unsnooze or pause an incident",
+                   IncidentPath, body=IncidentControl, admin=ALERT_ADMIN, tag=A)
 FEISHU_RECHECK = op("POST", "/api/v1/feishu/apps/{app}/recheck", "feishu_recheck",
                     "Lift a delivery suspension of a Feishu app", AppPath, admin=ALERT_ADMIN, tag=A)
 LINK_CODE = op("POST", "/api/v1/identity/link-codes", "identity_link_code", "Create a one-time link code", ok=(201,),

@@ -148,3 +148,47 @@ def test_network_policies_let_runners_and_the_ingress_reach_the_hub_and_only_hub
     assert peer["podSelector"]["matchExpressions"][0]["values"] == ["hub", "migrate"]
     pg = _one(rendered, "StatefulSet", "amux-postgres")
     assert pg["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "database"
+
+
+def test_the_kubernetes_runner_takes_its_runtime_name_from_its_pod_so_scaling_gives_distinct_runtimes(rendered):
+    runner = _one(rendered, "Deployment", "amux-runner")
+    c = runner["spec"]["template"]["spec"]["containers"][0]
+    name = c["args"][c["args"].index("--name") + 1]
+    assert name == "$(POD_NAME)"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    # $(VAR) in args expands only from a variable defined earlier in the container's env.
+    assert c["env"].index(env["POD_NAME"]) == 0
+
+
+def test_compose_requires_no_feishu_variable_and_configures_an_app_only_when_one_is_given(compose):
+    text = (DEPLOY / "compose.yaml").read_text()
+    required = set(re.findall(r"\$\{([A-Z0-9_]+):\?", text))
+    assert required == {"POSTGRES_PASSWORD", "AMUX_SECRET_KEY"}, required
+    assert "[[feishu.apps]]" not in compose["configs"]["amux_toml"]["content"]
+    assert "[[feishu.apps]]" in compose["configs"]["feishu_toml"]["content"]
+    for hub in ("hub-1", "hub-2"):
+        svc = compose["services"][hub]
+        script = svc["entrypoint"][2].replace("$$", "$")
+        assert svc["entrypoint"][:2] == ["sh", "-c"] and 'if [ -n "${FEISHU_APP_ID:-}" ]' in script
+        assert svc["environment"]["FEISHU_APP_ID"] == "${FEISHU_APP_ID:-}"
+
+
+@pytest.mark.parametrize("with_app", [False, True])
+def test_the_compose_hub_entrypoint_adds_the_feishu_table_only_when_an_app_id_is_set(compose, tmp_path, with_app):
+    svc = compose["services"]["hub-1"]
+    script = svc["entrypoint"][2].replace("$$", "$").replace("/tmp/amux.toml", "/etc/amux/out-amux.toml")
+    script = script.replace("/etc/amux", str(tmp_path))
+    (tmp_path / "amux.toml").write_text("[hub]\n")
+    (tmp_path / "feishu.toml").write_text("[[feishu.apps]]\n")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "amux").write_text('#!/bin/sh\necho "$@"\n')
+    (bindir / "amux").chmod(0o755)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", **({"FEISHU_APP_ID": "cli_x"} if with_app else {})}
+    out = subprocess.run(["sh", "-c", script, *svc["entrypoint"][3:], *svc["command"]], env=env,
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out[:2] == ["hub", "serve"] and out[2] == "--config"
+    cfg = out[3]
+    assert cfg == (f"{tmp_path}/out-amux.toml" if with_app else f"{tmp_path}/amux.toml")
+    assert ("[[feishu.apps]]" in (tmp_path / cfg).read_text()) is with_app

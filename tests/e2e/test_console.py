@@ -190,7 +190,8 @@ async def test_the_console_renders_card_markdown_code_links_and_lists_and_user_t
         # the rest of what Feishu renders, in a card of the bot's own building blocks
         md = ("**bold** and *italic* and ~~gone~~ and `a < b`\n```\nfor i in x:\n    print(\"<b>\")\n```\n"
               "1. first\n2. second\n- [ok](https://applink.feishu.cn/client/chat/open) "
-              "[bad](javascript:alert(1)) [ftp](ftp://example.com/x)\n\\<script\\>x\\</script\\> \\*plain\\*")
+              "[bad](javascript:alert(1)) [ftp](ftp://example.com/x)\n\\<script\\>x\\</script\\> \\*plain\\*\n"
+              "acked by <at id=ou_admin></at> and \\<at id=ou_fake\\>\\</at\\>")
         doc = card(same("Demo"), [markdown(same(md))])
         await page.evaluate("(c) => cardBox(c, 'om_demo')", doc)
         demo = page.locator(".card").last
@@ -206,6 +207,8 @@ async def test_the_console_renders_card_markdown_code_links_and_lists_and_user_t
         text = await demo.locator(".md").inner_text()
         assert "[bad](javascript:alert(1))" in text and "[ftp](ftp://example.com/x)" in text
         assert "<script>x</script> *plain*" in text and await demo.locator(".md em").count() == 1
+        assert await demo.locator(".md span.at").all_inner_texts() == ["@ou_admin"]  # a mention; escaped stays text
+        assert "<at id=ou_fake></at>" in text
         assert await page.evaluate("window.pwned") is None
 
 

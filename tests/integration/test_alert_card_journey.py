@@ -146,7 +146,9 @@ async def test_acknowledge_from_the_pushed_card_stops_reminders_and_refreshes_it
     res = await journey.press(ADMIN, button(card, "Acknowledge"), mid)
     assert res["toast"]["content"] == "Acknowledged"
     refreshed = res["card"]["data"]
-    assert "Acknowledged — no more reminders." in card_text(refreshed) and "nightly build" in card_text(refreshed)
+    text = card_text(refreshed)
+    assert f"**Acknowledged** by <at id={ADMIN}></at> at " in text and "no more reminders." in text  # who and when
+    assert "nightly build" in text
     assert labels(refreshed) == ["Recheck"]
     assert (await journey.incident()).acked_by == ADMIN
     await journey.round(3 * 86400)

@@ -102,3 +102,33 @@ async def test_a_runtime_marked_lost_while_its_socket_is_open_is_closed_and_regi
     task_id = (await any_hub.hub.tasks.submit(caller, SubmitRequest(prompt="say back", profile="scripted")))["task_id"]
     view = await any_hub.hub.tasks.wait_terminal(caller, task_id, 30)
     assert view["status"] == "succeeded" and view["result"]["text"] == "back"
+
+
+async def test_an_unreachable_hub_is_retried_from_0_1_s_doubling_with_jitter_and_stop_ends_it_quietly(tmp_path, caplog):
+    import logging
+    import socket
+
+    from hub.engines.scripted import ScriptedEngine
+    from hub.runner.agent import Runner
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    runner = Runner(f"http://127.0.0.1:{port}", "amux.x.y", name="lonely", slots=1, **PROCESS_MODE,
+                    workspace_root=tmp_path / "w", engines={"scripted": ScriptedEngine()})
+
+    def delays() -> list[float]:
+        return [r.args[-1] for r in caplog.records if r.getMessage().startswith("hub unreachable")]
+
+    with caplog.at_level(logging.INFO, logger="amux.runner"):
+        task = asyncio.create_task(runner.run_forever())
+        for _ in range(200):
+            if len(delays()) >= 4:
+                break
+            await asyncio.sleep(0.05)
+        await runner.stop()
+        assert await asyncio.wait_for(task, 5) is None  # stopped while failing: no exception
+    got = delays()[:4]
+    assert len(got) == 4, got
+    for d, base in zip(got, (0.1, 0.2, 0.4, 0.8)):
+        assert base <= d <= base * 1.5, got

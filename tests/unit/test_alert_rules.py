@@ -121,10 +121,36 @@ def test_acknowledge_and_snooze_set_their_marks():
     assert s.incident.snoozed_until == T0 + 86400 * S and s.notices == ("update",)
 
 
+def test_acknowledge_records_who_and_the_comment_snooze_takes_a_duration_and_unsnooze_lifts_it():
+    a = r.acknowledge(inc("open"), T0, "ou_boss", "on it")
+    assert (a.incident.acked_at, a.incident.acked_by, a.incident.ack_comment) == (T0, "ou_boss", "on it")
+    assert r.acknowledge(inc("open"), T0, "ops", "").incident.ack_comment is None   # an empty comment is none
+    s = r.snooze(inc("open"), T0, N, 4 * 3600)
+    assert s.incident.snoozed_until == T0 + 4 * 3600 * S and s.decision == "snoozed"
+    u = r.unsnooze(s.incident, T0 + S)
+    assert u.incident.snoozed_until is None and u.notices == ("update",) and u.decision == "unsnoozed"
+    # a reminder held by the snooze is due again at once
+    assert r.on_tick(u.incident, T0 + 86400 * S, N).decision == "reminder"
+
+
 def test_admin_change_clears_ack_and_snooze_but_keeps_counts():
     # recipient-specific state goes; execution state stays
-    x = r.retarget(inc("open", failures=4, acked_at=T0, snoozed_until=T0 + S))
-    assert x.acked_at is None and x.snoozed_until is None and x.failures == 4
+    x = r.retarget(inc("open", failures=4, acked_at=T0, acked_by="ou_old", ack_comment="mine", snoozed_until=T0 + S))
+    assert x.acked_at is None and x.acked_by is None and x.ack_comment is None and x.snoozed_until is None
+    assert x.failures == 4
+
+
+@pytest.mark.parametrize("text,seconds", [
+    ("30m", 1800), ("4h", 14400), ("1d", 86400), ("1h30m", 5400), ("2w", 1209600), ("90", 90), (" 4H ", 14400),
+])
+def test_durations_read_as_an_operator_writes_them(text, seconds):
+    assert r.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "h", "4 hours", "4x", "0m", "0", "1.5h", "-1h", "m30"])
+def test_a_duration_that_is_not_one_is_refused_with_examples(text):
+    with pytest.raises(ValueError, match="30m"):
+        r.parse_duration(text)
 
 
 SH = "Asia/Shanghai"

@@ -3,6 +3,7 @@ liveness visible to /readyz and /metrics."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -123,3 +124,27 @@ async def test_background_tasks_are_held_until_they_end_and_cancelled_on_close()
     assert len(tasks._tasks) == 1
     await tasks.aclose()
     assert pending.cancelled()
+
+
+
+async def test_the_backoff_doubles_per_failure_in_a_row_up_to_the_ceiling_and_restarts_after_a_success(caplog):
+    outcomes = iter([RuntimeError("a"), RuntimeError("b"), RuntimeError("c"), RuntimeError("d"), None,
+                     RuntimeError("e")])
+    done = asyncio.Event()
+
+    async def step() -> float:
+        o = next(outcomes, None)
+        if isinstance(o, Exception):
+            raise o
+        if o is None and not done.is_set() and len(caplog.records) >= 5:
+            done.set()
+        return 0
+
+    loops = Loops(backoff_max_s=0.08)
+    with caplog.at_level(logging.ERROR, logger="amux.loops"):
+        loops.start("bo", step, interval_s=0.02)
+        await asyncio.wait_for(done.wait(), 5)
+        await loops.stop()
+    waits = [r.args[2] for r in caplog.records if r.getMessage().startswith("loop bo: pass failed")]
+    assert waits[:5] == [0.02, 0.04, 0.08, 0.08, 0.02]  # doubling, capped; after a success it starts afresh
+    assert all(r.exc_info for r in caplog.records[:5])  # the failure's traceback is logged with it

@@ -72,3 +72,28 @@ def test_any_input_is_either_accepted_or_rejected_never_an_unexpected_error(body
         open_request(App(encrypt_key="ek" if encrypted else None), headers, body, NOW)
     except Rejected:
         pass
+
+
+def _encrypted(plain: bytes, key: str, ts: float) -> tuple[dict, bytes]:
+    import os
+
+    from bot.feishu.webhook import encrypt
+
+    body = json.dumps({"encrypt": encrypt(plain.decode(), key, os.urandom(16))}).encode()
+    headers = {"X-Lark-Request-Timestamp": str(int(ts)), "X-Lark-Request-Nonce": "n1"}
+    headers["X-Lark-Signature"] = signature(headers["X-Lark-Request-Timestamp"], "n1", key, body)
+    return headers, body
+
+
+def test_an_encrypted_signed_event_is_opened_with_lark_oapis_cipher_and_still_held_to_the_replay_window():
+    app = App(encrypt_key="ek")
+    headers, body = _encrypted(event(NOW), "ek", NOW)
+    assert open_request(app, headers, body, NOW)["header"]["event_id"] == "e1"
+    with pytest.raises(Rejected, match="freshness window"):  # a signed replay from ten minutes ago
+        open_request(app, *_encrypted(event(NOW), "ek", NOW - 600), NOW)
+    with pytest.raises(Rejected, match="does not decrypt"):   # another application's key
+        open_request(App(encrypt_key="other"), headers, body, NOW)
+    with pytest.raises(Rejected, match="does not decrypt"):   # not ciphertext at all
+        open_request(app, headers, json.dumps({"encrypt": "bm90IGNpcGhlcnRleHQ="}).encode(), NOW)
+    with pytest.raises(Rejected, match="signature"):          # decrypts, but the signature is not over this body
+        open_request(app, {**headers, "X-Lark-Signature": "0" * 64}, body, NOW)
