@@ -215,7 +215,7 @@ async def test_submissions_that_arrive_while_a_commit_runs_are_inserted_together
     arrive; they are inserted by one next transaction, and each caller is answered after its own commit."""
     import asyncio
 
-    from hub.services.tasks import _Admit, _GroupCommit
+    from hub.services.tasks import Admit, _GroupCommit
     from hub.store.tasks import QueuedTask
 
     release, batches = asyncio.Event(), []
@@ -227,8 +227,8 @@ async def test_submissions_that_arrive_while_a_commit_runs_are_inserted_together
         return {}
 
     group = _GroupCommit(db, apply, lambda: None)
-    item = lambda i: _Admit(exempt=True, task=QueuedTask(task_id=f"t{i}", owner_id="p", name=None, prompt="x",  # noqa: E731
-                                                         snapshot={}, now=clock.now()))
+    item = lambda i: Admit(exempt=True, task=QueuedTask(task_id=f"t{i}", owner_id="p", name=None, prompt="x",  # noqa: E731
+                                                        snapshot={}, now=clock.now()))
     first = asyncio.ensure_future(group.admit(item(0)))
     while not batches:
         await asyncio.sleep(0.01)
