@@ -118,7 +118,8 @@ class Hub:
         channel = load_channel(settings.feishu.channel, settings) if settings.feishu.apps else NullChannel()
         self.alerts = AlertService(self.db, self.clock, settings.alerts, settings.feishu, channel, self.schedules)
         # Reconciled firing outcomes feed the alert pipeline (its OutcomeSink).
-        self.schedule_firing = ScheduleFiring(self.db, self.clock, settings.schedules, self.admission, self.sessions,
+        self.schedule_firing = ScheduleFiring(self.db, self.clock, settings.schedules, self.admission,
+                                              self.tasks.queue, self.sessions,
                                               sink=self.alerts, on_admitted=self.dispatcher.kick, kicked=firing_wake)
         registrars = [task_tools(self.tasks, self.profiles, self.permissions), instance_tools(self.instances),
                       lease_tools(self.leases), session_tools(self.sessions)]
