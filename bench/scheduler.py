@@ -54,6 +54,9 @@ async def _hub(url: str, home: Path) -> tuple[Hub, object]:
     await upgrade(url)
     settings = load_settings(env={}, home=str(home), database_url=url)
     settings.schedules.poll_s = 0.05
+    # The durable side's one creator (a user) queues every firing's Task: a limit above the window's count keeps
+    # the queue-limit check (its lock and count) on each firing without refusing any.
+    settings.hub.max_queued_per_principal = 10_000_000
     if os.environ.get("AMUX_BENCH_FIRING_WORKERS"):
         settings.schedules.firing_workers = int(os.environ["AMUX_BENCH_FIRING_WORKERS"])
     hub = Hub(settings, Database(url), SystemClock())
@@ -71,13 +74,14 @@ def _lead(n: int, rows_per_s: float) -> float:
 async def durable(url: str, n: int, window: float) -> dict:
     """Run the firing loop alone over `n` spread per-minute schedules for `window` seconds."""
     home = Path(tempfile.mkdtemp(prefix="amux-bench-sched-"))
-    hub, admin = await _hub(url, home)
+    hub, _ = await _hub(url, home)
+    user = await hub.auth.authenticate(await hub.auth.create_token("bench-user"))  # not exempt from queue limits
     start = datetime.now(timezone.utc) + timedelta(seconds=_lead(n, 5000))
     step = 60.0 / n
     async with hub.db.write() as conn:
         for k in range(0, n, 5000):
             await conn.execute(schedules.insert(), [
-                {"id": f"sch_{i:08d}", "creator_id": admin.principal_id, "provenance": {"source": "bench"},
+                {"id": f"sch_{i:08d}", "creator_id": user.principal_id, "provenance": {"source": "bench"},
                  "type": "subtask", "name": f"s{i}", "prompt": "say hi", "profile": "scripted", "rule": "every 1m",
                  "timezone": "UTC", "paused": False, "next_fire_at": start + timedelta(seconds=i * step),
                  "created_at": start - timedelta(minutes=1), "updated_at": start}

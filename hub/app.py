@@ -123,7 +123,8 @@ class Hub:
             "the console's own application included"))
         self.alerts = AlertService(self.db, self.clock, settings.alerts, settings.feishu, channel, self.schedules)
         # Reconciled firing outcomes feed the alert pipeline (its OutcomeSink).
-        self.schedule_firing = ScheduleFiring(self.db, self.clock, settings.schedules, self.admission, self.sessions,
+        self.schedule_firing = ScheduleFiring(self.db, self.clock, settings.schedules, self.admission,
+                                              self.tasks.queue, self.sessions,
                                               sink=self.alerts, on_admitted=self.dispatcher.kick, kicked=firing_wake,
                                               tasks=self.tasks)
         registrars = [task_tools(self.tasks, self.profiles, self.permissions), instance_tools(self.instances),

@@ -2,13 +2,13 @@
 
 Fire: claim a batch of due schedules with one statement (`FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite is
 single-process) → in ONE transaction insert the batch's firing rows and advance its rules (one executemany each)
-→ commit → dispatch (admit the Tasks, resolving admission once per distinct creator and choices in the batch /
-submit a Turn) → in one transaction insert the Tasks and record each admission and correlation. A subtask schedule's
-`overlap` decides a fire while a Task an earlier fire admitted is unfinished: `allow` admits it anyway, `skip` admits
-nothing (`skipped:overlap`), `replace` cancels the earlier Task through Task cancellation, then admits it.
-A firing whose dispatch result was never recorded (the hub died after the commit) is marked `unknown` by the
-reconciler after `unknown_after_s`; it is never replayed. `firing_workers` loops per replica claim apart exactly as
-replicas do.
+→ commit → dispatch (resolve each Task's admission, once per distinct creator and choices in the batch / submit a
+Turn) → in one transaction admit the Tasks through the admitter `task_submit` uses (`QueueAdmitter`: the queue
+limit, the same rows) and record each admission and correlation. A subtask schedule's `overlap` decides a fire while
+a Task an earlier fire admitted is unfinished: `allow` admits it anyway, `skip` admits nothing (`skipped:overlap`),
+`replace` cancels the earlier Task through Task cancellation, then admits it. A firing whose dispatch result was
+never recorded (the hub died after the commit) is marked `unknown` by the reconciler after `unknown_after_s`; it is
+never replayed. `firing_workers` loops per replica claim apart exactly as replicas do.
 """
 from __future__ import annotations
 
@@ -22,16 +22,18 @@ from typing import Callable
 from ..clock import Clock, utc
 from ..config import SchedulesSettings
 from ..domain import schedule_rules as rules
-from ..domain.tasks import OUTCOMES as TASK_OUTCOMES, Status
-from ..errors import AmuxError
+from ..domain.tasks import OUTCOMES as TASK_OUTCOMES
+from ..errors import AmuxError, TooMany
 from ..ids import new_id
 from ..loops import Loops
 from ..store.db import Connection, Database, Row, StoreError
 from ..store.firings import DispatchResult, NewFiring, SqlFiringStore
+from ..store.tasks import QueuedTask
 from .admission import Admission
 from .auth import Caller
 from .schedule_ports import FiringOutcome, NullOutcomeSink, OutcomeSink, SessionPort, TaskPort
 from .schedules import submit_request
+from .tasks import Admit, QueueAdmitter
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,8 @@ class Due:
     schedule: Row
     nominal: datetime
     result: tuple[str, str | None, str | None] | None = None  # (admission, task_id, turn_id)
-    task_row: dict | None = None
+    task: QueuedTask | None = None  # admitted when the result is recorded (the queue limit may refuse it)
+    exempt: bool = False  # its creator holds an admin token: no queue limit, as at `task_submit`
     replaces: tuple[str, ...] = ()  # overlap = replace: the unfinished Tasks to cancel before this one is admitted
 
 
@@ -62,11 +65,16 @@ def _reason(e: BaseException) -> str:
     return ("error:" + text)[:500]
 
 
+def _refused(e: TooMany) -> str:
+    """The admission of a firing the queue limit refused: its code and the fix REST's 429 gives."""
+    return f"error:{e.code}: {e.message}"[:500]
+
+
 class ScheduleFiring:
     """Fire due schedules durably and reconcile outcomes onto the ledger."""
 
     def __init__(self, db: Database, clock: Clock, settings: SchedulesSettings, admission: Admission,
-                 sessions: SessionPort | None = None, sink: OutcomeSink | None = None,
+                 admitter: QueueAdmitter, sessions: SessionPort | None = None, sink: OutcomeSink | None = None,
                  on_admitted: Callable[[], None] | None = None, kicked: asyncio.Event | None = None,
                  tasks: TaskPort | None = None) -> None:
         self.db = db
@@ -74,6 +82,7 @@ class ScheduleFiring:
         self.clock = clock
         self.settings = settings
         self.admission = admission
+        self.admitter = admitter
         self.sessions = sessions
         self.sink = sink or NullOutcomeSink()
         self.on_admitted = on_admitted or (lambda: None)
@@ -138,19 +147,20 @@ class ScheduleFiring:
 
     # ------------------------------------------------------------ dispatch
 
-    async def _callers(self, conn: Connection, rows: list[Row]) -> dict[str, Caller]:
-        """Map each schedule whose creator still exists to the Caller its firing acts as."""
+    async def _callers(self, conn: Connection, rows: list[Row]) -> tuple[dict[str, Caller], set[str]]:
+        """Map each schedule whose creator still exists to the Caller its firing acts as; also return the creators
+        exempt from the queue limit (holding an admin token)."""
         ids = {r.creator_id for r in rows if r.creator_id}
         if not ids:
-            return {}
-        names = await self.store.principal_names(conn, ids)
+            return {}, set()
+        creators = await self.store.creators(conn, ids)
         out = {}
         for r in rows:
-            if r.creator_id in names:
+            if r.creator_id in creators:
                 prov = r.provenance or {}
-                out[r.id] = Caller(r.creator_id, names[r.creator_id], prov.get("token_id") or "", prov.get("label"),
-                                   False)
-        return out
+                out[r.id] = Caller(r.creator_id, creators[r.creator_id].name, prov.get("token_id") or "",
+                                   prov.get("label"), False)
+        return out, {pid for pid, c in creators.items() if c.holds_admin}
 
     async def _dispatch(self, due: list[Due], now: datetime) -> None:
         # Admission again from the start on a database error (a restart): never an admission status. Reads only,
@@ -159,8 +169,8 @@ class ScheduleFiring:
         for attempt in range(ADMIT_ATTEMPTS):
             try:
                 async with self.db.autocommit() as conn:
-                    callers = await self._callers(conn, [d.schedule for d in due])
-                    await self._admit_all(conn, due, callers, now)
+                    callers, exempt = await self._callers(conn, [d.schedule for d in due])
+                    await self._admit_all(conn, due, callers, now, exempt)
                 break
             except StoreError:
                 if attempt + 1 == ADMIT_ATTEMPTS:
@@ -173,7 +183,8 @@ class ScheduleFiring:
                 await self._replace(d, callers[d.schedule.id])
         await self._record(due, now)
 
-    async def _admit_all(self, conn: Connection, due: list[Due], callers: dict[str, Caller], now: datetime) -> None:
+    async def _admit_all(self, conn: Connection, due: list[Due], callers: dict[str, Caller], now: datetime,
+                         exempt: set[str]) -> None:
         """Admit the batch's subtask firings on `conn`, each resolving its content and omitted defaults again now
         like a Task submission with origin "schedule" (resolved once per distinct creator and choices in the
         batch); fresh on each attempt (the reads may be run again)."""
@@ -182,7 +193,7 @@ class ScheduleFiring:
                                                         and d.schedule.overlap != "allow"])
         subtasks: list[tuple[Due, Caller]] = []
         for d in due:
-            d.result, d.task_row, d.replaces = None, None, ()
+            d.result, d.task, d.replaces = None, None, ()
             caller = callers.get(d.schedule.id)
             unfinished = tuple(busy.get(d.schedule.id, ()))
             if caller is None:
@@ -206,11 +217,9 @@ class ScheduleFiring:
             if not engines_online[where]:
                 d.result = ("skipped:offline", None, None)
                 continue
-            task_id = new_id("tr")
-            d.result = ("ok", task_id, None)
-            d.task_row = {"id": task_id, "owner_id": caller.principal_id, "name": req.name, "prompt": req.prompt,
-                          "snapshot": snap, "status": Status.QUEUED.value, "attempt": 0, "event_seq": 0,
-                          "last_rseq": 0, "created_at": now}
+            d.task = QueuedTask(task_id=new_id("tr"), owner_id=caller.principal_id, name=req.name, prompt=req.prompt,
+                                snapshot=snap, now=now)
+            d.result, d.exempt = ("ok", d.task.task_id, None), caller.principal_id in exempt
 
     async def _replace(self, d: Due, caller: Caller) -> None:
         """Cancel the previous unfinished Tasks of an `overlap = replace` schedule (the cancellation `task_cancel`
@@ -223,8 +232,8 @@ class ScheduleFiring:
                 await self.tasks.cancel(caller, task_id)
             except Exception as e:  # noqa: BLE001 — a refusal is this fire's admission status, never a crash
                 text = e.message if isinstance(e, AmuxError) else f"{type(e).__name__}: {e}"
-                d.result, d.task_row = (f"error:the previous Task {task_id} could not be cancelled (overlap = "
-                                        f"replace), so no new one was admitted: {text}"[:500], None, None), None
+                d.result, d.task = (f"error:the previous Task {task_id} could not be cancelled (overlap = "
+                                    f"replace), so no new one was admitted: {text}"[:500], None, None), None
                 return
 
     async def _submit_turn(self, d: Due, caller: Caller) -> None:
@@ -238,34 +247,38 @@ class ScheduleFiring:
             d.result = (_reason(e), None, None)
 
     async def _record(self, due: list[Due], now: datetime) -> None:
-        """Insert admitted Tasks and record admission + correlation in one transaction.
+        """Admit the Tasks (the queue limit may refuse some) and record admission + correlation in one transaction.
 
         Only firings still unrecorded are written: one the reconciler already marked `unknown` gets no Task.
         """
-        events, admitted = await self.db.transaction(lambda conn: self._record_in(conn, due, now))
-        if admitted:
+        events, results = await self.db.transaction(lambda conn: self._record_in(conn, due, now))
+        for d in due:
+            if d.firing_id in results:
+                d.result = results[d.firing_id]
+        if any(r[1] is not None for r in results.values()):
             self.on_admitted()
         await self._publish(events)
 
-    async def _record_in(self, conn: Connection, due: list[Due],
-                         now: datetime) -> tuple[list[FiringOutcome], bool]:
-        """`_record`'s writes in the caller's transaction; fresh on each attempt (what a lost commit wrote is seen)."""
-        events = []
-        admitted = False
+    async def _record_in(self, conn: Connection, due: list[Due], now: datetime
+                         ) -> tuple[list[FiringOutcome], dict[str, tuple[str, str | None, str | None]]]:
+        """`_record`'s writes in the caller's transaction, returning each recorded firing's result; fresh on each
+        attempt (what a lost commit wrote is seen, and nothing of `due` changes)."""
         open_ = await self.store.claim_unrecorded(conn, [d.firing_id for d in due])
         live = [d for d in due if d.firing_id in open_]
-        tasks = [d.task_row for d in live if d.task_row is not None]
-        if tasks:
-            await self.store.insert_tasks(conn, tasks)
-            admitted = True
+        results = {d.firing_id: d.result for d in live}
+        tasks = [(d.firing_id, Admit(exempt=d.exempt, task=d.task)) for d in live if d.task is not None]
+        # The same admitter as `task_submit`: a Task beyond its creator's queue limit is not inserted, and its
+        # firing records the refusal.
+        refused = await self.admitter.admit(conn, [a for _, a in tasks])
+        for i, e in refused.items():
+            results[tasks[i][0]] = (_refused(e), None, None)
         # A refused dispatch has no outcome to wait for: it is reconciled at once.
         await self.store.record(conn, [
-            DispatchResult(firing_id=d.firing_id, admission=d.result[0], task_id=d.result[1], turn_id=d.result[2],
-                           reconciled_at=None if d.result[0] == "ok" else now) for d in live])
-        for d in live:
-            if d.result[0] != "ok":
-                events.append(self._event(d.schedule, d.firing_id, d.nominal, None, d.result[0]))
-        return events, admitted
+            DispatchResult(firing_id=fid, admission=adm, task_id=tid, turn_id=uid,
+                           reconciled_at=None if adm == "ok" else now) for fid, (adm, tid, uid) in results.items()])
+        events = [self._event(d.schedule, d.firing_id, d.nominal, None, results[d.firing_id][0])
+                  for d in live if results[d.firing_id][0] != "ok"]
+        return events, results
 
     # ------------------------------------------------------------ reconcile
 

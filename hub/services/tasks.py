@@ -28,16 +28,52 @@ from .notify import Notifier
 # A coordinating parent agent is not woken for pure tool or usage updates (seed: coordination wait).
 QUIET_FOR_COORDINATION = ("tool", "usage")
 
-__all__ = ["PermissionService", "SubmitRequest", "TaskService", "finish_task", "task_key"]
+__all__ = ["Admit", "PermissionService", "QueueAdmitter", "SubmitRequest", "TaskService", "finish_task", "task_key"]
 NOT_YOURS = "task {task_id!r} does not exist or is not yours; list your tasks with `amux task list`"
 
 
 @dataclass(frozen=True)
-class _Admit:
-    """One submission waiting for its commit: its frozen task, and whether its caller is exempt from queue limits."""
+class Admit:
+    """One task to admit: its frozen task, and whether it is exempt from queue limits (an admin token)."""
 
     exempt: bool
     task: QueuedTask
+
+
+class QueueAdmitter:
+    """The one admission step of every queued Task (`task_submit`, `task_run`, a schedule's firing): the
+    per-principal queue limit, then the insert (`QueuedTask`), in the caller's transaction."""
+
+    def __init__(self, db: Database, settings: HubSettings) -> None:
+        self.store = SqlTaskStore(db)
+        self.settings = settings
+
+    async def admit(self, conn: Connection, batch: list[Admit]) -> dict[int, TooMany]:
+        """Insert the batch's tasks in the caller's transaction, refusing each task beyond its principal's
+        `hub.max_queued_per_principal` queued ones (exempt ones are not counted against it) in the order they were
+        submitted, as one by one; return the refusals by position (a refused task is not inserted)."""
+        limit = self.settings.max_queued_per_principal
+        queued: dict[str, int] = {}
+        refused: dict[int, TooMany] = {}
+        admitted = []
+        # Lock each limited principal's row so concurrent submissions on PostgreSQL count one after another; in one
+        # order (by id), so two replicas' batches naming the same principals cannot deadlock.
+        for owner in sorted({a.task.owner_id for a in batch if limit and not a.exempt}):
+            await self.store.lock_principal(conn, owner)
+            queued[owner] = await self.store.count_queued(conn, owner)
+        for i, a in enumerate(batch):
+            owner = a.task.owner_id
+            if limit and not a.exempt:
+                if queued[owner] >= limit:
+                    refused[i] = TooMany(
+                        f"you already have {queued[owner]} queued tasks, the limit "
+                        f"(hub.max_queued_per_principal = {limit}); wait for some to start or cancel them with "
+                        "`task_cancel`, or ask the operator to raise it")
+                    continue
+                queued[owner] += 1
+            admitted.append(a.task)
+        await self.store.insert_queued_many(conn, admitted)
+        return refused
 
 
 class _GroupCommit:
@@ -48,16 +84,16 @@ class _GroupCommit:
 
     MAX_BATCH = 200
 
-    def __init__(self, db: Database, apply: Callable[[Connection, list[_Admit]], Awaitable[dict[int, TooMany]]],
+    def __init__(self, db: Database, apply: Callable[[Connection, list[Admit]], Awaitable[dict[int, TooMany]]],
                  on_committed: Callable[[], None]) -> None:
         self.db = db
         self.apply = apply
         self.on_committed = on_committed
         self.background = Tasks("task-admission")
-        self._pending: list[tuple[_Admit, asyncio.Future[None]]] = []
+        self._pending: list[tuple[Admit, asyncio.Future[None]]] = []
         self._draining: asyncio.Task[object] | None = None
 
-    async def admit(self, item: _Admit) -> None:
+    async def admit(self, item: Admit) -> None:
         """Queue `item` for the next transaction and wait for its outcome (a refusal or a database error raises)."""
         entry = (item, asyncio.get_running_loop().create_future())
         self._pending.append(entry)
@@ -111,7 +147,8 @@ class TaskService:
         self.settings = settings
         self.admission = admission
         self.on_admitted = on_admitted or (lambda: None)
-        self._admitter = _GroupCommit(db, self._admit_batch, lambda: self.on_admitted())
+        self.queue = QueueAdmitter(db, settings)  # schedule firings admit through it too
+        self._admitter = _GroupCommit(db, self.queue.admit, lambda: self.on_admitted())
 
     async def submit(self, caller: Caller, req: SubmitRequest, *, origin: str = "submit") -> dict:
         """Admit a Task: validate, resolve, freeze its snapshot and queue it for dispatch."""
@@ -120,39 +157,12 @@ class TaskService:
             snapshot = await self.admission.freeze(conn, caller, req, origin=origin, session=context)
         task = QueuedTask(task_id=new_id("tr"), owner_id=caller.principal_id, name=req.name, prompt=req.prompt,
                           snapshot=snapshot, now=self.clock.now(), parent_session_id=parent, parent_turn_id=parent_turn)
-        await self._admitter.admit(_Admit(exempt=caller.admin, task=task))
+        await self._admitter.admit(Admit(exempt=caller.admin, task=task))
         return {"task_id": task.task_id, "status": Status.QUEUED.value}
 
     async def aclose(self) -> None:
         """Stop admitting (a submission still waiting for its commit is cancelled)."""
         await self._admitter.background.aclose()
-
-    async def _admit_batch(self, conn: Connection, batch: list[_Admit]) -> dict[int, TooMany]:
-        """Insert the batch's tasks in the caller's transaction, refusing each task beyond its principal's
-        `hub.max_queued_per_principal` queued ones (admin tokens are exempt) in the order they were submitted, as
-        one by one; return the refusals by position."""
-        limit = self.settings.max_queued_per_principal
-        queued: dict[str, int] = {}
-        refused: dict[int, TooMany] = {}
-        admitted = []
-        # Lock each limited principal's row so concurrent submissions on PostgreSQL count one after another; in one
-        # order (by id), so two replicas' batches naming the same principals cannot deadlock.
-        for owner in sorted({a.task.owner_id for a in batch if limit and not a.exempt}):
-            await self.store.lock_principal(conn, owner)
-            queued[owner] = await self.store.count_queued(conn, owner)
-        for i, a in enumerate(batch):
-            owner = a.task.owner_id
-            if limit and not a.exempt:
-                if queued[owner] >= limit:
-                    refused[i] = TooMany(
-                        f"you already have {queued[owner]} queued tasks, the limit "
-                        f"(hub.max_queued_per_principal = {limit}); wait for some to start or cancel them with "
-                        "`task_cancel`, or ask the operator to raise it")
-                    continue
-                queued[owner] += 1
-            admitted.append(a.task)
-        await self.store.insert_queued_many(conn, admitted)
-        return refused
 
     async def _row(self, conn: Connection, caller: Caller, task_id: str) -> Row:
         row = await self.store.get(conn, task_id)

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from ..domain.states import RuntimeStatus
 from ..domain.tasks import ACTIVE as TASK_ACTIVE, OUTCOMES as TASK_OUTCOMES
 from .db import Connection, Database, Row
-from .tables import firings, legacy_submissions, principals, runtimes, schedules, task_runs
+from .tables import api_tokens, firings, legacy_submissions, principals, runtimes, schedules, task_runs
 
 UNCONFIRMED = "unconfirmed"
 # The columns a reconciler row carries: the firing, and what its outcome event names of the schedule.
@@ -39,6 +39,14 @@ class NewFiring:
     outcome: str | None = None
     missed_count: int = 0
     reconciled_at: datetime | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Creator:
+    """A schedule's creator as its firing acts: its name, and whether it holds a live admin token."""
+
+    name: str
+    holds_admin: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,14 +137,17 @@ class SqlFiringStore:
 
     # ------------------------------------------------------------ dispatch
 
-    async def principal_names(self, conn: Connection, principal_ids: Collection[str]) -> dict[str, str]:
-        """Return the name of each of these principals that still exists (a firing acts as its schedule's
-        creator)."""
+    async def creators(self, conn: Connection, principal_ids: Collection[str]) -> dict[str, Creator]:
+        """Return each of these principals that still exists, by id, with its name and whether it holds a live
+        admin token (a firing acts as its schedule's creator; an admin token's holder is exempt from the queue
+        limit, as at `task_submit`)."""
         if not principal_ids:
             return {}
-        rows = (await conn.execute(sa.select(principals.c.id, principals.c.name)
+        holds_admin = sa.exists().where(api_tokens.c.principal_id == principals.c.id, api_tokens.c.admin.is_(True),
+                                        api_tokens.c.revoked_at.is_(None))
+        rows = (await conn.execute(sa.select(principals.c.id, principals.c.name, holds_admin.label("admin"))
                                    .where(principals.c.id.in_(list(principal_ids))))).all()
-        return {r.id: r.name for r in rows}
+        return {r.id: Creator(name=r.name, holds_admin=bool(r.admin)) for r in rows}
 
     async def online_runtimes(self, conn: Connection) -> list[Row]:
         """Return the name and capabilities of every runtime online now (where a scheduled Task may be admitted)."""
@@ -165,11 +176,6 @@ class SqlFiringStore:
         stmt = sa.select(firings.c.id).where(firings.c.id.in_(list(firing_ids)), firings.c.admission.is_(None),
                                              firings.c.reconciled_at.is_(None))
         return set((await conn.execute(self.db.for_update(stmt, skip_locked=True, of=firings))).scalars())
-
-    async def insert_tasks(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
-        """Insert the Tasks admitted for firings, as given (queued; placement picks them up)."""
-        if rows:
-            await conn.execute(task_runs.insert(), list(rows))
 
     async def record(self, conn: Connection, results: Sequence[DispatchResult]) -> None:
         """Record each firing's admission and its Task or Turn; `reconciled_at` as given (set for a refused

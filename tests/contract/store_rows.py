@@ -5,8 +5,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from hub.store.db import Connection
-from hub.store.tables import (firings, identity_bindings, incidents, legacy_submissions, principals, runtimes,
-                              schedules, task_runs)
+from hub.store.tables import (api_tokens, firings, identity_bindings, incidents, legacy_submissions, principals,
+                              runtimes, schedules, task_runs)
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=timezone.utc)
 
@@ -20,6 +20,14 @@ async def principal(conn: Connection, pid: str, name: str | None = None, kind: s
     """Insert a principal."""
     await conn.execute(principals.insert().values(id=pid, kind=kind, name=name or pid, created_at=T0))
     return pid
+
+
+async def token(conn: Connection, pid: str, *, admin: bool = False, revoked: bool = False) -> str:
+    """Insert an API token of `pid` (id `tok_<pid>_<admin>_<revoked>`)."""
+    tid = f"tok_{pid}_{int(admin)}_{int(revoked)}"
+    await conn.execute(api_tokens.insert().values(id=tid, principal_id=pid, token_hash=tid, admin=admin, created_at=T0,
+                                                  revoked_at=T0 if revoked else None))
+    return tid
 
 
 async def binding(conn: Connection, bid: str, pid: str, app_id: str, status: str = "active") -> str:

@@ -12,13 +12,15 @@ import sqlalchemy as sa
 
 from hub.app import Hub
 from hub.config import PresetSettings
-from hub.errors import Invalid, NotFound
+from hub.errors import Invalid, NotFound, TooMany
 from hub.runner import protocol as p
 from hub.services.schedule_firing import Due, ScheduleFiring
 from hub.services.schedule_ports import RecordingOutcomeSink
 from hub.services.schedules import ScheduleService, ScheduleSpec
+from hub.services.tasks import SubmitRequest
 from hub.store.db import Database
 from hub.store.tables import firings, runtimes, schedules, task_runs
+from hub.store.tasks import QueuedTask
 from tests.fakes.sessions import FakeSessions
 from tests.helpers import hub_settings
 
@@ -238,8 +240,9 @@ async def test_a_firing_whose_dispatch_was_never_recorded_becomes_unknown_and_is
     # a dispatch result arriving after that is discarded: no Task is admitted for it
     async with core.db.read() as conn:
         row = (await conn.execute(sa.select(schedules).where(schedules.c.id == s["schedule_id"]))).first()
-    d = Due(firing_id="fir_crash", schedule=row, nominal=now, result=("ok", "tr_late", None),
-            task_row={"id": "tr_late"})
+    late = QueuedTask(task_id="tr_late", owner_id=core.alice.principal_id, name=None, prompt="say hi",
+                      snapshot={"engine": "scripted"}, now=now)
+    d = Due(firing_id="fir_crash", schedule=row, nominal=now, result=("ok", "tr_late", None), task=late)
     await core.schedule_firing._record([d], core.clock.now())  # noqa: SLF001
     assert await task(core, "tr_late") is None
     assert (await ledger(core, s["schedule_id"]))[0].outcome == "unknown"
@@ -297,7 +300,7 @@ async def test_two_firing_loops_claiming_at_once_fire_each_nominal_time_exactly_
     for i in range(40):
         await core.schedules.create(core.alice, spec(name=f"s{i}", rule="every 1m"))
     other_db = Database(db_url)
-    other = ScheduleFiring(other_db, clock, core.settings.schedules, core.admission)
+    other = ScheduleFiring(other_db, clock, core.settings.schedules, core.admission, core.tasks.queue)
     try:
         for _ in range(3):
             clock.advance(60)
@@ -325,6 +328,81 @@ async def test_one_replicas_firing_loops_claiming_at_once_fire_each_nominal_time
         tasks = (await conn.execute(sa.select(sa.func.count()).select_from(task_runs))).scalar()
     assert len(rows) == 120 and len({(r.schedule_id, r.nominal_time) for r in rows}) == 120
     assert {r.admission for r in rows} == {"ok"} and len({r.task_id for r in rows}) == 120 == tasks
+
+
+async def queued_of(hub: Hub, owner_id: str) -> int:
+    async with hub.db.read() as conn:
+        return (await conn.execute(sa.select(sa.func.count()).select_from(task_runs).where(
+            task_runs.c.owner_id == owner_id, task_runs.c.status == "queued"))).scalar()
+
+
+async def test_the_queue_limit_holds_for_schedule_made_tasks_and_a_refused_firing_records_the_limit_and_advances(
+        core):
+    """The reproduction of issue 27: four per-second schedules of one user under `max_queued_per_principal = 2`
+    queue 2 Tasks, not one per fire; the other firings record the refusal `task_submit` gives, and every rule
+    advances."""
+    core.settings.hub.max_queued_per_principal = 2
+    mine = [(await core.schedules.create(core.alice, spec(name=f"s{i}", rule="every 1s")))["schedule_id"]
+            for i in range(4)]
+    bob = await core.auth.authenticate(await core.auth.create_token("bob"))
+    theirs = (await core.schedules.create(bob, spec(name="b", rule="every 1s")))["schedule_id"]
+    for _ in range(3):
+        assert await fire_at(core, 1) == 5
+    assert await queued_of(core, core.alice.principal_id) == 2  # the limit, not 12
+    with pytest.raises(TooMany) as refusal:  # what task_submit (and REST's 429 `fix`) says to alice now
+        await core.tasks.submit(core.alice, SubmitRequest(prompt="say hi", profile="scripted"))
+    rows = [f for sid in mine for f in await ledger(core, sid)]
+    ok = [f for f in rows if f.admission == "ok"]
+    refused = [f for f in rows if f.admission != "ok"]
+    assert len(rows) == 12 and len(ok) == 2 and len(refused) == 10
+    assert {f.admission for f in refused} == {"error:limit_reached: " + refusal.value.message}
+    assert "hub.max_queued_per_principal = 2" in refused[0].admission
+    # nothing half-made: a refused firing has no Task, is reconciled at once and published with no outcome
+    assert all(f.task_id is None and f.reconciled_at is not None and f.outcome is None for f in refused)
+    assert sum(e.admission.startswith("error:limit_reached") for e in core.sink.events if e.schedule_id in mine) == 10
+    async with core.db.read() as conn:
+        tasks = (await conn.execute(sa.select(sa.func.count()).select_from(task_runs).where(
+            task_runs.c.owner_id == core.alice.principal_id))).scalar()
+    assert tasks == 2
+    for sid in mine:  # every attempted fire advances the rule, refused ones included
+        got = await core.schedules.get(core.alice, sid)
+        assert got["next_fire_at"] == (core.clock.now() + timedelta(seconds=1)).isoformat()
+    assert [f.admission for f in await ledger(core, theirs)][:2] == ["ok"] * 2  # bob's limit is his own
+    # a queued Task that ends frees a place: the next fire admits one again
+    await core.tasks.cancel(core.alice, ok[0].task_id)
+    await fire_at(core, 1)
+    assert await queued_of(core, core.alice.principal_id) == 2
+
+
+async def test_a_creator_holding_an_admin_token_is_exempt_from_the_queue_limit_as_at_task_submit(core):
+    core.settings.hub.max_queued_per_principal = 1
+    for i in range(3):
+        await core.schedules.create(core.admin, spec(name=f"s{i}", rule="every 1s"))
+    await fire_at(core, 1)
+    assert await queued_of(core, core.admin.principal_id) == 3
+
+
+async def test_two_firing_loops_claiming_at_once_keep_the_queue_limit_for_schedule_made_tasks(core, db_url, clock):
+    """Two replicas' firing batches admit one after another (the creator's row is locked), so together they queue
+    no more than the limit."""
+    core.settings.hub.max_queued_per_principal = 5
+    for i in range(40):
+        await core.schedules.create(core.alice, spec(name=f"s{i}", rule="every 1m"))
+    other_db = Database(db_url)
+    other = ScheduleFiring(other_db, clock, core.settings.schedules, core.admission, core.tasks.queue)
+    core.settings.schedules.claim_batch = 7  # several batches each, so the two really interleave
+    try:
+        for _ in range(2):
+            clock.advance(60)
+            while sum(await asyncio.gather(core.schedule_firing.fire_due(), other.fire_due())):
+                pass
+    finally:
+        await other_db.close()
+    async with core.db.read() as conn:
+        rows = (await conn.execute(sa.select(firings.c.admission, firings.c.task_id))).all()
+    assert len(rows) == 80 and await queued_of(core, core.alice.principal_id) == 5
+    assert sum(r.admission == "ok" for r in rows) == 5 == len({r.task_id for r in rows if r.task_id})
+    assert all(r.admission.startswith("error:limit_reached: ") for r in rows if r.admission != "ok")
 
 
 async def test_a_firing_step_or_a_reconciler_round_with_nothing_due_opens_no_write_transaction(core):

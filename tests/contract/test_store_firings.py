@@ -7,8 +7,8 @@ import pytest
 import sqlalchemy as sa
 
 from hub.store.db import Database
-from hub.store.firings import DispatchResult, NewFiring, SqlFiringStore
-from hub.store.tables import firings, schedules, task_runs
+from hub.store.firings import Creator, DispatchResult, NewFiring, SqlFiringStore
+from hub.store.tables import firings, schedules
 from tests.contract import store_rows as r
 
 
@@ -151,10 +151,17 @@ async def test_next_fire_at_is_the_soonest_of_schedules_neither_paused_nor_delet
 
 # ------------------------------------------------------------ dispatch
 
-async def test_principal_names_are_those_of_principals_that_still_exist(store):
+async def test_creators_are_principals_that_still_exist_and_say_whether_they_hold_a_live_admin_token(store):
+    async with store.db.write() as conn:
+        await r.principal(conn, "p_root", "root")
+        await r.token(conn, "p_root", admin=True)
+        await r.token(conn, "p_bob", admin=True, revoked=True)  # a revoked admin token exempts nobody
+        await r.token(conn, "p_alice")
     async with store.db.read() as conn:
-        assert await store.principal_names(conn, {"p_alice", "p_gone"}) == {"p_alice": "alice"}
-        assert await store.principal_names(conn, set()) == {}
+        assert await store.creators(conn, {"p_alice", "p_bob", "p_root", "p_gone"}) == {
+            "p_alice": Creator(name="alice", holds_admin=False), "p_bob": Creator(name="bob", holds_admin=False),
+            "p_root": Creator(name="root", holds_admin=True)}
+        assert await store.creators(conn, set()) == {}
 
 
 async def test_online_runtimes_are_only_those_online_now(store):
@@ -207,17 +214,6 @@ async def test_claim_unrecorded_skips_a_firing_the_reconciler_holds(store, db_ur
     assert got == set()  # skipped while held (PostgreSQL) or reconciled by then (SQLite's one writer)
     assert held_until_recorded is not store.db.is_sqlite
     assert (await firing_row(store, "f_open")).outcome == "unknown"
-
-
-async def test_insert_tasks_inserts_the_admitted_tasks_as_given(store):
-    async with store.db.write() as conn:
-        await store.insert_tasks(conn, [{"id": "tr_1", "owner_id": "p_alice", "name": "n", "prompt": "say hi",
-                                         "snapshot": {"engine": "scripted"}, "status": "queued", "attempt": 0,
-                                         "event_seq": 0, "last_rseq": 0, "created_at": r.T0}])
-        await store.insert_tasks(conn, [])
-    async with store.db.read() as conn:
-        row = (await conn.execute(sa.select(task_runs).where(task_runs.c.id == "tr_1"))).first()
-    assert (row.status, row.owner_id, row.snapshot) == ("queued", "p_alice", {"engine": "scripted"})
 
 
 async def test_record_writes_admission_correlation_and_reconciled_at_as_given(store):

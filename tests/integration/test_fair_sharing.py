@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import httpx2
 import pytest
 import sqlalchemy as sa
 
@@ -210,12 +211,35 @@ async def test_concurrent_submissions_share_one_commit_and_the_queue_limit_count
         await hub.stop()
 
 
+async def test_schedule_made_tasks_count_in_the_queue_limit_and_a_refused_fire_shows_the_429_fix_in_history(
+        db_url, tmp_path, clock):
+    hub = await start_hub(db_url, tmp_path, clock, background=False, max_queued_per_principal=1)
+    try:
+        await hub.start_runner(slots=1)  # online, so a fire is admitted (placement is left to the test: none runs)
+        token = await hub.token("alice")
+        async with mcp_client(hub.url, token) as c:
+            sids = [(await c.call_tool("schedule_create", {"name": f"s{i}", "prompt": "say hi", "rule": "every 1m",
+                                                           "profile": "scripted"})).structured_content["schedule_id"]
+                    for i in range(2)]
+            clock.advance(60)
+            assert await hub.hub.schedule_firing.fire_due() == 2
+            rows = [(await c.call_tool("schedule_history", {"schedule_id": s})).structured_content["firings"][0]
+                    for s in sids]
+        async with httpx2.AsyncClient(base_url=hub.url, headers={"Authorization": f"Bearer {token}"}) as http:
+            refusal = await http.post("/api/v1/tasks", json={"prompt": "say hi", "profile": "scripted"})
+        assert refusal.status_code == 429 and refusal.json()["error"] == "limit_reached"
+        assert sorted(r["admission"] for r in rows) == ["error:limit_reached: " + refusal.json()["fix"], "ok"]
+        assert [r["task_id"] is None for r in sorted(rows, key=lambda r: r["admission"])] == [True, False]
+    finally:
+        await hub.stop()
+
+
 async def test_submissions_that_arrive_while_a_commit_runs_are_inserted_together_by_the_next_one(db, clock):
     """The group commit's rule, deterministically: the first submission's transaction is held open while three more
     arrive; they are inserted by one next transaction, and each caller is answered after its own commit."""
     import asyncio
 
-    from hub.services.tasks import _Admit, _GroupCommit
+    from hub.services.tasks import Admit, _GroupCommit
     from hub.store.tasks import QueuedTask
 
     release, batches = asyncio.Event(), []
@@ -227,8 +251,8 @@ async def test_submissions_that_arrive_while_a_commit_runs_are_inserted_together
         return {}
 
     group = _GroupCommit(db, apply, lambda: None)
-    item = lambda i: _Admit(exempt=True, task=QueuedTask(task_id=f"t{i}", owner_id="p", name=None, prompt="x",  # noqa: E731
-                                                         snapshot={}, now=clock.now()))
+    item = lambda i: Admit(exempt=True, task=QueuedTask(task_id=f"t{i}", owner_id="p", name=None, prompt="x",  # noqa: E731
+                                                        snapshot={}, now=clock.now()))
     first = asyncio.ensure_future(group.admit(item(0)))
     while not batches:
         await asyncio.sleep(0.01)
