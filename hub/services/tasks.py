@@ -60,13 +60,13 @@ class QueueAdmitter:
         # order (by id), so two replicas' batches naming the same principals cannot deadlock.
         for owner in sorted({a.task.owner_id for a in batch if limit and not a.exempt}):
             await self.store.lock_principal(conn, owner)
-            queued[owner] = await self.store.count_queued(conn, owner)
+            queued[owner] = await self.store.count_queued(conn, owner, at_most=limit)
         for i, a in enumerate(batch):
             owner = a.task.owner_id
             if limit and not a.exempt:
                 if queued[owner] >= limit:
                     refused[i] = TooMany(
-                        f"you already have {queued[owner]} queued tasks, the limit "
+                        f"you already have {limit} queued tasks, the limit "
                         f"(hub.max_queued_per_principal = {limit}); wait for some to start or cancel them with "
                         "`task_cancel`, or ask the operator to raise it")
                     continue

@@ -76,10 +76,14 @@ class SqlTaskStore:
         another on PostgreSQL (SQLite's writers are serialized already)."""
         await conn.execute(self.db.for_update(sa.select(principals.c.id).where(principals.c.id == principal_id)))
 
-    async def count_queued(self, conn: Connection, owner_id: str) -> int:
-        """Count the principal's runs still queued (tasks and turns alike)."""
-        return int((await conn.execute(sa.select(sa.func.count()).select_from(task_runs).where(
-            task_runs.c.owner_id == owner_id, task_runs.c.status == Status.QUEUED.value))).scalar_one())
+    async def count_queued(self, conn: Connection, owner_id: str, at_most: int | None = None) -> int:
+        """Count the principal's runs still queued (tasks and turns alike), reading no more than `at_most` of them
+        (a limit check needs to know only whether the limit is reached)."""
+        rows = sa.select(task_runs.c.id).where(task_runs.c.owner_id == owner_id,
+                                               task_runs.c.status == Status.QUEUED.value)
+        if at_most is not None:
+            rows = rows.limit(at_most)
+        return int((await conn.execute(sa.select(sa.func.count()).select_from(rows.subquery()))).scalar_one())
 
     @staticmethod
     async def insert_queued_many(conn: Connection, tasks: list[QueuedTask]) -> None:
