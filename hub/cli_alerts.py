@@ -14,11 +14,11 @@ def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # 
     ex = sub.add_parser("explain", help="why an outcome did or did not produce a notice")
     client_opts(ex)
     ex.add_argument("ref", help="an incident id (inc_…) or a firing id (fir_…)")
-    for name in ("ack", "snooze", "pause"):
-        p = sub.add_parser(name, help=f"{name} an incident"
-                           + (" (pauses its schedule: future dispatch only)" if name == "pause" else ""))
+    for name, text in (("ack", "acknowledge an incident"), ("snooze", "snooze an incident's notices for 24 h"),
+                       ("pause", "pause an incident's schedule (future dispatch only)")):
+        p = sub.add_parser(name, help=text)
         client_opts(p)
-        p.add_argument("id")
+        p.add_argument("id", help="the incident id (inc_…)")
     fs = subparsers.add_parser("feishu", help="Feishu delivery")
     fsub = fs.add_subparsers(dest="feishu_cmd", required=True)
     rc = fsub.add_parser("recheck", help="lift a delivery suspension (230013/230053) after fixing it")
