@@ -69,7 +69,9 @@ async def test_cli_instance_steer_reaches_the_running_turn_and_interrupt_cancels
     assert code == 5, err  # waited out: the run goes on
     early = json.loads(out)
     interrupted = await cli.json("instance", "interrupt", iid)
-    final = await cli.json("instance", "wait", iid, "--timeout", "20")
+    code, out, err = await amux("instance", "wait", iid, "--timeout", "20", "--json", env=cli.env)
+    assert code == 1, err  # the run ended cancelled, not succeeded
+    final = json.loads(out)
     assert steered["delivery"] == "delivered"
     assert early["timed_out"] is True and early["status"] == "active"
     assert interrupted["task_id"] == task_id
