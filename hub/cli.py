@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .cli_discovery import DEFAULT_HUB, check_home, listen_address, url_of
-from .cli_exit import HubRefused, HubUnreachable, exit_code, outcome
+from .cli_exit import HubRefused, HubUnreachable, UsageError, exit_code, outcome
 from .errors import AmuxError
 
 if TYPE_CHECKING:  # the server side loads only for the commands that run it
@@ -166,10 +166,10 @@ def runner_token(argv_token: str | None, token_file: str | None, env: Mapping[st
         try:
             token = Path(token_file).read_text().strip()
         except OSError as e:
-            raise AmuxError(f"cannot read --token-file {token_file}: {e.strerror or e}; point it at the file holding "
+            raise UsageError(f"cannot read --token-file {token_file}: {e.strerror or e}; point it at the file holding "
                             "the runner token (`amux token create --principal NAME --runner`)") from e
         if not token:
-            raise AmuxError(f"--token-file {token_file} is empty; write the runner token into it "
+            raise UsageError(f"--token-file {token_file} is empty; write the runner token into it "
                             "(`amux token create --principal NAME --runner`)")
         return token
     if argv_token:
@@ -177,7 +177,7 @@ def runner_token(argv_token: str | None, token_file: str | None, env: Mapping[st
         return argv_token
     token = env.get("AMUX_TOKEN", "").strip()
     if not token:
-        raise AmuxError("amux runner needs a token: --token-file PATH or AMUX_TOKEN; create one with `amux token "
+        raise UsageError("amux runner needs a token: --token-file PATH or AMUX_TOKEN; create one with `amux token "
                         "create --principal NAME --runner`")
     return token
 
