@@ -1,3 +1,4 @@
+# PYTHON_ARGCOMPLETE_OK
 """The `amux` command line."""
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .cli_discovery import DEFAULT_HUB, check_home, listen_address, url_of
+from .cli_exit import HubRefused, HubUnreachable, UsageError, exit_code, outcome
 from .errors import AmuxError
 
 if TYPE_CHECKING:  # the server side loads only for the commands that run it
@@ -96,7 +98,10 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
     logs.configure(settings.log, secrets=logs.secret_values(settings))  # the configuration's [log], once it is read
     private_dir(settings.home)  # 0700: the database, tokens and secret key live here
     host, port = listen_address(settings.listen)
+    where = settings.db_url().split("@")[-1]
+    print(f"applying database migrations to {where}…", flush=True)
     await upgrade(settings.db_url())
+    print("database at head", flush=True)
     hub = Hub(settings)
     runner_app = hub.app_runner()
     await runner_app.setup()
@@ -163,10 +168,10 @@ def runner_token(argv_token: str | None, token_file: str | None, env: Mapping[st
         try:
             token = Path(token_file).read_text().strip()
         except OSError as e:
-            raise AmuxError(f"cannot read --token-file {token_file}: {e.strerror or e}; point it at the file holding "
+            raise UsageError(f"cannot read --token-file {token_file}: {e.strerror or e}; point it at the file holding "
                             "the runner token (`amux token create --principal NAME --runner`)") from e
         if not token:
-            raise AmuxError(f"--token-file {token_file} is empty; write the runner token into it "
+            raise UsageError(f"--token-file {token_file} is empty; write the runner token into it "
                             "(`amux token create --principal NAME --runner`)")
         return token
     if argv_token:
@@ -174,7 +179,7 @@ def runner_token(argv_token: str | None, token_file: str | None, env: Mapping[st
         return argv_token
     token = env.get("AMUX_TOKEN", "").strip()
     if not token:
-        raise AmuxError("amux runner needs a token: --token-file PATH or AMUX_TOKEN; create one with `amux token "
+        raise UsageError("amux runner needs a token: --token-file PATH or AMUX_TOKEN; create one with `amux token "
                         "create --principal NAME --runner`")
     return token
 
@@ -185,7 +190,9 @@ async def _runner(args: argparse.Namespace) -> None:
 
     token = runner_token(args.token, args.token_file, os.environ)
     root = Path(args.workspace_root or Path.home() / ".amux" / "workspaces")
-    runner = Runner(args.hub, token, name=args.name or socket.gethostname(), slots=args.slots,
+    from .cli_discovery import resolve_hub
+
+    runner = Runner(resolve_hub(args.hub).url, token, name=args.name or socket.gethostname(), slots=args.slots,
                     workspace_root=root, engines=default_engines(), authoring=args.authoring,
                     dedicated=args.dedicated, child_network=args.child_network, egress_allow=tuple(args.egress_allow),
                     isolation=[m.strip() for m in args.isolation.split(",") if m.strip()] if args.isolation else None,
@@ -271,13 +278,21 @@ class ApiClient:
             try:
                 async with http.request(method, f"{self.hub}/api/v1/{path}", json=body, params=params,
                                         data=data) as resp:
-                    data = await resp.json(content_type=None)
+                    text = await resp.text()
             except aiohttp.ClientConnectionError as e:
-                raise AmuxError(f"cannot reach the hub at {self.hub} (from {self.source}): {e}; start it "
-                                "with `amux up`, or pass --hub URL / set AMUX_HUB_URL / set AMUX_HOME to the home "
-                                "of the running hub") from e
+                raise HubUnreachable(f"cannot reach the hub at {self.hub} (from {self.source}): {e}; start it "
+                                     "with `amux up`, or pass --hub URL / set AMUX_HUB_URL / set AMUX_HOME to the "
+                                     "home of the running hub") from e
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None
+        if resp.status >= 500 or not isinstance(data, dict):
+            raise HubUnreachable(f"the hub at {self.hub} (from {self.source}) answered {resp.status} "
+                                 f"{(data or {}).get('message') if isinstance(data, dict) else text[:200]!r}; "
+                                 "check that URL is an amux hub and its log")
         if resp.status >= 400:
-            raise AmuxError(data.get("message") or str(data))
+            raise HubRefused(data.get("message") or str(data), resp.status)
         return data
 
 
@@ -322,20 +337,42 @@ async def _task(args: argparse.Namespace) -> None:
         _print(args, data, "\n".join(f"{t['task_id']}  {t['status']:<10} {t['name'] or ''}" for t in data["tasks"]))
 
 
+def event_line(ev: dict) -> str:
+    """Return one task event as a readable line (text, tool calls, usage; other kinds as compact JSON)."""
+    kind = ev.get("type")
+    if kind in ("text", "question"):
+        body = ev.get("text") or ""
+    elif kind in ("tool", "permission") and isinstance(ev.get("tool"), dict):
+        t = ev["tool"]
+        body = " ".join(str(x) for x in (t.get("name"), t.get("title")) if x) + (
+            f" ({t['status']})" if t.get("status") else "")
+    elif kind == "permission":
+        body = " ".join(str(x) for x in (ev.get("tool"), ev.get("title")) if x)
+    elif kind == "usage" and isinstance(ev.get("usage"), dict):
+        body = " ".join(f"{k}={v}" for k, v in ev["usage"].items())
+    else:
+        rest = {k: v for k, v in ev.items() if k not in ("seq", "type", "ts", "created_at")}
+        body = json.dumps(rest, ensure_ascii=False, separators=(", ", ": ")) if rest else ""
+    return f"  [{ev.get('seq')}] {kind}: {body}".rstrip()
+
+
 async def _wait(args: argparse.Namespace, api: ApiClient) -> None:
+    """Follow a task's events until it ends or `--timeout` elapses (each long poll asks for no more than is left)."""
     cursor = 0
     loop = asyncio.get_running_loop()
     deadline = None if args.timeout is None else loop.time() + args.timeout
     while True:
-        page = await api.call("GET", f"tasks/{args.id}/wait", params={"cursor": cursor, "timeout_s": 25})
+        left = 25.0 if deadline is None else max(0.0, min(25.0, deadline - loop.time()))
+        page = await api.call("GET", f"tasks/{args.id}/wait", params={"cursor": cursor, "timeout_s": round(left, 3)})
         for ev in page["events"]:
             if not args.json:
-                print(f"  [{ev['seq']}] {ev['type']}: {ev.get('text') or ev.get('tool') or ev.get('usage') or ''}")
+                print(event_line(ev), flush=True)
         cursor = page["cursor"]
         if page["done"] or (deadline is not None and loop.time() >= deadline):
             break
     t = await api.call("GET", f"tasks/{args.id}")
     _print(args, t, _human(t))
+    outcome(t["status"], f"task {t['task_id']}")
 
 
 async def _memory(args: argparse.Namespace) -> None:
@@ -401,16 +438,37 @@ def _human(t: dict) -> str:
 
 # ---------------------------------------------------------------- parser
 
-def server_opts(p: argparse.ArgumentParser) -> None:
-    """Add the options of a command that opens the database itself."""
-    p.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8787)")
+HUB_HELP = f"hub URL (default $AMUX_HUB_URL, else $AMUX_HOME/hub.json, else {DEFAULT_HUB})"
+TOKEN_HELP = "API token (default $AMUX_TOKEN, else $AMUX_HOME/admin.token)"
+HOME_HELP = "the amux home: database, tokens, hub.json (default $AMUX_HOME, else ./.amux)"
+
+
+def global_opts(ap: argparse.ArgumentParser) -> None:
+    """Add --hub/--home/--token before the subcommand (a subcommand's own copy, when given, wins)."""
+    ap.add_argument("--hub", help=HUB_HELP)
+    ap.add_argument("--home", help=HOME_HELP)
+    ap.add_argument("--token", help=TOKEN_HELP)
+
+
+def server_opts(p: argparse.ArgumentParser, *, listen: bool = True) -> None:
+    """Add the options of a command that opens the database itself (`listen`: one that also serves)."""
+    if listen:
+        p.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8787; port 0 picks a free one)")
     p.add_argument("--db", help="database URL (default sqlite in $AMUX_HOME)")
     p.add_argument("--config", help="TOML config file (default $AMUX_HOME/amux.toml)")
+    p.add_argument("--home", default=argparse.SUPPRESS, help=HOME_HELP)
+
+
+def db_opts(p: argparse.ArgumentParser) -> None:
+    """Add the options of a command that opens the database but serves nothing (no --listen)."""
+    server_opts(p, listen=False)
+
 
 def client_opts(p: argparse.ArgumentParser) -> None:
-    """Add the options of a command that calls a hub over HTTP."""
-    p.add_argument("--hub", help=f"hub URL (default $AMUX_HUB_URL, else $AMUX_HOME/hub.json, else {DEFAULT_HUB})")
-    p.add_argument("--token", help="API token (default $AMUX_TOKEN or $AMUX_HOME/admin.token)")
+    """Add the options of a command that calls a hub over HTTP (unset ones leave the global ones alone)."""
+    p.add_argument("--hub", default=argparse.SUPPRESS, help=HUB_HELP)
+    p.add_argument("--home", default=argparse.SUPPRESS, help=HOME_HELP)
+    p.add_argument("--token", default=argparse.SUPPRESS, help=TOKEN_HELP)
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -418,22 +476,24 @@ def _add_server_commands(sub: argparse._SubParsersAction) -> None:
     """Add `up`, `hub serve`, `runner` and `db`."""
     up = sub.add_parser("up", help="hub + in-process runner on the embedded database")
     server_opts(up)
-    up.add_argument("--slots", type=int, default=8)
+    up.add_argument("--slots", type=int, default=8, help="task slots of the in-process runner (default 8)")
     hub = sub.add_parser("hub", help="hub commands")
     hub_sub = hub.add_subparsers(dest="hub_cmd", required=True)
     serve = hub_sub.add_parser("serve", help="hub only (production)")
     server_opts(serve)
 
     run = sub.add_parser("runner", help="connect this machine to a hub as a runtime")
-    run.add_argument("--hub", required=True)
+    run.add_argument("--hub", default=argparse.SUPPRESS, help=HUB_HELP)
     given = run.add_mutually_exclusive_group()
     given.add_argument("--token-file", metavar="PATH",
                        help="read the runner token from this file (default: $AMUX_TOKEN)")
-    given.add_argument("--token", help="the runner token itself; avoid it: `ps` shows argv to every local user "
-                                       "(use --token-file or AMUX_TOKEN)")
-    run.add_argument("--slots", type=int, default=4)
-    run.add_argument("--name")
-    run.add_argument("--workspace-root")
+    given.add_argument("--token", default=argparse.SUPPRESS,
+                       help="the runner token itself; avoid it: `ps` shows argv to every local user "
+                       "(use --token-file or AMUX_TOKEN)")
+    run.add_argument("--slots", type=int, default=4, help="tasks this runner runs at once (default 4)")
+    run.add_argument("--name", help="the runtime's name on the hub (default: this host's name)")
+    run.add_argument("--workspace-root", metavar="DIR",
+                     help="where task workspaces are made (default ~/.amux/workspaces)")
     run.add_argument("--authoring", action="store_true",
                      help="offer the authoring capability: profiles with local expert authoring may run here")
     run.add_argument("--isolation", help="execution modes to offer, comma-separated: linux-dac (each principal's "
@@ -451,9 +511,9 @@ def _add_server_commands(sub: argparse._SubParsersAction) -> None:
     db = sub.add_parser("db", help="database commands")
     db_sub = db.add_subparsers(dest="db_cmd", required=True)
     dbu = db_sub.add_parser("upgrade", help="apply migrations")
-    server_opts(dbu)
+    db_opts(dbu)
     from . import cli_recovery
-    cli_recovery.add_parser(db_sub, server_opts)
+    cli_recovery.add_parser(db_sub, db_opts)
 
 
 def _add_token_commands(sub: argparse._SubParsersAction) -> None:
@@ -461,13 +521,13 @@ def _add_token_commands(sub: argparse._SubParsersAction) -> None:
     tok = sub.add_parser("token", help="API tokens")
     tok_sub = tok.add_subparsers(dest="token_cmd", required=True)
     tc = tok_sub.add_parser("create", help="create a token (shown once)")
-    server_opts(tc)
-    tc.add_argument("--principal", required=True)
-    tc.add_argument("--label")
+    db_opts(tc)
+    tc.add_argument("--principal", required=True, help="who the token acts as (created if new)")
+    tc.add_argument("--label", help="a name for the token, shown by `amux token list`")
     tc.add_argument("--admin", action="store_true", help="an admin token (with --runner: a shared runner token)")
     tc.add_argument("--runner", action="store_true", help="a runner token: only connects `amux runner` (/runner/ws)")
     tc.add_argument("--kind", default="user", choices=["user", "service", "runtime"], help="the principal's kind")
-    tc.add_argument("--json", action="store_true")
+    tc.add_argument("--json", action="store_true", help="print JSON")
     tl = tok_sub.add_parser("list", help="your tokens (id, kind, label, created, last used, revoked) and live OAuth "
                                          "grants (id, client, scopes, approving token, created)")
     client_opts(tl)
@@ -485,24 +545,26 @@ def _add_task_commands(sub: argparse._SubParsersAction) -> None:
     ts = task_sub.add_parser("submit", help="submit a task")
     client_opts(ts)
     ts.add_argument("prompt", nargs="?", help="the prompt ('-' or omitted: read stdin)")
-    ts.add_argument("--profile")
-    ts.add_argument("--runtime")
-    ts.add_argument("--model")
+    ts.add_argument("--profile", help="launch profile (`amux profile list`)")
+    ts.add_argument("--runtime", help="run on this runtime (`amux runtime list`)")
+    ts.add_argument("--model", help="the engine's model")
     ts.add_argument("--arg", action="append", help="native engine argument (repeatable)")
-    ts.add_argument("--timeout", type=float)
-    ts.add_argument("--name")
+    ts.add_argument("--timeout", type=float, help="the task's own timeout in seconds (it ends timed_out)")
+    ts.add_argument("--name", help="a name for the task")
     ts.add_argument("--wait", action="store_true", help="follow events until the task ends")
     ts.add_argument("--effort", help="reasoning effort (minimal|low|medium|high|xhigh)")
     ts.add_argument("--policy", help="permission policy (policy-allow|escalate-to-main|deny-all)")
     ts.add_argument("--credential", help="credential profile to materialize at launch")
     ts.add_argument("--isolation", choices=("linux-dac", "process"),
                     help="execution mode (default: the strongest one a runtime offers)")
-    for name in ("get", "wait", "cancel"):
-        p = task_sub.add_parser(name, help=f"{name} a task")
+    for name, text in (("get", "show a task"), ("wait", "follow a task's events until it ends"),
+                       ("cancel", "cancel a task")):
+        p = task_sub.add_parser(name, help=text)
         client_opts(p)
-        p.add_argument("id")
+        p.add_argument("id", help="the task id (tr_…)")
         if name == "wait":
-            p.add_argument("--timeout", type=float)
+            p.add_argument("--timeout", type=float, help="stop waiting after this many seconds (exit 5; the task "
+                                                         "goes on)")
     tl = task_sub.add_parser("list", help="your recent tasks")
     client_opts(tl)
 
@@ -516,11 +578,12 @@ def _add_resource_commands(sub: argparse._SubParsersAction) -> None:
     """Add `memory`, `profile`, `credential`, `schedule`, `alerts` and `identity`."""
     mem = sub.add_parser("memory", help="hub memory of this conversation's scope (for task children)")
     mem_sub = mem.add_subparsers(dest="memory_cmd", required=True)
-    for name in ("get", "set", "delete", "list"):
-        mp = mem_sub.add_parser(name)
+    for name, text in (("get", "print the value of a key"), ("set", "store a value under a key"),
+                       ("delete", "delete a key"), ("list", "list the keys")):
+        mp = mem_sub.add_parser(name, help=text)
         client_opts(mp)
         if name != "list":
-            mp.add_argument("key")
+            mp.add_argument("key", help="the memory key")
         if name == "set":
             mp.add_argument("value", nargs="?", help="the value ('-' or omitted: stdin)")
 
@@ -535,12 +598,12 @@ def _add_resource_commands(sub: argparse._SubParsersAction) -> None:
     cred_sub = cred.add_subparsers(dest="cred_cmd", required=True)
     cd = cred_sub.add_parser("declare", help="declare the variables a launch needs (admin)")
     client_opts(cd)
-    cd.add_argument("name")
+    cd.add_argument("name", help="the credential profile's name")
     cd.add_argument("--env", action="append", required=True, help="variable name (repeatable)")
     cs = cred_sub.add_parser("set", help="store your value for one variable (read from stdin)")
     client_opts(cs)
-    cs.add_argument("name")
-    cs.add_argument("env_name")
+    cs.add_argument("name", help="the credential profile's name")
+    cs.add_argument("env_name", help="the variable to set (one it declares)")
     client_opts(cred_sub.add_parser("list", help="declared credential profiles"))
     from . import cli_schedules
     cli_schedules.add_parser(sub, client_opts)
@@ -554,10 +617,24 @@ def _add_resource_commands(sub: argparse._SubParsersAction) -> None:
     cli_config.add_parser(sub, server_opts)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("amux-hub")
+    except PackageNotFoundError:  # run from a tree that was never installed
+        return "0+unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the `amux` argument parser."""
-    ap = argparse.ArgumentParser(prog="amux", description="amux hub: run coding-agent work on a fleet of machines")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap = argparse.ArgumentParser(prog="amux", description="amux hub: run coding-agent work on a fleet of machines",
+                                 epilog="exit codes: 0 ok; 1 a waited task or Turn ended other than succeeded; "
+                                        "2 usage; 3 refused or not found; 4 hub unreachable; 5 --timeout elapsed "
+                                        "while waiting")
+    ap.add_argument("--version", action="version", version=f"amux {_version()}")
+    global_opts(ap)
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     _add_server_commands(sub)
     _add_token_commands(sub)
     _add_task_commands(sub)
@@ -599,9 +676,31 @@ async def _command(args: argparse.Namespace) -> None:
         await handlers[args.cmd](args)
 
 
+def _complete(parser: argparse.ArgumentParser) -> None:
+    """Answer a shell's completion request (argcomplete sets _ARGCOMPLETE) and exit; otherwise do nothing."""
+    if "_ARGCOMPLETE" not in os.environ:
+        return
+    try:
+        import argcomplete
+    except ImportError:  # completion is a convenience: without the package the shell just completes nothing
+        return
+    argcomplete.autocomplete(parser)
+
+
+def _quiet_stdout() -> None:
+    """After a closed pipe (`amux task list | head`): point stdout at /dev/null so the exit flush says nothing."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `amux` console script."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the `amux` console script; the exit codes are hub/cli_exit.py's (README "Command line")."""
+    parser = build_parser()
+    _complete(parser)
+    args = parser.parse_args(argv)
+    if getattr(args, "home", None):
+        os.environ["AMUX_HOME"] = args.home  # --home is $AMUX_HOME for this command (config, discovery, tokens)
     from . import logs
     log_settings, log_problem = logs.from_env(os.environ)  # `up` / `hub serve` reconfigure from their settings
     logs.configure(log_settings)
@@ -609,16 +708,20 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("amux").warning("%s", log_problem)
     try:
         asyncio.run(_command(args))
+        sys.stdout.flush()
+    except BrokenPipeError as e:
+        _quiet_stdout()
+        return exit_code(e)
     except AmuxError as e:
         print(f"amux: {e.message}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+        return exit_code(e)
+    except KeyboardInterrupt as e:
+        return exit_code(e)
     except OSError as e:  # a home file that cannot be read or written: one line, not a traceback
         where = f" {e.filename}" if e.filename else ""
         print(f"amux: {e.strerror or e}:{where}; check AMUX_HOME (or --db / --config) and its permissions",
               file=sys.stderr)
-        return 2
+        return exit_code(e)
     return 0
 
 

@@ -5,6 +5,8 @@ import argparse
 import asyncio
 import sys
 
+from .cli_exit import outcome
+
 
 def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # noqa: ANN001
     """Add `amux instance …`; `client_opts` adds --hub/--token/--json."""
@@ -12,11 +14,11 @@ def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # 
     sub = ins.add_subparsers(dest="instance_cmd", required=True)
     c = sub.add_parser("create", help="create an instance: identity and permission policy are frozen now")
     client_opts(c)
-    c.add_argument("--name")
-    c.add_argument("--profile")
-    c.add_argument("--model")
+    c.add_argument("--name", help="a name for the instance")
+    c.add_argument("--profile", help="launch profile (`amux profile list`)")
+    c.add_argument("--model", help="the engine's model")
     c.add_argument("--effort", dest="reasoning_effort", help="reasoning effort (minimal|low|medium|high|xhigh)")
-    c.add_argument("--runtime")
+    c.add_argument("--runtime", help="run on this runtime (`amux runtime list`)")
     c.add_argument("--policy", dest="permission_policy", help="policy-allow | escalate-to-main | deny-all")
     c.add_argument("--arg", dest="extra_args", action="append", help="native engine argument (repeatable)")
     c.add_argument("--prompt", help="start the first run with this prompt ('-': read stdin)")
@@ -78,6 +80,7 @@ async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
         if args.wait:
             res = await _wait(api, args.id, None)
             emit(args, res, _line(res))
+            _outcome(res)
         else:
             emit(args, res, f"{res['task_id']}  {res['status']}  (mailbox delivered: {res['mailbox_delivered']})")
     elif cmd == "send":
@@ -95,9 +98,17 @@ async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
     elif cmd == "wait":
         res = await _wait(api, args.id, args.timeout)
         emit(args, res, _line(res))
+        _outcome(res)
     else:
         res = await api.call("POST", f"instances/{args.id}/archive")
         emit(args, res, _line(res))
+
+
+def _outcome(res: dict) -> None:
+    """Exit 1 when the waited run ended other than succeeded, 5 when the wait timed out (README exit codes)."""
+    task = res.get("task")
+    if task:
+        outcome(task["status"], f"instance {res['instance_id']} run {task.get('task_id') or res['current_task_id']}")
 
 
 async def _wait(api, iid: str, timeout: float | None) -> dict:  # noqa: ANN001

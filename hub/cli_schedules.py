@@ -29,48 +29,52 @@ def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # 
                    help='"*/5 * * * *" | "@daily" (@hourly @weekly @monthly @yearly) | "every 30s|5m|2h" | '
                         '"at 2026-12-01T09:00:00+08:00"')
     c.add_argument("--prompt", help="what each firing asks ('-' or omitted: read stdin)")
-    c.add_argument("--name")
+    c.add_argument("--name", help="a name for the schedule")
     c.add_argument("--tz", dest="timezone", help="IANA timezone (default: the hub's)")
-    c.add_argument("--type", dest="schedule_type", choices=["session-prompt", "subtask"], default="session-prompt")
-    c.add_argument("--profile")
-    c.add_argument("--runtime")
-    c.add_argument("--model")
-    c.add_argument("--effort", dest="reasoning_effort")
-    c.add_argument("--policy", dest="permission_policy")
-    c.add_argument("--credential", dest="credential_profile")
-    c.add_argument("--timeout", dest="timeout_s", type=float)
+    c.add_argument("--type", dest="schedule_type", choices=["session-prompt", "subtask"], default="session-prompt",
+                   help="session-prompt (default): a Turn into the session; subtask: a Task of its own")
+    c.add_argument("--profile", help="launch profile of each firing (subtask)")
+    c.add_argument("--runtime", help="run each firing on this runtime")
+    c.add_argument("--model", help="the engine's model")
+    c.add_argument("--effort", dest="reasoning_effort", help="reasoning effort (minimal|low|medium|high|xhigh)")
+    c.add_argument("--policy", dest="permission_policy", help="policy-allow | escalate-to-main | deny-all")
+    c.add_argument("--credential", dest="credential_profile", help="credential profile to materialize at launch")
+    c.add_argument("--timeout", dest="timeout_s", type=float, help="each firing's timeout in seconds")
     c.add_argument("--arg", dest="extra_args", action="append", help="native engine argument (repeatable)")
     c.add_argument("--notify", choices=["failures", "all", "none"],
                    help="which outcomes reach the Feishu administrator (default failures)")
     c.add_argument("--overlap", choices=OVERLAP, help=OVERLAP_HELP)
     up = sub.add_parser("update", help="change given fields of a schedule (\"\" clears an execution choice)")
     client_opts(up)
-    up.add_argument("id")
-    up.add_argument("--name")
+    up.add_argument("id", help="the schedule id (sch_…)")
+    up.add_argument("--name", help="a new name")
     up.add_argument("--prompt", help="what each firing asks ('-': read stdin)")
     up.add_argument("--rule", help="a new rule restarts the schedule from now")
     up.add_argument("--tz", dest="timezone", help="IANA timezone")
     up.add_argument("--session", dest="session_ref", help="session id or name (session-prompt schedules)")
     for opt, dest in UPDATE_CHOICES:
         up.add_argument(opt, dest=dest, help='"" clears it back to the default resolved at each fire')
-    up.add_argument("--timeout", dest="timeout_s", type=float)
+    up.add_argument("--timeout", dest="timeout_s", type=float, help="each firing's timeout in seconds")
     up.add_argument("--arg", dest="extra_args", action="append",
                     help="native engine argument, repeatable (replaces the saved ones)")
-    up.add_argument("--notify", choices=["failures", "all", "none"])
+    up.add_argument("--notify", choices=["failures", "all", "none"],
+                    help="which outcomes reach the Feishu administrator")
     up.add_argument("--overlap", choices=OVERLAP, help=OVERLAP_HELP)
     nt = sub.add_parser("notify", help="choose which outcomes reach the Feishu administrator")
     client_opts(nt)
-    nt.add_argument("id")
-    nt.add_argument("mode", choices=["failures", "all", "none"])
+    nt.add_argument("id", help="the schedule id (sch_…)")
+    nt.add_argument("mode", choices=["failures", "all", "none"], help="failures (default) | all | none")
     ls = sub.add_parser("list", help="your schedules")
     client_opts(ls)
-    for name in ("get", "pause", "resume", "delete", "history"):
-        p = sub.add_parser(name, help=f"{name} a schedule")
+    for name, text in (("get", "show a schedule"), ("pause", "pause a schedule (no firing until resumed)"),
+                       ("resume", "resume a paused schedule"), ("delete", "delete a schedule"),
+                       ("history", "a schedule's firings, oldest first")):
+        p = sub.add_parser(name, help=text)
         client_opts(p)
-        p.add_argument("id")
+        p.add_argument("id", help="the schedule id (sch_…)")
         if name == "history":
-            p.add_argument("--cursor", type=int, default=0)
-            p.add_argument("--limit", type=int, default=50)
+            p.add_argument("--cursor", type=int, default=0, help="start after this firing (from `(more: …)`)")
+            p.add_argument("--limit", type=int, default=50, help="firings per page (default 50)")
 
 
 def _line(s: dict) -> str:

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 
-from .errors import AmuxError
+from .cli_exit import UsageError, outcome
 
 
 def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # noqa: ANN001
@@ -14,11 +15,14 @@ def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # 
     sub = ses.add_subparsers(dest="session_cmd", required=True)
     sc = sub.add_parser("create", help="create a session")
     client_opts(sc)
-    for opt in ("--name", "--profile", "--model", "--effort", "--runtime"):
-        sc.add_argument(opt)
+    for opt, text in (("--name", "a name to refer to it by (unique among yours)"),
+                      ("--profile", "launch profile (`amux profile list`)"), ("--model", "the engine's model"),
+                      ("--effort", "reasoning effort (minimal|low|medium|high|xhigh)"),
+                      ("--runtime", "run its Turns on this runtime (`amux runtime list`)")):
+        sc.add_argument(opt, help=text)
     ls = sub.add_parser("list", help="your sessions, most recently updated first")
     client_opts(ls)
-    ls.add_argument("--limit", type=int, default=50)
+    ls.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     ss = sub.add_parser("send", help="send a message (a Turn) into one of your sessions")
     client_opts(ss)
     ss.add_argument("ref", nargs="?", help="session id or name (default $AMUX_SESSION_ID)")
@@ -35,7 +39,7 @@ def session_ref(args: argparse.Namespace) -> str:
     """Return the session-ref given, else $AMUX_SESSION_ID; refuse naming the fix when there is neither."""
     ref = getattr(args, "ref", None) or os.environ.get("AMUX_SESSION_ID")
     if not ref:
-        raise AmuxError("no session-ref: pass a session id or name (`amux session list` shows yours), "
+        raise UsageError("no session-ref: pass a session id or name (`amux session list` shows yours), "
                         "or set AMUX_SESSION_ID")
     return ref
 
@@ -60,9 +64,12 @@ async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
         if args.text is None and os.environ.get("AMUX_SESSION_ID"):
             args.ref, args.text = None, args.ref  # `amux session send TEXT` inside a session
         text = args.text if args.text not in (None, "-") else sys.stdin.read()
-        body = {"text": text, "wait": not args.no_wait, "timeout_s": args.timeout}
-        res = await api.call("POST", f"sessions/{session_ref(args)}/turns", body)
+        res = await api.call("POST", f"sessions/{session_ref(args)}/turns", {"text": text, "wait": False})
+        if not args.no_wait:
+            res = await _follow(api, res, args.timeout)
         emit(args, res, (res.get("result") or {}).get("text") or f"{res.get('turn_id')}  {res.get('status')}")
+        if not args.no_wait:
+            outcome(res["status"], f"turn {res['turn_id']}")
     else:
         res = await api.call("GET", f"sessions/{session_ref(args)}")
         lines = [f"{res['session_id']}  {res['name'] or ''}  {res['engine']}  model={res['model']}  "
@@ -74,3 +81,28 @@ async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
             lines += [f"    options: {' | '.join(q['options'])}"] if q["options"] else []
             lines += [f"    answer with `amux session send {res['session_id']} TEXT`"]
         emit(args, res, "\n".join(lines))
+
+
+PROGRESS_EVERY_S = 10.0
+
+
+async def _follow(api, queued: dict, timeout: float | None) -> dict:  # noqa: ANN001
+    """Poll a queued Turn until it is terminal or `timeout` elapses, saying on stderr what it is doing."""
+    from .domain.tasks import is_terminal
+
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    turn_id, said, last = queued["turn_id"], None, start
+    print(f"turn {turn_id} queued in session {queued['session_id']}; waiting for its outcome (--no-wait returns "
+          "at once)", file=sys.stderr, flush=True)
+    while True:
+        view = await api.call("GET", f"turns/{turn_id}")
+        now = loop.time()
+        if is_terminal(view["status"]) or (timeout is not None and now - start >= timeout):
+            print(f"turn {turn_id} {view['status']} after {now - start:.0f}s", file=sys.stderr, flush=True)
+            return view
+        if view["status"] != said or now - last >= PROGRESS_EVERY_S:
+            print(f"turn {turn_id} {view['status']} ({now - start:.0f}s)", file=sys.stderr, flush=True)
+            said, last = view["status"], now
+        left = None if timeout is None else timeout - (now - start)
+        await asyncio.sleep(min(1.0, left) if left is not None else 1.0)

@@ -102,7 +102,7 @@ def test_client_uses_the_hub_json_of_its_home_for_feishu_recheck(up, tmp_path: P
     u = up()
     res = amux("feishu", "recheck", "--app", "cli_missing", cwd=tmp_path, AMUX_HOME=str(u.home))
     # The hub answered (an unknown app is the hub's refusal, not a connection error).
-    assert res.returncode == 2 and "cannot reach" not in res.stderr and "cli_missing" in res.stderr, res.stderr
+    assert res.returncode == 3 and "cannot reach" not in res.stderr and "cli_missing" in res.stderr, res.stderr
 
 
 def test_hub_flag_beats_env_beats_hub_json_beats_default(tmp_path: Path):
@@ -122,7 +122,7 @@ def test_hub_flag_beats_env_beats_hub_json_beats_default(tmp_path: Path):
     res = amux("task", "list", cwd=tmp_path, AMUX_HOME=str(home))
     assert "127.0.0.1:8787 (from the default" in res.stderr, res.stderr
     for r in (res,):
-        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+        assert r.returncode == 4 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
 @pytest.mark.parametrize("argv", [
@@ -132,7 +132,7 @@ def test_hub_flag_beats_env_beats_hub_json_beats_default(tmp_path: Path):
 ])
 def test_every_command_with_a_missing_home_answers_one_line_naming_the_fix(argv: tuple[str, ...], tmp_path: Path):
     res = amux(*argv, cwd=tmp_path, AMUX_HOME=str(tmp_path / "nowhere"))
-    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert res.returncode == 3, (res.stdout, res.stderr)
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
     assert "does not exist" in lines[0] and ("amux up" in lines[0] or "AMUX_HOME" in lines[0]), lines[0]
@@ -144,7 +144,7 @@ def test_every_command_with_an_unreadable_home_answers_one_line_naming_the_fix(a
     bad = tmp_path / "a-file"
     bad.write_text("not a directory")
     res = amux(*argv, cwd=tmp_path, AMUX_HOME=str(bad))
-    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert res.returncode == 3, (res.stdout, res.stderr)
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in res.stderr and "not a directory" in lines[0], res.stderr
 
@@ -153,5 +153,5 @@ def test_an_unreadable_token_file_answers_one_line(tmp_path: Path):
     home = tmp_path / "home"
     (home / "admin.token").mkdir(parents=True)  # unreadable as a file even for root
     res = amux("task", "list", cwd=tmp_path, AMUX_HOME=str(home))
-    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert res.returncode == 3 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "admin.token" in res.stderr and "Traceback" not in res.stderr

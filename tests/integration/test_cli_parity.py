@@ -25,9 +25,9 @@ class Cli:
         return json.loads(out)
 
     async def refused(self, *args: str) -> str:
-        """Run a command that must be refused: exit 2 and one `amux: …` line naming the fix."""
+        """Run a command that must be refused: exit 3 and one `amux: …` line naming the fix."""
         code, out, err = await amux(*args, env=self.env)
-        assert code == 2 and err.startswith("amux: "), (code, out, err)
+        assert code == 3 and err.startswith("amux: "), (code, out, err)
         return err
 
 
@@ -65,9 +65,13 @@ async def test_cli_instance_steer_reaches_the_running_turn_and_interrupt_cancels
     iid, task_id = made["instance_id"], made["task_id"]
     await eventually(lambda: _is(hub, task_id, "running"))
     steered = await cli.json("instance", "steer", iid, "use the other branch")
-    early = await cli.json("instance", "wait", iid, "--timeout", "0.2")
+    code, out, err = await amux("instance", "wait", iid, "--timeout", "0.2", "--json", env=cli.env)
+    assert code == 5, err  # waited out: the run goes on
+    early = json.loads(out)
     interrupted = await cli.json("instance", "interrupt", iid)
-    final = await cli.json("instance", "wait", iid, "--timeout", "20")
+    code, out, err = await amux("instance", "wait", iid, "--timeout", "20", "--json", env=cli.env)
+    assert code == 1, err  # the run ended cancelled, not succeeded
+    final = json.loads(out)
     assert steered["delivery"] == "delivered"
     assert early["timed_out"] is True and early["status"] == "active"
     assert interrupted["task_id"] == task_id

@@ -39,13 +39,13 @@ async def test_cli_task_submit_wait_get_and_cancel_with_json(hub):
     assert json.loads(out)["status"] == "cancelled"
 
 
-async def test_cli_refusal_prints_the_fix_and_exits_2(hub):
+async def test_cli_refusal_prints_the_fix_and_exits_3(hub):
     await hub.start_runner()
     env = {"AMUX_HUB_URL": hub.url, "AMUX_TOKEN": hub.admin_token}
     code, _, err = await amux("task", "submit", "--profile", "nope", "say hi", env=env)
-    assert code == 2 and "profile_list" in err
+    assert code == 3 and "profile_list" in err
     code, _, err = await amux("task", "get", "tr_x", env={"AMUX_HUB_URL": hub.url, "AMUX_TOKEN": "amux.bad.bad"})
-    assert code == 2 and "amux token create" in err
+    assert code == 3 and "amux token create" in err
 
 
 async def test_cli_token_create_shows_the_token_once_and_stores_its_hash(tmp_path):

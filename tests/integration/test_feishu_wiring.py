@@ -66,7 +66,7 @@ def run_hub_start(tmp_path: Path, config: str, *, hide_lark: bool) -> subprocess
 
 def test_without_lark_oapi_a_configured_feishu_application_stops_the_start_naming_lark_oapi(tmp_path: Path):
     done = run_hub_start(tmp_path, '[[feishu.apps]]\napp_id = "cli_x"\napp_secret = "s"\n', hide_lark=True)
-    assert done.returncode == 2
+    assert done.returncode == 3
     assert "lark-oapi" in done.stderr and "pip install" in done.stderr and "feishu.channel" in done.stderr
 
 
@@ -74,7 +74,7 @@ def test_without_lark_oapi_a_long_connection_application_stops_the_start_naming_
     config = ('[feishu]\nchannel = "tests.fakes.channels:build"\n'
               '[[feishu.apps]]\napp_id = "cli_lc"\napp_secret = "s"\nmode = "long-connection"\n')
     done = run_hub_start(tmp_path, config, hide_lark=True)
-    assert done.returncode == 2
+    assert done.returncode == 3
     assert "cli_lc" in done.stderr and "long-connection" in done.stderr and "pip install 'lark-oapi" in done.stderr
 
 

@@ -142,14 +142,14 @@ async def test_identity_list_all_is_for_admins_and_unlink_revokes_then_the_ident
     await send_link(bot, "ou_carol", f"/amux link {res['code']}")
     await bot.overview_card("ou_other")
     code, _, err = await amux(bot, token, "identity", "list", "--all")
-    assert code == 2 and "admin token" in err
+    assert code == 3 and "admin token" in err
     admin = await bot.hub.auth.create_token("ops", admin=True)
     _, everyone, _ = await amux(bot, admin, "identity", "list", "--all", "--json")
     assert {b["open_id"] for b in everyone["identities"]} == {"ou_carol", "ou_other"}
     bid = (await bindings(bot, "ou_carol"))[0].id
     other = (await bindings(bot, "ou_other"))[0].id
     code, _, err = await amux(bot, token, "identity", "unlink", other)
-    assert code == 2 and "not yours" in err
+    assert code == 3 and "not yours" in err
     code, out, err = await amux(bot, token, "identity", "unlink", bid)
     assert code == 0 and "revoked" in out
     assert (await bindings(bot, "ou_carol"))[0].status == "revoked"

@@ -63,7 +63,7 @@ async def test_amux_runner_with_a_refused_token_exits_non_zero_with_one_line_nam
         cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     lines = [line for line in err.decode().splitlines() if line.startswith("amux:")]
-    assert proc.returncode == 2, err.decode()[-2000:]
+    assert proc.returncode == 3, err.decode()[-2000:]
     assert len(lines) == 1 and "amux token create" in lines[0] and "--runner" in lines[0]
     assert "Traceback" not in err.decode()
 

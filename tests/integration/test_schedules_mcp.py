@@ -117,7 +117,7 @@ async def test_cli_schedule_create_list_pause_resume_history_delete_with_json(hu
     # session-prompt is the CLI default; the session-ref falls back to AMUX_SESSION_ID
     code, _, err = await amux("schedule", "create", "--rule", "every 5m", "--prompt", "hi",
                               env={**env, "AMUX_SESSION_ID": "ghost"})
-    assert code == 2 and "ghost" in err
+    assert code == 3 and "ghost" in err
     async with hub.hub.db.read() as conn:
         import sqlalchemy as sa
 

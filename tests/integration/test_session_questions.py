@@ -212,7 +212,7 @@ async def test_amux_session_get_shows_the_waiting_question_and_amux_session_send
     code, out, err = await amux("session", "create", "--name", "desk", "--profile", "claude", "--json", env=env)
     assert code == 0, err
     code, out, err = await amux("session", "send", "desk", "set up storage", "--json", env=env)
-    assert code == 0 and json.loads(out)["status"] == "waiting_for_user", (out, err)
+    assert code == 1 and json.loads(out)["status"] == "waiting_for_user", (out, err)  # not succeeded: exit 1
     code, human, err = await amux("session", "get", "desk", env=env)
     assert code == 0, err
     assert "waiting for your answer" in human and "Which database should I use?" in human

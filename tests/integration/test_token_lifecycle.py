@@ -122,4 +122,4 @@ async def test_amux_token_list_and_revoke(hub):
     code, out, err = await amux("token", "revoke", alice_id, env=env)
     assert code == 0 and f"{alice_id}: revoked" in out, err
     code, out, err = await amux("token", "list", env={"AMUX_HUB_URL": hub.url, "AMUX_TOKEN": alice})
-    assert code == 2 and "invalid or revoked" in err
+    assert code == 3 and "invalid or revoked" in err
