@@ -1,4 +1,5 @@
-"""`amux schedule create <session-ref> …|update ID …|list|get|notify|pause|resume|delete|history` over the REST API."""
+"""`amux schedule create <session-ref> …|update ID …|list|get|notify|pause|resume|run-now|delete|history` over
+the REST API."""
 from __future__ import annotations
 
 import argparse
@@ -64,6 +65,9 @@ def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # 
     nt.add_argument("mode", choices=["failures", "all", "none"])
     ls = sub.add_parser("list", help="your schedules")
     client_opts(ls)
+    rn = sub.add_parser("run-now", help="fire a schedule once now (a manual firing; the next fire time stays)")
+    client_opts(rn)
+    rn.add_argument("id")
     for name in ("get", "pause", "resume", "delete", "history"):
         p = sub.add_parser(name, help=f"{name} a schedule")
         client_opts(p)
@@ -117,6 +121,9 @@ async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
     elif args.schedule_cmd in ("pause", "resume"):
         s = await api.call("POST", f"schedules/{args.id}/{args.schedule_cmd}")
         emit(args, s, _line(s))
+    elif args.schedule_cmd == "run-now":
+        f = await api.call("POST", f"schedules/{args.id}/run-now")
+        emit(args, f, f"{args.id}: manual firing {f['firing_id']}  {f['receipt'] or 'no dispatch recorded'}")
     elif args.schedule_cmd == "delete":
         s = await api.call("DELETE", f"schedules/{args.id}")
         emit(args, s, f"{s['schedule_id']} deleted (admitted tasks keep running)")

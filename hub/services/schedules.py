@@ -96,6 +96,7 @@ class ScheduleService:
         self.store = SqlScheduleStore(db)
         self.firings = SqlFiringStore(db)
         self.access = ScheduleAccess(db)
+        self.firing: Any = None  # ScheduleFiring, wired by the app (run_now fires through the same loop code)
 
     # ------------------------------------------------------------ attribution
 
@@ -267,6 +268,17 @@ class ScheduleService:
             await self.store.mark_deleted(conn, schedule_id, now)
         return {"schedule_id": schedule_id, "deleted": True}
 
+    async def run_now(self, caller: Caller, schedule_id: str) -> dict:
+        """Fire the caller's schedule once, now: a manual firing, ledgered and correlated to its Task like any other
+        (same admission and alert rules), the rule's next fire time unmoved. Return the firing."""
+        async with self.db.read() as conn:
+            await self.access.schedule(conn, caller, schedule_id)
+        if self.firing is None:
+            raise Invalid("running a schedule now needs the hub's firing loop, which this process does not run")
+        firing_id = await self.firing.run_now(schedule_id)
+        async with self.db.read() as conn:
+            return firing_view(await self.firings.get_firing(conn, firing_id))
+
     # ------------------------------------------------------------ reads
 
     async def get(self, caller: Caller, schedule_id: str) -> dict:
@@ -376,4 +388,4 @@ def firing_view(f: Any) -> dict:
     return {"firing_id": f.id, "nominal_time": iso(f.nominal_time), "fired_at": iso(f.fired_at),
             "admission": f.admission, "receipt": receipt, "task_id": f.task_id, "turn_id": f.turn_id,
             "outcome": f.outcome, "missed_count": f.missed_count, "reconciled_at": iso(f.reconciled_at),
-            "legacy": f.legacy}
+            "legacy": f.legacy, "manual": bool(getattr(f, "manual", False))}
