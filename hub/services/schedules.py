@@ -10,7 +10,7 @@ from ..clock import Clock, iso, utc
 from ..config import FeishuSettings, SchedulesSettings
 from ..domain import schedule_rules as rules
 from ..domain.states import BindingStatus
-from ..errors import Invalid
+from ..errors import AmuxError, Invalid
 from ..ids import new_id
 from ..store.db import Connection, Database
 from ..store.firings import SqlFiringStore
@@ -136,6 +136,35 @@ class ScheduleService:
                                      "app_id": rows[0].app_id}
         return rows[0].id, rows[0].app_id
 
+    async def card_attribution(self, conn: Connection, caller: Caller, receipt: dict[str, Any],
+                               provenance: dict[str, Any]) -> tuple[str, str]:
+        """Freeze the Feishu identity that submitted a schedule form: the card action's receipt names the active
+        binding the bot authenticated (its application and open_id); refused unless that binding is still active
+        and the caller's own."""
+        binding = await self.store.binding(conn, str(receipt.get("binding_id") or ""))
+        if binding is None or binding.status != BindingStatus.ACTIVE or binding.principal_id != caller.principal_id \
+                or binding.app_id != receipt.get("app_id"):
+            raise Invalid("this Feishu identity has no active amux binding; send `/amux link CODE` first")
+        provenance["receipt"] = {"source": "feishu", "kind": "card_action", **receipt}
+        provenance["attribution"] = {"basis": "card_action_receipt", "binding_id": binding.id,
+                                     "app_id": binding.app_id}
+        return binding.id, binding.app_id
+
+    async def usable_profiles(self, caller: Caller) -> list[str]:
+        """Return the profile names a schedule of this caller would be admitted with (the same admission check as
+        `schedule_create`, profile by profile)."""
+        names = [p["name"] for p in await self.admission.profiles.list()]
+        out = []
+        async with self.db.read() as conn:
+            for name in names:
+                try:
+                    await self.admission.freeze(conn, caller, SubmitRequest(prompt="probe", profile=name),
+                                                origin="schedule")
+                except AmuxError:
+                    continue
+                out.append(name)
+        return out
+
     # ------------------------------------------------------------ validation
 
     async def _validate(self, caller: Caller, s: ScheduleSpec, now: datetime, anchor: datetime) -> datetime | None:
@@ -183,8 +212,10 @@ class ScheduleService:
 
     # ------------------------------------------------------------ commands
 
-    async def create(self, caller: Caller, spec: ScheduleSpec, *, source: str = "mcp") -> dict:
-        """Create a schedule; the creator and provenance are frozen from the authenticated caller."""
+    async def create(self, caller: Caller, spec: ScheduleSpec, *, source: str = "mcp",
+                     card_receipt: dict[str, Any] | None = None) -> dict:
+        """Create a schedule; the creator and provenance are frozen from the authenticated caller (`card_receipt`:
+        a Feishu schedule form's card action, whose binding becomes the frozen creator binding)."""
         spec = ScheduleSpec(**asdict(spec))
         spec.schedule_type = spec.schedule_type or "subtask"
         spec.timezone = spec.timezone or self.settings.default_timezone
@@ -199,7 +230,10 @@ class ScheduleService:
         values["overlap"] = spec.overlap or "allow"
         async with self.db.write() as conn:
             provenance = provenance_of(caller, source)
-            binding_id, app_id = await self.turn_attribution(conn, caller, provenance)
+            if card_receipt is not None:
+                binding_id, app_id = await self.card_attribution(conn, caller, card_receipt, provenance)
+            else:
+                binding_id, app_id = await self.turn_attribution(conn, caller, provenance)
             if binding_id is None and "turn_id" not in provenance:
                 binding_id, app_id = await self.binding_attribution(conn, caller, provenance)
             await self.store.insert(conn, {

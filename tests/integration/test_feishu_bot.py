@@ -169,9 +169,9 @@ async def test_first_contact_binds_identity_and_amux_replies_with_the_overview(b
 async def test_the_alert_center_button_is_shown_only_to_the_administrator(bot: Bot):
     card = await bot.overview_card(ADMIN)
     ops = [b["op"] for b in buttons(card)]
-    assert ops == ["schedules", "alerts"]
+    assert ops == ["schedules", "alerts", "new"]
     rows = [e for e in card["body"]["elements"] if e.get("tag") == "column_set"]
-    assert len(rows) == 1 and len(rows[0]["columns"]) == 2            # both entries share one button row
+    assert len(rows) == 1 and len(rows[0]["columns"]) == 3            # both entries (and New schedule) share one row
 
 
 async def test_forged_signature_is_refused_and_nothing_happens(bot: Bot):
