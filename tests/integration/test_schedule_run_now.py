@@ -2,7 +2,10 @@
 other and correlated to its Task, the rule's next fire time unmoved; the rule's own firings go on beside it."""
 from __future__ import annotations
 
+import json
+
 from tests.helpers import eventually, mcp_client
+from tests.integration.test_cli_rest import amux
 from tests.integration.test_schedules_mcp import fast, ledger_of
 
 
@@ -48,3 +51,21 @@ async def test_run_now_of_someone_elses_schedule_is_refused(any_hub):
     async with mcp_client(any_hub.url, any_hub.admin_token) as c:
         res = await c.call_tool("schedule_run_now", {"schedule_id": "sch_nope"})
         assert res.is_error
+
+
+async def test_cli_run_now_fires_once_over_rest(any_hub):
+    fast(any_hub)
+    await any_hub.start_runner()
+    env = {"AMUX_HUB_URL": any_hub.url, "AMUX_TOKEN": any_hub.admin_token}
+    code, out, err = await amux("schedule", "create", "--type", "subtask", "--rule", "@daily", "--prompt", "say hi",
+                                "--profile", "scripted", "--json", env=env)
+    assert code == 0, err
+    sid = json.loads(out)["schedule_id"]
+    code, out, err = await amux("schedule", "run-now", sid, "--json", env=env)
+    assert code == 0, err
+    f = json.loads(out)
+    assert f["manual"] is True and f["admission"] == "ok" and f["task_id"]
+    code, out, err = await amux("schedule", "run-now", sid, env=env)
+    assert code == 0 and f"{sid}: manual firing fir" in out, err
+    async with mcp_client(any_hub.url, any_hub.admin_token) as c:
+        assert [r["manual"] for r in await ledger_of(c, sid)] == [True, True]
