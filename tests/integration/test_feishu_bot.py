@@ -160,7 +160,7 @@ async def test_first_contact_binds_identity_and_amux_replies_with_the_overview(b
     assert len(rows) == 1 and rows[0].status == "active" and rows[0].union_id == "on_alice"
     assert card["schema"] == "2.0"
     assert "Your schedules" in card_text(card, "en_us") and "你的定时任务" in card_text(card, "zh_cn")
-    assert [b["op"] for b in buttons(card)] == ["schedules"]         # no alert center for a non-administrator
+    assert [b["op"] for b in buttons(card)] == ["schedules", "new"]  # no alert center for a non-administrator
     await bot.overview_card("ou_alice")                               # second contact: same binding
     async with bot.hub.db.read() as conn:
         assert (await conn.execute(sa.select(sa.func.count()).select_from(identity_bindings))).scalar() == 1
@@ -312,7 +312,7 @@ async def test_alert_center_is_admin_only_shows_names_not_prompts_and_acknowledg
         row = (await conn.execute(sa.select(incidents).where(incidents.c.id == iid))).first()
     assert row.acked_at is not None
     status, res = await bot.press(ADMIN, CardAction(op="overview"))
-    assert [b["op"] for b in buttons(res["card"]["data"])] == ["schedules", "alerts"]
+    assert [b["op"] for b in buttons(res["card"]["data"])] == ["schedules", "alerts", "new"]
 
 
 async def test_results_are_split_across_parts_under_30kb_and_history_pages(bot: Bot):
