@@ -17,8 +17,9 @@ def upgrade() -> None:
     # Every existing firing came from its rule: not manual.
     with op.batch_alter_table("firings") as batch:
         batch.add_column(sa.Column("manual", sa.Boolean, nullable=False, server_default=sa.false()))
-        batch.drop_constraint("uq_firings_schedule_nominal", type_="unique")
         batch.create_unique_constraint("uq_firings_schedule_nominal_manual", ["schedule_id", "nominal_time", "manual"])
+        # contract-ok: the new key still holds every rule firing (manual = false) once, as old replicas need
+        batch.drop_constraint("uq_firings_schedule_nominal", type_="unique")
 
 
 def downgrade() -> None:
