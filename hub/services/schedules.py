@@ -10,7 +10,7 @@ from ..clock import Clock, iso, utc
 from ..config import FeishuSettings, SchedulesSettings
 from ..domain import schedule_rules as rules
 from ..domain.states import BindingStatus
-from ..errors import AmuxError, Invalid
+from ..errors import Invalid
 from ..ids import new_id
 from ..store.db import Connection, Database
 from ..store.firings import SqlFiringStore
@@ -154,16 +154,10 @@ class ScheduleService:
         """Return the profile names a schedule of this caller would be admitted with (the same admission check as
         `schedule_create`, profile by profile)."""
         names = [p["name"] for p in await self.admission.profiles.list()]
-        out = []
-        async with self.db.read() as conn:
-            for name in names:
-                try:
-                    await self.admission.freeze(conn, caller, SubmitRequest(prompt="probe", profile=name),
-                                                origin="schedule")
-                except AmuxError:
-                    continue
-                out.append(name)
-        return out
+        async with self.db.read() as conn:  # one batch: admission resolves what the profiles share once
+            snaps = await self.admission.freeze_many(
+                conn, [(caller, SubmitRequest(prompt="probe", profile=n)) for n in names], origin="schedule")
+        return [n for n, snap in zip(names, snaps) if not isinstance(snap, Exception)]
 
     # ------------------------------------------------------------ validation
 
