@@ -154,9 +154,11 @@ class ScheduleService:
         """Return the profile names a schedule of this caller would be admitted with (the same admission check as
         `schedule_create`, profile by profile)."""
         names = [p["name"] for p in await self.admission.profiles.list()]
-        async with self.db.read() as conn:  # one batch: admission resolves what the profiles share once
+        # One batch (admission resolves what the profiles share once); the probe prompt is one every engine's prompt
+        # check accepts (the scripted engine parses its prompt as a script).
+        async with self.db.read() as conn:
             snaps = await self.admission.freeze_many(
-                conn, [(caller, SubmitRequest(prompt="probe", profile=n)) for n in names], origin="schedule")
+                conn, [(caller, SubmitRequest(prompt="say probe", profile=n)) for n in names], origin="schedule")
         return [n for n, snap in zip(names, snaps) if not isinstance(snap, Exception)]
 
     # ------------------------------------------------------------ validation

@@ -79,6 +79,9 @@ async def test_the_form_json_has_every_field_the_submit_button_and_both_language
     assert tz["default_value"] == "Asia/Shanghai"  # the application's timezone
     notify = next(e for e in form["elements"] if e.get("name") == "notify")
     assert [o["value"] for o in notify["options"]] == ["all", "failures", "none"]
+    profile = next(e for e in form["elements"] if e.get("name") == "profile")
+    offered = [o["value"] for o in profile["options"]]
+    assert offered[0] == "-" and "scripted" in offered  # the hub default, then what admission lets this person use
     assert notify["options"][1]["text"]["i18n_content"] == {"en_us": "Failures only", "zh_cn": "仅失败时"}
     when = next(e for e in form["elements"] if e.get("name") == "when")
     assert "@daily" in when["placeholder"]["content"] and "every 30m" in when["placeholder"]["content"]
@@ -93,7 +96,7 @@ async def test_the_form_json_has_every_field_the_submit_button_and_both_language
 async def test_create_then_list_then_it_fires_then_its_history(bot: Bot):
     await bot.overview_card(USER)
     card = await open_form(bot, USER)
-    body = await submit(bot, USER, submit_value(card), fields(when="every 1h"))
+    body = await submit(bot, USER, submit_value(card), fields(when="every 1h", profile="scripted"))
     assert body["toast"]["type"] == "success", body
     detail = body["card"]["data"]
     ops = [b["behaviors"][0]["value"]["op"] for b in _find(detail, lambda n: n.get("tag") == "button")]
@@ -102,7 +105,7 @@ async def test_create_then_list_then_it_fires_then_its_history(bot: Bot):
         [row] = (await conn.execute(sa.select(schedules))).all()
     viewer = await bot.principal(USER)
     assert row.creator_id == viewer.principal_id and row.creator_binding_id and row.app_id == bot.app_id
-    assert row.provenance["source"] == "feishu-card"
+    assert row.provenance["source"] == "feishu-card" and row.profile == "scripted"
     assert row.provenance["receipt"]["kind"] == "card_action" and row.provenance["receipt"]["open_id"] == USER
     assert row.provenance["attribution"]["basis"] == "card_action_receipt"
     # at once in the personal list
