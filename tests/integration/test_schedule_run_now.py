@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 
+import sqlalchemy as sa
+
+from hub.store.tables import decisions
+
 from tests.helpers import eventually, mcp_client
 from tests.integration.test_cli_rest import amux
 from tests.integration.test_schedules_mcp import fast, ledger_of
@@ -69,3 +73,22 @@ async def test_cli_run_now_fires_once_over_rest(any_hub):
     assert code == 0 and f"{sid}: manual firing fir" in out, err
     async with mcp_client(any_hub.url, any_hub.admin_token) as c:
         assert [r["manual"] for r in await ledger_of(c, sid)] == [True, True]
+
+
+async def test_a_failed_manual_run_goes_through_the_same_alert_rules(any_hub):
+    fast(any_hub)
+    await any_hub.start_runner()
+    async with mcp_client(any_hub.url, any_hub.admin_token) as c:
+        res = await c.call_tool("schedule_create", {"name": "breaks", "prompt": "fail boom", "rule": "@daily",
+                                                    "profile": "scripted"})
+        sid = res.structured_content["schedule_id"]
+        f = (await c.call_tool("schedule_run_now", {"schedule_id": sid})).structured_content
+
+        async def decided():
+            async with any_hub.hub.db.read() as conn:
+                return (await conn.execute(sa.select(decisions.c.decision)
+                                           .where(decisions.c.firing_id == f["firing_id"]))).scalars().all()
+
+        assert await eventually(decided, timeout=20)  # the alert pipeline decided on it like any firing
+        [row] = await ledger_of(c, sid)
+        assert (row["manual"], row["outcome"]) == (True, "failed")
