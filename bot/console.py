@@ -131,10 +131,13 @@ class Console:
         return web.json_response({"replies": sink.replies}, headers=HEADERS)
 
     async def action(self, request: web.Request) -> web.Response:
-        """Deliver a button click as `card.action.trigger`; return the toast and/or the refreshed card."""
+        """Deliver a button click as `card.action.trigger` (a form's submit button with its `form_value`, as Feishu
+        sends it); return the toast and/or the refreshed card."""
         data = await self._json(request)
         event = {"operator": {"open_id": data["open_id"], "tenant_key": "console"},
                  "token": f"c-{uuid.uuid4().hex}", "action": {"value": data.get("value"), "tag": "button"},
+                 **({"action": {"value": data.get("value"), "tag": "button", "name": "submit",
+                                "form_value": data["form_value"]}} if isinstance(data.get("form_value"), dict) else {}),
                  "host": "im_message", "context": {"open_message_id": str(data.get("message_id") or ""),
                                                    "open_chat_id": f"oc_console_{data['open_id']}"}}
         sink = ConsoleSink()
@@ -174,6 +177,7 @@ button{font:inherit;padding:.25rem .7rem;border-radius:6px;border:1px solid #c9c
 .text{background:#f5f5f7;padding:.4rem .7rem;border-radius:8px;white-space:pre-wrap;max-width:36rem}
 #toast{position:fixed;top:1rem;right:1rem;padding:.5rem .9rem;border-radius:6px;
 background:#1d1d1f;color:#fff;display:none}
+.form label.field{display:flex;flex-direction:column;margin:.3rem 0}.form textarea{font:inherit}
 #toast.error{background:#d83931}#toast.warning{background:#f80}
 </style></head><body>
 <h1>amux bot console</h1>
@@ -269,15 +273,40 @@ function renderInto(box, card, messageId){
       for(const col of el.columns) for(const b of col.elements) if(b.tag==="button"){
         const btn=document.createElement("button"); btn.textContent=txt(b.text); btn.className=b.type||"";
         btn.addEventListener("click", ()=>press(box, b.behaviors[0].value)); row.appendChild(btn); }
-      body.appendChild(row); } } }
+      body.appendChild(row); }
+    else if(el.tag==="form") formInto(body, box, el); } }
+// A Card JSON 2.0 form: inputs and select_static by `name`; the submit button posts every value as form_value.
+function formInto(body, box, form){
+  const f=document.createElement("div"); f.className="form"; const fields={};
+  for(const it of form.elements){
+    if(it.tag==="markdown"){ mdInto(f, txt(it)); continue; }
+    if(it.tag==="input"||it.tag==="select_static"){
+      const lab=document.createElement("label"); lab.className="field";
+      lab.appendChild(document.createTextNode(txt(it.label||it.placeholder||{content:it.name})));
+      let inp;
+      if(it.tag==="select_static"){ inp=document.createElement("select");
+        for(const o of it.options){ const op=document.createElement("option"); op.value=o.value;
+          op.textContent=txt(o.text); if(o.value===it.initial_option) op.selected=true; inp.appendChild(op); } }
+      else { inp=document.createElement(it.input_type==="multiline_text"?"textarea":"input");
+        if(it.rows) inp.rows=it.rows; inp.value=it.default_value||""; inp.placeholder=txt(it.placeholder||{});
+        if(it.max_length) inp.maxLength=it.max_length; }
+      inp.name=it.name; fields[it.name]=inp; lab.appendChild(inp); f.appendChild(lab); continue; }
+    if(it.tag==="button"){ const btn=document.createElement("button"); btn.textContent=txt(it.text);
+      btn.className=it.type||"";
+      btn.addEventListener("click", ()=>{ const values={};
+        for(const k in fields) values[k]=fields[k].value;
+        press(box, it.behaviors[0].value, it.form_action_type==="submit"?values:undefined); });
+      f.appendChild(btn); } }
+  body.appendChild(f); }
 function cardBox(card, messageId){ const box=document.createElement("div"); box.className="card";
   renderInto(box, card, messageId); log.appendChild(box); return box; }
 async function post(path, data){
   const r=await fetch(path,{method:"POST",headers:headers(),
     body:JSON.stringify(Object.assign({app_id:$("app").value,open_id:$("user").value.trim()},data))});
   if(!r.ok){ toast({type:"error",content:await r.text()}); return null; } return r.json(); }
-async function press(box, value){
-  const res=await post("/console/api/action",{value:value,message_id:box.messageId}); if(!res) return;
+async function press(box, value, formValue){
+  const data={value:value,message_id:box.messageId}; if(formValue) data.form_value=formValue;
+  const res=await post("/console/api/action",data); if(!res) return;
   toast(res.toast); if(res.card&&res.card.data) renderInto(box, res.card.data, box.messageId); }
 $("send").addEventListener("submit", async (e)=>{ e.preventDefault();
   const text=$("text").value; if(!text.trim()) return;

@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any, Awaitable
 from hub.errors import AmuxError
 from hub.services.identity import LinkRefused
 
-from .cards.actions import BadPayload, UnknownKey
+from .cards.actions import FORM_OPS, BadPayload, UnknownKey
 from .cards.identity import LINK_REFUSED, render_link_result
 from .handlers.context import Answer, Ctx
 from .handlers.conversation import converse
 from .handlers.overview import overview
 from .handlers.questions import post_turn, turn_reply
+from .handlers.schedules import LINK_FIRST
 from .i18n import Catalogs, _, catalogs
 from .identity import IdentityBindings, Viewer
 from .services import BotServices
@@ -106,7 +107,7 @@ class FeishuBot:
                 return {}, None
             return {}, self.on_message(app_id, event, out)
         if kind == "card.action.trigger":
-            return await self.on_action(app_id, event, out), None
+            return await self.on_action(app_id, {**event, "_event_id": event_id}, out), None
         return {}, None
 
     async def _viewer(self, app_id: str, ids: dict) -> Viewer | None:
@@ -209,9 +210,16 @@ class FeishuBot:
             return {"toast": self.toast(_("This button is out of date; send /amux for a fresh card."), "warning")}
         viewer = await self._viewer(app_id, event.get("operator") or {})
         if viewer is None:
+            if action.op in FORM_OPS:
+                return {"toast": self.toast(LINK_FIRST, "error")}
             return {"toast": self.toast(_("Your Feishu identity is not bound to amux."), "error")}
+        act = event.get("action") or {}
+        context = event.get("context") or {}
+        receipt = {"event_id": event.get("_event_id"), "token": event.get("token"),
+                   "open_message_id": context.get("open_message_id"), "open_chat_id": context.get("open_chat_id")}
         try:
-            answer: Answer = await handler(Ctx(viewer, self.services, self.tr), action)
+            answer: Answer = await handler(Ctx(viewer, self.services, self.tr, form=act.get("form_value"),
+                                               receipt=receipt), action)
         except AmuxError as e:
             return {"toast": {"type": "error", "content": self.tr.gettext("en_us", e.message),
                               "i18n": {lang: self.tr.gettext(lang, e.message) for lang in ("en_us", "zh_cn")}}}

@@ -15,7 +15,8 @@ ROUTES: dict[str, Handler] = {
     "history": schedules.history, "results": schedules.results, "pause": schedules.pause,
     "resume": schedules.resume, "delete": schedules.delete, "alerts": alert_center.alert_center,
     "ack": alert_center.acknowledge, "snooze": alert_center.snooze, "recheck": alert_center.recheck,
-    "notify": schedules.notify, "answer": questions.answer,
+    "notify": schedules.notify, "answer": questions.answer, "new": schedules.new_form, "edit": schedules.edit_form,
+    "save": schedules.save, "run": schedules.run_now,
 }
 
 

@@ -127,6 +127,7 @@ class Hub:
                                               self.tasks.queue, self.sessions,
                                               sink=self.alerts, on_admitted=self.dispatcher.kick, kicked=firing_wake,
                                               tasks=self.tasks)
+        self.schedules.firing = self.schedule_firing  # schedule_run_now fires through the loop's own code
         registrars = [task_tools(self.tasks, self.profiles, self.permissions), instance_tools(self.instances),
                       lease_tools(self.leases), session_tools(self.sessions)]
         registrars.append(schedule_tools(self.schedules))

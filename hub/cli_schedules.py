@@ -1,4 +1,5 @@
-"""`amux schedule create <session-ref> …|update ID …|list|get|notify|pause|resume|delete|history` over the REST API."""
+"""`amux schedule create <session-ref> …|update ID …|list|get|notify|pause|resume|run-now|delete|history` over
+the REST API."""
 from __future__ import annotations
 
 import argparse
@@ -66,6 +67,9 @@ def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # 
     nt.add_argument("mode", choices=["failures", "all", "none"], help="failures (default) | all | none")
     ls = sub.add_parser("list", help="your schedules")
     client_opts(ls)
+    rn = sub.add_parser("run-now", help="fire a schedule once now (a manual firing; the next fire time stays)")
+    client_opts(rn)
+    rn.add_argument("id", help="the schedule id (sch_…)")
     for name, text in (("get", "show a schedule"), ("pause", "pause a schedule (no firing until resumed)"),
                        ("resume", "resume a paused schedule"), ("delete", "delete a schedule"),
                        ("history", "a schedule's firings, oldest first")):
@@ -121,6 +125,9 @@ async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
     elif args.schedule_cmd in ("pause", "resume"):
         s = await api.call("POST", f"schedules/{args.id}/{args.schedule_cmd}")
         emit(args, s, _line(s))
+    elif args.schedule_cmd == "run-now":
+        f = await api.call("POST", f"schedules/{args.id}/run-now")
+        emit(args, f, f"{args.id}: manual firing {f['firing_id']}  {f['receipt'] or 'no dispatch recorded'}")
     elif args.schedule_cmd == "delete":
         s = await api.call("DELETE", f"schedules/{args.id}")
         emit(args, s, f"{s['schedule_id']} deleted (admitted tasks keep running)")

@@ -12,15 +12,16 @@ from typing import Any
 PREFIX = "amux"
 VERSION = 1
 OPS = ("overview", "schedules", "detail", "history", "results", "pause", "resume", "delete",
-       "alerts", "ack", "snooze", "recheck", "notify", "answer")
-NEEDS_SCHEDULE = ("detail", "history", "results", "pause", "resume", "delete", "notify")
+       "alerts", "ack", "snooze", "recheck", "notify", "answer", "new", "edit", "save", "run")
+NEEDS_SCHEDULE = ("detail", "history", "results", "pause", "resume", "delete", "notify", "edit", "run")
+FORM_OPS = ("new", "edit", "save")  # the schedule form: open it empty, open it filled in, submit it
 NEEDS_INCIDENT = ("ack", "snooze")
 NEEDS_QUESTION = ("answer",)
 MAX_OPTION = 49  # a question offers at most 50 options (hub.runner.protocol.Question)
 # which card the answer refreshes: "" the card pressed (alert center), "inc" a pushed incident card
 VIEWS = ("", "inc")
 MAX_PAGE = 10_000
-KEYS = ("p", "v", "op", "s", "i", "pg", "sub", "vw", "q", "o")  # every key `pack()` writes
+KEYS = ("p", "v", "op", "s", "i", "pg", "sub", "vw", "q", "o", "n")  # every key `pack()` writes
 
 
 class BadPayload(ValueError):
@@ -47,6 +48,7 @@ class CardAction:
     view: str = ""  # "inc": pressed on a pushed incident card, which the answer re-renders in place
     question_id: str | None = None  # "answer": the question a question card asks
     option: int = 0                 # "answer": the index of the option pressed
+    nonce: str | None = None        # "save": this rendering of the form (a second submission of it makes nothing)
 
     def pack(self) -> dict[str, Any]:
         """Return the JSON value a button carries."""
@@ -64,6 +66,8 @@ class CardAction:
         if self.question_id:
             value["q"] = self.question_id
             value["o"] = self.option
+        if self.nonce:
+            value["n"] = self.nonce
         return value
 
     @classmethod
@@ -79,9 +83,9 @@ class CardAction:
         op = value.get("op")
         if op not in OPS:
             raise BadPayload(f"unknown card action {op!r}")
-        sid, iid, qid = value.get("s"), value.get("i"), value.get("q")
+        sid, iid, qid, nonce = value.get("s"), value.get("i"), value.get("q"), value.get("n")
         page, sub, view, option = value.get("pg", 0), value.get("sub", 0), value.get("vw", ""), value.get("o", 0)
-        for name, v in (("s", sid), ("i", iid), ("q", qid)):
+        for name, v in (("s", sid), ("i", iid), ("q", qid), ("n", nonce)):
             if v is not None and (not isinstance(v, str) or not v or len(v) > 64):
                 raise BadPayload(f"bad {name} in card action")
         for v in (page, sub):
@@ -95,7 +99,9 @@ class CardAction:
             raise BadPayload(f"{op} needs a question" if qid is None else "only answer names a question")
         if not isinstance(option, int) or isinstance(option, bool) or not 0 <= option <= MAX_OPTION:
             raise BadPayload("bad option in card action")
+        if (op == "save") != bool(nonce):
+            raise BadPayload("save needs the form's nonce" if nonce is None else "only save carries a nonce")
         if view not in VIEWS or (view == "inc" and not iid):
             raise BadPayload("bad view in card action")
         return cls(op=op, schedule_id=sid, incident_id=iid, page=page, sub=sub, view=view, question_id=qid,
-                   option=option)
+                   option=option, nonce=nonce)

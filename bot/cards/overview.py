@@ -44,5 +44,6 @@ def render_overview(v: OverviewView, tr: Catalogs) -> dict[str, Any]:
     buttons = [button(tr.text(_("Personal schedules")), CardAction(op="schedules"), "primary")]
     if v.is_admin:
         buttons.append(button(tr.text(_("Alert center")), CardAction(op="alerts")))
+    buttons.append(button(tr.text(_("New schedule")), CardAction(op="new")))
     elements.append(button_row(*buttons))
     return check_limits(card(tr.text(_("amux overview")), elements))

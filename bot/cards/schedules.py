@@ -36,7 +36,8 @@ def render_list(v: ScheduleListView, tr: Catalogs) -> dict[str, Any]:
     """Render one page of the viewer's own schedules."""
     elements: list[dict[str, Any]] = []
     if not v.items:
-        elements.append(markdown(tr.text(_("You have no schedules. Ask the agent in a chat to create one."))))
+        elements.append(markdown(tr.text(_("You have no schedules. Press New schedule to make one, or ask the agent "
+                                           "in a chat."))))
     for it in v.items:
         state = tr.text(_("paused")) if it.paused else tr.text(_("next run {time}"), time=_when(it.next_fire_at))
         last = outcome_text(tr, it.last) if it.last else tr.text(_("no runs yet"))
@@ -46,7 +47,7 @@ def render_list(v: ScheduleListView, tr: Catalogs) -> dict[str, Any]:
     elements.append(markdown(tr.text(_("Page {page} of {pages} · {total} schedules"),
                                      page=v.page + 1, pages=max(v.pages, 1), total=v.total)))
     elements += _pager(tr, "schedules", v.page, v.page > 0, v.page + 1 < v.pages)
-    elements += [hr(), _back(tr)]
+    elements += [hr(), _back(tr, button(tr.text(_("New schedule")), CardAction(op="new"), "primary"))]
     return check_limits(card(tr.text(_("Personal schedules")), elements))
 
 
@@ -87,6 +88,8 @@ def render_detail(v: ScheduleDetailView, tr: Catalogs) -> dict[str, Any]:
     elements += [hr(),
                  button_row(button(tr.text(_("History")), CardAction(op="history", schedule_id=v.schedule_id)),
                             button(tr.text(_("Results")), CardAction(op="results", schedule_id=v.schedule_id))),
+                 button_row(button(tr.text(_("Edit")), CardAction(op="edit", schedule_id=v.schedule_id), "primary"),
+                            button(tr.text(_("Run now")), CardAction(op="run", schedule_id=v.schedule_id))),
                  button_row(toggle,
                             button(tr.text(_("Delete")), CardAction(op="delete", schedule_id=v.schedule_id), "danger")),
                  button_row(*[button(tr.text(NOTIFY_BUTTONS[m]),

@@ -18,6 +18,8 @@ class Ctx:
     viewer: Viewer
     services: BotServices
     tr: Catalogs
+    form: dict[str, Any] | None = None     # a form submission's `form_value` (card.action.trigger)
+    receipt: dict[str, Any] | None = None  # this card action: event id, token, message — a created schedule keeps it
 
 
 @dataclass(frozen=True)

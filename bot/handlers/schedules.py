@@ -6,20 +6,26 @@ bot's answer). Controls are idempotent: pausing a paused schedule or deleting a 
 """
 from __future__ import annotations
 
+import secrets
 from datetime import datetime
 
 from bot.cards.actions import CardAction
+from bot.cards.schedule_form import DEFAULT_PROFILE, FIELDS, FormView, field_of, render_form, rule_of, when_of
 from bot.cards.schedules import (NOTIFY_MODES, render_deleted, render_detail, render_history, render_list,
                                  render_results, split_result)
 from bot.cards.views import HistoryView, Outcome, ResultsView, ScheduleDetailView, ScheduleItem, ScheduleListView
 from bot.i18n import _
 
 from hub.services.schedule_views import FiringLine, firing_state
+from hub.errors import Invalid
+from hub.services.bot import INBOUND_TTL
 from hub.services.schedules import ScheduleSpec
 
 from .context import Answer, Ctx, Refused
 from .scope import owned, yours
 
+LINK_FIRST = _("This Feishu identity is not linked to amux: send `/amux link CODE` with a code from "
+               "`amux identity link` first.")
 PAGE = 5
 HISTORY_PAGE = 10
 
@@ -116,3 +122,107 @@ async def delete(ctx: Ctx, a: CardAction) -> Answer:
     if not s.deleted:
         await ctx.services.schedules.delete(ctx.viewer.caller(), s.schedule_id)
     return Answer(card=render_deleted(s.name, ctx.tr), toast=_("Schedule deleted"))
+
+
+# ------------------------------------------------------------ the schedule form (issue 32)
+
+def _nonce() -> str:
+    return "f" + secrets.token_hex(8)
+
+
+def _timezone(ctx: Ctx) -> str:
+    """The viewer's application's timezone (the form's default)."""
+    for app in ctx.services.feishu.apps:
+        if app.app_id == ctx.viewer.app_id:
+            return app.timezone
+    return ctx.services.schedules.settings.default_timezone
+
+
+async def _form(ctx: Ctx, schedule_id: str | None, values: dict[str, str], error: str | None = None,
+                detail: str = "") -> dict:
+    profiles = await ctx.services.schedules.usable_profiles(ctx.viewer.caller())
+    return render_form(FormView(nonce=_nonce(), schedule_id=schedule_id, values=values, profiles=tuple(profiles),
+                                default_timezone=_timezone(ctx), error_field=error, error_detail=detail), ctx.tr)
+
+
+async def new_form(ctx: Ctx, a: CardAction) -> Answer:
+    """Open the New schedule form (blank; the timezone defaults to the application's)."""
+    return Answer(card=await _form(ctx, None, {}))
+
+
+async def edit_form(ctx: Ctx, a: CardAction) -> Answer:
+    """Open the same form filled in with the viewer's schedule."""
+    with yours():
+        s = await ctx.services.schedules.get(ctx.viewer.caller(), a.schedule_id)
+    return Answer(card=await _form(ctx, s["schedule_id"], _values_of(s)))
+
+
+def _values_of(s: dict) -> dict[str, str]:
+    return {"name": s["name"] or "", "prompt": s["prompt"] or "", "when": when_of(s["rule"]),
+            "timezone": s["timezone"], "profile": s.get("profile") or DEFAULT_PROFILE, "notify": s["notify"]}
+
+
+def _submitted(form: dict | None) -> dict[str, str]:
+    """The form_value of a submission, each field a string (a missing or foreign field is empty)."""
+    form = form if isinstance(form, dict) else {}
+    return {k: form[k].strip() if isinstance(form.get(k), str) else "" for k in FIELDS}
+
+
+async def save(ctx: Ctx, a: CardAction) -> Answer:
+    """Create or change a schedule from a form submission, through ScheduleService's own validation (the same
+    defaults, refusals and minimum interval as MCP `schedule_create` / `schedule_update`). A refusal renders the
+    form again, filled in, naming the field and its fix; nothing is stored. Each rendering of the form saves once."""
+    vals = _submitted(ctx.form)
+    caller = ctx.viewer.caller()
+    if a.schedule_id:  # the edit must be of the viewer's own schedule before anything is read from the form
+        with yours():
+            current = await ctx.services.schedules.get(caller, a.schedule_id)
+    if not await ctx.services.state.first_seen(ctx.viewer.app_id, f"form:{a.nonce}", INBOUND_TTL):
+        return Answer(toast=_("This form was already submitted; nothing more was saved."), toast_kind="info")
+    profiles = await ctx.services.schedules.usable_profiles(caller)
+    profile = vals["profile"] or DEFAULT_PROFILE
+    if profile != DEFAULT_PROFILE and profile not in profiles:
+        return Answer(card=await _form(ctx, a.schedule_id, vals, "profile", f"profile {profile!r} is not offered"),
+                      toast=_("Not saved"), toast_kind="error")
+    spec = ScheduleSpec(name=vals["name"] or None, prompt=vals["prompt"], rule=rule_of(vals["when"]),
+                        timezone=vals["timezone"] or None, notify=vals["notify"] or None,
+                        profile=None if profile == DEFAULT_PROFILE else profile)
+    try:
+        if a.schedule_id:
+            was = _values_of(current)
+            changed = ScheduleSpec(**{k: getattr(spec, k) for k in ("name", "prompt", "timezone", "notify")
+                                      if vals[k] and vals[k] != was[k]})
+            if rule_of(vals["when"]) != rule_of(was["when"]) or vals["timezone"] != was["timezone"]:
+                changed.rule = spec.rule
+            if profile != was["profile"]:
+                changed.profile = "" if profile == DEFAULT_PROFILE else profile
+            if not vals["prompt"]:
+                changed.prompt = ""
+            if any(getattr(changed, f) is not None for f in ("name", "prompt", "rule", "timezone", "notify",
+                                                               "profile")):
+                await ctx.services.schedules.update(caller, a.schedule_id, changed)
+            sid = a.schedule_id
+        else:
+            created = await ctx.services.schedules.create(caller, spec, source="feishu-card",
+                                                          card_receipt={**(ctx.receipt or {}),
+                                                                        "binding_id": ctx.viewer.binding_id,
+                                                                        "app_id": ctx.viewer.app_id,
+                                                                        "open_id": ctx.viewer.open_id})
+            sid = created["schedule_id"]
+    except Invalid as e:
+        if "/amux link" in e.message:
+            raise Refused(LINK_FIRST) from None
+        return Answer(card=await _form(ctx, a.schedule_id, vals, field_of(e.message), e.message),
+                      toast=_("Not saved"), toast_kind="error")
+    return Answer(card=await _detail_card(ctx, sid, _("Saved. The next run is shown below.")),
+                  toast=_("Schedule saved"))
+
+
+async def run_now(ctx: Ctx, a: CardAction) -> Answer:
+    """Fire the viewer's schedule once, now (a manual firing; the rule's next fire time stays)."""
+    s = await owned(ctx, a.schedule_id)
+    with yours():
+        await ctx.services.schedules.run_now(ctx.viewer.caller(), s.schedule_id)
+    return Answer(card=await _detail_card(ctx, s.schedule_id, _("Started one run now; its outcome shows in the "
+                                                                 "history. The next scheduled run is unchanged.")),
+                  toast=_("Run started"))

@@ -82,6 +82,7 @@ class FiringView(BaseModel):
     missed_count: int = 0
     reconciled_at: str | None = None
     legacy: bool = False
+    manual: bool = False  # fired by schedule_run_now, not by the rule
 
 
 class ScheduleHistory(BaseModel):
@@ -185,6 +186,12 @@ def schedule_tools(service: ScheduleService):  # noqa: ANN201
         async def schedule_delete(schedule_id: str, ctx: Context) -> ScheduleDeleted:
             """Delete a schedule; its history stays and admitted Tasks keep running."""
             return ScheduleDeleted(**await guarded(lambda: service.delete(caller_of(ctx), schedule_id)))
+
+        @server.tool()
+        async def schedule_run_now(schedule_id: str, ctx: Context) -> FiringView:
+            """Fire the schedule once, now: ledgered like any firing (manual), correlated to its Task or Turn, the
+            same admission and alert rules; the rule's next fire time does not move (a paused schedule runs too)."""
+            return FiringView(**await guarded(lambda: service.run_now(caller_of(ctx), schedule_id)))
 
         @server.tool()
         async def schedule_history(schedule_id: str, ctx: Context, cursor: int = 0, limit: int = 50) -> ScheduleHistory:

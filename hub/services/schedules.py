@@ -96,6 +96,7 @@ class ScheduleService:
         self.store = SqlScheduleStore(db)
         self.firings = SqlFiringStore(db)
         self.access = ScheduleAccess(db)
+        self.firing: Any = None  # ScheduleFiring, wired by the app (run_now fires through the same loop code)
 
     # ------------------------------------------------------------ attribution
 
@@ -134,6 +135,31 @@ class ScheduleService:
         provenance["attribution"] = {"basis": "single_active_binding", "binding_id": rows[0].id,
                                      "app_id": rows[0].app_id}
         return rows[0].id, rows[0].app_id
+
+    async def card_attribution(self, conn: Connection, caller: Caller, receipt: dict[str, Any],
+                               provenance: dict[str, Any]) -> tuple[str, str]:
+        """Freeze the Feishu identity that submitted a schedule form: the card action's receipt names the active
+        binding the bot authenticated (its application and open_id); refused unless that binding is still active
+        and the caller's own."""
+        binding = await self.store.binding(conn, str(receipt.get("binding_id") or ""))
+        if binding is None or binding.status != BindingStatus.ACTIVE or binding.principal_id != caller.principal_id \
+                or binding.app_id != receipt.get("app_id"):
+            raise Invalid("this Feishu identity has no active amux binding; send `/amux link CODE` first")
+        provenance["receipt"] = {"source": "feishu", "kind": "card_action", **receipt}
+        provenance["attribution"] = {"basis": "card_action_receipt", "binding_id": binding.id,
+                                     "app_id": binding.app_id}
+        return binding.id, binding.app_id
+
+    async def usable_profiles(self, caller: Caller) -> list[str]:
+        """Return the profile names a schedule of this caller would be admitted with (the same admission check as
+        `schedule_create`, profile by profile)."""
+        names = [p["name"] for p in await self.admission.profiles.list()]
+        # One batch (admission resolves what the profiles share once); the probe prompt is one every engine's prompt
+        # check accepts (the scripted engine parses its prompt as a script).
+        async with self.db.read() as conn:
+            snaps = await self.admission.freeze_many(
+                conn, [(caller, SubmitRequest(prompt="say probe", profile=n)) for n in names], origin="schedule")
+        return [n for n, snap in zip(names, snaps) if not isinstance(snap, Exception)]
 
     # ------------------------------------------------------------ validation
 
@@ -182,8 +208,10 @@ class ScheduleService:
 
     # ------------------------------------------------------------ commands
 
-    async def create(self, caller: Caller, spec: ScheduleSpec, *, source: str = "mcp") -> dict:
-        """Create a schedule; the creator and provenance are frozen from the authenticated caller."""
+    async def create(self, caller: Caller, spec: ScheduleSpec, *, source: str = "mcp",
+                     card_receipt: dict[str, Any] | None = None) -> dict:
+        """Create a schedule; the creator and provenance are frozen from the authenticated caller (`card_receipt`:
+        a Feishu schedule form's card action, whose binding becomes the frozen creator binding)."""
         spec = ScheduleSpec(**asdict(spec))
         spec.schedule_type = spec.schedule_type or "subtask"
         spec.timezone = spec.timezone or self.settings.default_timezone
@@ -198,7 +226,10 @@ class ScheduleService:
         values["overlap"] = spec.overlap or "allow"
         async with self.db.write() as conn:
             provenance = provenance_of(caller, source)
-            binding_id, app_id = await self.turn_attribution(conn, caller, provenance)
+            if card_receipt is not None:
+                binding_id, app_id = await self.card_attribution(conn, caller, card_receipt, provenance)
+            else:
+                binding_id, app_id = await self.turn_attribution(conn, caller, provenance)
             if binding_id is None and "turn_id" not in provenance:
                 binding_id, app_id = await self.binding_attribution(conn, caller, provenance)
             await self.store.insert(conn, {
@@ -266,6 +297,17 @@ class ScheduleService:
             await self.access.schedule(conn, caller, schedule_id, lock=True)
             await self.store.mark_deleted(conn, schedule_id, now)
         return {"schedule_id": schedule_id, "deleted": True}
+
+    async def run_now(self, caller: Caller, schedule_id: str) -> dict:
+        """Fire the caller's schedule once, now: a manual firing, ledgered and correlated to its Task like any other
+        (same admission and alert rules), the rule's next fire time unmoved. Return the firing."""
+        async with self.db.read() as conn:
+            await self.access.schedule(conn, caller, schedule_id)
+        if self.firing is None:
+            raise Invalid("running a schedule now needs the hub's firing loop, which this process does not run")
+        firing_id = await self.firing.run_now(schedule_id)
+        async with self.db.read() as conn:
+            return firing_view(await self.firings.get_firing(conn, firing_id))
 
     # ------------------------------------------------------------ reads
 
@@ -376,4 +418,4 @@ def firing_view(f: Any) -> dict:
     return {"firing_id": f.id, "nominal_time": iso(f.nominal_time), "fired_at": iso(f.fired_at),
             "admission": f.admission, "receipt": receipt, "task_id": f.task_id, "turn_id": f.turn_id,
             "outcome": f.outcome, "missed_count": f.missed_count, "reconciled_at": iso(f.reconciled_at),
-            "legacy": f.legacy}
+            "legacy": f.legacy, "manual": bool(getattr(f, "manual", False))}

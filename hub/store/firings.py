@@ -39,6 +39,7 @@ class NewFiring:
     outcome: str | None = None
     missed_count: int = 0
     reconciled_at: datetime | None = None
+    manual: bool = False  # schedule_run_now: fired once at the operator's request, the rule's next time unmoved
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,7 +69,8 @@ def _typed(value: Any, type_: Any) -> sa.ColumnElement[Any]:
 def _history(schedule_id: str) -> sa.Select:
     ledger = sa.select(firings.c.id, firings.c.nominal_time, firings.c.fired_at, firings.c.admission,
                        firings.c.task_id, firings.c.turn_id, firings.c.outcome, firings.c.missed_count,
-                       firings.c.reconciled_at, firings.c.legacy).where(firings.c.schedule_id == schedule_id)
+                       firings.c.reconciled_at, firings.c.legacy,
+                       firings.c.manual).where(firings.c.schedule_id == schedule_id)
     correlated = sa.exists().where(firings.c.task_id == legacy_submissions.c.task_id)
     legacy = (sa.select(
         legacy_submissions.c.id, legacy_submissions.c.submitted_at.label("nominal_time"),
@@ -78,7 +80,7 @@ def _history(schedule_id: str) -> sa.Select:
         legacy_submissions.c.task_id, _typed(None, sa.String(40)).label("turn_id"),
         _typed(UNCONFIRMED, sa.String(16)).label("outcome"), _typed(0, sa.Integer).label("missed_count"),
         _typed(None, firings.c.reconciled_at.type).label("reconciled_at"),
-        _typed(True, sa.Boolean).label("legacy"))
+        _typed(True, sa.Boolean).label("legacy"), _typed(False, sa.Boolean).label("manual"))
         .where(legacy_submissions.c.schedule_id == schedule_id,
                sa.or_(legacy_submissions.c.task_id.is_(None), ~correlated)))
     both = sa.union_all(ledger, legacy).subquery("history")
@@ -101,6 +103,21 @@ class SqlFiringStore:
                 .order_by(schedules.c.next_fire_at).limit(limit))
         return list((await conn.execute(self.db.for_update(stmt, skip_locked=True, of=schedules))).all())
 
+    async def schedule_for_update(self, conn: Connection, schedule_id: str) -> Row | None:
+        """Return one live schedule, locked until the transaction ends (a manual firing), or None."""
+        stmt = sa.select(schedules).where(schedules.c.id == schedule_id, schedules.c.deleted_at.is_(None))
+        return (await conn.execute(self.db.for_update(stmt))).first()
+
+    async def latest_manual(self, conn: Connection, schedule_id: str) -> datetime | None:
+        """Return the latest nominal time of the schedule's manual firings, or None."""
+        stmt = sa.select(sa.func.max(firings.c.nominal_time)).where(firings.c.schedule_id == schedule_id,
+                                                                    firings.c.manual.is_(True))
+        return (await conn.execute(stmt)).scalar()
+
+    async def get_firing(self, conn: Connection, firing_id: str) -> Row | None:
+        """Return one firing."""
+        return (await conn.execute(sa.select(firings).where(firings.c.id == firing_id))).first()
+
     async def latest(self, conn: Connection, schedule_id: str) -> Row | None:
         """Return the schedule's firing with the latest nominal time, or None."""
         stmt = (sa.select(firings).where(firings.c.schedule_id == schedule_id)
@@ -108,14 +125,14 @@ class SqlFiringStore:
         return (await conn.execute(stmt)).first()
 
     async def insert(self, conn: Connection, rows: Sequence[NewFiring]) -> None:
-        """Insert new firings; (schedule, nominal time) is unique, so inserting a pair twice fails instead of firing
-        twice."""
+        """Insert new firings; (schedule, nominal time, manual) is unique, so inserting a pair twice fails instead of
+        firing twice."""
         if rows:
             await conn.execute(firings.insert(), [{"id": r.id, "schedule_id": r.schedule_id,
                                                    "nominal_time": r.nominal_time, "fired_at": r.fired_at,
                                                    "admission": r.admission, "outcome": r.outcome,
                                                    "missed_count": r.missed_count, "reconciled_at": r.reconciled_at,
-                                                   "legacy": False} for r in rows])
+                                                   "legacy": False, "manual": r.manual} for r in rows])
 
     async def extend_missed(self, conn: Connection, firing_id: str, missed_count: int, now: datetime) -> None:
         """Set a missed firing's count to `missed_count` (consecutive misses collapse into one row), reconciled

@@ -299,7 +299,8 @@ firings = sa.Table(
     sa.Column("missed_count", sa.Integer, nullable=False),
     sa.Column("reconciled_at", TS),
     sa.Column("legacy", sa.Boolean, nullable=False),
-    sa.UniqueConstraint("schedule_id", "nominal_time", name="uq_firings_schedule_nominal"),
+    sa.Column("manual", sa.Boolean, nullable=False, server_default=sa.false()),  # 0022: schedule_run_now
+    sa.UniqueConstraint("schedule_id", "nominal_time", "manual", name="uq_firings_schedule_nominal_manual"),
     sa.Index("ix_firings_reconciled_fired", "reconciled_at", "fired_at"),
     sa.Index("ix_firings_task_id", "task_id"),
 )

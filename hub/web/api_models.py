@@ -748,6 +748,8 @@ SCHEDULE_PAUSE = op("POST", "/api/v1/schedules/{id}/pause", "schedule_pause", "P
                      reply=ScheduleReply)
 SCHEDULE_RESUME = op("POST", "/api/v1/schedules/{id}/resume", "schedule_resume", "Resume a schedule", SchedulePath,
                      tag=S, reply=ScheduleReply)
+SCHEDULE_RUN_NOW = op("POST", "/api/v1/schedules/{id}/run-now", "schedule_run_now",
+                      "Fire a schedule once now (a manual firing; the next fire time stays)", SchedulePath, tag=S)
 SCHEDULE_DELETE = op("DELETE", "/api/v1/schedules/{id}", "schedule_delete", "Delete a schedule", SchedulePath, tag=S)
 SCHEDULE_HISTORY = op("GET", "/api/v1/schedules/{id}/history", "schedule_history", "A schedule's firings",
                       SchedulePath, query=HistoryQuery, tag=S)

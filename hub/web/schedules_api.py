@@ -32,6 +32,9 @@ def add_routes(app: web.Application, schedules: ScheduleService) -> None:
     async def resume(c: Call) -> dict:
         return await service.resume(c.caller, c.path.id)
 
+    async def run_now(c: Call) -> dict:
+        return await service.run_now(c.caller, c.path.id)
+
     async def delete(c: Call) -> dict:
         return await service.delete(c.caller, c.path.id)
 
@@ -40,5 +43,6 @@ def add_routes(app: web.Application, schedules: ScheduleService) -> None:
 
     for o, fn in ((m.SCHEDULE_CREATE, create), (m.SCHEDULE_LIST, listing), (m.SCHEDULE_GET, get),
                   (m.SCHEDULE_UPDATE, update), (m.SCHEDULE_PAUSE, pause), (m.SCHEDULE_RESUME, resume),
-                  (m.SCHEDULE_DELETE, delete), (m.SCHEDULE_HISTORY, history)):
+                  (m.SCHEDULE_DELETE, delete),
+                  (m.SCHEDULE_RUN_NOW, run_now), (m.SCHEDULE_HISTORY, history)):
         register(app, o, fn)

@@ -109,7 +109,7 @@ async def test_console_runs_the_bot_through_the_same_handlers(console):
         await send(page, "/amux")
         card = page.locator(".card").last
         assert "Your schedules: 0" in await card.inner_text()
-        assert await card.locator("button").all_inner_texts() == ["Personal schedules"]
+        assert await card.locator("button").all_inner_texts() == ["Personal schedules", "New schedule"]
 
         # the first contact bound ou_alice: give her schedules, then click through
         async with hub.db.read() as conn:
@@ -140,10 +140,50 @@ async def test_console_runs_the_bot_through_the_same_handlers(console):
         await page.select_option("#lang", "en_us")
         await send(page, "/amux")
         boss = page.locator(".card").last
-        assert await boss.locator("button").all_inner_texts() == ["Personal schedules", "Alert center"]
+        assert await boss.locator("button").all_inner_texts() == ["Personal schedules", "Alert center", "New schedule"]
         await boss.locator("button", has_text="Alert center").click()
         await boss.locator("header", has_text="Alert center").wait_for()
         assert "No active incidents." in await boss.inner_text()
+
+
+async def test_the_console_creates_and_edits_a_schedule_with_the_form_in_both_languages(console):
+    hub, url, admin, _user = console
+    async with chromium() as browser:
+        page = await browser.new_page()
+        await connect(page, url, admin, "ou_carol")
+        await send(page, "/amux")
+        card = page.locator(".card").last
+        await card.locator("button", has_text="New schedule").click()
+        await card.locator("header", has_text="New schedule").wait_for()
+        await page.select_option("#lang", "zh_cn")                   # labels, placeholders and options: the catalog
+        assert "提示词" in await card.inner_text() and "仅失败时" in await card.inner_text()
+        assert await card.locator("input[name=when]").get_attribute("placeholder") == \
+            "例如 0 3 * * * · @daily · every 30m · 2026-12-31 09:00"
+        await page.select_option("#lang", "en_us")
+        await card.locator("input[name=name]").fill("console job")
+        await card.locator("textarea[name=prompt]").fill("say hi")
+        await card.locator("input[name=when]").fill("every 1s")     # refused: below a minute is not a rule here
+        hub.schedules.settings.min_interval_s = 60
+        await card.locator("button", has_text="Create schedule").click()
+        await card.get_by_text("Not saved.").wait_for()
+        assert "When" in await card.inner_text()
+        async with hub.db.read() as conn:
+            assert (await conn.execute(sa.select(sa.func.count()).select_from(schedules))).scalar() == 0
+        assert await card.locator("input[name=name]").input_value() == "console job"  # filled in with what was sent
+        await card.locator("input[name=when]").fill("0 3 * * *")
+        await card.locator("button", has_text="Create schedule").click()
+        await card.locator("button", has_text="Edit").wait_for()
+        assert "Schedule saved" in await page.inner_text("#toast")
+        await card.locator("button", has_text="Edit").click()
+        await card.locator("header", has_text="Edit schedule").wait_for()
+        assert await card.locator("input[name=when]").input_value() == "0 3 * * *"
+        await card.locator("input[name=when]").fill("30 4 * * *")
+        await card.locator("button", has_text="Save").click()
+        await card.get_by_text("30 4 * * *").wait_for()
+        async with hub.db.read() as conn:
+            row = (await conn.execute(sa.select(schedules))).one()
+        assert (row.rule, row.timezone) == ("30 4 * * *", "Asia/Shanghai")  # the application's timezone
+        assert row.next_fire_at.strftime("%H:%M") in await card.inner_text()  # the recomputed next run
 
 
 async def principal_of(hub: Hub, open_id: str, app_id: str = "cli_demo") -> Caller:

@@ -160,7 +160,7 @@ async def test_first_contact_binds_identity_and_amux_replies_with_the_overview(b
     assert len(rows) == 1 and rows[0].status == "active" and rows[0].union_id == "on_alice"
     assert card["schema"] == "2.0"
     assert "Your schedules" in card_text(card, "en_us") and "你的定时任务" in card_text(card, "zh_cn")
-    assert [b["op"] for b in buttons(card)] == ["schedules"]         # no alert center for a non-administrator
+    assert [b["op"] for b in buttons(card)] == ["schedules", "new"]  # no alert center for a non-administrator
     await bot.overview_card("ou_alice")                               # second contact: same binding
     async with bot.hub.db.read() as conn:
         assert (await conn.execute(sa.select(sa.func.count()).select_from(identity_bindings))).scalar() == 1
@@ -169,9 +169,9 @@ async def test_first_contact_binds_identity_and_amux_replies_with_the_overview(b
 async def test_the_alert_center_button_is_shown_only_to_the_administrator(bot: Bot):
     card = await bot.overview_card(ADMIN)
     ops = [b["op"] for b in buttons(card)]
-    assert ops == ["schedules", "alerts"]
+    assert ops == ["schedules", "alerts", "new"]
     rows = [e for e in card["body"]["elements"] if e.get("tag") == "column_set"]
-    assert len(rows) == 1 and len(rows[0]["columns"]) == 2            # both entries share one button row
+    assert len(rows) == 1 and len(rows[0]["columns"]) == 3            # both entries (and New schedule) share one row
 
 
 async def test_forged_signature_is_refused_and_nothing_happens(bot: Bot):
@@ -312,7 +312,7 @@ async def test_alert_center_is_admin_only_shows_names_not_prompts_and_acknowledg
         row = (await conn.execute(sa.select(incidents).where(incidents.c.id == iid))).first()
     assert row.acked_at is not None
     status, res = await bot.press(ADMIN, CardAction(op="overview"))
-    assert [b["op"] for b in buttons(res["card"]["data"])] == ["schedules", "alerts"]
+    assert [b["op"] for b in buttons(res["card"]["data"])] == ["schedules", "alerts", "new"]
 
 
 async def test_results_are_split_across_parts_under_30kb_and_history_pages(bot: Bot):

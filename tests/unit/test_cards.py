@@ -102,7 +102,8 @@ def test_overview_snapshot():
         "zh_cn": "**你的定时任务**：3 · **失败中**：1 · **已暂停**：1"}
     assert els[2]["i18n_content"]["en_us"] == "**Latest outcomes**\n- nightly · 2026-01-05 09:00 · failed"
     assert els[2]["i18n_content"]["zh_cn"] == "**最新结果**\n- nightly · 2026-01-05 09:00 · 失败"
-    assert els[-1]["tag"] == "column_set" and len(els[-1]["columns"]) == 1
+    assert els[-1]["tag"] == "column_set" and len(els[-1]["columns"]) == 2  # Personal schedules · New schedule
+    assert els[-1]["columns"][1]["elements"][0]["behaviors"][0]["value"] == {"p": "amux", "v": 1, "op": "new"}
     assert els[-1]["columns"][0]["elements"][0]["behaviors"][0]["value"] == {"p": "amux", "v": 1, "op": "schedules"}
 
 
@@ -113,7 +114,7 @@ def test_admin_overview_has_both_entries_in_one_row():
     rows = [e for e in card["body"]["elements"] if e["tag"] == "column_set"]
     assert len(rows) == 1
     ops = [c["elements"][0]["behaviors"][0]["value"]["op"] for c in rows[0]["columns"]]
-    assert ops == ["schedules", "alerts"]
+    assert ops == ["schedules", "alerts", "new"]  # the two entries side by side, then New schedule
 
 
 def test_user_text_is_escaped():
