@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from aiohttp import web
 from cryptography.hazmat.primitives import padding
-from lark_oapi.core.utils.decryptor import AESCipher
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 if TYPE_CHECKING:
@@ -47,6 +46,8 @@ def signature(timestamp: str, nonce: str, encrypt_key: str, body: bytes) -> str:
 def decrypt(encrypt: str, encrypt_key: str) -> str:
     """Decrypt an `encrypt` field with lark-oapi's own `AESCipher` (base64 of iv + AES-256-CBC ciphertext, key
     sha256(encrypt_key), PKCS#7); ValueError or TypeError when it does not decrypt."""
+    from lark_oapi.core.utils.decryptor import AESCipher  # only a configured app needs lark-oapi (its import is big)
+
     return AESCipher(encrypt_key).decrypt_str(encrypt)
 
 

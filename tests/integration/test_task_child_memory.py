@@ -103,7 +103,7 @@ async def test_a_plain_task_on_a_runtime_without_the_memory_capability_gets_a_wa
     view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=60)
     assert view["status"] == "succeeded", view
     said = (record / "memory.txt").read_text()
-    assert "set=2" in said and "this run has no amux memory" in said and "no global fallback" in said, said
+    assert "set=3" in said and "this run has no amux memory" in said and "no global fallback" in said, said
     warnings = [e["text"] for e in (await hub.hub.tasks.events(admin, sub["task_id"]))["events"]
                 if e["type"] == "warning"]
     assert warnings == ["memory capability discovery failed on this runtime (no `amux memory` CLI); "
