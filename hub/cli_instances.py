@@ -1,4 +1,4 @@
-"""`amux instance create|followup|send|steer|interrupt|get|wait|archive` over the REST API (the instance_* tools)."""
+"""`amux instance create|list|followup|send|steer|interrupt|get|wait|archive` over the REST API (instance_* tools)."""
 from __future__ import annotations
 
 import argparse
@@ -38,6 +38,10 @@ def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # 
         client_opts(p)
         p.add_argument("id", help="the instance id (ai_…)")
         p.add_argument("text", nargs="?", help="the text ('-' or omitted: stdin)")
+    ls = sub.add_parser("list", help="your instances, newest first")
+    client_opts(ls)
+    ls.add_argument("--archived", action="store_true", help="archived instances too")
+    ls.add_argument("--limit", type=int, default=50, help="instances to show (1 to 200, default 50)")
     for name, text in (("interrupt", "cancel the current run; the instance stays"), ("get", "show an instance"),
                        ("wait", "wait for the current run (a timeout never cancels it)"),
                        ("archive", "archive an idle instance")):
@@ -95,6 +99,10 @@ async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
     elif cmd == "get":
         res = await api.call("GET", f"instances/{args.id}")
         emit(args, res, _line(res))
+    elif cmd == "list":
+        params = {"limit": str(args.limit), **({"archived": "1"} if args.archived else {})}
+        res = await api.call("GET", "instances", params=params)
+        emit(args, res, "\n".join(_line(i) for i in res["instances"]) or "no instances")
     elif cmd == "wait":
         res = await _wait(api, args.id, args.timeout)
         emit(args, res, _line(res))

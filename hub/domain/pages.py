@@ -9,6 +9,7 @@ MAX_TASKS = 500        # GET /api/v1/tasks
 MAX_SESSIONS = 500     # GET /api/v1/sessions, session_list
 MAX_SCHEDULES = 1000   # GET /api/v1/schedules, schedule_list
 MAX_TURNS = 200        # session_get's recent runs
+MAX_INSTANCES = 200    # GET /api/v1/instances, amux instance list
 
 
 def page_limit(limit: Any, maximum: int, what: str, name: str = "limit") -> int:

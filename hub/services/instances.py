@@ -8,6 +8,7 @@ from typing import Callable
 from ..clock import Clock, iso
 from ..domain.states import InstanceStatus, MailState
 from ..domain.tasks import Status, is_terminal
+from ..domain.pages import MAX_INSTANCES, page_limit
 from ..errors import Conflict, Invalid, NotFound
 from ..ids import new_id
 from ..store.db import Connection, Database, Row
@@ -194,6 +195,13 @@ class InstanceService:
                 raise Conflict(f"instance {iid} is active; interrupt it (instance_interrupt) or wait before archiving")
             await self.store.archive(conn, iid, self.clock.now())
         return await self.get(caller, iid)
+
+    async def list(self, caller: Caller, *, archived: bool = False, limit: int = 50) -> dict:
+        """Return the caller's instances, newest first, each as `get` shows it (archived ones only when asked)."""
+        limit = page_limit(limit, MAX_INSTANCES, "instances")
+        async with self.db.read() as conn:
+            ids = await self.store.ids_of_owner(conn, caller.principal_id, archived=archived, limit=limit)
+        return {"instances": [await self.get(caller, iid) for iid in ids]}
 
     async def get(self, caller: Caller, iid: str) -> dict:
         """Return the instance: status (active/idle/archived), sticky runtime, refs, resume handle, policy."""

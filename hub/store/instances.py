@@ -46,6 +46,14 @@ class SqlInstanceStore:
         stmt = sa.select(instances).where(instances.c.id == instance_id)
         return (await conn.execute(self.db.for_update(stmt))).first()
 
+    async def ids_of_owner(self, conn: Connection, owner_id: str, *, archived: bool, limit: int) -> list[str]:
+        """Return the ids of the owner's instances, newest first (archived ones only when `archived`)."""
+        stmt = sa.select(instances.c.id).where(instances.c.owner_id == owner_id)
+        if not archived:
+            stmt = stmt.where(instances.c.archived_at.is_(None))
+        return list((await conn.execute(stmt.order_by(instances.c.created_at.desc(), instances.c.id.desc())
+                                        .limit(limit))).scalars())
+
     async def set_current_run(self, conn: Connection, instance_id: str, task_id: str, now: datetime) -> None:
         """Make `task_id` the instance's current run (what steer, interrupt, wait and archive act on)."""
         await conn.execute(instances.update().where(instances.c.id == instance_id)

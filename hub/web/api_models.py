@@ -16,7 +16,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
                       ValidationInfo)
 from pydantic_core import PydanticCustomError
 
-from ..domain.pages import MAX_SCHEDULES, MAX_SESSIONS, MAX_TASKS
+from ..domain.pages import MAX_INSTANCES, MAX_SCHEDULES, MAX_SESSIONS, MAX_TASKS
 from ..domain.text import BadText, check_text, loads
 from ..errors import AmuxError, Forbidden, Invalid
 from ..services.admission import MAX_TIMEOUT_S
@@ -199,6 +199,11 @@ class WaitQuery(QueryModel):
     cursor: query_int(0, INT32, 0) = 0
     timeout_s: Annotated[float, BeforeValidator(_number), Field(ge=0, le=600, description=(
         "seconds to wait for new events, from 0 to 600, e.g. 30"))] = 30.0
+
+
+class InstanceListQuery(QueryModel):
+    limit: query_int(1, MAX_INSTANCES, 50) = 50
+    archived: Flag | None = None
 
 
 class InstanceWaitQuery(QueryModel):
@@ -455,6 +460,10 @@ class SessionListReply(Reply):
 class InstanceReply(Reply):
     instance_id: str
     status: str
+
+
+class InstanceListReply(Reply):
+    instances: list[InstanceReply]
 
 
 class FollowupReply(Reply):
@@ -772,6 +781,9 @@ SESSION_LIST = op("GET", "/api/v1/sessions", "session_list", "List your sessions
                   query=SessionListQuery, tag="sessions", reply=SessionListReply)
 INSTANCE_CREATE = op("POST", "/api/v1/instances", "instance_create", "Create an Agent Instance (prompt: its first run)",
                      body=InstanceCreate, ok=(201,), tag=INST, reply=InstanceReply, max_body=MAX_BODY)
+INSTANCE_LIST = op("GET", "/api/v1/instances", "instance_list",
+                   "List your Agent Instances, newest first (archived=1: archived ones too)", query=InstanceListQuery,
+                   tag=INST, reply=InstanceListReply)
 INSTANCE_GET = op("GET", "/api/v1/instances/{id}", "instance_get", "Show an instance", InstancePath, tag=INST,
                   reply=InstanceReply)
 INSTANCE_FOLLOWUP = op("POST", "/api/v1/instances/{id}/followups", "instance_followup",

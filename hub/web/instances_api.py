@@ -18,6 +18,9 @@ def add_routes(app: web.Application, instances: InstanceService) -> None:
     async def get(c: Call) -> dict:
         return await service.get(c.caller, c.path.id)
 
+    async def list_(c: Call) -> dict:
+        return await service.list(c.caller, archived=m.flag(c.query.archived), limit=c.query.limit)
+
     async def followup(c: Call) -> dict:
         fields = c.body.model_dump(exclude_unset=True)
         prompt, timeout_s = fields.pop("prompt"), fields.pop("timeout_s", None)
@@ -38,7 +41,8 @@ def add_routes(app: web.Application, instances: InstanceService) -> None:
     async def archive(c: Call) -> dict:
         return await service.archive(c.caller, c.path.id)
 
-    for o, fn in ((m.INSTANCE_CREATE, create), (m.INSTANCE_GET, get), (m.INSTANCE_FOLLOWUP, followup),
+    for o, fn in ((m.INSTANCE_CREATE, create), (m.INSTANCE_LIST, list_),
+                  (m.INSTANCE_GET, get), (m.INSTANCE_FOLLOWUP, followup),
                   (m.INSTANCE_SEND, send), (m.INSTANCE_STEER, steer), (m.INSTANCE_INTERRUPT, interrupt),
                   (m.INSTANCE_WAIT, wait), (m.INSTANCE_ARCHIVE, archive)):
         register(app, o, fn)

@@ -185,3 +185,27 @@ def test_amux_up_says_before_and_after_it_migrates(tmp_path: Path):
         assert 0 <= before < after < listening, text
     finally:
         u.stop()
+
+
+async def test_instance_list_shows_your_instances_newest_first_archived_ones_only_when_asked(hub):
+    await hub.start_runner()
+    env = _env(hub)
+    ids = []
+    for name in ("first", "second"):
+        code, out, err = await amux("instance", "create", "--profile", "scripted", "--name", name, "--json", env=env)
+        assert code == 0, err
+        ids.append(json.loads(out)["instance_id"])
+    code, out, err = await amux("instance", "archive", ids[0], env=env)
+    assert code == 0, err
+    code, out, err = await amux("instance", "list", "--json", env=env)
+    assert code == 0, err
+    assert [i["instance_id"] for i in json.loads(out)["instances"]] == [ids[1]]
+    code, out, err = await amux("instance", "list", "--archived", "--json", env=env)
+    assert [i["instance_id"] for i in json.loads(out)["instances"]] == [ids[1], ids[0]]
+    code, out, err = await amux("instance", "list", env=env)
+    assert code == 0 and ids[1] in out and ids[0] not in out, out
+    code, _, err = await amux("instance", "list", "--limit", "500", env=env)
+    assert code == 3 and "200" in err, err  # refused naming the maximum, never cut short
+    other = await hub.token("somebody-else")
+    code, out, err = await amux("instance", "list", "--json", env={**env, "AMUX_TOKEN": other})
+    assert code == 0 and json.loads(out)["instances"] == []  # only your own
