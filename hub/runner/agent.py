@@ -557,6 +557,8 @@ class Runner:
             outcome, result = "timed_out", EngineResult("timed_out", error=error)
         except asyncio.CancelledError:
             if not h.cancel_intent:
+                if egress is not None:  # dropped: its bridge sockets go with it
+                    await egress.close()
                 raise
             outcome, result = "cancelled", EngineResult("cancelled", error="cancelled on request")
         except Exception as e:  # an adapter crash fails the task, never the runner

@@ -7,20 +7,9 @@ proxy), then runs COMMAND (which drops to the child's uid) and exits with its co
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while chunk := await reader.read(1 << 16):
-            writer.write(chunk)
-            await writer.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        with contextlib.suppress(Exception):
-            writer.close()
+from hub.runner.egress import pipe
 
 
 def _forwarder(socket_path: str):  # noqa: ANN202 - an asyncio connection callback
@@ -30,7 +19,7 @@ def _forwarder(socket_path: str):  # noqa: ANN202 - an asyncio connection callba
         except OSError:
             writer.close()
             return
-        await asyncio.gather(_pipe(reader, up_w), _pipe(up_r, writer))
+        await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
     return carry
 
 

@@ -20,7 +20,8 @@ log = logging.getLogger("amux.runner.egress")
 HEAD_LIMIT = 16 * 1024
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy `reader` to `writer` until either side ends; close the writer."""
     try:
         while chunk := await reader.read(1 << 16):
             writer.write(chunk)
@@ -73,7 +74,7 @@ class Egress:
         except OSError:
             writer.close()
             return
-        await asyncio.gather(_pipe(reader, up_w), _pipe(up_r, writer))
+        await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
 
     def allowed(self, host: str, port: int) -> bool:
         """Say whether the operator's allow-list names this destination (`host` or `host:port`)."""
@@ -115,7 +116,7 @@ class Egress:
             return
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         await writer.drain()
-        await asyncio.gather(_pipe(reader, up_w), _pipe(up_r, writer))
+        await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
 
     @staticmethod
     async def _refuse(writer: asyncio.StreamWriter, status: str, why: str) -> None:

@@ -138,11 +138,15 @@ async def test_a_linux_dac_child_reaches_neither_the_hub_its_secrets_its_databas
         view = await run_as(hub, "mallory", "echo work > out.txt && cat out.txt && id -u && pwd && "
                             "python3 -c 'print(6 * 7)' && ls /usr/bin | grep -c . && "
                             "python3 -c \"import os, urllib.request; print(urllib.request.urlopen("
-                            "os.environ['AMUX_HUB_URL'] + '/healthz').status)\"")
+                            "os.environ['AMUX_HUB_URL'] + '/healthz').status)\" && "
+                            "python3 -c \"import json, os, urllib.request; print(json.load(urllib.request.urlopen("
+                            "urllib.request.Request(os.environ['AMUX_HUB_URL'] + '/api/v1/whoami', headers={"
+                            "'Authorization': 'Bearer ' + os.environ['AMUX_TOKEN']})))['principal'])\"")
         text = out(view)
         assert view["status"] == "succeeded", view
         lines = text.splitlines()
         assert lines[0] == "work" and lines[3] == "42" and lines[5] == "200", text
+        assert lines[6] == "mallory", text  # the run token the hub minted works through the bridged hub port
         uid = int(lines[1])
         base = hub.hub.settings.execution.uid_base
         assert uid != 0 and base <= uid < base + hub.hub.settings.execution.uid_count
