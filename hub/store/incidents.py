@@ -334,11 +334,14 @@ class SqlOutboxStore:
         return list((await conn.execute(self.db.for_update(stmt, skip_locked=True))).all())
 
     async def slots_since(self, conn: Connection, app_ids: Iterable[str],
-                          since: datetime) -> list[tuple[str, str | None, datetime]]:
-        """Return the new-message slots (application, recipient, when) taken after `since` in `app_ids`."""
-        rows = (await conn.execute(sa.select(outbox.c.app_id, outbox.c.recipient, outbox.c.slot_at).where(
-            outbox.c.app_id.in_(sorted(set(app_ids))), outbox.c.slot_at > since))).all()
-        return [(a, r, at) for a, r, at in rows]
+                          since: datetime) -> list[tuple[str, str | None, str, datetime]]:
+        """Return the new-message slots (application, recipient, notice id, when) taken after `since` in `app_ids`.
+
+        The notice id lets a retry leave its own earlier slot out of the count: one notice holds one slot.
+        """
+        rows = (await conn.execute(sa.select(outbox.c.app_id, outbox.c.recipient, outbox.c.id, outbox.c.slot_at)
+                                   .where(outbox.c.app_id.in_(sorted(set(app_ids))), outbox.c.slot_at > since))).all()
+        return [(a, r, nid, at) for a, r, nid, at in rows]
 
     async def claim(self, conn: Connection, notice_id: str, *, worker: str, until: datetime, recipient: str,
                     first_attempt_at: datetime, slot_at: datetime | None) -> None:

@@ -257,6 +257,38 @@ async def test_transient_errors_retry_with_the_same_uuid(env: Env):
     assert n.state == "sent" and n.message_id == env.fake.sent[0].message_id
 
 
+async def test_a_retried_new_message_leaves_its_own_slot_out_of_the_rate_limit(db_url, tmp_path, clock, fake):
+    e = await make_env(db_url, tmp_path, clock, fake)
+    await e.setup(rule="every 1d", name="s0")
+    sids = [e.sid] + [(await e.hub.schedules.create(e.alice, ScheduleSpec(
+        prompt="say hi", rule="every 1d", name=f"s{i}", schedule_type="subtask", timezone="Asia/Shanghai")))
+        ["schedule_id"] for i in (1, 2)]
+    for sid in sids[:2]:                            # two new messages inside one 30-minute window
+        e.sid = sid
+        await e.fire("failed")
+        await e.round(61)
+    assert len(fake.sent) == 2
+    fake.fail("5xx", op="send")                     # the third new message fails once, transiently
+    e.sid = sids[2]
+    await e.fire("failed")
+    await e.round(61)
+    assert len(fake.sent) == 2
+    await e.round(2)                                # its retry retakes its own slot: still the third, not a fourth
+    third = [r for r in fake.requests if r[0] == "send"][2:]
+    assert len(third) == 2 and third[0][1] == third[1][1]   # retried once, with the same request uuid
+    assert len(fake.sent) == 3
+    card = fake.sent[-1]
+    assert "s2" in card_text(card.content)
+    notices = await e.notices()
+    assert not [n for n in notices if n.kind == "digest" or n.state == "folded"]
+    await e.fire("failed")                          # a later update of that incident patches its card
+    await e.round()
+    assert fake.patches and fake.patches[-1][0] == card.message_id
+    assert "Failures** 2" in card_text(fake.patches[-1][1])
+    assert not [n for n in await e.notices() if n.state == "superseded"]
+    await e.hub.db.close()
+
+
 async def test_retries_past_the_dedup_window_become_unconfirmed(env: Env):
     env.fake.fail("5xx", times=1000, op="send")
     await env.fire("failed")
