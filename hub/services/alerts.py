@@ -337,8 +337,8 @@ class AlertService:
     async def follow_routes(self) -> int:
         """Move active incidents whose schedule's notice route now names another application; return how many.
 
-        Only incidents of schedules not frozen to their incident's application can have moved (one query finds
-        them); a route that now names no application leaves the incident where it is.
+        One query finds the incidents whose route can have moved (frozen elsewhere, or unfrozen with a creator now
+        linked in another application); a route that now names no application leaves the incident where it is.
         """
         configured = [a.app_id for a in self.feishu.apps]
         moved: list[tuple[str, str]] = []
