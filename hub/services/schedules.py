@@ -250,7 +250,7 @@ class ScheduleService:
                     None) or await self.store.app_timezone(conn, app_id)  # the console's own application
         if not zone or zone == spec.timezone:
             return None
-        rule = rules.parse(spec.rule, zone)
+        rule = rules.parse(str(spec.rule), zone)
         first = rules.first_fire(rule, now, now)
         if first is None:
             raise Invalid(f"rule {spec.rule!r} has no future fire time in {zone} (the application's timezone); "
