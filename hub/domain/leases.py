@@ -5,6 +5,8 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from .durations import duration_text
+
 TASK_PREFIX = "task_"
 BOX_PREFIX = "vm_"
 MAX_HANDLE_CHARS = 200
@@ -121,13 +123,9 @@ def when(dt: datetime) -> str:
 def ago(dt: datetime, now: datetime) -> str:
     """Render how long ago `dt` was, for people ("just now", "3 min ago", "2 h 5 min ago")."""
     s = int(quiet_for(dt, now).total_seconds())
-    if s < 60:
+    if s < 60:  # the activity clock moves once a minute: seconds would claim a precision it does not have
         return "just now"
-    if s < 3600:
-        return f"{s // 60} min ago"
-    if s < 86400:
-        return f"{s // 3600} h {s % 3600 // 60} min ago"
-    return f"{s // 86400} d {s % 86400 // 3600} h ago"
+    return f"{duration_text(s // 60 * 60 if s < 86400 else s // 3600 * 3600)} ago"  # whole units passed
 
 
 def not_yours(task_id: str) -> str:

@@ -20,6 +20,7 @@ from yarl import URL
 
 from ..backoff import RECONNECT
 from ..domain import isolation as modes
+from ..domain.durations import duration_text
 from ..domain.events import turn_usage
 from ..domain.policy import normalize_native_args
 from ..engines.base import Engine, EngineResult, Job, PermissionReply
@@ -552,7 +553,7 @@ class Runner:
             elif asked is not None:
                 outcome, result.error = "failed", QUESTION_DIAGNOSTIC
         except asyncio.TimeoutError:
-            error = (f"timed out after {d.snapshot.get('timeout_s')}s"
+            error = (f"timed out after {duration_text(float(d.snapshot.get('timeout_s') or 3600))}"
                      + (f"; last status: {last_status}" if last_status else ""))
             outcome, result = "timed_out", EngineResult("timed_out", error=error)
         except asyncio.CancelledError:

@@ -14,6 +14,7 @@ from ..boxes.base import DEFAULT_EXEC_TIMEOUT_S, MAX_COMMAND_BYTES, MAX_EXEC_TIM
 from ..clock import Clock, utc
 from ..config import BoxSettings, LeaseSettings
 from ..domain import leases as rules
+from ..domain.durations import duration_text
 from ..errors import Conflict, Invalid, NotFound, TooMany
 from ..ids import short_id
 from ..store.db import Connection, Database, Row
@@ -400,7 +401,7 @@ class LeaseService:
         """
         now = self.clock.now()
         cutoff = rules.auto_close_cutoff(now, self.settings.auto_close_quiet_s)
-        reason = f"quiet for {self.settings.auto_close_quiet_s / 3600:g} hours"
+        reason = f"quiet for {duration_text(self.settings.auto_close_quiet_s)}"
         async with self.db.write() as conn:
             closed = await self.store.close_quiet(conn, cutoff, now, reason, REAP_BATCH)
         async with self.db.read() as conn:

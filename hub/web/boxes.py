@@ -9,6 +9,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from ..clock import Clock
+from ..domain.durations import duration_text
 from ..domain.leases import UNSANDBOXED, ago
 from ..errors import AmuxError
 from ..services.auth import AuthService, Caller, run_token_refusal
@@ -54,12 +55,11 @@ def _t(dt: datetime | None) -> str:
 
 
 def _help(auto_close_s: float) -> str:
-    hours = f"{auto_close_s / 3600:g}"
     return (
         '<section class="help" id="help"><p><strong>This page only shows; it changes nothing.</strong> '
         "To put away boxes an agent left behind, ask your agent to call <code>rift_task_close</code> on the task, "
         "which destroys its boxes, or <code>rift_vm_destroy</code> on one box. "
-        f"A task that is quiet for {hours} hours closes itself, and its boxes are destroyed.</p>"
+        f"A task that is quiet for {duration_text(auto_close_s)} closes itself, and its boxes are destroyed.</p>"
         "<p>To hand a task to another agent: the holder calls <code>rift_task_release</code>, the other agent calls "
         "<code>rift_task_attach</code>; a task active lately needs <code>takeover</code> (ask first).</p></section>"
     )

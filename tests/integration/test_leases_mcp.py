@@ -372,7 +372,7 @@ async def test_a_task_quiet_for_4_hours_closes_itself_and_its_processes_are_kill
         assert not any(alive(p) for p in pids)
         listed = {x["task_id"]: x for x in (await ok(claude, "rift_task_list"))["tasks"]}
         assert listed[t["task_id"]]["status"] == "closed"
-        assert listed[t["task_id"]]["closed_reason"] == "quiet for 4 hours"
+        assert listed[t["task_id"]]["closed_reason"] == "quiet for 4 h"
         assert "its VMs are gone" in await refused(claude, "rift_vm_list", {"task": t["handle"]})
 
 

@@ -36,7 +36,7 @@ async def test_a_run_that_times_out_while_its_engine_retries_names_the_last_stat
                                                           timeout_s=3))
     view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=30)
     assert (view["status"], view["error"]) == (
-        "timed_out", "timed out after 3.0s; last status: engine retrying: attempt 2 of 10 (connection error)"), view
+        "timed_out", "timed out after 3 s; last status: engine retrying: attempt 2 of 10 (connection error)"), view
     page = await hub.hub.tasks.events(admin, sub["task_id"])
     statuses = [(e["text"], e["retry"]) for e in page["events"] if e["type"] == "status"]
     assert statuses == [
