@@ -100,7 +100,8 @@ async def _follow(api, queued: dict, timeout: float | None) -> dict:  # noqa: AN
         view = await api.call("GET", f"turns/{turn_id}")
         now = loop.time()
         if is_terminal(view["status"]) or (timeout is not None and now - start >= timeout):
-            print(f"turn {turn_id} {view['status']} after {duration_text(round(now - start))}", file=sys.stderr, flush=True)
+            print(f"turn {turn_id} {view['status']} after {duration_text(round(now - start))}", file=sys.stderr,
+                  flush=True)
             return view
         if view["status"] != said or now - last >= PROGRESS_EVERY_S:
             print(f"turn {turn_id} {view['status']} ({duration_text(round(now - start))})", file=sys.stderr, flush=True)

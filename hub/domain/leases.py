@@ -164,6 +164,16 @@ def box_not_in_task(box_id: str, task_id: str) -> str:
     return f"box {box_id} is not a live box of task {task_id}; `rift_vm_list` shows its boxes, `rift_vm_new` makes one"
 
 
+DEAD = "dead"  # how a listing shows a box whose init is gone (never stored: the row stays live until destroyed)
+
+
+def box_dead(box_id: str) -> str:
+    """Say a listed box no longer runs, and what mends it."""
+    return (f"box {box_id} is no longer running (its processes were killed, e.g. `kill -9 -1` inside it, or the "
+            f"machine restarted), so commands cannot run in it; `rift_vm_destroy` it and make another with "
+            f"`rift_vm_new`")
+
+
 UNSANDBOXED = ("NOT SANDBOXED: this hub runs boxes with boxes.driver = \"unsandboxed\"; a box's commands are plain "
                "processes of the hub's machine that can read the hub's files and reach its network. The operator "
                "sets boxes.driver = \"local\" (bubblewrap) to sandbox new boxes")
