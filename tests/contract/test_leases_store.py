@@ -305,6 +305,21 @@ async def test_closing_a_task_destroys_a_box_still_being_made_through_the_driver
     assert _gone(pid) and not (tmp_path / "boxes" / box_id).exists()
 
 
+async def test_a_task_holds_any_number_of_boxes_by_default_and_the_per_user_quota_is_the_limit(db, clock, alice,
+                                                                                                tmp_path):
+    assert BoxSettings().max_per_task == 0 and BoxSettings().max_live_per_principal == 8
+    unlimited = BoxSettings(driver="unsandboxed", max_live_per_principal=0)
+    many = LeaseService(db, clock, LeaseSettings(), LocalBoxDriver(tmp_path / "boxes", unlimited), unlimited)
+    t = await many.new(alice, "many")
+    for _ in range(40):  # well past any small fixed cap
+        await many.vm_new(alice, t["handle"])
+    assert len(await many.vm_list(alice, t["handle"])) == 40
+    quota = BoxSettings(driver="unsandboxed")
+    capped = LeaseService(db, clock, LeaseSettings(), LocalBoxDriver(tmp_path / "boxes", quota), quota)
+    e = await refusal(capped.vm_new(alice, t["handle"]))
+    assert isinstance(e, TooMany) and "boxes.max_live_per_principal = 8" in e.message
+
+
 async def test_the_number_of_boxes_per_task_is_the_configured_safety_cap(db, clock, alice, tmp_path):
     capped = LeaseService(db, clock, LeaseSettings(), LocalBoxDriver(tmp_path / "boxes", UNSANDBOXED),
                           BoxSettings(driver="unsandboxed", max_per_task=2))
