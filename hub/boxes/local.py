@@ -37,6 +37,7 @@ class LocalBoxDriver:
             self.bubblewrap if self.settings.driver == "local" else self.unsandboxed)
         self.name = self.maker.name
         self.sandboxed = self.maker.sandboxed
+        self.host = self.maker.host  # the machine its boxes live on
 
     def _serving(self, handle: dict[str, Any]) -> BubblewrapBoxDriver | UnsandboxedBoxDriver | None:
         """Return the driver a stored handle names, or None when it names no sandbox."""

@@ -7,7 +7,7 @@ import json
 from hub.engines.claude import ClaudeEngine
 from hub.runner.agent import Runner
 from hub.services.tasks import SubmitRequest
-from tests.helpers import PROCESS_MODE, REPO
+from tests.helpers import PROCESS_MODE, REPO, started
 
 
 async def test_a_runs_usage_events_and_its_final_usage_keep_only_known_metrics(hub):
@@ -28,7 +28,7 @@ async def test_a_run_that_times_out_while_its_engine_retries_names_the_last_stat
                     **PROCESS_MODE, workspace_root=tmp_path / "ws",
                     engines={"claude": ClaudeEngine()})
     hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
-    await asyncio.wait_for(runner.registered.wait(), 10)
+    await started(runner.registered.wait(), "the runner to register")
     admin = await hub.hub.auth.authenticate(hub.admin_token)
     await hub.hub.credentials.declare(admin, "fake", ["FAKE_SCENARIO"])
     await hub.hub.credentials.set_value(admin, "fake", "FAKE_SCENARIO", "api-retry-slow")
