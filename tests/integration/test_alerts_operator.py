@@ -43,7 +43,7 @@ async def test_snooze_for_a_duration_unsnooze_and_the_default_24_hours(bot: Bot)
     code, out, err = await amux("alerts", "snooze", iid, "--json", env=env)
     assert code == 0 and _at(json.loads(out)["snoozed_until"]) == now + timedelta(seconds=86400), err
     code, out, _ = await amux("alerts", "explain", iid, env=env)
-    assert "unsnoozed" in out and "snoozed for 14400 s" in out
+    assert "unsnoozed" in out and "snoozed for 4 h" in out
 
 
 async def test_ack_with_a_comment_is_shown_on_the_card_with_who_and_when(bot: Bot):  # noqa: F811
