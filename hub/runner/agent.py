@@ -210,8 +210,11 @@ class Silence:
         return self.stall_s > 0 and self.silent_s() >= self.stall_s
 
     def notice(self) -> str:
-        """Say how long the engine has been silent, readably."""
-        return f"no output from {self.engine} for {duration_text(self.silent_s())}"
+        """Say how long the engine has been silent, in whole stall periods (`5 min`, `10 min`), readably."""
+        silent = self.silent_s()
+        if self.stall_s > 0:
+            silent = (silent // self.stall_s) * self.stall_s
+        return f"no output from {self.engine} for {duration_text(silent)}"
 
     async def watch(self, record: Callable[[str, dict], None]) -> None:
         """Emit a status event each time the silence reaches another whole stall period, until cancelled."""
