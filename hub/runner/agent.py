@@ -21,7 +21,7 @@ from yarl import URL
 from ..backoff import RECONNECT
 from ..clock import Clock, SystemClock
 from ..domain import isolation as modes
-from ..domain.durations import readable
+from ..domain.durations import duration_text
 from ..domain.events import turn_usage
 from ..domain.policy import normalize_native_args
 from ..engines.base import Engine, EngineResult, Job, PermissionReply
@@ -210,8 +210,11 @@ class Silence:
         return self.stall_s > 0 and self.silent_s() >= self.stall_s
 
     def notice(self) -> str:
-        """Say how long the engine has been silent, readably."""
-        return f"no output from {self.engine} for {readable(self.silent_s())}"
+        """Say how long the engine has been silent, in whole stall periods (`5 min`, `10 min`), readably."""
+        silent = self.silent_s()
+        if self.stall_s > 0:
+            silent = (silent // self.stall_s) * self.stall_s
+        return f"no output from {self.engine} for {duration_text(silent)}"
 
     async def watch(self, record: Callable[[str, dict], None]) -> None:
         """Emit a status event each time the silence reaches another whole stall period, until cancelled."""
@@ -612,7 +615,7 @@ class Runner:
             elif asked is not None:
                 outcome, result.error = "failed", QUESTION_DIAGNOSTIC
         except asyncio.TimeoutError:
-            error = (f"timed out after {d.snapshot.get('timeout_s')}s"
+            error = (f"timed out after {duration_text(float(d.snapshot.get('timeout_s') or 3600))}"
                      + (f"; the engine stalled: {silence.notice()}" if silence.stalled() else "")
                      + (f"; last status: {last_status}" if last_status else ""))
             outcome, result = "timed_out", EngineResult("timed_out", error=error)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..clock import Clock, iso, utc
 from ..config import AlertSettings, FeishuSettings
 from ..domain import alerts as rules
+from ..domain.durations import duration_text
 from ..domain.states import DeliveryState
 from ..errors import Invalid, NotFound
 from ..ids import new_id
@@ -241,7 +242,7 @@ class AlertService:
         """Hold reminders for `seconds` (default `alerts.snooze_s`)."""
         secs = self.n.snooze_s if seconds is None else seconds
         return await self._control(incident_id, lambda inc, now: rules.snooze(inc, now, self.n, secs),
-                                   f"snoozed for {secs:g} s")
+                                   f"snoozed for {duration_text(secs)}")
 
     async def unsnooze(self, incident_id: str) -> dict:
         """Lift an incident's snooze (reminders resume; one already due is sent at the next round)."""

@@ -8,7 +8,7 @@ from hub.clock import ManualClock
 from hub.engines.claude import ClaudeEngine
 from hub.runner.agent import Runner
 from hub.services.tasks import SubmitRequest
-from tests.helpers import PROCESS_MODE, REPO, eventually
+from tests.helpers import PROCESS_MODE, REPO, eventually, started
 
 
 async def test_a_runs_usage_events_and_its_final_usage_keep_only_known_metrics(hub):
@@ -29,7 +29,7 @@ async def test_a_run_that_times_out_while_its_engine_retries_names_the_last_stat
                     **PROCESS_MODE, workspace_root=tmp_path / "ws",
                     engines={"claude": ClaudeEngine()})
     hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
-    await asyncio.wait_for(runner.registered.wait(), 10)
+    await started(runner.registered.wait(), "the runner to register")
     admin = await hub.hub.auth.authenticate(hub.admin_token)
     await hub.hub.credentials.declare(admin, "fake", ["FAKE_SCENARIO"])
     await hub.hub.credentials.set_value(admin, "fake", "FAKE_SCENARIO", "api-retry-slow")
@@ -37,7 +37,7 @@ async def test_a_run_that_times_out_while_its_engine_retries_names_the_last_stat
                                                           timeout_s=3))
     view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=30)
     assert (view["status"], view["error"]) == (
-        "timed_out", "timed out after 3.0s; last status: engine retrying: attempt 2 of 10 (connection error)"), view
+        "timed_out", "timed out after 3 s; last status: engine retrying: attempt 2 of 10 (connection error)"), view
     page = await hub.hub.tasks.events(admin, sub["task_id"])
     statuses = [(e["text"], e["retry"]) for e in page["events"] if e["type"] == "status"]
     assert statuses == [
@@ -79,7 +79,7 @@ async def test_a_silent_engine_gets_a_status_event_after_the_stall_time_and_its_
     await eventually(lambda: _has(statuses, "no output from claude for 10 min"))
     view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=30)
     assert (view["status"], view["error"]) == (
-        "timed_out", "timed out after 8.0s; the engine stalled: no output from claude for 10 min"), view
+        "timed_out", "timed out after 8 s; the engine stalled: no output from claude for 10 min"), view
 
 
 async def _exists(path):
