@@ -9,7 +9,7 @@ Used by every reader: REST and MCP (`ScheduleService`), the Feishu bot's persona
   check of its own (the seed's four): its own binding still active, the application scope (only schedules
   frozen to this application), an active identity binding of the schedule (its creator binding, still
   active: a schedule recovery left unbound, or made with no binding, is never shown in Feishu), and execution
-  access (the principal's execution access not revoked: `amux principal execution NAME --revoke`).
+  access (the principal's execution access not revoked: `amux identity execution NAME --revoke`).
 
 The decision is a `Visibility` value; the store applies it as a filter, so lists and pages stay in the database.
 """

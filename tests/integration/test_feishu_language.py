@@ -16,7 +16,8 @@ from hub.app import Hub
 from hub.clock import ManualClock
 from hub.config import FeishuAppSettings
 from hub.store.db import Database
-from hub.store.tables import legacy_submissions
+from hub.ids import new_id
+from hub.store.tables import legacy_submissions, runtimes
 from tests.fakes.feishu import FakeFeishu, card_buttons, card_text, clock_seconds
 from tests.helpers import hub_settings
 from tests.integration.test_feishu_bot import ADMIN, EK, VT, Bot, _incident, bot  # noqa: F401 — the fixture
@@ -65,6 +66,12 @@ async def bot4h(sqlite_url: str, tmp_path: Path, clock: ManualClock):
     settings.feishu.apps = [FeishuAppSettings(app_id=fake.app_id, app_secret=fake.app_secret, encrypt_key=EK,
                                               verification_token=VT, admin_open_id=ADMIN, base_url=fake.base_url)]
     hub = Hub(settings, Database(sqlite_url), clock)
+    ops = await hub.auth.authenticate(await hub.auth.create_token("ops", admin=True))
+    async with hub.db.write() as conn:  # a registered runtime, so schedules can be admitted
+        now = clock.now()
+        await conn.execute(runtimes.insert().values(
+            id=new_id("rt"), name="r1", principal_id=ops.principal_id, shared=True,
+            capabilities={"engines": ["scripted"]}, slots=4, status="online", registered_at=now, last_seen_at=now))
     runner = web.AppRunner(hub.web_app(background=False), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -111,3 +118,63 @@ async def test_legacy_history_is_unconfirmed_on_the_personal_history_card(bot: B
     assert "unconfirmed" in card_text(card, "en_us") and "未确认" in card_text(card, "zh_cn")
     assert "unknown" not in card_text(card, "en_us")
     assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", card_text(card, "en_us"))   # the schedule's zone, named
+
+
+NASTY = "<at id=all></at> [x](http://evil.example/)"
+
+
+def _markdown(card: dict) -> list[str]:
+    out: list[str] = []
+
+    def walk(node):  # noqa: ANN001, ANN202
+        if isinstance(node, dict):
+            if node.get("tag") == "markdown":
+                out.extend((node.get("i18n_content") or {}).values())
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+    walk(card)
+    return out
+
+
+def _escaped(card: dict, *, in_markdown: bool = True) -> None:
+    """The name is escaped wherever markdown renders it; a header is plain text (nothing in it renders)."""
+    texts = _markdown(card)
+    assert not any("<at id=all>" in t or "[x](" in t for t in texts), texts
+    if in_markdown:
+        assert any("\\<at id=all\\>" in t for t in texts), texts
+    title = card["header"]["title"]
+    assert title["tag"] == "plain_text"
+
+
+async def test_schedule_names_reach_pushed_incident_and_digest_cards_escaped(db_url, tmp_path, clock):
+    from hub.services.schedules import ScheduleSpec
+    from hub.store.tables import task_runs
+    from tests.integration.test_alerts_feishu import make_env
+    fake = await FakeFeishu(now=clock_seconds(clock)).start()
+    try:
+        e = await make_env(db_url, tmp_path, clock, fake)
+        await e.setup(name=NASTY)
+        for i in range(4):   # five failing schedules: three cards, then a digest
+            await e.hub.schedules.create(e.alice, ScheduleSpec(prompt="say hi", rule="every 5m", name=f"{NASTY} {i}",
+                                                               schedule_type="subtask", timezone="Asia/Shanghai"))
+        clock.advance(300)
+        await e.hub.schedule_firing.fire_due()
+        async with e.hub.db.write() as conn:
+            await conn.execute(task_runs.update().values(status="failed"))
+        await e.hub.schedule_firing.reconcile()
+        await e.round(61)
+        assert len(fake.sent) == 3
+        for m in fake.sent:
+            _escaped(m.content, in_markdown=False)
+            assert NASTY in m.content["header"]["title"]["content"]
+            assert "Asia/Shanghai" in card_text(m.content)          # "Since" in the schedule's zone, named
+        await e.round(1800 + 1)
+        digest = fake.sent[-1]
+        assert "scheduled task alerts" in card_text(digest.content)
+        _escaped(digest.content)
+        await e.hub.db.close()
+    finally:
+        await fake.stop()
