@@ -7,15 +7,15 @@ digests (answered with the alert center).
 """
 from __future__ import annotations
 
+import re
+
 from bot.cards.actions import CardAction
-from bot.cards.alert_center import render_alert_center
+from bot.cards.alert_center import DELIVERY, render_alert_center
+from bot.cards.alerts import duration
 from bot.cards.alerts import render as render_notice
 from bot.cards.base import APP_TIMEZONE
 from bot.cards.views import AlertCenterView, Diagnostic, IncidentItem
 from bot.i18n import _
-
-import re
-
 from hub.errors import AmuxError
 
 from .context import Answer, Ctx, Refused
@@ -116,7 +116,6 @@ async def snooze(ctx: Ctx, a: CardAction) -> Answer:
         await ctx.services.alerts.snooze(a.incident_id)
     except AmuxError:
         pass
-    from bot.cards.alerts import duration
     return await _refreshed(ctx, a, _("Snoozed for {duration}"),
                             (("duration", duration(ctx.tr, snooze_s(ctx))),))
 
@@ -131,7 +130,6 @@ async def recheck(ctx: Ctx, a: CardAction) -> Answer:
     except AmuxError:
         raise Refused(_("This application is not configured on the hub: add it under [[feishu.apps]], then press "
                         "Recheck delivery again.")) from None
-    from bot.cards.alert_center import DELIVERY
     state = ctx.tr.text(DELIVERY.get(res["delivery_state"], _("no administrator configured")))
     return await _refreshed(ctx, a, _("Delivery rechecked: {state}; {pending} held notices are due now."),
                             (("state", state), ("pending", res["pending"])))

@@ -232,15 +232,20 @@ async def test_recovered_schedules_appear_in_the_personal_view_and_reads_still_c
         open_id = (await conn.execute(sa.select(identity_bindings.c.open_id).where(
             identity_bindings.c.id == hub.binding["alice"]))).scalar()
     mine = await hub.recovery.personal("cli_a", open_id)
-    # The one schedule policy (hub/services/schedule_access.py): alice's own schedule without a creator binding
-    # (the session-prompt recovery does not bind) is visible through her linked identity too, as in the bot's view.
-    assert sorted((s["schedule_id"], s["recovered"]) for s in mine) == sorted(
-        [(hub.ids["clean"], True), (hub.ids["prompt"], False)])
+    # The one schedule policy (hub/services/schedule_access.py): the application scope and an active binding are
+    # needed, so alice's own schedule without a creator binding (the session-prompt recovery does not bind) is not
+    # shown in Feishu at all, as in the bot's view.
+    assert [(s["schedule_id"], s["recovered"]) for s in mine] == [(hub.ids["clean"], True)]
     assert await hub.recovery.personal("cli_b", open_id) == []  # another application's scope shows nothing
     # another principal still cannot read it; the creator still can (operator/CLI access is unchanged)
     with pytest.raises(NotFound):
         await hub.schedules.history(hub.callers["bob"], hub.ids["clean"])
     await hub.schedules.history(hub.callers["alice"], hub.ids["clean"])
+    admin = await hub.auth.authenticate(await hub.auth.create_token("root", admin=True))
+    await hub.identity.set_execution_access(admin, "alice", revoked=True)   # reads check current execution access
+    assert await hub.recovery.personal("cli_a", open_id) == []
+    await hub.identity.set_execution_access(admin, "alice", revoked=False)
+    assert [s["schedule_id"] for s in await hub.recovery.personal("cli_a", open_id)] == [hub.ids["clean"]]
     async with hub.db.write() as conn:  # the alias is revoked after recovery: the binding grants nothing now
         await conn.execute(identity_bindings.update().where(identity_bindings.c.id == hub.binding["alice"])
                            .values(status="revoked"))
