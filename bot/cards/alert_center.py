@@ -6,7 +6,7 @@ from typing import Any
 from bot.i18n import Catalogs, _
 from hub.domain.states import DeliveryState, IncidentState
 
-from .actions import CardAction
+from .actions import Ack, Alerts, Overview, Recheck, Snooze
 from .alerts import outcome, snooze_label
 from .base import Text, button, button_row, card, check_limits, esc, hr, join, markdown, same, when
 from .views import AlertCenterView, Diagnostic
@@ -55,23 +55,23 @@ def render_alert_center(v: AlertCenterView, tr: Catalogs) -> dict[str, Any]:
         elements.append(markdown(join(*lines)))
         buttons = []
         if not inc.acknowledged:
-            buttons.append(button(tr.text(_("Acknowledge")), CardAction(op="ack", incident_id=inc.incident_id),
+            buttons.append(button(tr.text(_("Acknowledge")), Ack(incident_id=inc.incident_id),
                                   "primary"))
-            buttons.append(button(snooze_label(tr, v.snooze_s), CardAction(op="snooze", incident_id=inc.incident_id)))
+            buttons.append(button(snooze_label(tr, v.snooze_s), Snooze(incident_id=inc.incident_id)))
         if buttons:
             elements.append(button_row(*buttons))
     if v.pages > 1:
         pager = []
         if v.page > 0:
-            pager.append(button(tr.text(_("Previous")), CardAction(op="alerts", page=v.page - 1)))
+            pager.append(button(tr.text(_("Previous")), Alerts(page=v.page - 1)))
         if v.page + 1 < v.pages:
-            pager.append(button(tr.text(_("Next")), CardAction(op="alerts", page=v.page + 1)))
+            pager.append(button(tr.text(_("Next")), Alerts(page=v.page + 1)))
         elements.append(button_row(*pager))
     elements.append(hr())
     state = tr.text(DELIVERY[v.delivery_state]) if v.delivery_state in DELIVERY else same(esc(v.delivery_state))
     diag = [tr.text(_("**Delivery**: {state}"), state=state)]
     diag += [join(same("- "), diagnostic_text(tr, d), sep="") for d in v.diagnostics[:10]]
     elements.append(markdown(join(*diag)))
-    elements.append(button_row(button(tr.text(_("Recheck delivery")), CardAction(op="recheck")),
-                               button(tr.text(_("Back to overview")), CardAction(op="overview"))))
+    elements.append(button_row(button(tr.text(_("Recheck delivery")), Recheck()),
+                               button(tr.text(_("Back to overview")), Overview())))
     return check_limits(card(tr.text(_("Alert center")), elements, template="orange"))

@@ -15,7 +15,7 @@ from bot.i18n import Catalogs, _, catalogs
 from hub.domain.alerts import ACTIVE
 from hub.domain.states import IncidentState
 
-from .actions import CardAction
+from .actions import Ack, Recheck, Snooze
 from .base import MAX_CARD_BYTES, Text, button, button_row, card, esc, join, markdown, to_content, when
 
 ACTIONS = ("ack", "snooze", "recheck")
@@ -104,12 +104,11 @@ def _acknowledged(tr: Catalogs, view: dict[str, Any], tz: str | None) -> list[Te
 def _buttons(tr: Catalogs, view: dict[str, Any]) -> dict[str, Any]:
     """Acknowledge and Snooze while unacknowledged; Recheck (delivery) always."""
     iid = view["incident_id"]
-    recheck = button(tr.text(BUTTONS["recheck"]), CardAction(op="recheck", incident_id=iid, view="inc"))
+    recheck = button(tr.text(BUTTONS["recheck"]), Recheck(incident_id=iid, view="inc"))
     if view.get("acknowledged"):
         return button_row(recheck)
-    return button_row(button(tr.text(BUTTONS["ack"]), CardAction(op="ack", incident_id=iid, view="inc"), "primary"),
-                      button(snooze_label(tr, view.get("snooze_s")),
-                             CardAction(op="snooze", incident_id=iid, view="inc")),
+    return button_row(button(tr.text(BUTTONS["ack"]), Ack(incident_id=iid, view="inc"), "primary"),
+                      button(snooze_label(tr, view.get("snooze_s")), Snooze(incident_id=iid, view="inc")),
                       recheck)
 
 
@@ -167,12 +166,11 @@ def render_digest(view: dict[str, Any], tr: Catalogs | None = None) -> dict[str,
             if it.get("incident_id") and it.get("status") in ACTIVE and not it.get("acknowledged"):
                 iid = it["incident_id"]
                 elements.append(button_row(
-                    button(tr.text(BUTTONS["ack"]), CardAction(op="ack", incident_id=iid), "primary"),
-                    button(snooze_label(tr, it.get("snooze_s") or view.get("snooze_s")),
-                           CardAction(op="snooze", incident_id=iid))))
+                    button(tr.text(BUTTONS["ack"]), Ack(incident_id=iid), "primary"),
+                    button(snooze_label(tr, it.get("snooze_s") or view.get("snooze_s")), Snooze(incident_id=iid))))
         if len(shown) < len(items):
             elements.append(markdown(tr.text(_("…and {count} more"), count=len(items) - len(shown))))
-        elements.append(button_row(button(tr.text(BUTTONS["recheck"]), CardAction(op="recheck"))))
+        elements.append(button_row(button(tr.text(BUTTONS["recheck"]), Recheck())))
         doc = card(tr.text(_("{count} scheduled task alerts"), count=len(items)), elements, template="orange")
         if card_bytes(doc) <= MAX_CARD_BYTES or not shown:
             return doc

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from bot.cards.actions import CardAction
+from bot.cards.actions import Alerts, History, Recheck, Snooze
 from hub.app import Hub
 from hub.clock import ManualClock
 from hub.config import FeishuAppSettings
@@ -47,7 +47,7 @@ async def test_the_recheck_toast_and_the_alert_center_speak_zh_cn_from_the_catal
     await _incident(bot, sid, alice.principal_id)
     await bot.hub.alerts.sync_apps()
     await bot.overview_card(ADMIN)
-    _status, res = await bot.press(ADMIN, CardAction(op="recheck"))
+    _status, res = await bot.press(ADMIN, Recheck())
     toast = res["toast"]
     assert toast["type"] == "success" and toast["content"].startswith("Delivery rechecked: ok;")
     assert toast["i18n"]["zh_cn"].startswith("已重新检查投递：正常") and not english(toast["i18n"]["zh_cn"])
@@ -91,11 +91,11 @@ async def test_the_snooze_label_and_toast_follow_alerts_snooze_s(bot4h: Bot):
     iid = await _incident(bot, sid, alice.principal_id)
     await bot.hub.alerts.sync_apps()
     await bot.overview_card(ADMIN)
-    _status, res = await bot.press(ADMIN, CardAction(op="alerts"))
+    _status, res = await bot.press(ADMIN, Alerts())
     labels = [b["text"]["i18n_content"] for b in card_buttons(res["card"]["data"])]
     assert {"en_us": "Snooze 4 h", "zh_cn": "暂缓 4 小时"} in labels
     assert not any("24" in lab["en_us"] for lab in labels)
-    _status, res = await bot.press(ADMIN, CardAction(op="snooze", incident_id=iid, view="inc"))
+    _status, res = await bot.press(ADMIN, Snooze(incident_id=iid, view="inc"))
     assert res["toast"]["content"] == "Snoozed for 4 h" and res["toast"]["i18n"]["zh_cn"] == "已暂缓 4 小时"
     row = await bot.hub.alerts.incident(iid)
     assert row["snoozed_until"].startswith((bot.clock.now() + timedelta(hours=4)).isoformat()[:16])
@@ -113,7 +113,7 @@ async def test_legacy_history_is_unconfirmed_on_the_personal_history_card(bot: B
             detail={"status": "ok"}))
     h = await bot.hub.schedules.history(alice, sid)
     assert [f["outcome"] for f in h["firings"]] == ["unconfirmed"]          # what REST and MCP say
-    _status, res = await bot.press("ou_alice", CardAction(op="history", schedule_id=sid))
+    _status, res = await bot.press("ou_alice", History(schedule_id=sid))
     card = res["card"]["data"]
     assert "unconfirmed" in card_text(card, "en_us") and "未确认" in card_text(card, "zh_cn")
     assert "unknown" not in card_text(card, "en_us")
