@@ -9,6 +9,7 @@ import pytest
 
 from bot.cards.alert_center import render_alert_center
 from bot.cards.alerts import render as render_notice
+from bot.cards.help import render_help
 from bot.cards.identity import render_link_result
 from bot.cards.overview import render_overview
 from bot.cards.question import render_answered, render_question
@@ -70,6 +71,7 @@ CARD_KINDS = {
     "question": lambda: render_question(TR, {"question_id": "q_1", "text": NASTY, "options": ["a"]}),
     "answered": lambda: render_answered(TR, {"question_id": "q_1", "text": NASTY}, NASTY),
     "link_result": lambda: render_link_result(TR, _("Linked to **{principal}**."), ok=True, principal=NASTY),
+    "help_unknown_command": lambda: render_help(TR, unknown=NASTY),
     "schedule_form": lambda: render_form(FormView(nonce="f1", error_field="name", error_detail=NASTY), TR),
 }
 
