@@ -41,15 +41,17 @@ def _incident(row: Row) -> rules.Incident:
 
 
 
-def incident_view(inc: rules.Incident, incident_id: str, sched: Row, creator: str | None, app_id: str) -> dict:
-    """Return the card view model of an incident (what the channel renders)."""
+def incident_view(inc: rules.Incident, incident_id: str, sched: Row, creator: str | None, app_id: str,
+                  snooze_s: float = 86400.0) -> dict:
+    """Return the card view model of an incident (what the channel renders); `snooze_s` (`alerts.snooze_s`) is
+    what its Snooze button holds reminders for."""
     return {"v": 1, "kind": "incident", "incident_id": incident_id, "app_id": app_id,
             "schedule_id": sched.id, "schedule_name": sched.name, "creator": creator, "timezone": sched.timezone,
             "status": inc.state, "failures": inc.failures, "missed": inc.missed, "unknowns": inc.unknowns,
             "last_outcome": inc.last_outcome, "opened_at": iso(inc.opened_at),
             "recovering_since": iso(inc.recovering_since), "closed_at": iso(inc.closed_at),
             "acknowledged": inc.acked_at is not None, "acked_at": iso(inc.acked_at), "acked_by": inc.acked_by,
-            "ack_comment": inc.ack_comment, "snoozed_until": iso(inc.snoozed_until)}
+            "ack_comment": inc.ack_comment, "snoozed_until": iso(inc.snoozed_until), "snooze_s": snooze_s}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +62,7 @@ class CenterPage:
     page: int                 # the page shown (clamped to the last one)
     pages: int
     delivery_state: str       # the application's (unconfigured when it is not known)
-    diagnostics: list[str]    # what blocks delivery for this application, in words
+    diagnostics: list[dict]   # what blocks delivery for this application (`diagnostics()` entries of this app)
 
 
 class AlertService:
@@ -168,7 +170,7 @@ class AlertService:
                            "outcome": ev.outcome or ev.admission, "firing_id": ev.firing_id,
                            "nominal_time": iso(ev.nominal_time), "task_id": ev.task_id, "turn_id": ev.turn_id}
             else:
-                payload = incident_view(inc, iid, sched, creator, app_id)
+                payload = incident_view(inc, iid, sched, creator, app_id, self.n.snooze_s)
                 payload["notice"] = kind
             out.append(await self.notices.queue(conn, now, app_id=app_id, recipient=admin, kind=kind, payload=payload,
                                                 timezone=sched.timezone, incident_id=iid, schedule_id=sched.id))
@@ -409,7 +411,7 @@ class AlertService:
                 raise NotFound(f"incident {incident_id!r} does not exist; list incidents with `amux alerts list`")
             sched = await self.store.schedule(conn, row.schedule_id)
             creator = await self.store.principal_name(conn, row.creator_id)
-        view = incident_view(_incident(row), row.id, sched, creator, row.app_id)
+        view = incident_view(_incident(row), row.id, sched, creator, row.app_id, self.n.snooze_s)
         view["notice"] = "update"
         return view
 
@@ -454,11 +456,10 @@ class AlertService:
             page = min(page, pages - 1)
             rows = await self.store.active_page_in_app(conn, app_id, offset=page * page_size, limit=page_size)
             app = await self.store.app(conn, app_id)
-        diags = [d.get("diagnostic") or d.get("state") or "" for d in await self.diagnostics()
-                 if d.get("app_id") == app_id]
+        diags = [d for d in await self.diagnostics() if d.get("app_id") == app_id]
         return CenterPage(incidents=rows, page=page, pages=pages,
                           delivery_state=app.delivery_state if app else DeliveryState.UNCONFIGURED,
-                          diagnostics=[d for d in diags if d])
+                          diagnostics=diags)
 
     async def in_app(self, incident_id: str, app_id: str) -> bool:
         """Say whether `incident_id` exists in `app_id` (a card's incident, checked before acting on it)."""

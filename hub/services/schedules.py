@@ -401,7 +401,7 @@ class ScheduleService:
             for r in await self.store.visible(conn, v, limit=per_page, offset=page * per_page):
                 last = await self.firings.latest(conn, r.id)
                 items.append(ScheduleLine(schedule_id=r.id, name=r.name, rule=r.rule, paused=r.paused,
-                                          next_fire_at=r.next_fire_at,
+                                          next_fire_at=r.next_fire_at, timezone=r.timezone,
                                           last_state=firing_line(last, r.name).state if last else None))
         return SchedulePage(items=tuple(items), page=page, pages=pages, total=total)
 
@@ -422,12 +422,12 @@ class ScheduleService:
             row = await self.access.schedule(conn, caller, schedule_id)
             pages = await self.firings.count_with_task(conn, row.id)
             if not pages:
-                return ResultPage(schedule_id=row.id, name=row.name, page=0, pages=0)
+                return ResultPage(schedule_id=row.id, name=row.name, page=0, pages=0, timezone=row.timezone)
             page = min(page, pages - 1)
             f = await self.firings.nth_with_task(conn, row.id, page)
             # The Task was admitted for this schedule's frozen creator, who is the caller (checked above).
             text = await self.store.task_result_text(conn, f.task_id) if f is not None else None
-        return ResultPage(schedule_id=row.id, name=row.name, page=page, pages=pages,
+        return ResultPage(schedule_id=row.id, name=row.name, page=page, pages=pages, timezone=row.timezone,
                           firing=firing_line(f, row.name) if f is not None else None, text=text or "")
 
 
