@@ -163,11 +163,10 @@ class BubblewrapBoxDriver(HostBoxes):
     async def alive(self, handle: dict[str, Any]) -> bool | None:
         """Say whether the box's init still runs (one read of /proc); None when the box lives on another machine."""
         here = self._present(handle)
-        if here is None:
-            return None
-        pid = handle.get("init_pid")
-        return (handle.get("sandbox") == "bwrap" and here[1].is_dir() and isinstance(pid, int)
-                and _start_time(pid) == handle.get("init_start"))
+        if not here:
+            return here
+        pid, start = handle.get("init_pid"), handle.get("init_start")
+        return handle.get("sandbox") == "bwrap" and isinstance(pid, int) and _start_time(pid) == start
 
 
 async def _reaped_init(pid: int, start: int, within_s: float = 2.0) -> None:

@@ -104,10 +104,13 @@ class HostBoxes:
         if box_dir.exists():
             await asyncio.to_thread(shutil.rmtree, box_dir, True)
 
-    def _present(self, handle: dict[str, Any]) -> tuple[str, Path] | None:
-        """Return a box's id and directory, or None when it lives on another machine (this replica cannot tell)."""
-        box_id, box_dir = self._dir(handle)
-        return None if self._elsewhere(handle, box_dir) else (box_id, box_dir)
+    def _present(self, handle: dict[str, Any]) -> bool | None:
+        """Say whether a box's directory is here: None when the box lives on another machine (this replica cannot
+        tell whether it runs), False when it is gone."""
+        _, box_dir = self._dir(handle)
+        if box_dir.is_dir():
+            return True
+        return None if self._elsewhere(handle, box_dir) else False
 
     async def _run(self, box_id: str, exec_id: str, argv: list[str], env: dict[str, str], cwd: str,
                    preexec: Any, timeout_s: float, counter: Path | None = None, stdin: int | None = None) -> ExecResult:

@@ -51,4 +51,4 @@ class UnsandboxedBoxDriver(HostBoxes):
     async def alive(self, handle: dict[str, Any]) -> bool | None:
         """Say whether the box's directory is there; None when the box lives on another machine."""
         here = self._present(handle)
-        return None if here is None else (here[1].is_dir() and handle.get("sandbox") == "none")
+        return here and handle.get("sandbox") == "none"

@@ -55,7 +55,7 @@ async def test_a_silent_engine_gets_a_status_event_after_the_stall_time_and_its_
                     workspace_root=tmp_path / "ws", engines={"claude": ClaudeEngine()},
                     stall_notice_s=300, clock=silence)
     hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
-    await asyncio.wait_for(runner.registered.wait(), 10)
+    await started(runner.registered.wait(), "the runner to register")
     admin = await hub.hub.auth.authenticate(hub.admin_token)
     record = tmp_path / "record"
     record.mkdir()
