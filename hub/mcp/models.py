@@ -81,6 +81,19 @@ class TaskEvent(BaseModel):
     at: str | None = None
 
 
+class TimelinePage(BaseModel):
+    """A run's Agent Timeline after a cursor: raw agent events (tool input and output, diffs, locations, text)."""
+
+    task_id: str | None = None
+    turn_id: str | None = None
+    status: str
+    outcome: str | None = None
+    events: list[dict[str, Any]]
+    cursor: int
+    done: bool
+    retention_s: float
+
+
 class EventPage(BaseModel):
     """Events after a cursor, and the cursor to pass next."""
 
