@@ -145,7 +145,7 @@ class Hub:
             clock=self.clock, feishu=settings.feishu, public_url=settings.public_url, auth=self.auth, oauth=self.oauth,
             identity=self.identity, sessions=self.sessions, schedules=self.schedules,
             results=ScheduleResults(self.db, self.schedules), alerts=self.alerts, runtimes=self.runtimes,
-            state=self.bot_state)
+            state=self.bot_state, timeline=self.timeline)
         self.bot = build_bot(self.bot_services)
 
     def web_app(self, *, background: bool = True) -> web.Application:

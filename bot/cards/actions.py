@@ -12,7 +12,7 @@ from typing import Any
 PREFIX = "amux"
 VERSION = 1
 OPS = ("overview", "schedules", "detail", "history", "results", "pause", "resume", "delete",
-       "alerts", "ack", "snooze", "recheck", "notify", "answer", "new", "edit", "save", "run")
+       "alerts", "ack", "snooze", "recheck", "notify", "answer", "new", "edit", "save", "run", "timeline")
 NEEDS_SCHEDULE = ("detail", "history", "results", "pause", "resume", "delete", "notify", "edit", "run")
 FORM_OPS = ("new", "edit", "save")  # the schedule form: open it empty, open it filled in, submit it
 NEEDS_INCIDENT = ("ack", "snooze")
@@ -21,7 +21,8 @@ MAX_OPTION = 49  # a question offers at most 50 options (hub.runner.protocol.Que
 # which card the answer refreshes: "" the card pressed (alert center), "inc" a pushed incident card
 VIEWS = ("", "inc")
 MAX_PAGE = 10_000
-KEYS = ("p", "v", "op", "s", "i", "pg", "sub", "vw", "q", "o", "n")  # every key `pack()` writes
+RUN_KINDS = ("task", "turn")  # "timeline": whose Agent Timeline the button opens
+KEYS = ("p", "v", "op", "s", "i", "pg", "sub", "vw", "q", "o", "n", "r", "k")  # every key `pack()` writes
 
 
 class BadPayload(ValueError):
@@ -49,6 +50,8 @@ class CardAction:
     question_id: str | None = None  # "answer": the question a question card asks
     option: int = 0                 # "answer": the index of the option pressed
     nonce: str | None = None        # "save": this rendering of the form (a second submission of it makes nothing)
+    run_id: str | None = None       # "timeline": the Task or Turn whose Agent Timeline to open
+    run_kind: str = "task"          # "timeline": task | turn
 
     def pack(self) -> dict[str, Any]:
         """Return the JSON value a button carries."""
@@ -68,6 +71,8 @@ class CardAction:
             value["o"] = self.option
         if self.nonce:
             value["n"] = self.nonce
+        if self.run_id:
+            value["r"], value["k"] = self.run_id, self.run_kind
         return value
 
     @classmethod
@@ -84,8 +89,9 @@ class CardAction:
         if op not in OPS:
             raise BadPayload(f"unknown card action {op!r}")
         sid, iid, qid, nonce = value.get("s"), value.get("i"), value.get("q"), value.get("n")
+        run_id, run_kind = value.get("r"), value.get("k", "task")
         page, sub, view, option = value.get("pg", 0), value.get("sub", 0), value.get("vw", ""), value.get("o", 0)
-        for name, v in (("s", sid), ("i", iid), ("q", qid), ("n", nonce)):
+        for name, v in (("s", sid), ("i", iid), ("q", qid), ("n", nonce), ("r", run_id)):
             if v is not None and (not isinstance(v, str) or not v or len(v) > 64):
                 raise BadPayload(f"bad {name} in card action")
         for v in (page, sub):
@@ -103,5 +109,7 @@ class CardAction:
             raise BadPayload("save needs the form's nonce" if nonce is None else "only save carries a nonce")
         if view not in VIEWS or (view == "inc" and not iid):
             raise BadPayload("bad view in card action")
+        if (op == "timeline") != bool(run_id) or run_kind not in RUN_KINDS:
+            raise BadPayload("timeline needs a task or turn" if run_id is None else "only timeline names a run")
         return cls(op=op, schedule_id=sid, incident_id=iid, page=page, sub=sub, view=view, question_id=qid,
-                   option=option, nonce=nonce)
+                   option=option, nonce=nonce, run_id=run_id, run_kind=run_kind)

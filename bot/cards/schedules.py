@@ -8,6 +8,7 @@ from hub.services.schedule_views import UNSUCCESSFUL
 
 from .actions import CardAction
 from .base import button, button_row, card, check_limits, esc, hr, join, markdown, same
+from .timeline import timeline_button
 from .overview import outcome_line, outcome_text
 from .views import HistoryView, ResultsView, ScheduleDetailView, ScheduleListView
 
@@ -165,6 +166,8 @@ def render_results(v: ResultsView, tr: Catalogs) -> dict[str, Any]:
         if v.part + 1 < v.parts:
             parts.append(button(tr.text(_("Next part")),
                                 CardAction(op="results", schedule_id=v.schedule_id, page=v.page, sub=v.part + 1)))
+        if v.task_id:
+            parts.append(timeline_button(tr, "task", v.task_id))
         if parts:
             elements.append(button_row(*parts))
         runs = []

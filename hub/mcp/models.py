@@ -68,6 +68,8 @@ class TaskView(BaseModel):
     created_at: str | None = None
     started_at: str | None = None
     finished_at: str | None = None
+    timeline_page: str | None = Field(None, description=(
+        "the Agent Timeline page of this task on the hub (raw tool input and output; task_timeline reads the same)"))
 
 
 class TaskEvent(BaseModel):

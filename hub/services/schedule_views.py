@@ -107,6 +107,7 @@ class ResultPage:
     firing: FiringLine | None = None
     text: str = ""
     error: str = ""
+    task_id: str = ""  # the firing's Task (its Agent Timeline: /timeline/tasks/{task_id})
 
 
 def failing(latest_first: list[Any]) -> int:

@@ -434,6 +434,8 @@ class TaskReply(TaskStatusReply):
     instance_id: str | None = Field(description="the Agent Instance this task is a run of")
     schedule_id: str | None = Field(description="the schedule whose firing created this task")
     firing_id: str | None = Field(description="that firing (`GET /api/v1/schedules/{id}/history`)")
+    timeline_page: str = Field(description="the task's Agent Timeline page on the hub (`/timeline/tasks/{id}`); "
+                               "its data: `GET /api/v1/tasks/{id}/timeline`")
 
 
 class TaskListReply(Reply):
