@@ -8,10 +8,11 @@ from typing import Any
 import httpx2
 import sqlalchemy as sa
 
+from hub.clock import ManualClock
 from hub.domain.timeline import raw_payload, scrub_text
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import timeline_events
-from tests.helpers import mcp_client
+from tests.helpers import mcp_client, start_hub
 
 SECRET = "sk-ant-a9f8e7d6c5b4-timeline-never"
 SCRIPT = "say looking\ntool Bash 'grep -rn TODO src'\nsay done"
@@ -131,3 +132,20 @@ async def test_the_sweeper_deletes_timeline_events_past_the_retention_and_keeps_
     assert (await get(hub.url, f"/api/v1/tasks/{old}/timeline", alice)).json()["events"] == []
     assert (await get(hub.url, f"/api/v1/tasks/{new}/timeline", alice)).json()["events"]
     assert (await get(hub.url, f"/api/v1/tasks/{old}/events", alice)).json()["events"]  # task history stays
+
+
+async def test_the_timeline_is_kept_read_and_swept_alike_on_each_store(db_url, tmp_path):
+    handle = await start_hub(db_url, tmp_path, ManualClock())
+    try:
+        await handle.start_runner()
+        alice = await handle.token("alice")
+        task_id = await run_task(handle, alice)
+        caller = await handle.hub.auth.authenticate(alice)
+        view = await handle.hub.timeline.read(caller, "task", task_id)
+        assert [e["type"] for e in view["events"]] == ["text", "tool", "text"]
+        assert view["events"][1]["tool"]["input"] == {"title": "grep -rn TODO src"}
+        handle.clock.advance(seconds=handle.hub.settings.timeline.retention_s + 1)
+        await handle.hub.timeline.sweep_step()
+        assert (await handle.hub.timeline.read(caller, "task", task_id))["events"] == []
+    finally:
+        await handle.stop()
