@@ -1,6 +1,6 @@
 """The Agent Timeline button: a card button whose click sends the clicker a one-time sign-in link to the timeline.
 
-The button only names the run (`CardAction(op="timeline")`); the handler (bot/handlers/timeline.py) checks that the
+The button only names the run (`Timeline`, bot/cards/actions.py); the handler (bot/handlers/timeline.py) checks that the
 clicker owns the run or is an admin, then sends them — privately — a login link (`/amux login`'s, ten minutes, one
 use) whose `next` lands on `/timeline/tasks/{id}` or `/timeline/turns/{id}`. No token is ever put in a URL.
 """
@@ -10,7 +10,7 @@ from typing import Any
 
 from bot.i18n import Catalogs, _
 
-from .actions import RUN_KINDS, CardAction
+from .actions import RUN_KINDS, Timeline
 from .base import button, card, check_limits, esc, markdown
 
 
@@ -18,7 +18,7 @@ def timeline_button(tr: Catalogs, kind: str, id: str) -> dict[str, Any]:  # noqa
     """Return a button that opens the Agent Timeline of a Task (`kind` task) or a Turn (`kind` turn)."""
     if kind not in RUN_KINDS:
         raise ValueError(f"timeline_button kind must be one of {RUN_KINDS}, not {kind!r}")
-    return button(tr.text(_("Agent Timeline")), CardAction(op="timeline", run_id=id, run_kind=kind))
+    return button(tr.text(_("Agent Timeline")), Timeline(run_id=id, run_kind=kind))
 
 
 def render_timeline_link(tr: Catalogs, kind: str, run_id: str, link: str) -> dict[str, Any]:

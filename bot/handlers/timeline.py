@@ -6,18 +6,19 @@ sent. The link is `/amux login`'s (one use, ten minutes) with a `next` that land
 """
 from __future__ import annotations
 
-from bot.cards.actions import CardAction
+from bot.cards.actions import Timeline
 from bot.cards.timeline import render_timeline_link
 from bot.i18n import _
 from hub.domain.timeline import page_path
 from hub.errors import NotFound
 
-from .context import Answer, Ctx
+from .context import Answer, Ctx, handles
 
 NOT_YOURS = _("That Agent Timeline is not yours (or no longer exists); nothing was sent.")
 
 
-async def open_timeline(ctx: Ctx, a: CardAction) -> Answer:
+@handles(Timeline)
+async def open_timeline(ctx: Ctx, a: Timeline) -> Answer:
     """Check the clicker owns the run, then send them a private sign-in link that lands on its timeline."""
     services, v = ctx.services, ctx.viewer
     if services.timeline is None or not a.run_id:

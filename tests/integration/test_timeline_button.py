@@ -65,4 +65,4 @@ def test_the_personal_schedule_result_card_links_the_firings_timeline():
     view = ResultsView(schedule_id="sch_1", name="nightly", page=0, pages=1, part=0, parts=1, text="ok",
                        firing=Outcome("nightly", "2026-12-01T08:00:00+00:00", "succeeded", "fir_1"), task_id="tr_abc")
     values = [b["behaviors"][0]["value"] for b in card_buttons(render_results(view, catalogs()))]
-    assert {"p": "amux", "v": 1, "op": "timeline", "r": "tr_abc", "k": "task"} in values
+    assert {"p": "amux", "v": 1, "op": "timeline", "r": "tr_abc"} in values
