@@ -2,13 +2,13 @@
 redacted, swept after `timeline.retention_s`; and the reason a steer was queued instead of delivered
 
 Revision ID: 0026_agent_timeline
-Revises: 0022_manual_firings
+Revises: 0024_recovery_cutoff
 """
 from alembic import op
 import sqlalchemy as sa
 
 revision = "0026_agent_timeline"
-down_revision = "0022_manual_firings"
+down_revision = "0024_recovery_cutoff"
 branch_labels = None
 depends_on = None
 
