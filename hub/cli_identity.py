@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from .domain.durations import duration_text
+
 
 def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # noqa: ANN001
     """Add `amux identity …`; `client_opts` adds --hub/--token/--json."""
@@ -28,7 +30,7 @@ async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
     if args.identity_cmd == "link":
         res = await api.call("POST", "identity/link-codes")
         emit(args, res, f"{res['code']}\nSend `/amux link {res['code']}` to the amux bot in Feishu within "
-                        f"{res['valid_s'] // 60} minutes (until {res['expires_at'][:19]}Z); it links that "
+                        f"{duration_text(res['valid_s'])} (until {res['expires_at'][:19]}Z); it links that "
                         "Feishu identity "
                         f"to {res['principal']}. The code works once.")
     elif args.identity_cmd == "list":

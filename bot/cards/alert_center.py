@@ -6,7 +6,7 @@ from typing import Any
 from bot.i18n import Catalogs, _
 from hub.domain.states import IncidentState
 
-from .actions import CardAction
+from .actions import Ack, Alerts, Overview, Recheck, Snooze
 from .base import button, button_row, card, check_limits, esc, hr, join, markdown, same
 from .views import AlertCenterView
 
@@ -35,22 +35,22 @@ def render_alert_center(v: AlertCenterView, tr: Catalogs) -> dict[str, Any]:
         elements.append(markdown(join(*lines)))
         buttons = []
         if not inc.acknowledged:
-            buttons.append(button(tr.text(_("Acknowledge")), CardAction(op="ack", incident_id=inc.incident_id),
+            buttons.append(button(tr.text(_("Acknowledge")), Ack(incident_id=inc.incident_id),
                                   "primary"))
-            buttons.append(button(tr.text(_("Snooze 24 h")), CardAction(op="snooze", incident_id=inc.incident_id)))
+            buttons.append(button(tr.text(_("Snooze 24 h")), Snooze(incident_id=inc.incident_id)))
         if buttons:
             elements.append(button_row(*buttons))
     if v.pages > 1:
         pager = []
         if v.page > 0:
-            pager.append(button(tr.text(_("Previous")), CardAction(op="alerts", page=v.page - 1)))
+            pager.append(button(tr.text(_("Previous")), Alerts(page=v.page - 1)))
         if v.page + 1 < v.pages:
-            pager.append(button(tr.text(_("Next")), CardAction(op="alerts", page=v.page + 1)))
+            pager.append(button(tr.text(_("Next")), Alerts(page=v.page + 1)))
         elements.append(button_row(*pager))
     elements.append(hr())
     diag = [tr.text(_("**Delivery**: {state}"), state=esc(v.delivery_state))]
     diag += [same(f"- {esc(d)}") for d in v.diagnostics[:10]]
     elements.append(markdown(join(*diag)))
-    elements.append(button_row(button(tr.text(_("Recheck delivery")), CardAction(op="recheck")),
-                               button(tr.text(_("Back to overview")), CardAction(op="overview"))))
+    elements.append(button_row(button(tr.text(_("Recheck delivery")), Recheck()),
+                               button(tr.text(_("Back to overview")), Overview())))
     return check_limits(card(tr.text(_("Alert center")), elements, template="orange"))

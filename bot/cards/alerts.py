@@ -15,7 +15,7 @@ from bot.i18n import _, catalogs
 from hub.domain.alerts import ACTIVE
 from hub.domain.states import IncidentState
 
-from .actions import CardAction
+from .actions import CardAction, Recheck
 from .base import esc
 
 MAX_CARD_BYTES = 30 * 1024
@@ -69,7 +69,7 @@ def _header(title: dict[str, str], template: str) -> dict[str, Any]:
 
 def _button_column(action: str, style: str, incident_id: str, view: str) -> dict[str, Any]:
     label = _t(BUTTONS[action])
-    value = CardAction(op=action, incident_id=incident_id, view=view).pack()
+    value = CardAction.of(action, incident_id=incident_id, view=view).pack()
     return {"tag": "column", "width": "auto", "elements": [{
         "tag": "button", "type": style, "text": {"tag": "plain_text", "content": label["en_us"], "i18n_content": label},
         "behaviors": [{"type": "callback", "value": value}]}]}
@@ -175,7 +175,7 @@ def _recheck_center() -> dict[str, Any]:
     return {"tag": "column", "width": "auto", "elements": [{
         "tag": "button", "type": "default",
         "text": {"tag": "plain_text", "content": label["en_us"], "i18n_content": label},
-        "behaviors": [{"type": "callback", "value": CardAction(op="recheck").pack()}]}]}
+        "behaviors": [{"type": "callback", "value": Recheck().pack()}]}]}
 
 
 def render(view: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from typing import Any
 
 from bot.i18n import Catalogs, _
 
-from .actions import CardAction
+from .actions import Alerts, NewForm, Schedules
 from .base import button, button_row, card, check_limits, esc, hr, join, markdown
 from .views import Outcome, OverviewView
 
@@ -41,9 +41,9 @@ def render_overview(v: OverviewView, tr: Catalogs) -> dict[str, Any]:
     if v.is_admin:
         elements.append(markdown(tr.text(_("**Active incidents** (administrator): {count}"), count=v.active_incidents)))
     elements.append(hr())
-    buttons = [button(tr.text(_("Personal schedules")), CardAction(op="schedules"), "primary")]
+    buttons = [button(tr.text(_("Personal schedules")), Schedules(), "primary")]
     if v.is_admin:
-        buttons.append(button(tr.text(_("Alert center")), CardAction(op="alerts")))
-    buttons.append(button(tr.text(_("New schedule")), CardAction(op="new")))
+        buttons.append(button(tr.text(_("Alert center")), Alerts()))
+    buttons.append(button(tr.text(_("New schedule")), NewForm()))
     elements.append(button_row(*buttons))
     return check_limits(card(tr.text(_("amux overview")), elements))

@@ -7,7 +7,7 @@ digests (answered with the alert center).
 """
 from __future__ import annotations
 
-from bot.cards.actions import CardAction
+from bot.cards.actions import Ack, Alerts, OnIncident, Recheck, Snooze
 from bot.cards.alert_center import render_alert_center
 from bot.cards.alerts import render as render_notice
 from bot.cards.views import AlertCenterView, IncidentItem
@@ -15,7 +15,7 @@ from bot.i18n import _
 
 from hub.errors import AmuxError
 
-from .context import Answer, Ctx, Refused
+from .context import Answer, Ctx, Refused, handles
 
 PAGE = 5
 
@@ -30,11 +30,11 @@ def _admin(ctx: Ctx) -> None:
         raise Refused(ADMIN_ONLY)
 
 
-async def _admin_of_card(ctx: Ctx, a: CardAction) -> None:
+async def _admin_of_card(ctx: Ctx, a: OnIncident) -> None:
     """Refuse anyone but the administrator; a former administrator pressing a card sent to them hears it was retired."""
     if ctx.viewer.is_admin:
         return
-    if a.incident_id and await ctx.services.alerts.was_sent_to(a.incident_id, ctx.viewer.app_id, ctx.viewer.open_id):
+    if a.target and await ctx.services.alerts.was_sent_to(a.target, ctx.viewer.app_id, ctx.viewer.open_id):
         raise Refused(RETIRED)
     raise Refused(ADMIN_ONLY)
 
@@ -51,7 +51,8 @@ async def _card(ctx: Ctx, page: int) -> dict:
     return render_alert_center(view, ctx.tr)
 
 
-async def alert_center(ctx: Ctx, a: CardAction) -> Answer:
+@handles(Alerts)
+async def alert_center(ctx: Ctx, a: Alerts) -> Answer:
     """Show the active incidents of this application."""
     _admin(ctx)
     return Answer(card=await _card(ctx, a.page))
@@ -62,15 +63,16 @@ async def _incident(ctx: Ctx, incident_id: str) -> None:
         raise Refused(_("This incident does not exist in this application."))
 
 
-async def _refreshed(ctx: Ctx, a: CardAction, toast: str) -> Answer:
+async def _refreshed(ctx: Ctx, a: OnIncident, toast: str) -> Answer:
     """Answer with the card that was pressed, showing the new state: the incident card, else the alert center."""
-    if a.view == "inc" and a.incident_id:
-        view = await ctx.services.alerts.card_view(a.incident_id)
+    if a.view == "inc" and a.target:
+        view = await ctx.services.alerts.card_view(a.target)
         return Answer(card=render_notice(view), toast=toast)
     return Answer(card=await _card(ctx, a.page), toast=toast)
 
 
-async def acknowledge(ctx: Ctx, a: CardAction) -> Answer:
+@handles(Ack)
+async def acknowledge(ctx: Ctx, a: Ack) -> Answer:
     """Stop reminders of an incident (idempotent)."""
     await _admin_of_card(ctx, a)
     await _incident(ctx, a.incident_id)
@@ -81,7 +83,8 @@ async def acknowledge(ctx: Ctx, a: CardAction) -> Answer:
     return await _refreshed(ctx, a, _("Acknowledged"))
 
 
-async def snooze(ctx: Ctx, a: CardAction) -> Answer:
+@handles(Snooze)
+async def snooze(ctx: Ctx, a: Snooze) -> Answer:
     """Hold reminders for 24 hours."""
     await _admin_of_card(ctx, a)
     await _incident(ctx, a.incident_id)
@@ -92,7 +95,8 @@ async def snooze(ctx: Ctx, a: CardAction) -> Answer:
     return await _refreshed(ctx, a, _("Snoozed for 24 hours"))
 
 
-async def recheck(ctx: Ctx, a: CardAction) -> Answer:
+@handles(Recheck)
+async def recheck(ctx: Ctx, a: Recheck) -> Answer:
     """Lift a delivery suspension of this application and retry held notices now."""
     await _admin_of_card(ctx, a)
     if a.incident_id:

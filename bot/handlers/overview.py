@@ -1,14 +1,15 @@
 """`/amux` and the back button: the personal summary, refreshed on every visit."""
 from __future__ import annotations
 
-from bot.cards.actions import CardAction
+from bot.cards.actions import Overview
 from bot.cards.overview import render_overview
 from bot.cards.views import Outcome, OverviewView
 
-from .context import Answer, Ctx
+from .context import Answer, Ctx, handles
 
 
-async def overview(ctx: Ctx, _action: CardAction | None = None) -> Answer:
+@handles(Overview)
+async def overview(ctx: Ctx, _action: Overview | None = None) -> Answer:
     """Render the viewer's summary: their schedules, failing and paused counts, latest outcomes."""
     v = ctx.viewer
     s = await ctx.services.schedules.summary(v.caller(), incidents_of=v.app_id if v.is_admin else None)

@@ -105,6 +105,9 @@ class ScheduleStore(Protocol):
     async def turn_receipt(self, conn: Connection, turn_id: str) -> dict[str, Any]:
         """Return the receipt frozen in a Turn's snapshot."""
 
+    async def app_timezone(self, conn: Connection, app_id: str) -> str | None:
+        """Return the timezone recorded for a Feishu application, or None."""
+
     async def task_result_text(self, conn: Connection, task_id: str) -> str | None:
         """Return the result text of a firing's Task."""
 

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from ..domain.states import BindingStatus
 from .db import Connection, Database
 from .records import ScheduleRecord, record, records
-from .tables import identity_bindings, incidents, principals, schedules, task_runs
+from .tables import feishu_apps, identity_bindings, incidents, principals, schedules, task_runs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,6 +137,10 @@ class SqlScheduleStore:
         """Return the receipt frozen in a Turn's snapshot when it was admitted ({} when it has none)."""
         snap = (await conn.execute(sa.select(task_runs.c.snapshot).where(task_runs.c.id == turn_id))).scalar() or {}
         return snap.get("receipt") or {}
+
+    async def app_timezone(self, conn: Connection, app_id: str) -> str | None:
+        """Return the timezone recorded for a Feishu application (None when the hub does not know it)."""
+        return (await conn.execute(sa.select(feishu_apps.c.timezone).where(feishu_apps.c.app_id == app_id))).scalar()
 
     # ------------------------------------------------------------ what the personal views show
 

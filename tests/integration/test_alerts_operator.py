@@ -43,7 +43,7 @@ async def test_snooze_for_a_duration_unsnooze_and_the_default_24_hours(bot: Bot)
     code, out, err = await amux("alerts", "snooze", iid, "--json", env=env)
     assert code == 0 and _at(json.loads(out)["snoozed_until"]) == now + timedelta(seconds=86400), err
     code, out, _ = await amux("alerts", "explain", iid, env=env)
-    assert "unsnoozed" in out and "snoozed for 14400 s" in out
+    assert "unsnoozed" in out and "snoozed for 4 h" in out
 
 
 async def test_ack_with_a_comment_is_shown_on_the_card_with_who_and_when(bot: Bot):  # noqa: F811
@@ -65,12 +65,12 @@ async def test_ack_with_a_comment_is_shown_on_the_card_with_who_and_when(bot: Bo
 
 async def test_a_card_acknowledgement_names_the_feishu_user_and_the_button_keeps_24_hours(bot: Bot):  # noqa: F811
     iid, env = await _setup(bot)
-    status, res = await bot.press(ADMIN, CardAction(op="snooze", incident_id=iid, view="inc"))
+    status, res = await bot.press(ADMIN, CardAction.of("snooze", incident_id=iid, view="inc"))
     assert status == 200
     row = await bot.hub.alerts.incident(iid)
     assert _at(row["snoozed_until"]) == bot.clock.now() + timedelta(hours=24)
     bot.clock.advance(60)
-    status, res = await bot.press(ADMIN, CardAction(op="ack", incident_id=iid, view="inc"))
+    status, res = await bot.press(ADMIN, CardAction.of("ack", incident_id=iid, view="inc"))
     assert status == 200 and res["toast"]["type"] == "success"
     text = card_text(res["card"]["data"])
     row = await bot.hub.alerts.incident(iid)

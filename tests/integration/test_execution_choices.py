@@ -41,7 +41,8 @@ def model_bounds(model: type) -> dict[str, dict[str, Any]]:
 def test_every_definition_of_a_task_or_schedule_takes_the_models_choices():
     assert set(TASK_CHOICES) <= set(SubmitRequest.__dataclass_fields__)
     assert set(ExecutionChoices.model_fields) <= set(ScheduleSpec.__dataclass_fields__)
-    assert model_bounds(TaskChoices)["extra_args"] == {"maxItems": MAX_EXTRA_ARGS, "items": {"maxLength": MAX_ARG_CHARS}}
+    assert model_bounds(TaskChoices)["extra_args"] == {"maxItems": MAX_EXTRA_ARGS,
+                                                       "items": {"maxLength": MAX_ARG_CHARS}}
     assert model_bounds(TaskChoices)["timeout_s"] == {"exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_S}
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.cards.actions import BadPayload, CardAction
+from bot.cards.actions import BadPayload, CardAction, Help, Link, Login, Overview, Save, parse_text
 from bot.cards.alert_center import render_alert_center
 from bot.cards.alerts import render as render_notice
 from bot.cards.base import MAX_CARD_BYTES, MAX_ELEMENTS, count_elements, size_bytes
@@ -232,7 +232,7 @@ def test_bad_payloads_are_refused(value):  # noqa: ANN001
 
 
 def test_payload_round_trip():
-    a = CardAction(op="results", schedule_id="sch_1", page=3, sub=2)
+    a = CardAction.of("results", schedule_id="sch_1", page=3, sub=2)
     assert a.pack() == {"p": "amux", "v": 1, "op": "results", "s": "sch_1", "pg": 3, "sub": 2}
     assert CardAction.unpack(a.pack()) == a
 
@@ -254,3 +254,29 @@ def test_a_session_prompt_card_shows_no_overlap_line():
     card = render_detail(ScheduleDetailView(schedule_id="sch_1", name="nudge", rule="@hourly", timezone="UTC",
                                             schedule_type="session-prompt", paused=False, next_fire_at=None), TR)
     assert "Overlap" not in card["body"]["elements"][0]["i18n_content"]["en_us"]
+
+
+def test_every_payload_class_has_exactly_one_route_and_ops_come_from_the_classes():
+    from bot.cards.actions import ACTIONS, COMMANDS
+    from bot.router import ROUTES, route
+
+    assert set(ROUTES) == set(ACTIONS.values()) | set(COMMANDS.values())
+    assert {cls.op for cls in ACTIONS.values()} == set(ACTIONS)
+    assert route(CardAction.of("overview")).handler is route(parse_text("/amux")).handler
+
+
+@pytest.mark.parametrize("text,payload", [
+    ("/amux", Overview()), ("amux", Overview()), ("  /AMUX  ", Overview()), ("/amux help", Help()),
+    ("/amux login", Login()), ("/amux link AB-CD", Link(code="AB-CD")), ("/amux link", Link(code="")),
+    ("/amux nonsense x", Help(unknown="nonsense")), ("hello", None), ("", None), ("/amuxx help", None),
+])
+def test_text_commands_parse_into_the_routers_payloads(text: str, payload: object):
+    assert parse_text(text) == payload
+
+
+def test_a_field_another_op_takes_is_refused_and_every_op_packs_what_it_unpacks():
+    with pytest.raises(BadPayload, match="overview takes no schedule_id"):
+        CardAction.unpack({"p": "amux", "v": 1, "op": "overview", "s": "sch_1"})
+    with pytest.raises(BadPayload, match="save needs the form's nonce"):
+        CardAction.unpack({"p": "amux", "v": 1, "op": "save"})
+    assert CardAction.unpack({"p": "amux", "v": 1, "op": "save", "n": "f1"}) == Save(nonce="f1")
