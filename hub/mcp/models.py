@@ -2,6 +2,7 @@
 `TaskView`, are defined once in hub/services/views.py)."""
 from __future__ import annotations
 
+from typing import Any
 
 from pydantic import BaseModel
 
