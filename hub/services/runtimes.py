@@ -609,7 +609,7 @@ class RuntimeService:
         """Read, outside any transaction, what a round owes these connections when it has nothing to claim (no
         unsent dispatch, permission answer or steer): the revoked and the stale, and the cancels. None when there is
         something to claim, which takes a write transaction."""
-        async with self.db.autocommit() as conn:
+        async with self.db.read() as conn:
             revoked, _, serving = await self._serving(conn, links)
             out = {c: _Due() for c in serving.values()}
             if not serving:

@@ -152,7 +152,7 @@ class TaskService:
 
     async def submit(self, caller: Caller, req: SubmitRequest, *, origin: str = "submit") -> dict:
         """Admit a Task: validate, resolve, freeze its snapshot and queue it for dispatch."""
-        async with self.db.lazy_read() as conn:
+        async with self.db.read() as conn:
             parent, parent_turn, context = await delegation_parent(conn, caller)
             snapshot = await self.admission.freeze(conn, caller, req, origin=origin, session=context)
         task = QueuedTask(task_id=new_id("tr"), owner_id=caller.principal_id, name=req.name, prompt=req.prompt,

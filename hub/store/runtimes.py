@@ -10,7 +10,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ..domain.tasks import Status
 from ..ids import new_id
-from .db import Connection, Database, HotRead, Row, among, one_of, run, run_many
+from .db import Connection, Database, Row, among, execute_many, one_of
 from .tables import TS, api_tokens, mailbox, permission_replies, principals, reservations, runtimes, sessions, task_runs
 
 ACTIVE_RES = ("pending", "committed")
@@ -24,22 +24,22 @@ HELD_COLUMNS = [task_runs.c[n] for n in ("id", "owner_id", "session_id", "kind",
 _HELD = sa.select(*HELD_COLUMNS).where(task_runs.c.id == sa.bindparam("b_task_id"))
 _HELD_MANY = (sa.select(*HELD_COLUMNS).where(one_of(task_runs.c.id, "b_task_ids"))
               .order_by(task_runs.c.id))  # one lock order for every batch (PostgreSQL)
-_START_TASK = HotRead(task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id"))
+_START_TASK = (task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id"))
                       .values(status=Status.RUNNING.value, started_at=sa.bindparam("b_now")))
-_COMMIT_RESERVATION = HotRead(reservations.update().where(
+_COMMIT_RESERVATION = (reservations.update().where(
     reservations.c.task_id == sa.bindparam("b_task_id"), reservations.c.attempt == sa.bindparam("b_attempt"),
     reservations.c.state == "pending").values(state="committed"))
 # A placement round's writes: a pending reservation per placement, and each task marked dispatched (executemany).
-_RESERVE = HotRead(reservations.insert().values(
+_RESERVE = (reservations.insert().values(
     id=sa.bindparam("b_id"), runtime_id=sa.bindparam("b_runtime_id"), task_id=sa.bindparam("b_task_id"),
     attempt=sa.bindparam("b_attempt"), state="pending", created_at=sa.bindparam("b_now", type_=TS),
     expires_at=sa.bindparam("b_expires_at", type_=TS), sent_at=sa.bindparam("b_sent_at", type_=TS)))
-_MARK_DISPATCHED = HotRead(task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id")).values(
+_MARK_DISPATCHED = (task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id")).values(
     status=Status.DISPATCHED.value, runtime_id=sa.bindparam("b_runtime_id"), attempt=sa.bindparam("b_attempt"),
     last_rseq=0, dispatched_at=sa.bindparam("b_now", type_=TS), deadline_at=sa.bindparam("b_deadline_at", type_=TS)))
 _OFFERS = sa.select(runtimes.c.name, runtimes.c.capabilities)  # admission reads it for every submission
 # Each placement round's reads.
-_RUNS_BY_OWNER = HotRead(sa.select(task_runs.c.owner_id, task_runs.c.runtime_id, sa.func.count().label("n"))
+_RUNS_BY_OWNER = (sa.select(task_runs.c.owner_id, task_runs.c.runtime_id, sa.func.count().label("n"))
                          .where(among(task_runs.c.status, ON_RUNTIME))
                          .group_by(task_runs.c.owner_id, task_runs.c.runtime_id))
 _RANKED = (sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.created_at,
@@ -47,15 +47,15 @@ _RANKED = (sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.created_a
                                                order_by=task_runs.c.created_at).label("place"))
            .where(task_runs.c.status == Status.QUEUED.value))
 _QUEUED_ALL = _RANKED.subquery()
-_QUEUE_HEADS = HotRead(sa.select(_QUEUED_ALL).where(_QUEUED_ALL.c.place <= sa.bindparam("per_owner")))
+_QUEUE_HEADS = (sa.select(_QUEUED_ALL).where(_QUEUED_ALL.c.place <= sa.bindparam("per_owner")))
 _QUEUED_OF = _RANKED.where(one_of(task_runs.c.owner_id, "b_owners")).subquery()  # some owners' only
-_QUEUE_HEADS_OF = HotRead(sa.select(_QUEUED_OF).where(_QUEUED_OF.c.place <= sa.bindparam("per_owner")))
+_QUEUE_HEADS_OF = (sa.select(_QUEUED_OF).where(_QUEUED_OF.c.place <= sa.bindparam("per_owner")))
 _USED = (sa.select(reservations.c.runtime_id, sa.func.count().label("n"))
          .where(among(reservations.c.state, ACTIVE_RES)).group_by(reservations.c.runtime_id).subquery())
-_ONLINE_USED = HotRead(sa.select(runtimes, sa.func.coalesce(_USED.c.n, 0).label("used"))
+_ONLINE_USED = (sa.select(runtimes, sa.func.coalesce(_USED.c.n, 0).label("used"))
                        .select_from(runtimes.outerjoin(_USED, _USED.c.runtime_id == runtimes.c.id))
                        .where(runtimes.c.status == "online").order_by(runtimes.c.id))
-_ANY_QUEUED = HotRead(sa.select(task_runs.c.id).where(task_runs.c.status == Status.QUEUED.value).limit(1))
+_ANY_QUEUED = (sa.select(task_runs.c.id).where(task_runs.c.status == Status.QUEUED.value).limit(1))
 # The idle rounds' one read each (a pump round with nothing to claim, a reaper round with nothing to reap).
 _CLAIMABLE = sa.select(sa.or_(
     sa.select(reservations.c.id).join(task_runs, task_runs.c.id == reservations.c.task_id)
@@ -67,7 +67,7 @@ _CLAIMABLE = sa.select(sa.or_(
     sa.select(mailbox.c.id).join(task_runs, task_runs.c.id == mailbox.c.task_id)
     .where(mailbox.c.kind == "steer", mailbox.c.state == "pending", mailbox.c.sent_at.is_(None),
            one_of(task_runs.c.runtime_id, "b_ids")).exists()))
-_ANYTHING_TO_REAP = HotRead(sa.select(sa.or_(
+_ANYTHING_TO_REAP = (sa.select(sa.or_(
     sa.select(reservations.c.id).where(reservations.c.state == "pending",
                                        reservations.c.expires_at < sa.bindparam("b_now")).exists(),
     sa.select(runtimes.c.id).where(among(runtimes.c.status, ["online", "offline"]),
@@ -84,7 +84,7 @@ _HEARTBEAT = (runtimes.update().where(runtimes.c.id == sa.bindparam("b_runtime_i
 _LOCK_QUEUED = (sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.snapshot, task_runs.c.attempt,
                           task_runs.c.session_id, task_runs.c.created_at, task_runs.c.prompt, task_runs.c.kind)
                 .where(one_of(task_runs.c.id, "b_task_ids"), task_runs.c.status == Status.QUEUED.value))
-_LIVE_TOKENS = HotRead(sa.select(api_tokens.c.id).where(one_of(api_tokens.c.id, "b_ids"),
+_LIVE_TOKENS = (sa.select(api_tokens.c.id).where(one_of(api_tokens.c.id, "b_ids"),
                                                         api_tokens.c.revoked_at.is_(None)))
 
 
@@ -115,9 +115,9 @@ class SqlRuntimeStore:
 
     def __init__(self, db: Database) -> None:
         self.db = db
-        self._held = HotRead(db.for_update(_HELD))
-        self._held_many = HotRead(db.for_update(_HELD_MANY))
-        self._lock_queued = HotRead(db.for_update(_LOCK_QUEUED, skip_locked=True))
+        self._held = (db.for_update(_HELD))
+        self._held_many = (db.for_update(_HELD_MANY))
+        self._lock_queued = (db.for_update(_LOCK_QUEUED, skip_locked=True))
 
     # --- runtimes -------------------------------------------------------------------------------------------
 
@@ -127,7 +127,7 @@ class SqlRuntimeStore:
 
     async def online(self, conn: Connection) -> list[Row]:
         """Return the online runtimes, by id, each with `used`: its active (pending or committed) reservations."""
-        return (await run(conn, _ONLINE_USED)).rows
+        return list((await conn.execute(_ONLINE_USED)).all())
 
     async def find(self, conn: Connection, ref: str) -> Row | None:
         """Return the runtime whose id or name is `ref`, or None."""
@@ -233,7 +233,7 @@ class SqlRuntimeStore:
     async def held_run(self, conn: Connection, runtime_id: str, task_id: str, attempt: int) -> Row | None:
         """Return the run (`HELD_COLUMNS`), locked until the transaction ends, only when this runtime holds this
         attempt of it."""
-        rows = (await run(conn, self._held, {"b_task_id": task_id})).rows
+        rows = list((await conn.execute(self._held, {"b_task_id": task_id})).all())
         row = rows[0] if rows else None
         if row is None or row.runtime_id != runtime_id or row.attempt != attempt:
             return None
@@ -244,7 +244,7 @@ class SqlRuntimeStore:
         and attempt hold each is the caller's to check (`held_run` checks one)."""
         if not task_ids:
             return {}
-        return {r.id: r for r in (await run(conn, self._held_many, {"b_task_ids": sorted(set(task_ids))})).rows}
+        return {r.id: r for r in (await conn.execute(self._held_many, {"b_task_ids": sorted(set(task_ids))})).all()}
 
     async def resend_dispatch(self, conn: Connection, task_id: str) -> None:
         """Forget that the run's pending dispatch was sent, so the runtime's next connection sends it again."""
@@ -254,8 +254,8 @@ class SqlRuntimeStore:
     async def start_run(self, conn: Connection, task_id: str, attempt: int, now: datetime) -> None:
         """Mark a dispatched run running, then commit its pending reservation of `attempt` — the task row first,
         then the reservation: the reaper takes them in this order too (the opposite deadlocked on PostgreSQL)."""
-        await run(conn, _START_TASK, {"b_task_id": task_id, "b_now": now})
-        await run(conn, _COMMIT_RESERVATION, {"b_task_id": task_id, "b_attempt": attempt})
+        await conn.execute(_START_TASK, {"b_task_id": task_id, "b_now": now})
+        await conn.execute(_COMMIT_RESERVATION, {"b_task_id": task_id, "b_attempt": attempt})
 
     async def current_run_of_session(self, conn: Connection, session_id: str) -> str | None:
         """Return the session's latest dispatched or running run (its running turn), or None."""
@@ -273,7 +273,7 @@ class SqlRuntimeStore:
         """Return those of `token_ids` that still exist unrevoked (a revocation on any replica counts)."""
         if not token_ids:
             return set()
-        return {r.id for r in (await run(conn, _LIVE_TOKENS, {"b_ids": sorted(set(token_ids))})).rows}
+        return {r.id for r in (await conn.execute(_LIVE_TOKENS, {"b_ids": sorted(set(token_ids))})).all()}
 
     async def connections(self, conn: Connection,
                           runtime_ids: list[str]) -> dict[str, tuple[str | None, dict[str, Any]]]:
@@ -388,27 +388,29 @@ class SqlRuntimeStore:
 
     async def active_runs_by_owner_and_runtime(self, conn: Connection) -> dict[tuple[str, str], int]:
         """Count dispatched and running runs per (owner, runtime); pairs without any are absent."""
-        return {(r.owner_id, r.runtime_id): int(r.n) for r in (await run(conn, _RUNS_BY_OWNER)).rows}
+        return {(r.owner_id, r.runtime_id): int(r.n) for r in list((await conn.execute(_RUNS_BY_OWNER)).all())}
 
     async def any_queued(self) -> bool:
         """Say whether any run is queued, read alone outside any transaction (an index probe)."""
-        return bool(await self.db.hot_read(_ANY_QUEUED))
+        async with self.db.read() as conn:
+            return (await conn.execute(_ANY_QUEUED)).first() is not None
 
     async def queue_heads(self, conn: Connection, per_owner: int) -> list[Row]:
         """Return each owner's `per_owner` oldest queued runs: id, owner_id, created_at and `place`, the run's
         position in its owner's own queue (1 = oldest)."""
-        return (await run(conn, _QUEUE_HEADS, {"per_owner": per_owner})).rows
+        return list((await conn.execute(_QUEUE_HEADS, {"per_owner": per_owner})).all())
 
     async def queue_heads_of(self, conn: Connection, owners: Collection[str], per_owner: int) -> list[Row]:
         """Return `queue_heads` of these owners only."""
         if not owners:
             return []
-        return (await run(conn, _QUEUE_HEADS_OF, {"per_owner": per_owner, "b_owners": sorted(set(owners))})).rows
+        return list((await conn.execute(_QUEUE_HEADS_OF, {"per_owner": per_owner,
+                                                          "b_owners": sorted(set(owners))})).all())
 
     async def lock_queued(self, conn: Connection, task_ids: list[str]) -> list[Row]:
         """Lock those of `task_ids` still queued, skipping rows another replica holds (PostgreSQL SKIP LOCKED):
         id, owner_id, snapshot, attempt, session_id, created_at, prompt, kind, in no set order."""
-        return (await run(conn, self._lock_queued, {"b_task_ids": list(task_ids)})).rows
+        return list((await conn.execute(self._lock_queued, {"b_task_ids": list(task_ids)})).all())
 
     async def admin_holders(self, conn: Connection, principal_ids: set[str]) -> set[str]:
         """Return those of `principal_ids` holding a live (unrevoked) admin token."""
@@ -430,11 +432,11 @@ class SqlRuntimeStore:
         its new attempt, deadline and runner sequence reset to 0."""
         if not placements:
             return
-        await run_many(conn, _RESERVE, [
+        await execute_many(conn, _RESERVE, [
             {"b_id": new_id("res"), "b_runtime_id": pl.runtime_id, "b_task_id": pl.task_id, "b_attempt": pl.attempt,
              "b_now": now, "b_expires_at": expires_at, "b_sent_at": now if pl.runtime_id in sent_on else None}
             for pl in placements])
-        await run_many(conn, _MARK_DISPATCHED, [
+        await execute_many(conn, _MARK_DISPATCHED, [
             {"b_task_id": pl.task_id, "b_runtime_id": pl.runtime_id, "b_attempt": pl.attempt, "b_now": now,
              "b_deadline_at": pl.deadline_at} for pl in placements])
 
@@ -446,10 +448,10 @@ class SqlRuntimeStore:
         reservation past its TTL (`release_expired`), a runtime silent since `lost_before` (`silent_since`), a run
         past its deadline before `overdue_before` (`overdue`), or a run queued since `queued_before`
         (`queued_since`)."""
-        (row,) = await self.db.hot_read(_ANYTHING_TO_REAP, {
-            "b_now": now, "b_lost_before": lost_before, "b_overdue_before": overdue_before,
-            "b_queued_before": queued_before})
-        return bool(row.due)
+        async with self.db.read() as conn:
+            return bool((await conn.execute(_ANYTHING_TO_REAP, {
+                "b_now": now, "b_lost_before": lost_before, "b_overdue_before": overdue_before,
+                "b_queued_before": queued_before})).scalar_one())
 
     async def release_expired(self, conn: Connection, now: datetime) -> list[ExpiredReservation]:
         """Release every pending reservation past its TTL and requeue its task while it is still dispatched.
