@@ -184,3 +184,36 @@ async def eventually(predicate, timeout: float = 10.0, interval: float = 0.02): 
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout}s (last value {value!r})")
         await asyncio.sleep(interval)
+
+
+# The runner protocol's production doors, as the runner endpoint uses them: one batch of reports through
+# `RuntimeService.apply`, and what a connection sends through `outgoing_many`. Each helper reads its reply.
+
+async def runner_outgoing(runtimes: Any, runtime_id: str, conn_id: str, cancels_sent: set[str],
+                          token_id: str | None = None) -> list[dict]:
+    """What this connection sends now (dispatches marked sent); the connection must not be one to close."""
+    from hub.services.runtimes import Link
+
+    due = await runtimes.outgoing_many([Link(runtime_id=runtime_id, conn_id=conn_id, token_id=token_id,
+                                             cancels_sent=cancels_sent)])
+    assert conn_id not in due.revoked | due.stale, due
+    return due.messages.get(conn_id, [])
+
+
+async def runner_accepted(runtimes: Any, runtime_id: str, msg: Any) -> str:
+    """Apply one Accepted; 'ok', 'cancel' (the hub answered with a cancel) or 'drop'."""
+    replies = await runtimes.apply(runtime_id, "", [msg])
+    if replies[0]["drop"]:
+        return "drop"
+    return "cancel" if any(r["type"] == "cancel" for r in replies) else "ok"
+
+
+async def runner_events(runtimes: Any, runtime_id: str, msg: Any) -> int | None:
+    """Apply one Events; the acknowledged runner sequence, None when the task is not this runner's."""
+    ack = (await runtimes.apply(runtime_id, "", [msg]))[0]
+    return None if ack["drop"] else ack["rseq"]
+
+
+async def runner_finished(runtimes: Any, runtime_id: str, msg: Any) -> bool:
+    """Apply one Finished; False when the task is not this runner's."""
+    return not (await runtimes.apply(runtime_id, "", [msg]))[0]["drop"]

@@ -7,7 +7,7 @@ import socket
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import SimpleNamespace
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Callable
 
 from pydantic import BaseModel
 
@@ -17,7 +17,7 @@ from ..domain import isolation
 from ..domain import memory as memory_rules
 from ..domain.events import clean_usage, project
 from ..domain.tasks import RUNTIME_LOST, Status, is_terminal
-from ..errors import AmuxError, Conflict, Forbidden, Invalid, NotFound
+from ..errors import AmuxError, Conflict, Invalid, NotFound
 from ..ids import new_id
 from ..runner import protocol as p
 from ..store.db import Connection, Database, Row
@@ -31,7 +31,6 @@ from .notify import Notifier
 from .questions import record_question
 from .tasks import task_key
 
-T = TypeVar("T")
 Current = dict[str, tuple[str | None, dict[str, Any]]]
 """Each runtime's current connection id and capabilities, by runtime id."""
 log = logging.getLogger("amux.runtimes")
@@ -73,8 +72,6 @@ TAKEN = ("runtime name {name!r} belongs to {owner!r}, who registered it first; s
 BOUND = ("runtime name {name!r} is bound to the runner token that registered it, and this is another token; start "
          "this runner with another --name, or free the name first: `amux runtime deregister {name}` (the owner, or "
          "an admin: `DELETE /api/v1/runtimes/{name}`) while its runner is stopped")
-REVOKED = ("this runner's token was revoked; the connection is closed: create a new one with "
-           "`amux token create --runner`")
 
 
 @dataclass
@@ -104,10 +101,6 @@ class Outbound:
     messages: dict[str, list[dict]]
     revoked: set[str]
     stale: set[str] = field(default_factory=set)
-
-
-class TokenRevoked(Forbidden):
-    """The connection's token was revoked: send nothing more on it."""
 
 
 NOT_YOURS = ("runner reported task {task}, which this runtime does not hold; the report was refused and nothing "
@@ -295,30 +288,6 @@ class RuntimeService:
         """Record that the runner is alive on this connection."""
         await self.apply(runtime_id, conn_id, [p.Heartbeat()])
 
-    async def accepted(self, runtime_id: str, msg: p.Accepted) -> str:
-        """Apply one Accepted; return 'ok', 'cancel' or 'drop'."""
-        return await self._single(self._accepted, runtime_id, msg)
-
-    async def events(self, runtime_id: str, msg: p.Events) -> int | None:
-        """Apply one Events; return the acknowledged runner sequence, None when not ours."""
-        return await self._single(self._events, runtime_id, msg)
-
-    async def finished(self, runtime_id: str, msg: p.Finished) -> bool:
-        """Apply one Finished; False when the task is not this runner's."""
-        return await self._single(self._finished, runtime_id, msg)
-
-    async def _single(self, handler: Callable[..., Awaitable[T]], runtime_id: str, msg: BaseModel) -> T:
-        """Apply one report in a transaction of its own (what it left pending written before the commit)."""
-        now = self.clock.now()
-
-        async def apply(conn: Connection) -> T:
-            fx = _Effects()
-            out = await handler(conn, runtime_id, msg, now, fx)
-            await self._write_pending(conn, fx, now)
-            return out
-
-        return await self.db.transaction(apply)
-
     async def _held(self, conn: Connection, runtime_id: str, task_id: str, attempt: int,
                     fx: _Effects) -> SimpleNamespace | None:
         """The run this report is about, read (and locked) once per transaction; None when this runtime does not
@@ -486,19 +455,6 @@ class RuntimeService:
             await self.tasks.append_event(conn, r.task_id, "warning", {
                 "text": "memory capability discovery failed on this runtime (no `amux memory` CLI); "
                         "this conversation runs without amux memory"}, now)
-
-    async def outgoing(self, runtime_id: str, conn_id: str, cancels_sent: set[str],
-                       token_id: str | None = None) -> list[dict]:
-        """Return dispatches and cancels this connection should send now (and mark dispatches sent).
-
-        With `token_id` (the connection's token), a revoked token raises TokenRevoked before anything
-        is sent: a revoked runner gets no dispatch from any replica once the revocation is committed.
-        """
-        link = Link(runtime_id=runtime_id, conn_id=conn_id, token_id=token_id, cancels_sent=cancels_sent)
-        due = await self.outgoing_many([link])
-        if conn_id in due.revoked:
-            raise TokenRevoked(REVOKED)
-        return due.messages.get(conn_id, [])
 
     async def outgoing_many(self, links: list[Link]) -> Outbound:
         """Return what each of these connections should send now, read for all of them in one transaction of a few

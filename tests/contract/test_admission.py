@@ -13,7 +13,7 @@ from hub.errors import Forbidden, Invalid
 from hub.runner import protocol as p
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import metadata, task_runs
-from tests.helpers import hub_settings
+from tests.helpers import hub_settings, runner_outgoing
 
 CAPS = {"platform": "linux", "engines": ["scripted", "claude", "codex", "pi"], "workspace_root": "/tmp",
         "workspace_writable": True}
@@ -210,7 +210,7 @@ async def test_a_dispatch_carries_the_credentials_but_the_snapshot_does_not(core
     tid = await submit(core, profile="claude", runtime="cpu", credential_profile="anthropic")
     rt, conn_id, _ = await core.runtimes.register(core.admin, p.Register(name="cpu", slots=2, capabilities=CAPS))
     await core.dispatcher.place_once()
-    out = await core.runtimes.outgoing(rt, conn_id, set())
+    out = await runner_outgoing(core.runtimes, rt, conn_id, set())
     env = out[0]["env"]
     assert out[0]["task_id"] == tid and env.pop("ANTHROPIC_API_KEY") == "sk-ant-in-transit"
     assert set(env) == {"AMUX_HUB_URL", "AMUX_TOKEN"}  # plus the run's coordination variables, nothing else

@@ -11,7 +11,7 @@ from hub.config import load_settings
 from hub.errors import Conflict
 from hub.runner import protocol as p
 from hub.store.tables import sessions, task_events
-from tests.helpers import hub_settings
+from tests.helpers import hub_settings, runner_outgoing
 
 CAPS = {"platform": "linux", "engines": ["scripted", "claude"], "workspace_root": "/tmp", "workspace_writable": True}
 
@@ -48,7 +48,7 @@ async def launch_first_run(hub, caps, profile="scripted"):
     sid = (await hub.sessions.create(hub.admin, profile=profile))["session_id"]
     turn = await hub.sessions.submit_turn(hub.admin, sid, "say hi")
     await hub.dispatcher.place_once()
-    out = await hub.runtimes.outgoing(rt, conn_id, set())
+    out = await runner_outgoing(hub.runtimes, rt, conn_id, set())
     child = await hub.auth.authenticate(out[0]["env"]["AMUX_TOKEN"])
     return sid, turn, child, (rt, conn_id)
 

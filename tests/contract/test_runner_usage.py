@@ -9,7 +9,7 @@ import pytest
 from hub.app import Hub
 from hub.runner import protocol as p
 from hub.services.tasks import SubmitRequest
-from tests.helpers import hub_settings
+from tests.helpers import hub_settings, runner_outgoing
 
 CAPS = {"platform": "linux", "engines": ["scripted"], "workspace_root": "/tmp", "workspace_writable": True,
         "memory_cli": True}
@@ -25,7 +25,7 @@ async def run(db, clock, tmp_path: Path):
     hub.rt, hub.conn_id, _ = await hub.runtimes.register(hub.admin, p.Register(name="r1", slots=1, capabilities=CAPS))
     hub.task_id = (await hub.tasks.submit(hub.admin, SubmitRequest(prompt="say hi", profile="scripted")))["task_id"]
     assert await hub.dispatcher.place_once() == 1
-    await hub.runtimes.outgoing(hub.rt, hub.conn_id, set())
+    await runner_outgoing(hub.runtimes, hub.rt, hub.conn_id, set())
     await hub.runtimes.apply(hub.rt, hub.conn_id, [p.Accepted(task_id=hub.task_id, attempt=1)])
     return hub
 
