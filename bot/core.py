@@ -178,7 +178,7 @@ class FeishuBot:
             text = self.tr.text(_("Send `/amux login` to me in a private chat: a sign-in link must not be seen "
                                   "by others."))
         else:
-            base = self.services.public_url or self.services.runtimes.hub_url
+            base = self.services.public_url or self.services.runner_dispatch.hub_url
             link = await self.services.oauth.issue_login_link(viewer.principal_id, base)
             text = self.tr.text(_("Sign in as **{principal}** on the hub's approval page (one use, 10 minutes): "
                                   "[open the link]({link})"), principal=esc(viewer.name), link=link)

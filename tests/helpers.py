@@ -147,7 +147,7 @@ async def start_hub(db_url: str, home: Path, clock: Clock | None = None, port: i
     await site.start()
     real_port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
     admin = await hub.auth.create_token("admin", label="cli", admin=True)
-    hub.runtimes.hub_url = f"http://127.0.0.1:{real_port}"  # what children are told (public_url in production)
+    hub.runner_dispatch.hub_url = f"http://127.0.0.1:{real_port}"  # what children are told (public_url in production)
     return HubHandle(hub, f"http://127.0.0.1:{real_port}", admin, site_runner)
 
 
@@ -187,33 +187,33 @@ async def eventually(predicate, timeout: float = 10.0, interval: float = 0.02): 
 
 
 # The runner protocol's production doors, as the runner endpoint uses them: one batch of reports through
-# `RuntimeService.apply`, and what a connection sends through `outgoing_many`. Each helper reads its reply.
+# `RunnerReports.apply`, and what a connection sends through `outgoing_many`. Each helper reads its reply.
 
-async def runner_outgoing(runtimes: Any, runtime_id: str, conn_id: str, cancels_sent: set[str],
+async def runner_outgoing(dispatch: Any, runtime_id: str, conn_id: str, cancels_sent: set[str],
                           token_id: str | None = None) -> list[dict]:
     """What this connection sends now (dispatches marked sent); the connection must not be one to close."""
-    from hub.services.runtimes import Link
+    from hub.services.dispatch import Link
 
-    due = await runtimes.outgoing_many([Link(runtime_id=runtime_id, conn_id=conn_id, token_id=token_id,
+    due = await dispatch.outgoing_many([Link(runtime_id=runtime_id, conn_id=conn_id, token_id=token_id,
                                              cancels_sent=cancels_sent)])
     assert conn_id not in due.revoked | due.stale, due
     return due.messages.get(conn_id, [])
 
 
-async def runner_accepted(runtimes: Any, runtime_id: str, msg: Any) -> str:
+async def runner_accepted(reports: Any, runtime_id: str, msg: Any) -> str:
     """Apply one Accepted; 'ok', 'cancel' (the hub answered with a cancel) or 'drop'."""
-    replies = await runtimes.apply(runtime_id, "", [msg])
+    replies = await reports.apply(runtime_id, "", [msg])
     if replies[0]["drop"]:
         return "drop"
     return "cancel" if any(r["type"] == "cancel" for r in replies) else "ok"
 
 
-async def runner_events(runtimes: Any, runtime_id: str, msg: Any) -> int | None:
+async def runner_events(reports: Any, runtime_id: str, msg: Any) -> int | None:
     """Apply one Events; the acknowledged runner sequence, None when the task is not this runner's."""
-    ack = (await runtimes.apply(runtime_id, "", [msg]))[0]
+    ack = (await reports.apply(runtime_id, "", [msg]))[0]
     return None if ack["drop"] else ack["rseq"]
 
 
-async def runner_finished(runtimes: Any, runtime_id: str, msg: Any) -> bool:
+async def runner_finished(reports: Any, runtime_id: str, msg: Any) -> bool:
     """Apply one Finished; False when the task is not this runner's."""
-    return not (await runtimes.apply(runtime_id, "", [msg]))[0]["drop"]
+    return not (await reports.apply(runtime_id, "", [msg]))[0]["drop"]

@@ -17,7 +17,7 @@ from ..ids import new_id
 from ..store.db import Connection, Database, Row
 from ..store.execution_uids import SqlExecutionUidStore
 from ..store.questions import SqlQuestionStore
-from ..store.runtimes import SqlRuntimeStore
+from ..store.registry import SqlRegistryStore
 from ..loops import Tasks
 from ..store.tasks import QueuedTask, SqlTaskStore
 from .admission import Admission, SubmitRequest
@@ -141,7 +141,7 @@ class TaskService:
         self.db = db
         self.execution = execution or ExecutionSettings()
         self.store = SqlTaskStore(db)
-        self.runtimes = SqlRuntimeStore(db)
+        self.runtimes = SqlRegistryStore(db)
         self.clock = clock
         self.notifier = notifier
         self.settings = settings

@@ -1,34 +1,19 @@
-"""Runtimes and reservations: registration, placement, the reaper and the runner protocol's queries."""
+"""Placement (queued → reserved), what each runner connection is sent (dispatches, steers, answers, cancels),
+and the reaper."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Collection
+from typing import Collection
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
 
 from ..domain.tasks import Status
 from ..ids import new_id
 from .db import Connection, Database, Row, among, execute_many, one_of
-from .tables import TS, api_tokens, mailbox, permission_replies, principals, reservations, runtimes, sessions, task_runs
+from .registry import ACTIVE_RES, ON_RUNTIME
+from .tables import TS, api_tokens, mailbox, permission_replies, reservations, runtimes, task_runs
 
-ACTIVE_RES = ("pending", "committed")
-ON_RUNTIME = [Status.DISPATCHED.value, Status.RUNNING.value]
-
-# The runner reports' statements, built once: building a statement costs more than running it (bench/dispatch).
-# What the reports read of the run they apply to (never its prompt or snapshot).
-HELD_COLUMNS = [task_runs.c[n] for n in ("id", "owner_id", "session_id", "kind", "status", "created_at", "runtime_id",
-                                          "attempt", "cancel_requested_at", "last_rseq", "event_seq", "usage_json",
-                                          "error")]
-_HELD = sa.select(*HELD_COLUMNS).where(task_runs.c.id == sa.bindparam("b_task_id"))
-_HELD_MANY = (sa.select(*HELD_COLUMNS).where(one_of(task_runs.c.id, "b_task_ids"))
-              .order_by(task_runs.c.id))  # one lock order for every batch (PostgreSQL)
-_START_TASK = (task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id"))
-                      .values(status=Status.RUNNING.value, started_at=sa.bindparam("b_now")))
-_COMMIT_RESERVATION = (reservations.update().where(
-    reservations.c.task_id == sa.bindparam("b_task_id"), reservations.c.attempt == sa.bindparam("b_attempt"),
-    reservations.c.state == "pending").values(state="committed"))
 # A placement round's writes: a pending reservation per placement, and each task marked dispatched (executemany).
 _RESERVE = (reservations.insert().values(
     id=sa.bindparam("b_id"), runtime_id=sa.bindparam("b_runtime_id"), task_id=sa.bindparam("b_task_id"),
@@ -37,7 +22,6 @@ _RESERVE = (reservations.insert().values(
 _MARK_DISPATCHED = (task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id")).values(
     status=Status.DISPATCHED.value, runtime_id=sa.bindparam("b_runtime_id"), attempt=sa.bindparam("b_attempt"),
     last_rseq=0, dispatched_at=sa.bindparam("b_now", type_=TS), deadline_at=sa.bindparam("b_deadline_at", type_=TS)))
-_OFFERS = sa.select(runtimes.c.name, runtimes.c.capabilities)  # admission reads it for every submission
 # Each placement round's reads.
 _RUNS_BY_OWNER = (sa.select(task_runs.c.owner_id, task_runs.c.runtime_id, sa.func.count().label("n"))
                          .where(among(task_runs.c.status, ON_RUNTIME))
@@ -76,20 +60,9 @@ _ANYTHING_TO_REAP = (sa.select(sa.or_(
                                     task_runs.c.deadline_at < sa.bindparam("b_overdue_before")).exists(),
     sa.select(task_runs.c.id).where(task_runs.c.status == Status.QUEUED.value,
                                     task_runs.c.created_at < sa.bindparam("b_queued_before")).exists()).label("due")))
-_HEARTBEAT = (runtimes.update().where(runtimes.c.id == sa.bindparam("b_runtime_id"),
-                                      runtimes.c.connection_id == sa.bindparam("b_connection_id"))
-              .values(last_seen_at=sa.bindparam("b_now"), status="online"))
-
-
 _LOCK_QUEUED = (sa.select(task_runs.c.id, task_runs.c.owner_id, task_runs.c.snapshot, task_runs.c.attempt,
                           task_runs.c.session_id, task_runs.c.created_at, task_runs.c.prompt, task_runs.c.kind)
                 .where(one_of(task_runs.c.id, "b_task_ids"), task_runs.c.status == Status.QUEUED.value))
-_LIVE_TOKENS = (sa.select(api_tokens.c.id).where(one_of(api_tokens.c.id, "b_ids"),
-                                                        api_tokens.c.revoked_at.is_(None)))
-
-
-class RegistrationRace(Exception):
-    """Another transaction registered the same runtime name first (PostgreSQL); register again to see its row."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,179 +83,12 @@ class ExpiredReservation:
     requeued: bool
 
 
-class SqlRuntimeStore:
-    """Runtimes (`runtimes`), capacity (`reservations`) and what placement, the reaper and runners read."""
+class SqlDispatchStore:
+    """Capacity (`reservations`), placement's reads and writes, what a connection is due, and the reaper's."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
-        self._held = (db.for_update(_HELD))
-        self._held_many = (db.for_update(_HELD_MANY))
-        self._lock_queued = (db.for_update(_LOCK_QUEUED, skip_locked=True))
-
-    # --- runtimes -------------------------------------------------------------------------------------------
-
-    async def list_all(self, conn: Connection) -> list[Row]:
-        """Return every known runtime (any status), by name."""
-        return list((await conn.execute(sa.select(runtimes).order_by(runtimes.c.name))).all())
-
-    async def online(self, conn: Connection) -> list[Row]:
-        """Return the online runtimes, by id, each with `used`: its active (pending or committed) reservations."""
-        return list((await conn.execute(_ONLINE_USED)).all())
-
-    async def find(self, conn: Connection, ref: str) -> Row | None:
-        """Return the runtime whose id or name is `ref`, or None."""
-        return (await conn.execute(sa.select(runtimes).where(
-            sa.or_(runtimes.c.id == ref, runtimes.c.name == ref)))).first()
-
-    async def by_name(self, conn: Connection, name: str, *, lock: bool = False) -> Row | None:
-        """Return the runtime called `name` (locked until the transaction ends when `lock`), or None."""
-        stmt = sa.select(runtimes).where(runtimes.c.name == name)
-        return (await conn.execute(self.db.for_update(stmt) if lock else stmt)).first()
-
-    async def name_of(self, conn: Connection, runtime_id: str) -> str | None:
-        """Return the runtime's name, or None when it is unknown (deregistered)."""
-        return (await conn.execute(sa.select(runtimes.c.name).where(runtimes.c.id == runtime_id))).scalar()
-
-    async def names(self, conn: Connection, limit: int = 20) -> list[str]:
-        """Return up to `limit` runtime names, sorted (to list in a refusal)."""
-        return list((await conn.execute(
-            sa.select(runtimes.c.name).order_by(runtimes.c.name).limit(limit))).scalars())
-
-    async def engine_offered(self, conn: Connection, engine: str) -> bool:
-        """Say whether any registered runtime (any status) lists `engine` in its capabilities."""
-        caps = (await conn.execute(sa.select(runtimes.c.capabilities))).scalars()
-        return any(engine in c.get("engines", []) for c in caps)
-
-    async def platforms_offering(self, conn: Connection, engine: str) -> dict[str, str | None]:
-        """Map each registered runtime (any status) that lists `engine` to the platform it reported (None: none)."""
-        rows = (await conn.execute(_OFFERS)).all()
-        return {r.name: (r.capabilities or {}).get("platform") for r in rows
-                if engine in (r.capabilities or {}).get("engines", [])}
-
-    async def capabilities_offering(self, conn: Connection, engine: str) -> dict[str, dict[str, Any]]:
-        """Map each registered runtime (any status) that lists `engine` to the capabilities it reported."""
-        rows = (await conn.execute(_OFFERS)).all()
-        return {r.name: dict(r.capabilities or {}) for r in rows if engine in (r.capabilities or {}).get("engines", [])}
-
-    async def owner_name(self, conn: Connection, principal_id: str) -> str | None:
-        """Return the name of the principal that owns a runtime (to say who holds a name)."""
-        return (await conn.execute(sa.select(principals.c.name).where(principals.c.id == principal_id))).scalar()
-
-    async def register(self, conn: Connection, *, runtime_id: str | None, name: str, principal_id: str,
-                       capabilities: dict[str, Any], slots: int, shared: bool, connection_id: str,
-                       now: datetime, token_id: str | None = None) -> str:
-        """Mark the runtime online under `connection_id` with its latest capabilities and slots, bound to the token
-        `token_id` that registered it, inserting it when `runtime_id` is None; return its id. A concurrent first
-        registration of `name` raises RegistrationRace."""
-        values = dict(capabilities=capabilities, slots=slots, status="online", connection_id=connection_id,
-                      last_seen_at=now, shared=shared, token_id=token_id)
-        if runtime_id is not None:
-            await conn.execute(runtimes.update().where(runtimes.c.id == runtime_id).values(**values))
-            return runtime_id
-        new = new_id("rt")
-        try:
-            await conn.execute(runtimes.insert().values(id=new, name=name, principal_id=principal_id,
-                                                        registered_at=now, **values))
-        except IntegrityError as e:
-            raise RegistrationRace(name) from e
-        return new
-
-    async def heartbeat(self, conn: Connection, runtime_id: str, connection_id: str, now: datetime) -> None:
-        """Record that the runtime is alive and online — only while `connection_id` is its current connection."""
-        await conn.execute(_HEARTBEAT, {"b_runtime_id": runtime_id, "b_connection_id": connection_id, "b_now": now})
-
-    async def mark_offline(self, conn: Connection, runtime_id: str, connection_id: str) -> None:
-        """Mark the runtime offline — only if `connection_id` is still its current connection (a newer one wins)."""
-        await conn.execute(runtimes.update().where(runtimes.c.id == runtime_id,
-                                                   runtimes.c.connection_id == connection_id)
-                           .values(status="offline", connection_id=None))
-
-    async def connection(self, conn: Connection, runtime_id: str) -> tuple[str | None, dict[str, Any]]:
-        """Return the runtime's current connection id and capabilities (the runtime must exist)."""
-        current, caps = (await conn.execute(sa.select(runtimes.c.connection_id, runtimes.c.capabilities)
-                                            .where(runtimes.c.id == runtime_id))).one()
-        return current, caps
-
-    async def open_reservations(self, conn: Connection, runtime_id: str) -> int:
-        """Count the runtime's reservations not yet released."""
-        return int((await conn.execute(sa.select(sa.func.count()).select_from(reservations).where(
-            reservations.c.runtime_id == runtime_id, reservations.c.state != "released"))).scalar_one())
-
-    async def delete(self, conn: Connection, runtime_id: str) -> None:
-        """Delete the runtime and its (released) reservations, freeing its name."""
-        await conn.execute(reservations.delete().where(reservations.c.runtime_id == runtime_id))
-        await conn.execute(runtimes.delete().where(runtimes.c.id == runtime_id))
-
-    async def count_by_status(self, conn: Connection) -> dict[str, int]:
-        """Count runtimes per status; statuses without runtimes are absent."""
-        return {status: int(n) for status, n in (await conn.execute(
-            sa.select(runtimes.c.status, sa.func.count()).group_by(runtimes.c.status))).all()}
-
-    # --- runs a runtime holds --------------------------------------------------------------------------------
-
-    async def runs_on(self, conn: Connection, runtime_id: str) -> list[Row]:
-        """Return the runs dispatched to or running on the runtime: id, status, attempt."""
-        return list((await conn.execute(sa.select(task_runs.c.id, task_runs.c.status, task_runs.c.attempt).where(
-            task_runs.c.runtime_id == runtime_id, among(task_runs.c.status, ON_RUNTIME)))).all())
-
-    async def placement_of(self, conn: Connection, task_id: str) -> Row | None:
-        """Return where a run is placed: runtime_id, attempt, status, error; None for an unknown run."""
-        return (await conn.execute(sa.select(task_runs.c.runtime_id, task_runs.c.attempt, task_runs.c.status,
-                                             task_runs.c.error).where(task_runs.c.id == task_id))).first()
-
-    async def held_run(self, conn: Connection, runtime_id: str, task_id: str, attempt: int) -> Row | None:
-        """Return the run (`HELD_COLUMNS`), locked until the transaction ends, only when this runtime holds this
-        attempt of it."""
-        rows = list((await conn.execute(self._held, {"b_task_id": task_id})).all())
-        row = rows[0] if rows else None
-        if row is None or row.runtime_id != runtime_id or row.attempt != attempt:
-            return None
-        return row
-
-    async def held_runs(self, conn: Connection, task_ids: Collection[str]) -> dict[str, Row]:
-        """Return these runs (`HELD_COLUMNS`) by id, locked until the transaction ends, in id order; which runtime
-        and attempt hold each is the caller's to check (`held_run` checks one)."""
-        if not task_ids:
-            return {}
-        return {r.id: r for r in (await conn.execute(self._held_many, {"b_task_ids": sorted(set(task_ids))})).all()}
-
-    async def resend_dispatch(self, conn: Connection, task_id: str) -> None:
-        """Forget that the run's pending dispatch was sent, so the runtime's next connection sends it again."""
-        await conn.execute(reservations.update().where(
-            reservations.c.task_id == task_id, reservations.c.state == "pending").values(sent_at=None))
-
-    async def start_run(self, conn: Connection, task_id: str, attempt: int, now: datetime) -> None:
-        """Mark a dispatched run running, then commit its pending reservation of `attempt` — the task row first,
-        then the reservation: the reaper takes them in this order too (the opposite deadlocked on PostgreSQL)."""
-        await conn.execute(_START_TASK, {"b_task_id": task_id, "b_now": now})
-        await conn.execute(_COMMIT_RESERVATION, {"b_task_id": task_id, "b_attempt": attempt})
-
-    async def current_run_of_session(self, conn: Connection, session_id: str) -> str | None:
-        """Return the session's latest dispatched or running run (its running turn), or None."""
-        return (await conn.execute(sa.select(task_runs.c.id).where(
-            task_runs.c.session_id == session_id, among(task_runs.c.status, ON_RUNTIME))
-            .order_by(task_runs.c.turn_seq.desc()).limit(1))).scalar()
-
-    # --- what a connection sends -------------------------------------------------------------------------------
-
-    async def runner_token_live(self, conn: Connection, token_id: str) -> bool:
-        """Say whether the connection's token still exists unrevoked (a revocation on any replica counts)."""
-        return token_id in await self.live_tokens(conn, [token_id])
-
-    async def live_tokens(self, conn: Connection, token_ids: list[str]) -> set[str]:
-        """Return those of `token_ids` that still exist unrevoked (a revocation on any replica counts)."""
-        if not token_ids:
-            return set()
-        return {r.id for r in (await conn.execute(_LIVE_TOKENS, {"b_ids": sorted(set(token_ids))})).all()}
-
-    async def connections(self, conn: Connection,
-                          runtime_ids: list[str]) -> dict[str, tuple[str | None, dict[str, Any]]]:
-        """Return each known runtime's current connection id and capabilities; deregistered ones are absent."""
-        if not runtime_ids:
-            return {}
-        return {r.id: (r.connection_id, r.capabilities) for r in await conn.execute(
-            sa.select(runtimes.c.id, runtimes.c.connection_id, runtimes.c.capabilities)
-            .where(one_of(runtimes.c.id, set(runtime_ids))))}
+        self._lock_queued = db.for_update(_LOCK_QUEUED, skip_locked=True)
 
     async def claim_dispatches(self, conn: Connection, runtime_ids: list[str], now: datetime) -> list[Row]:
         """Return the runtimes' pending, unsent reservations of dispatched runs (reservation id, runtime_id, task_id,
@@ -349,35 +155,9 @@ class SqlRuntimeStore:
                                .values(sent_at=now))
         return steers
 
-    async def settle_steer(self, conn: Connection, steer_id: str, task_id: str, delivered: bool,
-                           now: datetime) -> None:
-        """Settle a pending steer: taken by the running turn `task_id`, or back to the mailbox (queued, no task)
-        for a later wake; a steer settled already stays as it is."""
-        await conn.execute(mailbox.update().where(mailbox.c.id == steer_id, mailbox.c.state == "pending")
-                           .values(state="delivered" if delivered else "queued", settled_at=now,
-                                   task_id=task_id if delivered else None))
-
-    # --- sessions a runtime serves -----------------------------------------------------------------------------
-
-    async def stick_session(self, conn: Connection, session_id: str, runtime_id: str) -> None:
-        """Make the session's runtime the one of its first run; a session that has one keeps it."""
-        await conn.execute(sessions.update().where(sessions.c.id == session_id, sessions.c.runtime_id.is_(None))
-                           .values(runtime_id=runtime_id))
-
-    async def record_resume_handle(self, conn: Connection, session_id: str, handle: str, now: datetime) -> None:
-        """Store the provider's resume handle a session's run reported, for its next turn."""
-        await conn.execute(sessions.update().where(sessions.c.id == session_id)
-                           .values(resume_handle=handle, updated_at=now))
-
-    async def memory_scope(self, conn: Connection, session_id: str) -> str | None:
-        """Return the session's bound memory scope (None before its first launch)."""
-        return (await conn.execute(sa.select(sessions.c.memory_scope).where(sessions.c.id == session_id))).scalar()
-
-    async def bind_memory_scope(self, conn: Connection, session_id: str, scope: str | None) -> None:
-        """Store the memory scope the session's first launch bound."""
-        await conn.execute(sessions.update().where(sessions.c.id == session_id).values(memory_scope=scope))
-
-    # --- placement -----------------------------------------------------------------------------------------------
+    async def online(self, conn: Connection) -> list[Row]:
+        """Return the online runtimes, by id, each with `used`: its active (pending or committed) reservations."""
+        return list((await conn.execute(_ONLINE_USED)).all())
 
     async def active_runs_by_owner(self, conn: Connection) -> dict[str, int]:
         """Count dispatched and running runs per owner; owners without any are absent."""
@@ -439,8 +219,6 @@ class SqlRuntimeStore:
         await execute_many(conn, _MARK_DISPATCHED, [
             {"b_task_id": pl.task_id, "b_runtime_id": pl.runtime_id, "b_attempt": pl.attempt, "b_now": now,
              "b_deadline_at": pl.deadline_at} for pl in placements])
-
-    # --- the reaper ----------------------------------------------------------------------------------------------
 
     async def anything_to_reap(self, now: datetime, lost_before: datetime, overdue_before: datetime,
                                queued_before: datetime) -> bool:
