@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from bot.cards.actions import CardAction
+from bot.cards.actions import AnswerQuestion
 from bot.cards.question import render_answered, render_question
 from bot.i18n import Catalogs, _
 from hub.domain.tasks import Status
 from hub.services.questions import QuestionClosed
 
-from .context import Answer, Ctx
+from .context import Answer, Ctx, handles
 
 if TYPE_CHECKING:
     from bot.feishu.messenger import Outgoing
@@ -31,12 +31,13 @@ REFUSED = {
 }
 
 
-async def answer(ctx: Ctx, action: CardAction) -> Answer:
+@handles(AnswerQuestion)
+async def answer(ctx: Ctx, action: AnswerQuestion) -> Answer:
     """Send the option pressed as the next Turn of the question's Session; the card becomes a receipt."""
     v = ctx.viewer
     receipt = {"app_id": v.app_id, "binding_id": v.binding_id, "open_id": v.open_id}
     try:
-        sent = await ctx.services.sessions.answer_question(v.caller(), action.question_id or "", option=action.option,
+        sent = await ctx.services.sessions.answer_question(v.caller(), action.question_id, option=action.option,
                                                            source="feishu", receipt=receipt)
     except QuestionClosed as e:
         return Answer(toast=REFUSED[e.reason], toast_kind="warning", toast_values=tuple(e.values.items()))

@@ -200,6 +200,27 @@ class SqlIncidentStore:
             card_message_id=None, card_sent_at=None, acked_at=None, acked_by=None, ack_comment=None,
             snoozed_until=None, updated_at=now))
 
+    async def route_candidates(self, conn: Connection) -> list[Row]:
+        """Return the active incidents (`id`, `schedule_id`, `app_id`) whose schedule's notice route may have moved:
+        its schedule is frozen to another application than the incident's, or is not frozen and its creator now
+        has an active binding in another application (what `notice_route.route` follows)."""
+        elsewhere = sa.exists().where(identity_bindings.c.principal_id == incidents.c.creator_id,
+                                      identity_bindings.c.status == BindingStatus.ACTIVE,
+                                      identity_bindings.c.app_id != incidents.c.app_id)
+        return list((await conn.execute(
+            sa.select(incidents.c.id, incidents.c.schedule_id, incidents.c.app_id)
+            .select_from(incidents.join(schedules, schedules.c.id == incidents.c.schedule_id))
+            .where(incidents.c.active_key.is_not(None),
+                   sa.or_(schedules.c.app_id != incidents.c.app_id,
+                          sa.and_(schedules.c.app_id.is_(None), elsewhere))))).all())
+
+    async def move(self, conn: Connection, incident_id: str, app_id: str, now: datetime) -> None:
+        """Move the incident to `app_id`, forgetting its card and what was the old recipient's (acknowledgement,
+        snooze); execution state, counts and creator stay."""
+        await conn.execute(incidents.update().where(incidents.c.id == incident_id).values(
+            app_id=app_id, card_message_id=None, card_sent_at=None, acked_at=None, acked_by=None, ack_comment=None,
+            snoozed_until=None, updated_at=now))
+
     async def in_app(self, conn: Connection, incident_id: str, app_id: str) -> bool:
         """Say whether `incident_id` exists and belongs to `app_id`."""
         return (await conn.execute(sa.select(incidents.c.id).where(
