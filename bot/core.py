@@ -198,6 +198,9 @@ class FeishuBot:
         reply_to = (event.get("context") or {}).get("open_message_id")
         if answer.follow_turn and reply_to:  # e.g. an answered question: the agent's reply follows in the chat
             self.spawn(post_turn(self.services, self.tr, viewer, answer.follow_turn, reply_to, out, self.turn_wait_s))
+        if answer.private:  # to the clicker alone (a sign-in link): never into the chat the card is in
+            msg_type, content = answer.private
+            self.spawn(out.send(app_id, viewer.open_id, msg_type, content, f"amux-{event.get('_event_id') or ''}"))
         if answer.toast:
             res["toast"] = self.toast(answer.toast, answer.toast_kind, **dict(answer.toast_values))
         if answer.card:

@@ -15,6 +15,7 @@ from hub.services.dispatch import RunnerDispatch
 from hub.services.schedule_results import ScheduleResults
 from hub.services.schedules import ScheduleService
 from hub.services.sessions import SessionService
+from hub.services.timeline import TimelineService
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,3 +35,4 @@ class BotServices:
     runner_dispatch: RunnerDispatch  # the address children are told (`hub_url`), for links when public_url is unset
     state: BotService              # chats' Sessions, long-connection leases, inbound dedup keys
     directory: Any = None          # Feishu users' display names (bot.feishu.directory), for greetings; None: none
+    timeline: TimelineService | None = None  # the Agent Timeline button checks the clicker owns the run

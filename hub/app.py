@@ -48,12 +48,15 @@ from .services.health import HealthService
 from .services.identity import IdentityService
 from .services.sessions import SessionService
 from .services.tasks import PermissionService, TaskService
+from .services.box_sessions import BoxSessionService
+from .services.timeline import TimelineService
 from .store.db import Database
 from .store.keys import shared_key
 from .web import boxes, edge, health, rest, schedules_api
 from .web import alerts_api
 from .web import identity_api
 from .web import instances_api, sessions_api
+from .web import timeline_api, timeline_page
 from .web import openapi
 from .web import oauth as oauth_web
 from .web.mcp_mount import McpMount
@@ -96,6 +99,7 @@ class Hub:
         self.tasks = TaskService(self.db, self.clock, self.notifier, hs, self.admission,
                                  on_admitted=self.dispatcher.kick, execution=settings.execution)
         self.permissions = PermissionService(self.db, self.clock, self.notifier)
+        self.timeline = TimelineService(self.db, self.clock, settings.timeline)
         self.sessions = SessionService(self.db, self.clock, self.notifier, self.admission, self.tasks,
                                        on_admitted=self.dispatcher.kick, user_isolation=settings.memory.user_isolation)
         self.memory = MemoryService(self.db, self.clock, settings.memory)
@@ -132,7 +136,8 @@ class Hub:
                                               sink=self.alerts, on_admitted=self.dispatcher.kick, kicked=firing_wake,
                                               tasks=self.tasks)
         self.schedules.firing = self.schedule_firing  # schedule_run_now fires through the loop's own code
-        registrars = [task_tools(self.tasks, self.profiles, self.permissions), instance_tools(self.instances),
+        registrars = [task_tools(self.tasks, self.profiles, self.permissions, self.timeline),
+                      instance_tools(self.instances),
                       lease_tools(self.leases), session_tools(self.sessions)]
         registrars.append(schedule_tools(self.schedules))
         self.mcp = McpMount(build_mcp(registrars), self.auth)
@@ -144,7 +149,8 @@ class Hub:
             clock=self.clock, feishu=settings.feishu, public_url=settings.public_url, auth=self.auth, oauth=self.oauth,
             identity=self.identity, sessions=self.sessions, schedules=self.schedules,
             results=ScheduleResults(self.db, self.schedules), alerts=self.alerts,
-            runner_dispatch=self.runner_dispatch, state=self.bot_state, directory=self._directory(settings))
+            runner_dispatch=self.runner_dispatch, state=self.bot_state, directory=self._directory(settings),
+            timeline=self.timeline)
         self.bot = build_bot(self.bot_services)
 
     @staticmethod
@@ -171,12 +177,15 @@ class Hub:
         identity_api.add_routes(app, self.identity)
         sessions_api.add_routes(app, self.sessions)
         instances_api.add_routes(app, self.instances)
+        timeline_api.add_routes(app, self.timeline)
         openapi.add_routes(app)
         app.router.add_get("/runner/ws", self.runner_endpoint.handle)
         app.on_shutdown.append(self.runner_endpoint.close_all)
         app.router.add_route("*", "/mcp", self.mcp.handle)
         oauth_web.add_routes(app, self.oauth, self.auth, self.settings.public_url, self.registration)
         boxes.add_routes(app, self.auth, self.leases, self.clock, public_url=self.settings.public_url)
+        timeline_page.add_routes(app, self.auth, self.oauth, self.timeline, BoxSessionService(self.db, self.clock),
+                                 public_url=self.settings.public_url)
         self.bot.add_routes(app)
         app.cleanup_ctx.insert(0, self._resources_ctx)  # cleaned up last: after the loops and the bot stopped
         app.cleanup_ctx.append(self.bot.lifespan)
@@ -247,6 +256,7 @@ class Hub:
         if self.db.is_sqlite:
             loops.start("sqlite-checkpoint", self.db.checkpoint, interval_s=1.0)
         loops.start("lease-reaper", self.leases.reaper_step, interval_s=30.0)
+        loops.start("timeline-sweeper", self.timeline.sweep_step, interval_s=self.settings.timeline.sweep_s)
         loops.start("alerts", self.alerts.step, interval_s=self.settings.alerts.poll_s, wake=self.alerts.kicked)
         self.schedule_firing.start_loops(loops)
         loops.start("schedule-reconciler", self.schedule_firing.reconciler_step,

@@ -292,6 +292,14 @@ class OAuthSettings(Section):
     unused_client_ttl_s: float = Field(default=86400.0, gt=0)  # a client with no authorization is pruned after this
 
 
+class TimelineSettings(Section):
+    """The Agent Timeline (docs/timeline.md): raw agent events per run, kept this long."""
+
+    retention_s: float = Field(default=14 * 86400.0, gt=0)  # an event older than this is swept
+    sweep_s: float = Field(default=300.0, gt=0)  # how often a replica sweeps
+    sweep_batch: int = Field(default=5000, ge=1)  # events deleted per statement
+
+
 class Settings(BaseSettings):
     """Everything the hub reads at start; `load_settings` (hub/config_sources.py) says from where."""
 
@@ -315,6 +323,7 @@ class Settings(BaseSettings):
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
     runner: RunnerSettings = Field(default_factory=RunnerSettings)
     log: LogSettings = Field(default_factory=LogSettings)
+    timeline: TimelineSettings = Field(default_factory=TimelineSettings)
 
     def db_url(self) -> str:
         """Return the database URL, defaulting to SQLite in `home`."""

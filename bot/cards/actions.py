@@ -23,11 +23,12 @@ MAX_PAGE = 10_000
 MAX_ID = 64
 # field → the key `pack()` writes for it
 KEY_OF = {"schedule_id": "s", "incident_id": "i", "page": "pg", "sub": "sub", "view": "vw", "question_id": "q",
-          "option": "o", "nonce": "n"}
+          "option": "o", "nonce": "n", "run_id": "r", "run_kind": "k"}
 FIELD_OF = {k: f for f, k in KEY_OF.items()}
 KEYS = ("p", "v", "op", *KEY_OF.values())  # every key `pack()` writes
 NEEDS = {"schedule_id": "a schedule", "incident_id": "an incident", "question_id": "a question",
-         "nonce": "the form's nonce"}
+         "nonce": "the form's nonce", "run_id": "a task or turn"}
+RUN_KINDS = ("task", "turn")  # Timeline: whose Agent Timeline the button opens
 BOUNDS = {"page": MAX_PAGE, "sub": MAX_PAGE, "option": MAX_OPTION}
 
 class BadPayload(ValueError):
@@ -109,6 +110,10 @@ def _checked(name: str, v: Any) -> Any:
     if name == "view":
         if v not in VIEWS:
             raise BadPayload("bad view in card action")
+        return v
+    if name == "run_kind":
+        if v not in RUN_KINDS:
+            raise BadPayload("bad k in card action")
         return v
     if name in BOUNDS:
         if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= BOUNDS[name]:
@@ -276,6 +281,14 @@ class AnswerQuestion(CardAction, op="answer"):
 
     def pack(self) -> dict[str, Any]:
         return {**super().pack(), "o": self.option}  # the option always, 0 included
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timeline(CardAction, op="timeline"):
+    """Open the Agent Timeline of a Task (`run_kind` task) or a Turn: the clicker is sent a sign-in link to it."""
+
+    run_id: str
+    run_kind: str = "task"
 
 
 # ------------------------------------------------------------ text commands

@@ -9,6 +9,7 @@ from hub.services.schedule_views import UNSUCCESSFUL
 from .actions import (CardAction, Delete, Detail, EditForm, History, NewForm, Notify, Overview, Pause, Results,
                       Resume, RunNow, Schedules)
 from .base import button, button_row, card, check_limits, esc, hr, join, markdown, same, when
+from .timeline import timeline_button
 from .overview import outcome_line, outcome_text
 from .views import HistoryView, ResultsView, ScheduleDetailView, ScheduleListView
 
@@ -163,6 +164,8 @@ def render_results(v: ResultsView, tr: Catalogs) -> dict[str, Any]:
         if v.part + 1 < v.parts:
             parts.append(button(tr.text(_("Next part")),
                                 Results(schedule_id=v.schedule_id, page=v.page, sub=v.part + 1)))
+        if v.task_id:
+            parts.append(timeline_button(tr, "task", v.task_id))
         if parts:
             elements.append(button_row(*parts))
         runs = []

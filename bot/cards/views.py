@@ -96,6 +96,7 @@ class ResultsView:
     text: str = ""
     timezone: str = "UTC"      # the schedule's: the times shown
     error: str = ""    # the hub's error of an unsuccessful Task, as it gave it (raw: the card escapes it)
+    task_id: str = ""  # the firing's Task: the card links its Agent Timeline
 
 
 @dataclass(frozen=True, kw_only=True)

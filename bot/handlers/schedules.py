@@ -89,7 +89,8 @@ async def results(ctx: Ctx, a: Results) -> Answer:
     parts = split_result(r.text)
     part = min(a.sub, len(parts) - 1)
     view = ResultsView(schedule_id=r.schedule_id, name=r.name, page=r.page, pages=r.pages, part=part, parts=len(parts),
-                       firing=_outcome(r.firing), text=parts[part], error=r.error, timezone=r.timezone)
+                       firing=_outcome(r.firing), text=parts[part], error=r.error, timezone=r.timezone,
+                       task_id=r.task_id)
     return Answer(card=render_results(view, ctx.tr))
 
 

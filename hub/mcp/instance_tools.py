@@ -56,6 +56,8 @@ class SteerAnswer(BaseModel):
         "takes no steering), so it goes ahead of the next prompt; unknown: the runner never confirmed — not queued"))
     message_id: str
     note: str
+    reason: str | None = Field(default=None, description=(
+        "queued: why no turn took it (e.g. the engine's protocol takes no input mid-turn, the turn had ended)"))
 
 
 def instance_tools(instances: InstanceService):  # noqa: ANN201

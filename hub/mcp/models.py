@@ -68,6 +68,8 @@ class TaskView(BaseModel):
     created_at: str | None = None
     started_at: str | None = None
     finished_at: str | None = None
+    timeline_page: str | None = Field(None, description=(
+        "the Agent Timeline page of this task on the hub (raw tool input and output; task_timeline reads the same)"))
 
 
 class TaskEvent(BaseModel):
@@ -79,6 +81,19 @@ class TaskEvent(BaseModel):
     seq: int
     type: str
     at: str | None = None
+
+
+class TimelinePage(BaseModel):
+    """A run's Agent Timeline after a cursor: raw agent events (tool input and output, diffs, locations, text)."""
+
+    task_id: str | None = None
+    turn_id: str | None = None
+    status: str
+    outcome: str | None = None
+    events: list[dict[str, Any]]
+    cursor: int
+    done: bool
+    retention_s: float
 
 
 class EventPage(BaseModel):

@@ -59,7 +59,7 @@ def scope_refusal(caller: Caller | None, tool: str) -> str | None:
 # The REST area of each tool group (`/api/v1/<area>`), so a run token reaches the same things on both doors.
 TOOL_AREAS = (("schedule_", "schedules"), ("rift_", "leases"), ("task_", "tasks"), ("instance_", "instances"),
               ("profile_", "profiles"), ("permission_", "tasks"), ("session_", "sessions"))
-READ_TOOLS = ("_list", "_get", "_wait", "_events", "_history")
+READ_TOOLS = ("_list", "_get", "_wait", "_events", "_history", "_timeline")
 
 
 def run_tool_refusal(caller: Caller | None, tool: str) -> str | None:

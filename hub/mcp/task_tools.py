@@ -6,7 +6,9 @@ from typing import Literal
 from mcp.server.mcpserver import Context, MCPServer
 
 from ..services.profiles import BUILTIN_LISTING, ProfileService
+from ..errors import Invalid
 from ..services.tasks import PermissionService, SubmitRequest, TaskService
+from ..services.timeline import TimelineService
 from . import models as m
 from .server import caller_of, guarded
 
@@ -16,8 +18,10 @@ BUILTIN_INFOS: tuple[m.ProfileInfo, ...] = tuple(m.ProfileInfo(**p) for p in BUI
 
 
 # Long by design: one short closure per MCP tool (its signature is the tool's schema).
-def task_tools(tasks: TaskService, profiles: ProfileService, permissions: PermissionService):  # noqa: ANN201
-    """Return a registrar adding profile_list, the task_* tools and permission_respond."""
+def task_tools(tasks: TaskService, profiles: ProfileService, permissions: PermissionService,  # noqa: ANN201
+               timeline: TimelineService | None = None):
+    """Return a registrar adding profile_list, the task_* tools (task_timeline with a timeline) and
+    permission_respond."""
 
     def register(server: MCPServer) -> None:
         @server.tool()
@@ -68,6 +72,20 @@ def task_tools(tasks: TaskService, profiles: ProfileService, permissions: Permis
         async def task_events(task_id: str, ctx: Context, cursor: int = 0, limit: int = 500) -> m.EventPage:
             """Return a task's events after `cursor` without waiting."""
             return m.EventPage(**await guarded(lambda: tasks.events(caller_of(ctx), task_id, cursor, limit)))
+
+        if timeline is not None:
+            @server.tool()
+            async def task_timeline(ctx: Context, task_id: str | None = None, turn_id: str | None = None,
+                                    cursor: int = 0, limit: int = 500) -> m.TimelinePage:
+                """Return the Agent Timeline of one of your tasks (task_id) or turns (turn_id) after `cursor`: the
+                raw agent events (tool input and output, diffs, locations, text), credentials redacted."""
+                async def read() -> dict:
+                    if (task_id is None) == (turn_id is None):
+                        raise Invalid("task_timeline: pass exactly one of task_id (a task, tr_…) or turn_id "
+                                      "(a session turn, turn_…)")
+                    kind, run_id = ("task", task_id) if task_id is not None else ("turn", turn_id)
+                    return await timeline.read(caller_of(ctx), kind, str(run_id), cursor, limit)
+                return m.TimelinePage(**await guarded(read))
 
         @server.tool()
         async def task_cancel(task_id: str, ctx: Context) -> m.Cancelled:

@@ -23,6 +23,7 @@ from ..clock import Clock, SystemClock
 from ..domain import isolation as modes
 from ..domain.durations import duration_text
 from ..domain.events import turn_usage
+from ..domain.timeline import raw_payload
 from ..domain.policy import normalize_native_args
 from ..engines.base import Engine, EngineResult, Job, PermissionReply
 from ..engines.environment import base_env
@@ -42,6 +43,7 @@ class RunnerRefused(AmuxError):
 REVOKED_CLOSE = 4401  # the hub's close code for a revoked token
 
 QUESTION_DIAGNOSTIC = p.QUESTION_DIAGNOSTIC
+STEER_TAKE_S = 3.0  # an engine confirms a correction within this (the hub waits `steer_wait_s`, 5 s, for the answer)
 
 
 def asked_question(payload: dict) -> p.Question:
@@ -62,7 +64,8 @@ class _Held:
     pending_events: list[p.Event] = field(default_factory=list)
     task: asyncio.Task | None = None
     replies: asyncio.Queue = field(default_factory=asyncio.Queue)
-    steering: asyncio.Queue | None = None
+    job: Job | None = None  # the launched engine's job (its `steer_into` takes corrections mid-turn)
+    steer_refusal: str | None = None  # why this run's engine cannot take a correction mid-turn at all
     cancel_intent: bool = False
     finished: bool = False
     # Set when the hub has committed that this attempt holds the reservation (the Ack of its Accepted): the engine
@@ -273,6 +276,7 @@ class Runner:
         self._stop = asyncio.Event()
         self._outq: list[dict] = []
         self._revoked = False
+        self._steering: set[asyncio.Future[None]] = set()
 
     def modes(self) -> tuple[list[str], dict[str, str]]:
         """Return the execution modes this runner offers and why it offers none of the others (probed once, logged)."""
@@ -428,13 +432,10 @@ class Runner:
                 h.replies.put_nowait(PermissionReply(answer.request_id, answer.allow, answer.message))
         elif kind == "steer":
             steer = p.Steer.model_validate(msg)
-            h = self.held.get(steer.task_id)
-            delivered = h is not None and h.steering is not None and h.task is not None and not h.task.done()
-            if delivered:
-                h.steering.put_nowait(steer.text)
-            if self.ws is not None and not self.ws.closed:
-                await self.ws.send_json(p.Steered(task_id=steer.task_id, steer_id=steer.steer_id,
-                                                  delivered=delivered).model_dump())
+            # An engine may take a moment (a JSON-RPC answer); messages after it are not held up meanwhile.
+            task = asyncio.ensure_future(self._steer(steer))
+            self._steering.add(task)
+            task.add_done_callback(self._steering.discard)
         elif kind == "cancel":
             h = self.held.get(msg["task_id"])
             if h and h.task and not h.task.done():
@@ -455,6 +456,24 @@ class Runner:
             log.warning("hub: %s", msg.get("message"))
             if msg.get("code") == "token_revoked":
                 self._revoked = True
+
+    async def _steer(self, steer: p.Steer) -> None:
+        """Hand a correction to the running turn's engine and tell the hub whether it took it, or why not."""
+        h = self.held.get(steer.task_id)
+        if h is None or h.finished or h.task is None or h.task.done():
+            reason: str | None = "the run has ended; the correction waits for the next prompt"
+        elif h.job is None or h.job.steer_into is None:
+            reason = h.steer_refusal or "the engine is not yet (or no longer) in its turn; the correction waits"
+        else:
+            try:
+                reason = await asyncio.wait_for(h.job.steer_into(steer.text), STEER_TAKE_S)
+            except asyncio.TimeoutError:
+                reason = f"the engine did not confirm the correction within {STEER_TAKE_S:g} s"
+            except Exception as e:  # noqa: BLE001 — an adapter's failure is this steer's, never the runner's
+                reason = f"the engine could not take the correction ({type(e).__name__}: {e})"
+        if self.ws is not None and not self.ws.closed:
+            await self.ws.send_json(p.Steered(task_id=steer.task_id, steer_id=steer.steer_id, delivered=reason is None,
+                                              reason=reason).model_dump())
 
     def _drop(self, task_id: str) -> None:
         h = self.held.pop(task_id, None)
@@ -574,6 +593,8 @@ class Runner:
             nonlocal last_usage, last_status, asked
             silence.heard()
             payload = redact.scrub(payload)
+            if kind == "tool":  # its raw input and output (the Agent Timeline's) leave bounded, tokens cut
+                payload = raw_payload(payload)
             if kind == "status" and isinstance(payload.get("text"), str):
                 last_status = payload["text"]
             if kind == "usage":
@@ -597,12 +618,13 @@ class Runner:
                 result = EngineResult("failed", error=f"engine {d.snapshot.get('engine')!r} is not installed on "
                                                       f"runner {self.name}")
             else:
-                if getattr(engine, "accepts_steering", False):
-                    h.steering = asyncio.Queue()
+                refusal_of = getattr(engine, "steering_refusal", None)
+                h.steer_refusal = refusal_of(d.snapshot) if callable(refusal_of) else None
                 share = self.share_engine_login and boundary is None
                 job = Job(d.task_id, d.attempt, launch_prompt(d), d.snapshot, workspace,
                           env=launch_env(d, home, engine, share_login=share),
-                          permission_replies=h.replies, steering=h.steering, boundary=boundary)
+                          permission_replies=h.replies, boundary=boundary)
+                h.job = job
                 watch = asyncio.create_task(silence.watch(record))
                 try:
                     result = await asyncio.wait_for(engine.run(job, emit),
@@ -641,6 +663,7 @@ class Runner:
             result_json=redact.scrub(result.json), error=redact.scrub(result.error), usage=last_usage,
             changed_files=changed, resume_handle=result.resume_handle, question=question,
         )
-        h.steering = None
+        if h.job is not None:
+            h.job.steer_into = None
         h.finished = True
         await self._send(h, fin.model_dump())

@@ -149,12 +149,15 @@ class InstanceService:
         while time.monotonic() < deadline:
             async with self.db.read() as conn:
                 state = await self.store.mail_state(conn, mid)
+                reason = await self.store.mail_note(conn, mid) if state == MailState.QUEUED else None
             if state == MailState.DELIVERED:
                 return {"instance_id": iid, "delivery": MailState.DELIVERED, "message_id": mid,
                         "note": "the running turn took the correction"}
             if state == MailState.QUEUED:
+                why = reason or "no turn could take the correction"
                 return {"instance_id": iid, "delivery": MailState.QUEUED, "message_id": mid,
-                        "note": "no turn could take the correction; it is queued in the mailbox for the next wake"}
+                        "note": f"{why}; it is queued in the mailbox for the next wake (instance_followup)",
+                        "reason": why}
             await asyncio.sleep(0.05)
         async with self.db.write() as conn:
             gave_up = await self.store.give_up_steer(conn, mid, self.clock.now())

@@ -109,6 +109,7 @@ class ResultPage:
     text: str = ""
     error: str = ""
     timezone: str = "UTC"
+    task_id: str = ""  # the firing's Task (its Agent Timeline: /timeline/tasks/{task_id})
 
 
 def failing(latest_first: list[Any]) -> int:

@@ -428,7 +428,8 @@ class ScheduleService:
             # The Task was admitted for this schedule's frozen creator, who is the caller (checked above).
             text = await self.store.task_result_text(conn, f.task_id) if f is not None else None
         return ResultPage(schedule_id=row.id, name=row.name, page=page, pages=pages, timezone=row.timezone,
-                          firing=firing_line(f, row.name) if f is not None else None, text=text or "")
+                          firing=firing_line(f, row.name) if f is not None else None, text=text or "",
+                          task_id=(f.task_id or "") if f is not None else "")
 
 
 def firing_view(f: Any) -> dict:

@@ -12,6 +12,7 @@ from ..config import ExecutionSettings, HubSettings
 from ..domain import isolation
 from ..domain.pages import MAX_TASKS, page_limit
 from ..domain.tasks import Status, is_terminal
+from ..domain.timeline import page_path
 from ..errors import Conflict, Invalid, NotFound, TooMany
 from ..ids import new_id
 from ..store.db import Connection, Database, Row
@@ -197,6 +198,8 @@ class TaskService:
             "created_at": _iso(row.created_at),
             "started_at": _iso(row.started_at),
             "finished_at": _iso(row.finished_at),
+            # What the agent did (raw tool input and output): the owner's page and REST door (docs/timeline.md).
+            "timeline_page": page_path(row.kind, row.id),
         }
 
     async def _provenance(self, conn: Connection, row: Row) -> dict[str, str | None]:

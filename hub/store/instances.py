@@ -123,6 +123,10 @@ class SqlInstanceStore:
         """Return the message's state (queued, pending, delivered, unknown), or None when there is no such one."""
         return (await conn.execute(sa.select(mailbox.c.state).where(mailbox.c.id == message_id))).scalar()
 
+    async def mail_note(self, conn: Connection, message_id: str) -> str | None:
+        """Return why a steer was queued rather than delivered (the runner's reason), or None."""
+        return (await conn.execute(sa.select(mailbox.c.note).where(mailbox.c.id == message_id))).scalar()
+
     async def give_up_steer(self, conn: Connection, message_id: str, now: datetime) -> bool:
         """Mark a steer that is still pending as unknown (never queued); False when its runner settled it first."""
         done = await conn.execute(mailbox.update()

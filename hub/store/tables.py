@@ -112,6 +112,20 @@ task_events = sa.Table(
     sa.UniqueConstraint("task_id", "seq", name="uq_task_events_task_seq"),
 )
 
+# The Agent Timeline: raw agent events of one run (a Task or a Turn), keyed by the runner's sequence; swept after
+# `timeline.retention_s` (hub/services/timeline.py).
+timeline_events = sa.Table(
+    "timeline_events", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_id", sa.String(40), nullable=False),
+    sa.Column("rseq", sa.Integer, nullable=False),
+    sa.Column("type", sa.String(32), nullable=False),
+    sa.Column("payload", sa.JSON, nullable=False),
+    sa.Column("created_at", TS, nullable=False),
+    sa.UniqueConstraint("run_id", "rseq", name="uq_timeline_events_run_rseq"),
+    sa.Index("ix_timeline_events_created", "created_at"),
+)
+
 lease_tasks = sa.Table(
     "lease_tasks", metadata,
     sa.Column("id", sa.String(48), primary_key=True),
@@ -245,6 +259,7 @@ mailbox = sa.Table(
     sa.Column("created_at", TS, nullable=False),
     sa.Column("sent_at", TS),
     sa.Column("settled_at", TS),
+    sa.Column("note", sa.String(1000)),  # why a steer was queued rather than delivered (the runner's reason)
     sa.Index("ix_mailbox_instance_state", "instance_id", "state"),
 )
 

@@ -204,6 +204,11 @@ class CursorQuery(QueryModel):
     cursor: query_int(0, INT32, 0) = 0
 
 
+class TimelineQuery(QueryModel):
+    cursor: query_int(0, INT32, 0) = 0
+    limit: query_int(1, 1000, 500) = 500
+
+
 class WaitQuery(QueryModel):
     cursor: query_int(0, INT32, 0) = 0
     timeout_s: Annotated[float, BeforeValidator(_number), Field(ge=0, le=600, description=(
@@ -438,6 +443,8 @@ class TaskReply(TaskStatusReply):
     instance_id: str | None = Field(description="the Agent Instance this task is a run of")
     schedule_id: str | None = Field(description="the schedule whose firing created this task")
     firing_id: str | None = Field(description="that firing (`GET /api/v1/schedules/{id}/history`)")
+    timeline_page: str = Field(description="the task's Agent Timeline page on the hub (`/timeline/tasks/{id}`); "
+                               "its data: `GET /api/v1/tasks/{id}/timeline`")
 
 
 class TaskListReply(Reply):
@@ -448,6 +455,16 @@ class EventsReply(Reply):
     events: list[dict[str, Any]]
     cursor: int
     done: bool
+
+
+class TimelineReply(Reply):
+    """A run's Agent Timeline: raw agent events (tool input and output, diffs, locations, text), secrets cut."""
+
+    events: list[dict[str, Any]] = Field(description="each with `seq` (the runner's sequence), `type`, `at` and "
+                                         "the event's raw fields (`tool` with input/output/diff/locations, `text`)")
+    cursor: int
+    done: bool
+    retention_s: float = Field(description="events older than this many seconds are swept (timeline.retention_s)")
 
 
 class SessionReply(Reply):
@@ -815,3 +832,9 @@ INSTANCE_WAIT = op("GET", "/api/v1/instances/{id}/wait", "instance_wait",
                    query=InstanceWaitQuery, tag=INST, reply=InstanceReply)
 INSTANCE_ARCHIVE = op("POST", "/api/v1/instances/{id}/archive", "instance_archive", "Archive an idle instance",
                       InstancePath, tag=INST, reply=InstanceReply)
+TASK_TIMELINE = op("GET", "/api/v1/tasks/{id}/timeline", "task_timeline",
+                   "Read a task's Agent Timeline (raw tool input/output, diffs, text; owner and admins)", TaskPath,
+                   query=TimelineQuery, reply=TimelineReply)
+TURN_TIMELINE = op("GET", "/api/v1/turns/{id}/timeline", "turn_timeline",
+                   "Read a turn's Agent Timeline (raw tool input/output, diffs, text; owner and admins)", TurnPath,
+                   query=TimelineQuery, tag="sessions", reply=TimelineReply)
