@@ -37,7 +37,6 @@ class HubSettings(Section):
     deadline_grace_s: float = 30.0
     poll_s: float = 0.25
     max_prompt_bytes: int = 256 * 1024
-    max_extra_args: int = 64
     default_timeout_s: float = 3600.0
     # Fair sharing (README "Fair sharing"): placement keeps each principal to its fair share while others wait
     # (hub/domain/fair_share.py); these are operator caps on top of it, 0 = off; tokens made with --admin are exempt.

@@ -21,6 +21,7 @@ from hub.services.schedule_views import FiringLine, firing_state
 from hub.errors import Invalid
 from hub.services.bot import INBOUND_TTL
 from hub.services.schedules import ScheduleSpec
+from hub.services.views import ScheduleView
 
 from .context import Answer, Ctx, Refused, handles
 from .scope import owned, yours
@@ -166,12 +167,12 @@ async def edit_form(ctx: Ctx, a: EditForm) -> Answer:
     """Open the same form filled in with the viewer's schedule."""
     with yours():
         s = await ctx.services.schedules.get(ctx.viewer.caller(), a.schedule_id)
-    return Answer(card=await _form(ctx, s["schedule_id"], _values_of(s)))
+    return Answer(card=await _form(ctx, s.schedule_id, _values_of(s)))
 
 
-def _values_of(s: dict) -> dict[str, str]:
-    return {"name": s["name"] or "", "prompt": s["prompt"] or "", "when": when_of(s["rule"]),
-            "timezone": s["timezone"], "profile": s.get("profile") or DEFAULT_PROFILE, "notify": s["notify"]}
+def _values_of(s: ScheduleView) -> dict[str, str]:
+    return {"name": s.name or "", "prompt": s.prompt or "", "when": when_of(s.rule),
+            "timezone": s.timezone, "profile": s.profile or DEFAULT_PROFILE, "notify": s.notify}
 
 
 def _submitted(form: dict | None) -> dict[str, str]:
@@ -221,7 +222,7 @@ async def save(ctx: Ctx, a: Save) -> Answer:
                                                                         "binding_id": ctx.viewer.binding_id,
                                                                         "app_id": ctx.viewer.app_id,
                                                                         "open_id": ctx.viewer.open_id})
-            sid = created["schedule_id"]
+            sid = created.schedule_id
     except Invalid as e:
         if "/amux link" in e.message:
             raise Refused(LINK_FIRST) from None

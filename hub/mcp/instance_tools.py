@@ -6,6 +6,7 @@ from typing import Literal
 from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel, Field
 
+from ..domain.choices import Args
 from ..services.instances import InstanceService
 from .server import caller_of, guarded
 
@@ -68,7 +69,7 @@ def instance_tools(instances: InstanceService):  # noqa: ANN201
         async def instance_create(ctx: Context, name: str | None = None, profile: str | None = None,
                                   model: str | None = None, reasoning_effort: str | None = None,
                                   runtime: str | None = None, permission_policy: str | None = None,
-                                  extra_args: list[str] | None = None, prompt: str | None = None,
+                                  extra_args: Args | None = None, prompt: str | None = None,
                                   timeout_s: float | None = None) -> InstanceView:
             """Create a persistent agent (ai_…) with a frozen identity and policy; `prompt` starts its first run."""
             return InstanceView(**await guarded(lambda: instances.create(

@@ -1,15 +1,18 @@
 """MCP tools for profiles and tasks."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
 
+from ..domain.choices import TaskChoices
+from ..domain.shapes import Short
 from ..services.profiles import BUILTIN_LISTING, ProfileService
 from ..errors import Invalid
 from ..services.tasks import PermissionService, SubmitRequest, TaskService
 from ..services.timeline import TimelineService
 from . import models as m
+from .choices import takes
 from .server import caller_of, guarded
 
 # The builtins' entries of `profile_list`, built once: builtins are code, not data (nothing changes them while the
@@ -30,37 +33,23 @@ def task_tools(tasks: TaskService, profiles: ProfileService, permissions: Permis
             return m.ProfileList(profiles=[*BUILTIN_INFOS, *(m.ProfileInfo(**p) for p in await profiles.stored())])
 
         @server.tool()
-        async def task_submit(prompt: str, ctx: Context, profile: str | None = None, runtime: str | None = None,
-                              model: str | None = None, extra_args: list[str] | None = None,
-                              timeout_s: float | None = None, name: str | None = None,
-                              reasoning_effort: str | None = None, permission_policy: str | None = None,
-                              credential_profile: str | None = None,
-                              isolation: Literal["linux-dac", "process"] | None = None) -> m.Submitted:
+        @takes(TaskChoices)
+        async def task_submit(prompt: str, ctx: Context, name: Short | None = None, **choices: Any) -> m.Submitted:
             """Admit a task (returns at once with its task_id); follow it with task_wait or task_get."""
-            req = SubmitRequest(prompt=prompt, profile=profile, runtime=runtime, model=model, extra_args=extra_args,
-                                timeout_s=timeout_s, name=name, reasoning_effort=reasoning_effort,
-                                permission_policy=permission_policy, credential_profile=credential_profile,
-                                isolation=isolation)
+            req = SubmitRequest(prompt=prompt, name=name, **choices)
             return m.Submitted(**await guarded(lambda: tasks.submit(caller_of(ctx), req)))
 
         @server.tool()
-        async def task_run(prompt: str, ctx: Context, profile: str | None = None, runtime: str | None = None,
-                           model: str | None = None, extra_args: list[str] | None = None,
-                           timeout_s: float | None = None, name: str | None = None,
-                           reasoning_effort: str | None = None, permission_policy: str | None = None,
-                           credential_profile: str | None = None,
-                           isolation: Literal["linux-dac", "process"] | None = None) -> m.TaskView:
+        @takes(TaskChoices)
+        async def task_run(prompt: str, ctx: Context, name: Short | None = None, **choices: Any) -> m.TaskView:
             """Submit a task and block until it is terminal; returns its result."""
-            req = SubmitRequest(prompt=prompt, profile=profile, runtime=runtime, model=model, extra_args=extra_args,
-                                timeout_s=timeout_s, name=name, reasoning_effort=reasoning_effort,
-                                permission_policy=permission_policy, credential_profile=credential_profile,
-                                isolation=isolation)
-            return m.TaskView(**await guarded(lambda: tasks.run(caller_of(ctx), req)))
+            req = SubmitRequest(prompt=prompt, name=name, **choices)
+            return await guarded(lambda: tasks.run(caller_of(ctx), req))
 
         @server.tool()
         async def task_get(task_id: str, ctx: Context) -> m.TaskView:
             """Return a task's status, outcome, result, usage, changed files and error."""
-            return m.TaskView(**await guarded(lambda: tasks.get(caller_of(ctx), task_id)))
+            return await guarded(lambda: tasks.get(caller_of(ctx), task_id))
 
         @server.tool()
         async def task_wait(task_id: str, ctx: Context, cursor: int = 0, timeout_s: float = 30) -> m.EventPage:

@@ -195,8 +195,8 @@ class InstanceService:
         view = await self.tasks.wait_terminal(caller, inst.current_task_id,
                                               timeout_s=max(0.0, min(float(timeout_s), 600.0)))
         out = await self.get(caller, iid)
-        out["task"] = view
-        out["timed_out"] = not is_terminal(view["status"])
+        out["task"] = view.wire()
+        out["timed_out"] = not is_terminal(view.status)
         return out
 
     async def archive(self, caller: Caller, iid: str) -> dict:

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import NotFound
-from ..store.db import Connection, Database, Row
+from ..store.db import Connection, Database
+from ..store.records import ScheduleRecord
+from ..store.ports import ScheduleStore
 from ..store.schedules import SqlScheduleStore, Visibility
 
 FEISHU = "feishu:"
@@ -51,7 +53,7 @@ class ScheduleAccess:
     """Decide which schedules a caller may see and act on (the one decision)."""
 
     def __init__(self, db: Database) -> None:
-        self.store = SqlScheduleStore(db)
+        self.store: ScheduleStore = SqlScheduleStore(db)
 
     async def visibility(self, conn: Connection, caller: Any, *, include_deleted: bool = False,
                          everyone: bool = False) -> Visibility:
@@ -77,7 +79,7 @@ class ScheduleAccess:
                           include_deleted=include_deleted)
 
     async def schedule(self, conn: Connection, caller: Any, schedule_id: str, *, lock: bool = False,
-                       include_deleted: bool = False) -> Row:
+                       include_deleted: bool = False) -> ScheduleRecord:
         """Return a schedule the caller may read and control (an admin token: anyone's), or refuse with NotFound;
         `lock` holds its row until the transaction ends."""
         v = await self.visibility(conn, caller, include_deleted=include_deleted, everyone=True)

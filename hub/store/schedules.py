@@ -9,7 +9,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..domain.states import BindingStatus
-from .db import Connection, Database, Row
+from .db import Connection, Database
+from .records import ScheduleRecord, record, records
 from .tables import feishu_apps, identity_bindings, incidents, principals, schedules, task_runs
 
 
@@ -68,10 +69,12 @@ class SqlScheduleStore:
         """Insert one schedule definition with the columns given (the caller validated them)."""
         await conn.execute(schedules.insert().values(**values))
 
-    async def get(self, conn: Connection, schedule_id: str, v: Visibility, *, lock: bool = False) -> Row | None:
+    async def get(self, conn: Connection, schedule_id: str, v: Visibility, *,
+                  lock: bool = False) -> ScheduleRecord | None:
         """Return the schedule when `v` admits it, else None; with `lock`, hold its row until the transaction ends."""
         stmt = sa.select(schedules).where(schedules.c.id == schedule_id, visible_clause(v))
-        return (await conn.execute(self.db.for_update(stmt) if lock else stmt)).first()
+        result = await conn.execute(self.db.for_update(stmt) if lock else stmt)
+        return record(ScheduleRecord, result.mappings().first())
 
     async def update(self, conn: Connection, schedule_id: str, values: dict[str, Any]) -> None:
         """Write the given columns of one schedule; other columns keep their values."""
@@ -82,13 +85,14 @@ class SqlScheduleStore:
         await conn.execute(schedules.update().where(schedules.c.id == schedule_id)
                            .values(deleted_at=now, next_fire_at=None, updated_at=now))
 
-    async def visible(self, conn: Connection, v: Visibility, *, limit: int | None, offset: int = 0) -> list[Row]:
+    async def visible(self, conn: Connection, v: Visibility, *, limit: int | None,
+                      offset: int = 0) -> list[ScheduleRecord]:
         """Return up to `limit` (None: all) schedules `v` admits, newest first (ties by id), each with its
         `creator_name`."""
         stmt = (sa.select(schedules, principals.c.name.label("creator_name"))
                 .outerjoin(principals, principals.c.id == schedules.c.creator_id).where(visible_clause(v))
                 .order_by(schedules.c.created_at.desc(), schedules.c.id).offset(offset).limit(limit))
-        return list((await conn.execute(stmt)).all())
+        return records(ScheduleRecord, (await conn.execute(stmt)).mappings())
 
     async def count_visible(self, conn: Connection, v: Visibility) -> int:
         """Return how many schedules `v` admits."""
