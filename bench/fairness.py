@@ -110,7 +110,7 @@ async def simulate(fleet: dict[str, tuple[int, str | None]], users: list[User], 
     for name, (slots, owner) in fleet.items():  # a shared runtime is an admin's runner's; a private one its owner's
         runner = await hub.auth.authenticate(await hub.auth.create_token(owner or "ops", admin=owner is None,
                                                                          runner=True), surface="runner")
-        await hub.runtimes.register(runner, p.Register(name=name, slots=slots, capabilities=CAPS))
+        await hub.registry.register(runner, p.Register(name=name, slots=slots, capabilities=CAPS))
     callers = {u.who: await hub.auth.authenticate(await hub.auth.create_token(u.who)) for u in users}
     arrivals = []  # (t, seq, user)
     for u in users:

@@ -61,7 +61,7 @@ async def _hub(url: str, home: Path) -> tuple[Hub, object]:
         settings.schedules.firing_workers = int(os.environ["AMUX_BENCH_FIRING_WORKERS"])
     hub = Hub(settings, Database(url), SystemClock())
     admin = await hub.auth.authenticate(await hub.auth.create_token("bench", admin=True))
-    await hub.runtimes.register(admin, p.Register(name="r1", slots=8, capabilities=CAPS, running=[]))
+    await hub.registry.register(admin, p.Register(name="r1", slots=8, capabilities=CAPS, running=[]))
     return hub, admin
 
 

@@ -17,7 +17,6 @@ _STDLIB = re.compile(r" \(/\S*?/lib/python3\.\d+/")
 _REPO = re.compile(r" \(/\S*?/(hub|bot|bench|tests)/")
 IDLE = (re.compile(r"^EpollSelector\.select "), re.compile(r"^Condition\.wait "),
         re.compile(r"^_connection_worker_thread \(.*aiosqlite/core\.py:59\)$"),
-        re.compile(r"^_Worker\._next_job \(.*hub/store/sqlite_driver\.py:\d+\)$"),
         re.compile(r"^_worker \(.*concurrent/futures/thread\.py:81\)$"))
 
 

@@ -11,7 +11,7 @@ from hub.services.auth import AuthService
 from hub.services.bot import BotService
 from hub.services.identity import IdentityService
 from hub.services.oauth import OAuthService
-from hub.services.runtimes import RuntimeService
+from hub.services.dispatch import RunnerDispatch
 from hub.services.schedule_results import ScheduleResults
 from hub.services.schedules import ScheduleService
 from hub.services.sessions import SessionService
@@ -32,7 +32,7 @@ class BotServices:
     schedules: ScheduleService
     results: ScheduleResults       # a schedule's Results view, with the error of an unsuccessful Task
     alerts: AlertService
-    runtimes: RuntimeService       # the address children are told (`hub_url`), for links when public_url is unset
+    runner_dispatch: RunnerDispatch  # the address children are told (`hub_url`), for links when public_url is unset
     state: BotService              # chats' Sessions, long-connection leases, inbound dedup keys
     directory: Any = None          # Feishu users' display names (bot.feishu.directory), for greetings; None: none
     timeline: TimelineService | None = None  # the Agent Timeline button checks the clicker owns the run

@@ -35,7 +35,9 @@ from .services.profiles import ProfileService
 from .services.dispatch import Dispatcher
 from .services.leases import LeaseService
 from .services.notify import Notifier
-from .services.runtimes import RuntimeService
+from .services.dispatch import RunnerDispatch
+from .services.registry import RuntimeRegistry
+from .services.reports import RunnerReports
 from .services.schedule_firing import ScheduleFiring
 from .services.schedule_results import ScheduleResults
 from .services.schedules import ScheduleService
@@ -103,12 +105,14 @@ class Hub:
         self.memory = MemoryService(self.db, self.clock, settings.memory)
         self.instances = InstanceService(self.db, self.clock, self.notifier, self.sessions, self.tasks,
                                          on_admitted=self.dispatcher.kick)
-        self.runtimes = RuntimeService(self.db, self.clock, self.notifier, self.dispatcher, self.credentials,
-                                       self.auth, settings.public_url or f"http://{settings.listen}",
-                                       on_started=lambda _t, s: self.metrics.dispatch_latency.observe(max(s, 0.0)),
-                                       execution=settings.execution)
-        self.runner_endpoint = RunnerEndpoint(self.auth, self.runtimes, self.notifier, hs.heartbeat_s, hs.poll_s,
-                                              hs.hello_timeout_s, loops=self.loops)
+        self.registry = RuntimeRegistry(self.db, self.clock, self.dispatcher, execution=settings.execution)
+        self.reports = RunnerReports(self.db, self.clock, self.notifier, self.dispatcher, self.auth,
+                                     on_started=lambda _t, s: self.metrics.dispatch_latency.observe(max(s, 0.0)))
+        self.runner_dispatch = RunnerDispatch(self.db, self.clock, self.credentials, self.auth,
+                                              settings.public_url or f"http://{settings.listen}")
+        self.runner_endpoint = RunnerEndpoint(self.auth, self.registry, self.reports, self.runner_dispatch,
+                                              self.notifier, hs.heartbeat_s, hs.poll_s, hs.hello_timeout_s,
+                                              loops=self.loops)
         self.dispatcher.hand_off = self.runner_endpoint
         self.leases = LeaseService(self.db, self.clock, settings.leases,
                                    LocalBoxDriver(settings.home / "boxes", settings.boxes, hide=[settings.home]),
@@ -144,8 +148,8 @@ class Hub:
         self.bot_services = BotServices(
             clock=self.clock, feishu=settings.feishu, public_url=settings.public_url, auth=self.auth, oauth=self.oauth,
             identity=self.identity, sessions=self.sessions, schedules=self.schedules,
-            results=ScheduleResults(self.db, self.schedules), alerts=self.alerts, runtimes=self.runtimes,
-            state=self.bot_state, directory=self._directory(settings),
+            results=ScheduleResults(self.db, self.schedules), alerts=self.alerts,
+            runner_dispatch=self.runner_dispatch, state=self.bot_state, directory=self._directory(settings),
             timeline=self.timeline)
         self.bot = build_bot(self.bot_services)
 
@@ -167,7 +171,7 @@ class Hub:
                           health.MetricsDoor(self.auth, self.settings.hub.metrics_token))
         rest.add_routes(app, rest.RestServices(
             auth=self.auth, tasks=self.tasks, permissions=self.permissions, sessions=self.sessions,
-            profiles=self.profiles, credentials=self.credentials, memory=self.memory, runtimes=self.runtimes))
+            profiles=self.profiles, credentials=self.credentials, memory=self.memory, registry=self.registry))
         schedules_api.add_routes(app, self.schedules)
         alerts_api.add_routes(app, self.alerts)
         identity_api.add_routes(app, self.identity)

@@ -115,7 +115,7 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
     port = runner_app.addresses[0][1]  # the real port when --listen asked for port 0
     url = url_of(host, port)
     if not settings.public_url:  # runs are told the hub's address (AMUX_HUB_URL): the real one, not port 0
-        hub.runtimes.hub_url = url
+        hub.runner_dispatch.hub_url = url
     hub_file = write_hub_file(settings.home, url)
     admin_token = await _token_file(hub, settings.home / "admin.token", "admin", "cli")
     print(f"amux hub listening on {url}  (MCP: {url}/mcp, database: {hub.db.url.split('@')[-1]})", flush=True)

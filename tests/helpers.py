@@ -154,7 +154,7 @@ async def start_hub(db_url: str, home: Path, clock: Clock | None = None, port: i
     await site.start()
     real_port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
     admin = await hub.auth.create_token("admin", label="cli", admin=True)
-    hub.runtimes.hub_url = f"http://127.0.0.1:{real_port}"  # what children are told (public_url in production)
+    hub.runner_dispatch.hub_url = f"http://127.0.0.1:{real_port}"  # what children are told (public_url in production)
     return HubHandle(hub, f"http://127.0.0.1:{real_port}", admin, site_runner)
 
 
@@ -250,3 +250,36 @@ def started_sync(ready: Callable[[], Any], what: str, *, proc: Any = None, timeo
         time.sleep(interval)
     raise AssertionError(f"{what} did not happen within {max(timeout, PROCESS_START_S):g} s of starting "
                          f"(last value {value!r})")
+
+
+# The runner protocol's production doors, as the runner endpoint uses them: one batch of reports through
+# `RunnerReports.apply`, and what a connection sends through `outgoing_many`. Each helper reads its reply.
+
+async def runner_outgoing(dispatch: Any, runtime_id: str, conn_id: str, cancels_sent: set[str],
+                          token_id: str | None = None) -> list[dict]:
+    """What this connection sends now (dispatches marked sent); the connection must not be one to close."""
+    from hub.services.dispatch import Link
+
+    due = await dispatch.outgoing_many([Link(runtime_id=runtime_id, conn_id=conn_id, token_id=token_id,
+                                             cancels_sent=cancels_sent)])
+    assert conn_id not in due.revoked | due.stale, due
+    return due.messages.get(conn_id, [])
+
+
+async def runner_accepted(reports: Any, runtime_id: str, msg: Any) -> str:
+    """Apply one Accepted; 'ok', 'cancel' (the hub answered with a cancel) or 'drop'."""
+    replies = await reports.apply(runtime_id, "", [msg])
+    if replies[0]["drop"]:
+        return "drop"
+    return "cancel" if any(r["type"] == "cancel" for r in replies) else "ok"
+
+
+async def runner_events(reports: Any, runtime_id: str, msg: Any) -> int | None:
+    """Apply one Events; the acknowledged runner sequence, None when the task is not this runner's."""
+    ack = (await reports.apply(runtime_id, "", [msg]))[0]
+    return None if ack["drop"] else ack["rseq"]
+
+
+async def runner_finished(reports: Any, runtime_id: str, msg: Any) -> bool:
+    """Apply one Finished; False when the task is not this runner's."""
+    return not (await reports.apply(runtime_id, "", [msg]))[0]["drop"]

@@ -29,7 +29,7 @@ async def login(ctx: Ctx, _a: Login) -> Answer:
         text = ctx.tr.text(_("Send `/amux login` to me in a private chat: a sign-in link must not be seen "
                              "by others."))
     else:
-        base = ctx.services.public_url or ctx.services.runtimes.hub_url
+        base = ctx.services.public_url or ctx.services.runner_dispatch.hub_url
         link = await ctx.services.oauth.issue_login_link(ctx.viewer.principal_id, base)
         text = ctx.tr.text(_("Sign in as **{principal}** on the hub's approval page (one use, 10 minutes): "
                              "[open the link]({link})"), principal=esc(ctx.viewer.name), link=link)

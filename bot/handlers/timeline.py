@@ -27,7 +27,7 @@ async def open_timeline(ctx: Ctx, a: Timeline) -> Answer:
         await services.timeline.read(v.caller(), "turn" if a.run_kind == "turn" else "task", a.run_id, limit=1)
     except NotFound:
         return Answer(toast=NOT_YOURS, toast_kind="error")
-    base = services.public_url or services.runtimes.hub_url
+    base = services.public_url or services.runner_dispatch.hub_url
     link = await services.oauth.issue_login_link(v.principal_id, base, page_path(a.run_kind, a.run_id))
     return Answer(toast=_("A one-time sign-in link to the Agent Timeline was sent to you in a private message."),
                   toast_kind="success", private=("interactive", render_timeline_link(ctx.tr, a.run_kind, a.run_id,

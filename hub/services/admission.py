@@ -15,7 +15,7 @@ from ..domain.resolution import Choices, Preset, Resolved, SessionContext, resol
 from ..domain.states import RuntimeStatus
 from ..errors import Invalid
 from ..store.db import Connection, Row, StoreError
-from ..store.runtimes import SqlRuntimeStore
+from ..store.registry import SqlRegistryStore
 from .auth import Caller
 from .credentials import CredentialService
 from .profiles import ProfileService, ResolvedProfile
@@ -80,7 +80,7 @@ class Admission:
         self.credentials = credentials
         self.hub = hub
         self.ps = profile_settings
-        self.runtimes = SqlRuntimeStore(profiles.db)  # the constructor keeps its signature: the profiles' database
+        self.runtimes = SqlRegistryStore(profiles.db)  # the constructor keeps its signature: the profiles' database
         self.clock = clock
         self._engines_ok: dict[str, datetime] = {}  # engine -> until when its last passing check stands
 

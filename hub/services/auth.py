@@ -205,7 +205,7 @@ class AuthService:
         hit = None if fresh else self._verified.get(digest)
         if hit is not None and hit[0] > time.monotonic() and hit[1].token_id == token_id:
             return hit[1]
-        async with self.db.autocommit() as conn:
+        async with self.db.read() as conn:
             row = await self.store.token_to_verify(conn, token_id)
         if row is None or not hmac.compare_digest(row.token_hash, digest) or row.revoked_at is not None:
             raise Unauthorized(WRONG)

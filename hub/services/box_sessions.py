@@ -52,7 +52,7 @@ class BoxSessionService:
         m = _COOKIE.fullmatch((cookie or "").strip())
         if not m:
             return None
-        async with self.db.autocommit() as conn:  # one statement, on every page load
+        async with self.db.read() as conn:  # one statement, on every page load
             row = await self.store.box_session(conn, m.group(1))
         if (row is None or not hmac.compare_digest(row.session_hash, _hash(m.group(2)))
                 or row.revoked_at is not None or row.token_revoked_at is not None

@@ -1,8 +1,10 @@
-"""Placement (queued → reserved on a runtime) and the reaper (TTL, lost runtimes, deadlines)."""
+"""Placement (queued → reserved on a runtime), the reaper (TTL, lost runtimes, deadlines), and what each runner
+connection is sent (`RunnerDispatch`)."""
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, Callable, Collection, Protocol
@@ -10,14 +12,21 @@ from typing import Any, Callable, Collection, Protocol
 from ..clock import Clock
 from ..config import ExecutionSettings, HubSettings
 from ..domain import isolation
+from ..domain import memory as memory_rules
 from ..domain.fair_share import FairShares
 from ..domain.placement import unfit
 from ..domain.placement import waiting_for as waiting_reason
 from ..domain.tasks import RUNTIME_LOST, Status
+from ..errors import AmuxError
+from ..runner import protocol as p
 from ..store.db import Connection, Database, Row
+from ..store.dispatch import Placement, SqlDispatchStore
 from ..store.execution_uids import SqlExecutionUidStore
-from ..store.runtimes import Placement, SqlRuntimeStore
+from ..store.registry import SqlRegistryStore
+from ..store.reports import SqlReportStore
 from ..store.tasks import SqlTaskStore
+from .auth import AuthService, RunToken
+from .credentials import CredentialService
 from .notify import Notifier
 from .tasks import task_key
 
@@ -88,7 +97,8 @@ class Dispatcher:
         self.db = db
         self.execution = execution or ExecutionSettings()
         self.uids = SqlExecutionUidStore()
-        self.store = SqlRuntimeStore(db)
+        self.store = SqlDispatchStore(db)
+        self.registry_store = SqlRegistryStore(db)
         self.tasks = SqlTaskStore(db)
         self.clock = clock
         self.notifier = notifier
@@ -302,7 +312,7 @@ class Dispatcher:
         stale = await self.store.queued_since(conn, now - timedelta(seconds=self.settings.queue_timeout_s))
         if not stale:
             return 0
-        known = await self.store.list_all(conn)
+        known = await self.registry_store.list_all(conn)
         failed = 0
         for task in stale:
             if any(r.status == "online" and eligible(task, r) for r in known):
@@ -321,3 +331,251 @@ class Dispatcher:
     async def reaper_step(self) -> None:
         """Reap once (the rules compare against the injected clock); the supervisor runs it every second."""
         await self.reap_once()
+
+
+Current = dict[str, tuple[str | None, dict[str, Any]]]
+"""Each runtime's current connection id and capabilities, by runtime id."""
+
+
+def run_label(session_id: str | None, task_id: str | None) -> str:
+    """The label of a run token: `amux-session:<id>` for a session's runs (delegations and memory key on it),
+    `run:<task id>` otherwise."""
+    return f"amux-session:{session_id}" if session_id else f"run:{task_id}"
+
+
+@dataclass
+class _Due:
+    """What one connection is due this round: messages in sending order, and the runs to cancel."""
+
+    messages: list[dict] = field(default_factory=list)
+    cancels: list[str] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class Link:
+    """One runner connection a replica serves: its runtime, connection id, token, and the cancels sent on it."""
+
+    runtime_id: str
+    conn_id: str
+    token_id: str | None = None
+    cancels_sent: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outbound:
+    """What one pump round hands the connections: messages per connection id, and the connections to close —
+    revoked (their token), or stale (no longer their runtime's current connection: the runtime was marked lost,
+    or its runner registered again elsewhere)."""
+
+    messages: dict[str, list[dict]]
+    revoked: set[str]
+    stale: set[str] = field(default_factory=set)
+
+
+class RunnerDispatch:
+    """What each runner connection is sent: dispatches (with their credentials, run token and memory binding),
+    steers, permission answers and cancels."""
+
+    def __init__(self, db: Database, clock: Clock, credentials: CredentialService,
+                 auth: AuthService | None = None, hub_url: str = "") -> None:
+        self.db = db
+        self.uids = SqlExecutionUidStore()
+        self.registry_store = SqlRegistryStore(db)
+        self.reports_store = SqlReportStore(db)
+        self.store = SqlDispatchStore(db)
+        self.tasks = SqlTaskStore(db)
+        self.clock = clock
+        self.credentials = credentials
+        self.auth = auth
+        self.hub_url = hub_url
+
+    async def coordination_env(self, conn: Connection, owner_id: str, session_id: str | None,
+                               task_id: str | None = None, *, direct: bool = True,
+                               first_attempt: bool = False) -> dict[str, str]:
+        """What a task child needs to reach the hub: its address, a run token (and its session's id, if any).
+
+        The token is the run's own (kind `run`, bound to `task_id`; without one, the session's running
+        turn), labeled `amux-session:<id>` for a session's runs (delegations and memory key on it),
+        `run:<task id>` otherwise; it is revoked when the run ends. Only a direct Session's Turn (`direct`) is
+        told AMUX_SESSION_ID, which is what gives its agent the hub's MCP tools: an instance's runs are task
+        children (memory CLI, no recursive task MCP tools), though their token still names their session.
+        """
+        if task_id is None and session_id:
+            task_id = await self.reports_store.current_run_of_session(conn, session_id)
+        token = await self.auth.mint_run(conn, owner_id, task_id, run_label(session_id, task_id), first=first_attempt)
+        return self._coordination(token, session_id, direct)
+
+    def _coordination(self, token: str, session_id: str | None, direct: bool) -> dict[str, str]:
+        """The environment `coordination_env` gives a task child holding `token`."""
+        env = {"AMUX_HUB_URL": self.hub_url, "AMUX_TOKEN": token}
+        if session_id and direct:
+            env["AMUX_SESSION_ID"] = session_id
+        return env
+
+    async def _bind_memory(self, conn: Connection, r: Row, caps: dict, now: datetime) -> None:
+        """Bind the run's memory at launch; warn (never fall back) without the capability.
+
+        A fresh session binds its stored scope precondition at its first launch (kept on resume); a run outside any
+        session resolves its scope with its effective principal, the run token's, when it calls (MemoryService).
+        """
+        if r.session_id is None:
+            if not caps.get("memory_cli"):
+                await self.tasks.append_event(conn, r.task_id, "warning", {
+                    "text": "memory capability discovery failed on this runtime (no `amux memory` CLI); "
+                            "this run has no amux memory"}, now)
+            return
+        stored = await self.reports_store.memory_scope(conn, r.session_id)
+        scope, warn = memory_rules.bind(stored, bool(caps.get("memory_cli")))
+        if scope != stored:
+            await self.reports_store.bind_memory_scope(conn, r.session_id, scope)
+        if warn:
+            await self.tasks.append_event(conn, r.task_id, "warning", {
+                "text": "memory capability discovery failed on this runtime (no `amux memory` CLI); "
+                        "this conversation runs without amux memory"}, now)
+
+    async def outgoing_many(self, links: list[Link]) -> Outbound:
+        """Return what each of these connections should send now, read for all of them in one transaction of a few
+        queries (dispatches, steers, permission answers, cancels; dispatches, steers and answers marked sent).
+
+        A connection whose token is revoked is in `revoked` and gets nothing: once a revocation is committed on any
+        replica, no dispatch follows it. A connection that is no longer its runtime's current one is in `stale` and
+        gets nothing (its runner must register again). Cancels are sent once per connection (`Link.cancels_sent`).
+        """
+        if not links:
+            return Outbound(messages={}, revoked=set())
+        now = self.clock.now()
+        try:
+            # Most rounds (a poll, a wake for a cancel) claim nothing: their reads take no write lock.
+            quiet = await self._quiet(links)
+            if quiet is not None:
+                return self.outbound(links, *quiet)
+            out, revoked = await self.db.transaction(lambda conn: self._outgoing(conn, links, now))
+        except Exception:
+            if len(links) == 1:
+                raise
+            out, revoked = await self._outgoing_each(links, now)
+        return self.outbound(links, out, revoked)
+
+    async def served(self, conn: Connection, links: list[Link], current: Current) -> dict[str, str]:
+        """Of these connections, the ones that serve their runtime (token live, still its current connection, as
+        `current` says): runtime id -> connection id."""
+        return (await self._serving(conn, links, current))[2]
+
+    async def dispatch_messages(self, conn: Connection, runs: list[Any], caps: dict[str, dict[str, Any]],
+                                now: datetime, *, fresh: bool = False) -> list[tuple[str, dict]]:
+        """Build the Dispatch message of each run (task_id, attempt, runtime_id, prompt, snapshot, owner_id,
+        session_id, kind) in the caller's transaction, its reservation marked sent: its credentials, its run token
+        (`coordination_env`) and its memory binding; a run whose credentials no longer resolve fails instead.
+        `fresh`: the reservations were made in this transaction (placement's hand-off), so a first attempt has no
+        earlier token to revoke; a dispatch sent again (a runner that registered again) always revokes.
+        Return (runtime id, message) pairs, in order."""
+        ready = []
+        for r in runs:
+            cred = r.snapshot.get("credential_profile")
+            try:
+                env = await self.credentials.materialize(conn, cred["name"], r.owner_id) if cred else {}
+            except AmuxError as e:  # e.g. the value was deleted or the key changed since admission
+                await self.tasks.finish(conn, r.task_id, Status.FAILED, now, error=e.message)
+                continue
+            ready.append((r, env))
+        if self.auth is not None and ready:  # the round's run tokens: one revocation and one INSERT for all
+            tokens = await self.auth.mint_runs(conn, [
+                RunToken(r.owner_id, r.task_id, run_label(r.session_id, r.task_id), fresh and r.attempt == 1)
+                for r, _ in ready])
+            for (r, env), token in zip(ready, tokens):
+                env.update(self._coordination(token, r.session_id, direct=r.kind == "turn"))
+                await self._bind_memory(conn, r, caps.get(r.runtime_id, {}), now)
+        dac = {r.owner_id for r, _ in ready if isolation.runs_as_principal(r.snapshot)}
+        uids = await self.uids.of(conn, dac)
+        return [(r.runtime_id, p.Dispatch(task_id=r.task_id, attempt=r.attempt, prompt=r.prompt, snapshot=r.snapshot,
+                                          env=env, direct_session=r.kind == "turn",
+                                          uid=uids.get(r.owner_id) if r.owner_id in dac else None).model_dump())
+                for r, env in ready]
+
+    @staticmethod
+    def outbound(links: list[Link], out: dict[str, _Due], revoked: set[str]) -> Outbound:
+        """What a committed claim hands the connections (cancels added once per connection)."""
+        by_conn = {link.conn_id: link for link in links}
+        for conn_id, due in out.items():
+            sent = by_conn[conn_id].cancels_sent
+            for task_id in due.cancels:
+                if task_id not in sent:
+                    sent.add(task_id)
+                    due.messages.append(p.Cancel(task_id=task_id).model_dump())
+        stale = {x.conn_id for x in links if x.conn_id not in revoked and x.conn_id not in out}
+        return Outbound(messages={c: due.messages for c, due in out.items() if due.messages}, revoked=revoked,
+                        stale=stale)
+
+    async def _outgoing_each(self, links: list[Link], now: datetime) -> tuple[dict[str, _Due], set[str]]:
+        """Serve each connection in a transaction of its own, after a round for all of them failed: what one
+        runtime's work breaks must not starve the others. When the first two alone fail too, the database is
+        the cause: raise, and the pump backs off."""
+        out: dict[str, _Due] = {}
+        revoked: set[str] = set()
+        served = 0
+        for i, link in enumerate(links):
+            try:
+                one, gone = await self.db.transaction(lambda conn, link=link: self._outgoing(conn, [link], now))
+            except Exception:
+                if i == 1 and served == 0:
+                    raise
+                log.exception("could not read what runtime %s is due; the others are served", link.runtime_id)
+                continue
+            served += 1
+            out.update(one)
+            revoked |= gone
+        return out, revoked
+
+    async def _serving(self, conn: Connection, links: list[Link], current: Current | None = None
+                       ) -> tuple[set[str], Current, dict[str, str]]:
+        """Which of these connections are revoked (their token), each runtime's current connection and capabilities
+        (read unless given), and the connection each runtime is served on here (runtime id -> connection id)."""
+        live = await self.registry_store.live_tokens(conn, [x.token_id for x in links if x.token_id is not None])
+        revoked = {x.conn_id for x in links if x.token_id is not None and x.token_id not in live}
+        if current is None:
+            current = await self.registry_store.connections(
+                conn, [x.runtime_id for x in links if x.conn_id not in revoked])
+        serving = {x.runtime_id: x.conn_id for x in links
+                   if x.conn_id not in revoked and current.get(x.runtime_id, (None, {}))[0] == x.conn_id}
+        return revoked, current, serving
+
+    async def _quiet(self, links: list[Link]) -> tuple[dict[str, _Due], set[str]] | None:
+        """Read, outside any transaction, what a round owes these connections when it has nothing to claim (no
+        unsent dispatch, permission answer or steer): the revoked and the stale, and the cancels. None when there is
+        something to claim, which takes a write transaction."""
+        async with self.db.read() as conn:
+            revoked, _, serving = await self._serving(conn, links)
+            out = {c: _Due() for c in serving.values()}
+            if not serving:
+                return out, revoked
+            if await self.store.claimable(conn, list(serving)):
+                return None
+            for c in await self.store.cancels_due(conn, list(serving)):
+                out[serving[c.runtime_id]].cancels.append(c.task_id)
+        return out, revoked
+
+    async def _outgoing(self, conn: Connection, links: list[Link], now: datetime) -> tuple[dict[str, _Due], set[str]]:
+        """Claim what is due on these connections in the caller's transaction: per connection id, the messages
+        (dispatches, steers, permission answers) and the runs to cancel; and the connections whose token is revoked.
+        Fresh on each attempt (the transaction may be run again)."""
+        revoked, current, serving = await self._serving(conn, links)
+        out = {c: _Due() for c in serving.values()}
+        if not serving:
+            return out, revoked
+        ids = list(serving)
+        pending = await self.store.claim_dispatches(conn, ids, now)
+        cancels = await self.store.cancels_due(conn, ids)
+        answers = await self.store.claim_permission_answers(conn, ids, now)
+        steers = await self.store.claim_steers(conn, ids, now)
+        caps = {rt: current[rt][1] for rt in serving}
+        for runtime_id, msg in await self.dispatch_messages(conn, pending, caps, now):
+            out[serving[runtime_id]].messages.append(msg)
+        for st in steers:
+            out[serving[st.runtime_id]].messages.append(
+                p.Steer(task_id=st.task_id, steer_id=st.id, text=st.text).model_dump())
+        for a in answers:
+            out[serving[a.runtime_id]].messages.append(p.PermissionAnswer(
+                task_id=a.task_id, request_id=a.request_id, allow=a.allow, message=a.message or "").model_dump())
+        for c in cancels:
+            out[serving[c.runtime_id]].cancels.append(c.task_id)
+        return out, revoked

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..store.db import Database
-from ..store.runtimes import SqlRuntimeStore
+from ..store.registry import SqlRegistryStore
 from ..store.tasks import SqlTaskStore
 
 
@@ -12,7 +12,7 @@ class HealthService:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.tasks = SqlTaskStore(db)
-        self.runtimes = SqlRuntimeStore(db)
+        self.runtimes = SqlRegistryStore(db)
 
     async def ping(self) -> None:
         """Round-trip the database; raise whatever makes it unreachable."""

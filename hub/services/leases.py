@@ -291,7 +291,8 @@ class LeaseService:
         """Return the live boxes of the held task (the lease and its boxes in one query: this is the hot path)."""
         now = self.clock.now()
         h: rules.Handle = _parse(rules.parse_handle, handle)
-        task, live = await self.store.task_with_live_boxes(None, h.task_id)
+        async with self.db.read() as conn:
+            task, live = await self.store.task_with_live_boxes(conn, h.task_id)
         row = self._check(task, caller, h)
         if rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s):
             async with self.db.write() as conn:
@@ -320,7 +321,8 @@ class LeaseService:
             bid: str | None = rules.parse_box_id(vm_id)
         except rules.HandleError as e:
             bad_box, bid = Invalid(str(e)), None
-        task, box = await self.store.task_with_box(None, handle.task_id, bid or "")
+        async with self.db.read() as conn:
+            task, box = await self.store.task_with_box(conn, handle.task_id, bid or "")
         row = self._check(task, caller, handle)
         if rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s):
             async with self.db.write() as conn:  # a call under a live handle is activity, whatever its box
@@ -442,7 +444,7 @@ class LeaseService:
         if after is not None and before is not None:
             raise Invalid("pass either `after` or `before`, not both: follow one of the Boxes page's links")
         after_key, before_key = parse_page_cursor(after), parse_page_cursor(before)
-        async with self.db.autocommit() as conn:  # one statement: it sees one moment without a transaction
+        async with self.db.read() as conn:
             page = await self.store.open_tasks_page(conn, principal_id, size, after=after_key, before=before_key)
         tasks = page.tasks
         if before_key is not None:  # read upwards: newer pages remain when there was more; the older one we came from

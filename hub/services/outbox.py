@@ -25,7 +25,8 @@ from ..domain.states import DeliveryState, NoticeState
 from ..ids import new_id
 from ..loops import Tasks
 from ..store.db import Connection, Database, Row
-from ..store.incidents import LIVE, NewDecision, NoticeClaim, NoticeSent, SqlIncidentStore, SqlOutboxStore
+from ..store.incidents import NewDecision, SqlIncidentStore
+from ..store.outbox import LIVE, NoticeClaim, NoticeSent, SqlOutboxStore
 from .channel import OK, PERMANENT, SUSPEND, Channel, Delivery
 
 log = logging.getLogger(__name__)

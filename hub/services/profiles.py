@@ -76,7 +76,8 @@ class ProfileService:
         return [dict(p) for p in BUILTIN_LISTING] + await self.stored()
 
     async def stored(self) -> builtins.list[dict]:
-        """Return the stored profiles, by name (one hot read: the MCP hot path)."""
+        """Return the stored profiles, by name (one read: the MCP hot path)."""
+        async with self.db.read() as conn:
+            rows = await self.store.list_all(conn)
         return [{"name": r.name, "engine": r.engine, "kind": "manifest",
-                 "description": r.manifest.get("description", ""), "digest": r.digest}
-                for r in await self.store.list_all()]
+                 "description": r.manifest.get("description", ""), "digest": r.digest} for r in rows]

@@ -182,11 +182,10 @@ class ScheduleFiring:
 
     async def _dispatch(self, due: list[Due], now: datetime) -> None:
         # Admission again from the start on a database error (a restart): never an admission status. Reads only,
-        # so an autocommit connection (not the SQLite writer lock, no BEGIN/ROLLBACK round trips on PostgreSQL);
-        # unrecorded after the last try, the firings turn unknown.
+        # so a read connection (not the SQLite writer lock); unrecorded after the last try, the firings turn unknown.
         for attempt in range(ADMIT_ATTEMPTS):
             try:
-                async with self.db.autocommit() as conn:
+                async with self.db.read() as conn:
                     callers, exempt = await self._callers(conn, [d.schedule for d in due])
                     await self._admit_all(conn, due, callers, now, exempt)
                 break
@@ -356,7 +355,7 @@ class ScheduleFiring:
     async def _next_fire_s(self) -> float | None:
         """Seconds until the soonest fire time (≤ 0: due now), read alone outside any transaction; None: nothing
         is scheduled."""
-        async with self.db.autocommit() as conn:
+        async with self.db.read() as conn:
             nxt = await self.store.next_fire_at(conn)
         return None if nxt is None else (utc(nxt) - self.clock.now()).total_seconds()
 

@@ -18,7 +18,7 @@ from ..ids import new_id
 from ..store.db import Connection, Database, Row
 from ..store.execution_uids import SqlExecutionUidStore
 from ..store.questions import SqlQuestionStore
-from ..store.runtimes import SqlRuntimeStore
+from ..store.registry import SqlRegistryStore
 from ..loops import Tasks
 from ..store.ports import TaskStore
 from ..store.records import TaskRunRecord
@@ -145,7 +145,7 @@ class TaskService:
         self.db = db
         self.execution = execution or ExecutionSettings()
         self.store: TaskStore = SqlTaskStore(db)
-        self.runtimes = SqlRuntimeStore(db)
+        self.runtimes = SqlRegistryStore(db)
         self.clock = clock
         self.notifier = notifier
         self.settings = settings
@@ -156,7 +156,7 @@ class TaskService:
 
     async def submit(self, caller: Caller, req: SubmitRequest, *, origin: str = "submit") -> dict:
         """Admit a Task: validate, resolve, freeze its snapshot and queue it for dispatch."""
-        async with self.db.lazy_read() as conn:
+        async with self.db.read() as conn:
             parent, parent_turn, context = await delegation_parent(conn, caller)
             snapshot = await self.admission.freeze(conn, caller, req, origin=origin, session=context)
         task = QueuedTask(task_id=new_id("tr"), owner_id=caller.principal_id, name=req.name, prompt=req.prompt,

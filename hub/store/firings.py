@@ -208,7 +208,7 @@ class SqlFiringStore:
 
     async def any_unreconciled(self) -> bool:
         """Say whether any firing is unreconciled, read alone outside any transaction (an index probe)."""
-        async with self.db.autocommit() as conn:
+        async with self.db.read() as conn:
             return (await conn.execute(_ANY_UNRECONCILED)).first() is not None
 
     async def claim_finished_tasks(self, conn: Connection, limit: int = 1000) -> list[Row]:

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
-from .db import Connection, Database, HotRead, Row
+from .db import Connection, Database, Row
 from .tables import api_tokens, box_sessions, boxes, lease_tasks, principals
 
 LIVE = ("creating", "live")  # box states that still hold resources
@@ -28,7 +28,7 @@ _BOX_KEYS = tuple((c.name, f"box_{c.name}") for c in boxes.c)  # a Box's fields 
 _t = lease_tasks.c
 _GATE = (_t.id, _t.owner_id, _t.status, _t.closed_reason, _t.secret_hash, _t.holder_label, _t.attached_at,
          _t.last_activity_at, _t.created_at)  # what the lease gate reads of a task (hub/services/leases.py `_check`)
-_LEASE_WITH_BOXES = HotRead(
+_LEASE_WITH_BOXES = (
     sa.select(*_GATE, *(c.label(f"box_{c.name}") for c in _B.c))
     .select_from(lease_tasks.outerjoin(_B, (_B.c.task_id == lease_tasks.c.id) & _live(_B.c.state)))
     .where(lease_tasks.c.id == sa.bindparam("task_id")).order_by(_B.c.created_at, _B.c.id)
@@ -71,7 +71,7 @@ _BOX_SESSION = (  # built once: the Boxes page resolves its cookie on every load
     .where(box_sessions.c.id == sa.bindparam("session_id"))
 )
 
-_LEASE_WITH_BOX = HotRead(
+_LEASE_WITH_BOX = (
     sa.select(lease_tasks, *(c.label(f"box_{c.name}") for c in _B.c))
     .select_from(lease_tasks.outerjoin(_B, (_B.c.task_id == lease_tasks.c.id) & (_B.c.id == sa.bindparam("box_id"))))
     .where(lease_tasks.c.id == sa.bindparam("task_id"))
@@ -140,19 +140,18 @@ class SqlLeaseStore:
         stmt = sa.select(lease_tasks).where(lease_tasks.c.id == task_id)
         return (await conn.execute(self.db.for_update(stmt) if lock else stmt)).first()
 
-    async def task_with_live_boxes(self, conn: Connection | None, task_id: str) -> tuple[Row | None, list[Box]]:
+    async def task_with_live_boxes(self, conn: Connection, task_id: str) -> tuple[Row | None, list[Box]]:
         """Return what the lease gate reads of a task (id, owner_id, status, closed_reason, secret_hash, holder_label,
         attached_at, last_activity_at, created_at) and its live boxes, oldest first, in one query (the hot path of
-        `rift_vm_list`; without `conn`, one hot read outside any transaction)."""
-        rows = await self.db.read_rows(conn, _LEASE_WITH_BOXES, {"task_id": task_id})
+        `rift_vm_list`)."""
+        rows = (await conn.execute(_LEASE_WITH_BOXES, {"task_id": task_id})).all()
         found = [Box(**{k: getattr(r, label) for k, label in _BOX_KEYS}) for r in rows if r.box_id is not None]
         return (rows[0] if rows else None), found
 
-    async def task_with_box(self, conn: Connection | None, task_id: str, box_id: str) -> tuple[Row | None, Box | None]:
+    async def task_with_box(self, conn: Connection, task_id: str, box_id: str) -> tuple[Row | None, Box | None]:
         """Return a lease task and one of its boxes (in any state; None when the task has no such box), in one query
-        (the hot path of every call on one box; without `conn`, one hot read outside any transaction)."""
-        found = await self.db.read_rows(conn, _LEASE_WITH_BOX, {"task_id": task_id, "box_id": box_id})
-        row = found[0] if found else None
+        (the hot path of every call on one box)."""
+        row = (await conn.execute(_LEASE_WITH_BOX, {"task_id": task_id, "box_id": box_id})).first()
         if row is None or row.box_id is None:
             return row, None
         return row, Box(**{k: getattr(row, label) for k, label in _BOX_KEYS})

@@ -6,11 +6,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .db import Connection, Database, HotRead, Row
+from .db import Connection, Database, Row
 from .tables import credential_profiles, credential_values, profiles
 
 # Built once: a statement built per call costs its construction again at every execution (MCP `profile_list`).
-_LIST_ALL = HotRead(sa.select(profiles).order_by(profiles.c.name))
+_LIST_ALL = sa.select(profiles).order_by(profiles.c.name)
 
 
 class SqlProfileStore:
@@ -23,9 +23,9 @@ class SqlProfileStore:
         """Return the stored profile called `name` (name, engine, manifest, digest, …), or None."""
         return (await conn.execute(sa.select(profiles).where(profiles.c.name == name))).first()
 
-    async def list_all(self, conn: Connection | None = None) -> list[Any]:
-        """Return every stored profile, by name (without `conn`: one hot read, outside any transaction)."""
-        return await self.db.read_rows(conn, _LIST_ALL)
+    async def list_all(self, conn: Connection) -> list[Any]:
+        """Return every stored profile, by name."""
+        return list((await conn.execute(_LIST_ALL)).all())
 
     async def save(self, conn: Connection, *, name: str, engine: str, manifest: dict[str, Any], digest: str,
                    created_by: str, now: datetime) -> None:

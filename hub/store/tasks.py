@@ -8,35 +8,37 @@ from typing import Any, Collection
 import sqlalchemy as sa
 
 from ..domain.tasks import ACTIVE, Status
-from .db import Connection, Database, HotRead, among, insert_many, one_of, run
+from .db import Connection, Database, among, execute_many, one_of
 from .records import FiringRef, TaskEventRecord, TaskLine, TaskRunRecord, record, records
 from .tables import firings, permission_replies, principals, reservations, task_events, task_runs
 
 ACTIVE_VALUES = [s.value for s in ACTIVE]
 
 # Hot statements built once (building one costs more than running it; bench/dispatch).
-_RUNNER_EVENTS_SEEN = HotRead(task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id"))
-                              .values(event_seq=sa.bindparam("b_event_seq"), last_rseq=sa.bindparam("b_last_rseq"),
-                                      usage_json=sa.bindparam("b_usage_json")))
+_RUNNER_EVENTS_SEEN = (task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id"))
+                       .values(event_seq=sa.bindparam("b_event_seq"), last_rseq=sa.bindparam("b_last_rseq"),
+                               usage_json=sa.bindparam("b_usage_json")))
 _RELEASE = (reservations.update().where(reservations.c.task_id == sa.bindparam("b_task_id"),
                                         reservations.c.state != "released")
             .values(state="released", released_at=sa.bindparam("b_now")))
-_RELEASE_MANY = HotRead(reservations.update().where(one_of(reservations.c.task_id, "b_task_ids"),
-                                                    reservations.c.state != "released")
-                        .values(state="released", released_at=sa.bindparam("b_now")))
+_RELEASE_MANY = (reservations.update().where(one_of(reservations.c.task_id, "b_task_ids"),
+                                             reservations.c.state != "released")
+                 .values(state="released", released_at=sa.bindparam("b_now")))
+_INSERT_RUNS = task_runs.insert()
+_INSERT_EVENTS = task_events.insert()
 _FINISH_FIELDS = ("error", "result_text", "result_json", "usage_json", "changed_files", "last_rseq", "resume_handle",
                   "started_at", "event_seq")
-_finish_statements: dict[tuple[str, ...], HotRead] = {}
+_finish_statements: dict[tuple[str, ...], sa.Update] = {}
 
 
-def _finish_statement(fields: tuple[str, ...]) -> HotRead:
+def _finish_statement(fields: tuple[str, ...]) -> sa.Update:
     """The UPDATE that finishes an active run writing `fields` besides its status (one per set of fields given)."""
     stmt = _finish_statements.get(fields)
     if stmt is None:
-        stmt = HotRead(task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id"),
-                                                among(task_runs.c.status, ACTIVE_VALUES))
-                       .values(status=sa.bindparam("b_status"), outcome=sa.bindparam("b_status"),
-                               finished_at=sa.bindparam("b_now"), **{f: sa.bindparam(f"b_{f}") for f in fields}))
+        stmt = (task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id"),
+                                         among(task_runs.c.status, ACTIVE_VALUES))
+                .values(status=sa.bindparam("b_status"), outcome=sa.bindparam("b_status"),
+                        finished_at=sa.bindparam("b_now"), **{f: sa.bindparam(f"b_{f}") for f in fields}))
         _finish_statements[fields] = stmt
     return stmt
 
@@ -91,7 +93,7 @@ class SqlTaskStore:
         """Insert queued tasks, each with its frozen snapshot, attempt 0 and no events yet (event_seq and last_rseq
         0), with one statement."""
         if tasks:
-            await insert_many(conn, task_runs, [dict(
+            await execute_many(conn, _INSERT_RUNS, [dict(
                 id=t.task_id, owner_id=t.owner_id, name=t.name, prompt=t.prompt, snapshot=t.snapshot,
                 status=Status.QUEUED.value, attempt=0, event_seq=0, last_rseq=0, created_at=t.now,
                 parent_session_id=t.parent_session_id, parent_turn_id=t.parent_turn_id) for t in tasks])
@@ -143,14 +145,14 @@ class SqlTaskStore:
     async def insert_event_rows(conn: Connection, rows: list[dict[str, Any]]) -> None:
         """Insert event rows (`event_rows`) of any runs, in one statement; the runs' own counters are written apart
         (`mark_events_seen`, or with its outcome by `finish`)."""
-        await insert_many(conn, task_events, rows)
+        await execute_many(conn, _INSERT_EVENTS, rows)
 
     @staticmethod
     async def mark_events_seen(conn: Connection, task_id: str, *, event_seq: int, last_rseq: int, usage: Any) -> None:
         """Store the run's event_seq, the last runner sequence applied (resends at or below it are skipped) and its
         usage snapshot."""
-        await run(conn, _RUNNER_EVENTS_SEEN, {"b_task_id": task_id, "b_event_seq": event_seq,
-                                              "b_last_rseq": last_rseq, "b_usage_json": usage})
+        await conn.execute(_RUNNER_EVENTS_SEEN, {"b_task_id": task_id, "b_event_seq": event_seq,
+                                                 "b_last_rseq": last_rseq, "b_usage_json": usage})
 
     async def request_cancel(self, conn: Connection, task_id: str, now: datetime) -> None:
         """Mark a running task's cancellation as requested; its runner is told on its next outgoing round."""
@@ -170,9 +172,9 @@ class SqlTaskStore:
         given = {key: val for key, val in zip(_FINISH_FIELDS, (error, result_text, result_json, usage, changed_files,
                                                                last_rseq, resume_handle, started_at, event_seq))
                  if val is not None}
-        res = await run(conn, _finish_statement(tuple(given)),
-                        {"b_task_id": task_id, "b_status": status.value, "b_now": now,
-                         **{f"b_{k}": v for k, v in given.items()}})
+        res = await conn.execute(_finish_statement(tuple(given)),
+                                 {"b_task_id": task_id, "b_status": status.value, "b_now": now,
+                                  **{f"b_{k}": v for k, v in given.items()}})
         if res.rowcount == 0:
             return False
         if release:
@@ -196,7 +198,7 @@ class SqlTaskStore:
         """Release the reservations of runs ended in this transaction (their task rows written first), whatever
         their state, in one statement."""
         if task_ids:
-            await run(conn, _RELEASE_MANY, {"b_task_ids": sorted(set(task_ids)), "b_now": now})
+            await conn.execute(_RELEASE_MANY, {"b_task_ids": sorted(set(task_ids)), "b_now": now})
 
     async def permission_requests(self, conn: Connection, task_id: str) -> list[dict[str, Any]]:
         """Return the payloads of the run's `permission` events (what its engine asked), in no set order."""

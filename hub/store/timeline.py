@@ -6,8 +6,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .db import Connection, Row, insert_many
+from .db import Connection, Row, execute_many
 from .tables import timeline_events
+
+_INSERT = timeline_events.insert()
 
 
 def timeline_rows(run_id: str, events: list[tuple[int, str, Any]], now: datetime) -> list[dict[str, Any]]:
@@ -23,7 +25,7 @@ class SqlTimelineStore:
     async def insert(conn: Connection, rows: list[dict[str, Any]]) -> None:
         """Insert timeline rows (`timeline_rows`) of any runs in the caller's transaction. A runner's resend never
         reaches here: the hub skips events at or below the run's last applied runner sequence."""
-        await insert_many(conn, timeline_events, rows)
+        await execute_many(conn, _INSERT, rows)
 
     @staticmethod
     async def after(conn: Connection, run_id: str, cursor: int, limit: int) -> list[Row]:

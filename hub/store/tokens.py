@@ -6,7 +6,7 @@ from typing import Any, Collection
 
 import sqlalchemy as sa
 
-from .db import Connection, Database, HotRead, Row, insert_many, insert_new, one_of, run
+from .db import Connection, Database, Row, execute_many, insert_new, one_of
 from .tables import (api_tokens, oauth_clients, oauth_codes, oauth_grants, oauth_logins, oauth_tokens, principals,
                      task_runs)
 
@@ -15,9 +15,9 @@ _INSERT_TOKEN = api_tokens.insert()
 _REVOKE_RUN = (api_tokens.update().where(api_tokens.c.task_id == sa.bindparam("b_task_id"),
                                          api_tokens.c.revoked_at.is_(None))
                .values(revoked_at=sa.bindparam("b_now")).returning(api_tokens.c.id))
-_REVOKE_RUNS = HotRead(api_tokens.update().where(one_of(api_tokens.c.task_id, "b_task_ids"),
-                                                 api_tokens.c.revoked_at.is_(None))
-                       .values(revoked_at=sa.bindparam("b_now")).returning(api_tokens.c.id))
+_REVOKE_RUNS = (api_tokens.update().where(one_of(api_tokens.c.task_id, "b_task_ids"), api_tokens.c.revoked_at.is_(None))
+                .values(revoked_at=sa.bindparam("b_now")).returning(api_tokens.c.id))
+_ADD_TOKENS = api_tokens.insert()
 
 
 class SqlTokenStore:
@@ -60,7 +60,7 @@ class SqlTokenStore:
 
     async def add_tokens(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         """Store new tokens (rows of `api_tokens`, by the hashes of their secrets) with one INSERT."""
-        await insert_many(conn, api_tokens, rows)
+        await execute_many(conn, _ADD_TOKENS, rows)
 
     async def revoke_labelled(self, conn: Connection, label: str, now: datetime) -> None:
         """Revoke every live token that carries `label` (revoked ones keep their first revocation time)."""
@@ -83,8 +83,8 @@ class SqlTokenStore:
         """Revoke every live token of these task runs in one statement; return the ids revoked now."""
         if not task_ids:
             return []
-        res = await run(conn, _REVOKE_RUNS, {"b_task_ids": sorted(set(task_ids)), "b_now": now})
-        return [r.id for r in res.rows]
+        res = await conn.execute(_REVOKE_RUNS, {"b_task_ids": sorted(set(task_ids)), "b_now": now})
+        return list(res.scalars().all())
 
     async def token_to_verify(self, conn: Connection, token_id: str) -> Row | None:
         """Return a token with its principal's `name` and its run's `run_status` (None when it names no live run

@@ -16,7 +16,7 @@ from ..services.auth import AuthService, TokenAdmin, rest_area, run_token_refusa
 from ..services.credentials import CredentialService
 from ..services.memory import MemoryService
 from ..services.profiles import ProfileService
-from ..services.runtimes import RuntimeService
+from ..services.registry import RuntimeRegistry
 from ..services.sessions import SessionService
 from ..services.tasks import PermissionService, SubmitRequest, TaskService
 from . import api_models as m
@@ -69,7 +69,7 @@ class RestServices:
     profiles: ProfileService
     credentials: CredentialService
     memory: MemoryService
-    runtimes: RuntimeService
+    registry: RuntimeRegistry
 
 
 # Long by design: the REST route table, one short handler per endpoint, reads best as one list.
@@ -145,10 +145,10 @@ def add_routes(app: web.Application, hub: RestServices) -> None:
         return await tasks.cancel(c.caller, c.path.id)
 
     async def runtime_list(_: Call) -> dict:
-        return {"runtimes": await hub.runtimes.list_runtimes()}
+        return {"runtimes": await hub.registry.list_runtimes()}
 
     async def runtime_deregister(c: Call) -> dict:
-        return await hub.runtimes.deregister(c.caller, c.path.name)
+        return await hub.registry.deregister(c.caller, c.path.name)
 
     for o, fn in ((m.WHOAMI, whoami), (m.PROFILE_LIST, profiles), (m.PROFILE_ADD, profile_add),
                   (m.CREDENTIAL_LIST, credential_list), (m.CREDENTIAL_DECLARE, credential_declare),

@@ -19,7 +19,9 @@ from ..loops import Loops, Tasks
 from ..runner import protocol as p
 from ..services.auth import AuthService
 from ..services.notify import Notifier
-from ..services.runtimes import Link, Outbound, RuntimeService
+from ..services.dispatch import Link, Outbound, RunnerDispatch
+from ..services.registry import RuntimeRegistry
+from ..services.reports import RunnerReports
 from ..store.db import Connection, Row
 
 log = logging.getLogger("amux.runner_ws")
@@ -49,12 +51,15 @@ class _Socket:
 class RunnerEndpoint:
     """Accept runner connections; one pump per replica reads what every connection is due and hands it over."""
 
-    def __init__(self, auth: AuthService, runtimes: RuntimeService, notifier: Notifier,
+    def __init__(self, auth: AuthService, registry: RuntimeRegistry, reports: RunnerReports,
+                 runner_dispatch: RunnerDispatch, notifier: Notifier,
                  heartbeat_s: float, poll_s: float, hello_timeout_s: float = 5.0, *,
                  loops: Loops | None = None) -> None:
         self.auth = auth
         self.hello_timeout_s = hello_timeout_s  # an upgraded socket that says nothing is closed after this
-        self.runtimes = runtimes
+        self.registry = registry
+        self.reports = reports
+        self.runner_dispatch = runner_dispatch
         self.notifier = notifier
         self.heartbeat_s = heartbeat_s
         self.poll_s = poll_s
@@ -107,7 +112,7 @@ class RunnerEndpoint:
         serving = [s for s in self.sockets.values() if not s.closing and not s.ws.closed]
         if not serving:
             return
-        due = await self.runtimes.outgoing_many([s.link for s in serving])
+        due = await self.runner_dispatch.outgoing_many([s.link for s in serving])
         self._deliver(serving, due)
 
     def _open_on(self, runtime_ids: Collection[str]) -> list[_Socket]:
@@ -120,14 +125,14 @@ class RunnerEndpoint:
         if not socks:
             return set()
         current = {rt: (r.connection_id, r.capabilities) for rt, r in runtimes.items()}
-        return set(await self.runtimes.served(conn, [s.link for s in socks], current))
+        return set(await self.runner_dispatch.served(conn, [s.link for s in socks], current))
 
     async def dispatch(self, conn: Connection, now: datetime, runs: list[SimpleNamespace]) -> Callable[[], None]:
         """Placement's hand-off (`dispatch.HandOff`): build these runs' dispatches in placement's transaction; return
         what queues them on their sockets once it has committed."""
         socks = {s.link.runtime_id: s for s in self._open_on({r.runtime_id for r in runs})}
-        built = await self.runtimes.dispatch_messages(conn, runs, {r.runtime_id: r.capabilities for r in runs}, now,
-                                                      fresh=True)
+        built = await self.runner_dispatch.dispatch_messages(conn, runs, {r.runtime_id: r.capabilities for r in runs},
+                                                             now, fresh=True)
         by_runtime: dict[str, list[dict]] = {}
         for runtime_id, msg in built:
             by_runtime.setdefault(runtime_id, []).append(msg)
@@ -194,7 +199,7 @@ class RunnerEndpoint:
         try:
             first = await ws.receive_json(loads=loads_bounded, timeout=self.hello_timeout_s)
             reg = p.Register.model_validate(first)
-            runtime_id, conn_id, drop = await self.runtimes.register(caller, reg)
+            runtime_id, conn_id, drop = await self.registry.register(caller, reg)
         except (AmuxError, ValidationError, ValueError, TypeError, asyncio.TimeoutError) as e:
             msg = (e.message if isinstance(e, AmuxError)
                    else f"bad register message ({e}); upgrade the runner to this hub's version")
@@ -254,7 +259,7 @@ class RunnerEndpoint:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             with contextlib.suppress(Exception):
-                await self.runtimes.disconnected(runtime_id, conn_id)
+                await self.registry.disconnected(runtime_id, conn_id)
         return ws
 
     async def _apply_loop(self, ws: web.WebSocketResponse, runtime_id: str, conn_id: str, inbox: asyncio.Queue) -> None:
@@ -305,6 +310,6 @@ class RunnerEndpoint:
                 why = e.errors()[0]['msg']
                 errors.append(p.ErrorMsg(message=f"malformed {frame.get('type')} message: {why}; upgrade the runner")
                               .model_dump())
-        replies = (await self.runtimes.apply(runtime_id, conn_id, parsed) if parsed else []) + errors
+        replies = (await self.reports.apply(runtime_id, conn_id, parsed) if parsed else []) + errors
         if replies:
             await ws.send_json(replies[0] if len(replies) == 1 else {"type": "batch", "messages": replies})

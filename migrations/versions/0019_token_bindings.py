@@ -14,7 +14,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    # Existing runtimes have no token yet: the next registration by their owner binds it (RuntimeService._register).
+    # Existing runtimes have no token yet: the next registration by their owner binds it (RuntimeRegistry._register).
     with op.batch_alter_table("runtimes") as batch:
         batch.add_column(sa.Column("token_id", sa.String(40)))
     # Existing grants were approved by a token nobody recorded: they keep living until revoked or expired.

@@ -13,7 +13,7 @@ from hub.errors import Forbidden, Invalid
 from hub.runner import protocol as p
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import metadata, task_runs
-from tests.helpers import hub_settings
+from tests.helpers import hub_settings, runner_outgoing
 
 CAPS = {"platform": "linux", "engines": ["scripted", "claude", "codex", "pi"], "workspace_root": "/tmp",
         "workspace_writable": True}
@@ -29,7 +29,7 @@ async def core(db, clock, tmp_path: Path):
     hub = Hub(settings, db, clock)
     hub.admin = await hub.auth.authenticate(await hub.auth.create_token("admin", admin=True))
     for name in ("gpu", "cpu"):
-        await hub.runtimes.register(hub.admin, p.Register(name=name, slots=2, capabilities=CAPS))
+        await hub.registry.register(hub.admin, p.Register(name=name, slots=2, capabilities=CAPS))
     return hub
 
 
@@ -120,9 +120,9 @@ async def test_native_permission_flags_are_normalized_to_the_policy_and_other_ar
 
 
 async def test_runtime_admission_validates_platform_support_and_workspace_access(core):
-    await core.runtimes.register(core.admin,
+    await core.registry.register(core.admin,
                                  p.Register(name="win", slots=1, capabilities={**CAPS, "platform": "windows"}))
-    await core.runtimes.register(core.admin,
+    await core.registry.register(core.admin,
                                  p.Register(name="ro", slots=1, capabilities={**CAPS, "workspace_writable": False}))
     with pytest.raises(Invalid, match="windows"):
         await submit(core, profile="claude", runtime="win")
@@ -132,7 +132,7 @@ async def test_runtime_admission_validates_platform_support_and_workspace_access
 
 async def reregister(hub, name: str, **caps) -> None:
     hub.settings.profiles.presets = {}  # no preset pins a runtime: these tasks name none
-    await hub.runtimes.register(hub.admin, p.Register(name=name, slots=2, capabilities={**CAPS, **caps}))
+    await hub.registry.register(hub.admin, p.Register(name=name, slots=2, capabilities={**CAPS, **caps}))
 
 
 async def test_a_task_naming_no_runtime_is_refused_when_only_unsupported_platforms_offer_its_engine(core):
@@ -165,7 +165,7 @@ async def test_placement_never_puts_a_task_naming_no_runtime_on_an_unsupported_p
 
 
 async def test_a_model_override_the_runtime_cannot_serve_is_refused(core):
-    await core.runtimes.register(core.admin, p.Register(name="pinned", slots=1,
+    await core.registry.register(core.admin, p.Register(name="pinned", slots=1,
                                                         capabilities={**CAPS, "fixed_models": {"claude": "m1"}}))
     with pytest.raises(Invalid, match="serves only model"):
         await submit(core, profile="claude", runtime="pinned", model="m2")
@@ -208,9 +208,9 @@ async def test_a_dispatch_carries_the_credentials_but_the_snapshot_does_not(core
     await core.credentials.declare(core.admin, "anthropic", ["ANTHROPIC_API_KEY"])
     await core.credentials.set_value(core.admin, "anthropic", "ANTHROPIC_API_KEY", "sk-ant-in-transit")
     tid = await submit(core, profile="claude", runtime="cpu", credential_profile="anthropic")
-    rt, conn_id, _ = await core.runtimes.register(core.admin, p.Register(name="cpu", slots=2, capabilities=CAPS))
+    rt, conn_id, _ = await core.registry.register(core.admin, p.Register(name="cpu", slots=2, capabilities=CAPS))
     await core.dispatcher.place_once()
-    out = await core.runtimes.outgoing(rt, conn_id, set())
+    out = await runner_outgoing(core.runner_dispatch, rt, conn_id, set())
     env = out[0]["env"]
     assert out[0]["task_id"] == tid and env.pop("ANTHROPIC_API_KEY") == "sk-ant-in-transit"
     assert set(env) == {"AMUX_HUB_URL", "AMUX_TOKEN"}  # plus the run's coordination variables, nothing else

@@ -22,7 +22,7 @@ async def add(db: Database) -> None:
 async def test_one_of_returns_the_rows_in_returns_for_every_list(db: Database):
     await add(db)
     for names in ([], ["ann"], ["ann", "zoë"], ["o'hara", "o'hara", "nobody"], NAMES, ["nobody"]):
-        async with db.autocommit() as conn:
+        async with db.read() as conn:
             got = (await conn.execute(_BY_NAME, {"names": names})).scalars().all()
             expected = (await conn.execute(sa.select(principals.c.name).where(principals.c.name.in_(names))
                                            .order_by(principals.c.name))).scalars().all()
@@ -33,7 +33,7 @@ async def test_one_of_a_constant_list_and_a_bound_one_combine_in_one_statement(d
     await add(db)
     stmt = sa.select(principals.c.name).where(one_of(principals.c.kind, ["user", "agent"]),
                                               one_of(principals.c.name, "names"))
-    async with db.autocommit() as conn:
+    async with db.read() as conn:
         assert (await conn.execute(stmt, {"names": ["bob", "zoë"]})).scalars().all() in (["bob", "zoë"], ["zoë", "bob"])
         assert (await conn.execute(stmt.where(one_of(principals.c.kind, ["agent"])), {"names": ["bob"]})).all() == []
 
@@ -46,7 +46,7 @@ async def test_one_of_compiles_one_sql_text_for_every_list_length(db: Database):
 
     sa.event.listen(db.engine.sync_engine, "before_cursor_execute", record)
     try:
-        async with db.autocommit() as conn:
+        async with db.read() as conn:
             for names in ([], ["a"], ["a", "b", "c"], [str(i) for i in range(50)]):
                 await conn.execute(_BY_NAME, {"names": names})
     finally:
@@ -60,7 +60,7 @@ async def test_among_writes_the_codes_constants_into_the_sql_with_quotes_escaped
     stmt = sa.select(principals.c.name).where(among(principals.c.name, ["o'hara", "zoë", "nobody"]))
     compiled = stmt.compile(dialect=db.engine.dialect)
     assert "'o''hara'" in str(compiled) and not compiled.params
-    async with db.autocommit() as conn:
+    async with db.read() as conn:
         assert sorted((await conn.execute(stmt)).scalars().all()) == ["o'hara", "zoë"]
 
 

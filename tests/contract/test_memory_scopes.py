@@ -11,7 +11,7 @@ from hub.config import load_settings
 from hub.errors import Conflict
 from hub.runner import protocol as p
 from hub.store.tables import sessions, task_events
-from tests.helpers import hub_settings
+from tests.helpers import hub_settings, runner_outgoing
 
 CAPS = {"platform": "linux", "engines": ["scripted", "claude"], "workspace_root": "/tmp", "workspace_writable": True}
 
@@ -44,11 +44,11 @@ def test_memory_is_per_principal_by_default_and_global_memory_is_an_explicit_set
 
 async def launch_first_run(hub, caps, profile="scripted"):
     """Create a session, queue a turn, hand it to a runtime with `caps`; return (session id, turn id, child caller)."""
-    rt, conn_id, _ = await hub.runtimes.register(hub.admin, p.Register(name="rt", slots=2, capabilities=caps))
+    rt, conn_id, _ = await hub.registry.register(hub.admin, p.Register(name="rt", slots=2, capabilities=caps))
     sid = (await hub.sessions.create(hub.admin, profile=profile))["session_id"]
     turn = await hub.sessions.submit_turn(hub.admin, sid, "say hi")
     await hub.dispatcher.place_once()
-    out = await hub.runtimes.outgoing(rt, conn_id, set())
+    out = await runner_outgoing(hub.runner_dispatch, rt, conn_id, set())
     child = await hub.auth.authenticate(out[0]["env"]["AMUX_TOKEN"])
     return sid, turn, child, (rt, conn_id)
 
@@ -59,7 +59,7 @@ async def stored_scope(hub, sid):
 
 
 async def test_a_fresh_child_stores_its_scope_precondition_independently_of_its_profile(core):
-    await core.runtimes.register(core.admin, p.Register(name="rt", slots=1, capabilities=CAPS))
+    await core.registry.register(core.admin, p.Register(name="rt", slots=1, capabilities=CAPS))
     a = (await core.sessions.create(core.admin, profile="scripted"))["session_id"]
     b = (await core.sessions.create(core.admin, profile="claude"))["session_id"]
     assert await stored_scope(core, a) == await stored_scope(core, b) == f"pending:principal:{core.admin.principal_id}"
@@ -110,7 +110,7 @@ async def test_failed_capability_discovery_warns_and_leaves_the_conversation_wit
 
 
 async def test_a_persistent_instance_cannot_change_its_effective_principal(core):
-    await core.runtimes.register(core.admin, p.Register(name="rt", slots=1, capabilities=CAPS))
+    await core.registry.register(core.admin, p.Register(name="rt", slots=1, capabilities=CAPS))
     alice = await core.auth.authenticate(await core.auth.create_token("alice"))
     iid = (await core.instances.create(alice, profile="scripted"))["instance_id"]
     with pytest.raises(Conflict, match="cannot change its effective principal"):

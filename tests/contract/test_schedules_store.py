@@ -35,7 +35,7 @@ async def core(db, clock, tmp_path: Path):
     hub.alice = await hub.auth.authenticate(await hub.auth.create_token("alice", label="claude-code"))
     hub.sink = RecordingOutcomeSink()
     hub.schedule_firing.sink = hub.sink
-    await hub.runtimes.register(hub.admin, p.Register(name="r1", slots=2, capabilities=CAPS, running=[]))
+    await hub.registry.register(hub.admin, p.Register(name="r1", slots=2, capabilities=CAPS, running=[]))
     return hub
 
 

@@ -9,8 +9,8 @@ import sqlalchemy as sa
 
 from hub.clock import utc
 from hub.store.db import Database
-from hub.store.incidents import (LIVE, DecidedElsewhere, NewDecision, NoticeClaim, NoticeSent, SqlIncidentStore,
-                                 SqlOutboxStore)
+from hub.store.incidents import DecidedElsewhere, NewDecision, SqlIncidentStore
+from hub.store.outbox import LIVE, NoticeClaim, NoticeSent, SqlOutboxStore
 from hub.store.tables import (decisions, firings, identity_bindings, incidents, outbox, principals, recovery_results,
                               recovery_runs, schedules)
 

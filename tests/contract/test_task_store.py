@@ -13,7 +13,7 @@ from hub.errors import Invalid, NotFound, Unauthorized
 from hub.runner import protocol as p
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import api_tokens, reservations, runtimes, task_events, task_runs
-from tests.helpers import hub_settings
+from tests.helpers import hub_settings, runner_accepted, runner_events, runner_finished, runner_outgoing
 
 CAPS = {"platform": "linux", "engines": ["scripted"], "workspace_root": "/tmp", "workspace_writable": True}
 
@@ -28,7 +28,7 @@ async def core(db, clock, tmp_path: Path):
 
 
 async def register(hub: Hub, name: str = "r1", slots: int = 2, running=()) -> tuple[str, str]:
-    rt, conn, _drop = await hub.runtimes.register(
+    rt, conn, _drop = await hub.registry.register(
         hub.admin, p.Register(name=name, slots=slots, capabilities=CAPS, running=list(running)))
     return rt, conn
 
@@ -115,14 +115,14 @@ async def test_runner_commit_then_terminal_report_releases_the_reservation(core)
     rt, conn_id = await register(core, slots=1)
     tid = await submit(core)
     await core.dispatcher.place_once()
-    out = await core.runtimes.outgoing(rt, conn_id, set())
+    out = await runner_outgoing(core.runner_dispatch, rt, conn_id, set())
     assert [m["type"] for m in out] == ["dispatch"] and out[0]["task_id"] == tid
-    assert await core.runtimes.accepted(rt, p.Accepted(task_id=tid, attempt=1)) == "ok"
+    assert await runner_accepted(core.reports, rt, p.Accepted(task_id=tid, attempt=1)) == "ok"
     assert (await row(core, tid)).status == "running"
     ev = p.Events(task_id=tid, attempt=1, events=[p.Event(rseq=1, type="text", payload={"text": "hi"})])
-    assert await core.runtimes.events(rt, ev) == 1
+    assert await runner_events(core.reports, rt, ev) == 1
     fin = p.Finished(task_id=tid, attempt=1, rseq=2, outcome="succeeded", result_text="hi", usage={"input_tokens": 3})
-    assert await core.runtimes.finished(rt, fin)
+    assert await runner_finished(core.reports, rt, fin)
     r = await row(core, tid)
     assert (r.status, r.outcome, r.result_text, r.usage_json) == ("succeeded", "succeeded", "hi", {"input_tokens": 3})
     assert await active_reservations(core, rt) == 0
@@ -132,11 +132,11 @@ async def test_events_resent_by_a_reconnecting_runner_are_stored_once_with_a_mon
     rt, _ = await register(core, slots=1)
     tid = await submit(core)
     await core.dispatcher.place_once()
-    await core.runtimes.accepted(rt, p.Accepted(task_id=tid, attempt=1))
+    await runner_accepted(core.reports, rt, p.Accepted(task_id=tid, attempt=1))
     batch1 = [p.Event(rseq=i, type="text", payload={"text": f"t{i}"}) for i in (1, 2)]
     batch2 = [p.Event(rseq=i, type="text", payload={"text": f"t{i}"}) for i in (1, 2, 3)]
-    await core.runtimes.events(rt, p.Events(task_id=tid, attempt=1, events=batch1))
-    await core.runtimes.events(rt, p.Events(task_id=tid, attempt=1, events=batch2))
+    await runner_events(core.reports, rt, p.Events(task_id=tid, attempt=1, events=batch1))
+    await runner_events(core.reports, rt, p.Events(task_id=tid, attempt=1, events=batch2))
     async with core.db.read() as conn:
         seqs = [(r.seq, r.payload["text"]) for r in await conn.execute(
             sa.select(task_events).where(task_events.c.task_id == tid).order_by(task_events.c.seq))]
@@ -147,25 +147,29 @@ async def test_equal_usage_snapshots_are_deduplicated_and_unknown_metrics_droppe
     rt, _ = await register(core, slots=1)
     tid = await submit(core)
     await core.dispatcher.place_once()
-    await core.runtimes.accepted(rt, p.Accepted(task_id=tid, attempt=1))
+    await runner_accepted(core.reports, rt, p.Accepted(task_id=tid, attempt=1))
     usage = {"input_tokens": 5, "bogus": 7, "output_tokens": -1}
     evs = [p.Event(rseq=i, type="usage", payload={"usage": usage}) for i in (1, 2)]
-    await core.runtimes.events(rt, p.Events(task_id=tid, attempt=1, events=evs))
+    await runner_events(core.reports, rt, p.Events(task_id=tid, attempt=1, events=evs))
     page = await core.tasks.events(core.admin, tid)
     assert [e["usage"] for e in page["events"]] == [{"input_tokens": 5}]
 
 
-async def test_runner_reporting_a_task_it_does_not_hold_is_refused_and_nothing_changes(core):
+async def test_runner_reporting_a_task_it_does_not_hold_is_refused_and_the_task_only_records_the_drop(core):
     rt1, _ = await register(core, name="r1", slots=1)
     rt2, _ = await register(core, name="r2", slots=1)
     tid = await submit(core, runtime="r1")
     await core.dispatcher.place_once()
-    assert await core.runtimes.accepted(rt2, p.Accepted(task_id=tid, attempt=1)) == "drop"
+    assert await runner_accepted(core.reports, rt2, p.Accepted(task_id=tid, attempt=1)) == "drop"
     ev = p.Events(task_id=tid, attempt=1, events=[p.Event(rseq=1, type="text", payload={"text": "x"})])
-    assert await core.runtimes.events(rt2, ev) is None
-    assert not await core.runtimes.finished(rt2, p.Finished(task_id=tid, attempt=1, rseq=2, outcome="succeeded"))
+    assert await runner_events(core.reports, rt2, ev) is None
+    assert not await runner_finished(core.reports, rt2,
+                                     p.Finished(task_id=tid, attempt=1, rseq=2, outcome="succeeded"))
     r = await row(core, tid)
-    assert (r.status, r.event_seq, r.runtime_id) == ("dispatched", 0, rt1)
+    assert (r.status, r.runtime_id) == ("dispatched", rt1)
+    events = (await core.tasks.events(core.admin, tid))["events"]  # each refused batch of reports, named on the task
+    assert len(events) == 2 and all(e["type"] == "warning" and f"(runtime {rt2}) was dropped" in e["text"]
+                                    for e in events)
 
 
 async def test_uncommitted_reservation_expires_by_ttl_and_the_task_is_placed_again(core, clock):
@@ -185,8 +189,8 @@ async def test_runtime_lost_past_the_timeout_fails_its_tasks_and_frees_capacity(
     rt, conn_id = await register(core, slots=1)
     tid = await submit(core)
     await core.dispatcher.place_once()
-    await core.runtimes.accepted(rt, p.Accepted(task_id=tid, attempt=1))
-    await core.runtimes.disconnected(rt, conn_id)
+    await runner_accepted(core.reports, rt, p.Accepted(task_id=tid, attempt=1))
+    await core.registry.disconnected(rt, conn_id)
     clock.advance(core.settings.hub.runtime_lost_s - 1)
     assert (await core.dispatcher.reap_once())["lost"] == 0
     clock.advance(2)
@@ -200,7 +204,7 @@ async def test_heartbeats_keep_a_runtime_from_being_lost(core, clock):
     rt, conn_id = await register(core, slots=1)
     for _ in range(5):
         clock.advance(core.settings.hub.runtime_lost_s / 2)
-        await core.runtimes.heartbeat(rt, conn_id)
+        await core.reports.heartbeat(rt, conn_id)
         await core.dispatcher.reap_once()
     async with core.db.read() as conn:
         assert (await conn.execute(sa.select(runtimes.c.status).where(runtimes.c.id == rt))).scalar() == "online"
@@ -211,8 +215,8 @@ async def test_reconnecting_runner_keeps_reported_work_and_fails_work_it_no_long
     kept, gone = await submit(core), await submit(core)
     await core.dispatcher.place_once()
     for t in (kept, gone):
-        await core.runtimes.accepted(rt, p.Accepted(task_id=t, attempt=1))
-    _, _, drop = await core.runtimes.register(core.admin, p.Register(
+        await runner_accepted(core.reports, rt, p.Accepted(task_id=t, attempt=1))
+    _, _, drop = await core.registry.register(core.admin, p.Register(
         name="r1", slots=2, capabilities=CAPS,
         running=[p.RunningWork(task_id=kept, attempt=1), p.RunningWork(task_id="tr_unknown", attempt=1)]))
     assert drop == ["tr_unknown"]
@@ -231,13 +235,13 @@ async def test_cancel_of_a_running_task_goes_through_its_runner(core):
     rt, conn_id = await register(core, slots=1)
     tid = await submit(core)
     await core.dispatcher.place_once()
-    await core.runtimes.outgoing(rt, conn_id, set())
-    await core.runtimes.accepted(rt, p.Accepted(task_id=tid, attempt=1))
+    await runner_outgoing(core.runner_dispatch, rt, conn_id, set())
+    await runner_accepted(core.reports, rt, p.Accepted(task_id=tid, attempt=1))
     assert (await core.tasks.cancel(core.admin, tid))["status"] == "running"
     sent: set[str] = set()
-    assert [m["type"] for m in await core.runtimes.outgoing(rt, conn_id, sent)] == ["cancel"]
-    assert await core.runtimes.outgoing(rt, conn_id, sent) == []  # sent once per connection
-    await core.runtimes.finished(rt, p.Finished(task_id=tid, attempt=1, rseq=1, outcome="cancelled"))
+    assert [m["type"] for m in await runner_outgoing(core.runner_dispatch, rt, conn_id, sent)] == ["cancel"]
+    assert await runner_outgoing(core.runner_dispatch, rt, conn_id, sent) == []  # sent once per connection
+    await runner_finished(core.reports, rt, p.Finished(task_id=tid, attempt=1, rseq=1, outcome="cancelled"))
     assert (await row(core, tid)).outcome == "cancelled"
 
 
@@ -245,9 +249,9 @@ async def test_deadline_backstop_times_out_a_run_whose_runner_never_reports(core
     rt, conn_id = await register(core, slots=1)
     tid = await submit(core, timeout_s=10)
     await core.dispatcher.place_once()
-    await core.runtimes.accepted(rt, p.Accepted(task_id=tid, attempt=1))
+    await runner_accepted(core.reports, rt, p.Accepted(task_id=tid, attempt=1))
     clock.advance(10 + core.settings.hub.deadline_grace_s - 1)
-    await core.runtimes.heartbeat(rt, conn_id)
+    await core.reports.heartbeat(rt, conn_id)
     assert (await core.dispatcher.reap_once())["timed_out"] == 0
     clock.advance(2)
     assert (await core.dispatcher.reap_once())["timed_out"] == 1
@@ -267,7 +271,7 @@ async def test_tasks_of_other_principals_are_invisible(core):
 
 async def test_a_private_runtime_only_runs_its_owners_tasks(core):
     bob = await core.auth.authenticate(await core.auth.create_token("bob"))
-    await core.runtimes.register(bob, p.Register(name="bobs", slots=1, capabilities=CAPS))
+    await core.registry.register(bob, p.Register(name="bobs", slots=1, capabilities=CAPS))
     await core.tasks.submit(core.admin, SubmitRequest(prompt="say hi", profile="scripted"))
     assert await core.dispatcher.place_once() == 0
     await core.tasks.submit(bob, SubmitRequest(prompt="say hi", profile="scripted"))
@@ -299,7 +303,7 @@ async def test_a_lost_runtimes_never_accepted_run_is_placed_again_not_failed(cor
     tid = await submit(core)
     await core.dispatcher.place_once()
     assert (await row(core, tid)).status == "dispatched"  # its engine never launched: the runner waits for the ack
-    await core.runtimes.disconnected(rt, conn_id)
+    await core.registry.disconnected(rt, conn_id)
     clock.advance(core.settings.hub.runtime_lost_s + 1)
     counts = await core.dispatcher.reap_once()
     assert counts["requeued"] == 1 and counts["lost"] == 0
@@ -312,17 +316,17 @@ async def test_a_lost_runtimes_running_task_ends_outcome_unknown_and_its_runners
     rt, conn_id = await register(core, slots=1)
     tid = await submit(core)
     await core.dispatcher.place_once()
-    await core.runtimes.accepted(rt, p.Accepted(task_id=tid, attempt=1))
-    await core.runtimes.disconnected(rt, conn_id)
+    await runner_accepted(core.reports, rt, p.Accepted(task_id=tid, attempt=1))
+    await core.registry.disconnected(rt, conn_id)
     clock.advance(core.settings.hub.runtime_lost_s + 1)
     await core.dispatcher.reap_once()
     r = await row(core, tid)
     assert r.status == "failed" and "outcome is unknown" in r.error and "may have finished" in r.error
     # The runner comes back holding the finished attempt: the hub keeps it (no drop) and records what happened.
-    _rt, _conn, drop = await core.runtimes.register(
+    _rt, _conn, drop = await core.registry.register(
         core.admin, p.Register(name="r1", slots=1, capabilities=CAPS, running=[p.RunningWork(task_id=tid, attempt=1)]))
     assert tid not in drop
-    assert await core.runtimes.finished(rt, p.Finished(task_id=tid, attempt=1, rseq=3, outcome="succeeded",
+    assert await runner_finished(core.reports, rt, p.Finished(task_id=tid, attempt=1, rseq=3, outcome="succeeded",
                                                        result_text="done after all"))
     r = await row(core, tid)
     assert r.status == "succeeded" and r.outcome == "succeeded" and r.result_text == "done after all"
@@ -339,7 +343,7 @@ async def test_a_report_from_an_attempt_that_no_longer_holds_its_task_is_dropped
     clock.advance(core.settings.hub.reservation_ttl_s + 1)
     await core.dispatcher.reap_once()  # attempt 1's reservation expired: the task is queued again
     await core.dispatcher.place_once()  # attempt 2
-    replies = await core.runtimes.apply(rt, conn_id, [p.Finished(task_id=tid, attempt=1, rseq=2, outcome="succeeded")])
+    replies = await core.reports.apply(rt, conn_id, [p.Finished(task_id=tid, attempt=1, rseq=2, outcome="succeeded")])
     assert any(m.get("type") == "ack" and m.get("drop") for m in replies)
     r = await row(core, tid)
     assert r.attempt == 2 and r.status == "dispatched"

@@ -11,11 +11,11 @@ from hub.app import Hub
 from hub.errors import Conflict, Forbidden, NotFound, Unauthorized
 from hub.runner import protocol as p
 from hub.services.auth import AuthService, TokenAdmin
-from hub.services.runtimes import TokenRevoked
+from hub.services.dispatch import Link
 from hub.domain.tasks import Status
 from hub.services.tasks import SubmitRequest, finish_task
 from hub.store.tables import api_tokens, runtimes
-from tests.helpers import hub_settings
+from tests.helpers import hub_settings, runner_outgoing
 
 CAPS = {"platform": "linux", "engines": ["scripted"], "workspace_root": "/tmp", "workspace_writable": True}
 
@@ -103,10 +103,10 @@ async def test_an_admin_revokes_any_token_and_it_stops_at_once_here_and_within_t
 
 async def dispatch_one(core, prompt: str = "say hi"):
     """Register a runtime, submit a task and take its dispatch; return (dispatch, runtime id, connection id)."""
-    rt, conn_id, _ = await core.runtimes.register(core.admin, reg("rt"))
+    rt, conn_id, _ = await core.registry.register(core.admin, reg("rt"))
     await core.tasks.submit(core.admin, SubmitRequest(prompt=prompt, profile="scripted"))
     await core.dispatcher.place_once()
-    out = await core.runtimes.outgoing(rt, conn_id, set())
+    out = await runner_outgoing(core.runner_dispatch, rt, conn_id, set())
     return out[0], rt, conn_id
 
 
@@ -119,7 +119,7 @@ async def test_a_run_token_is_scoped_to_the_runs_principal_and_stops_when_the_ru
     assert child.label == f"run:{d['task_id']}" and "AMUX_SESSION_ID" not in d["env"]
     with pytest.raises(Forbidden):
         await core.auth.authenticate(token, surface="runner")
-    await core.runtimes.apply(rt, conn_id, [p.Accepted(task_id=d["task_id"], attempt=1),
+    await core.reports.apply(rt, conn_id, [p.Accepted(task_id=d["task_id"], attempt=1),
                                            p.Finished(task_id=d["task_id"], attempt=1, rseq=1, outcome="succeeded")])
     with pytest.raises(Unauthorized):
         await core.auth.authenticate(token)
@@ -142,7 +142,7 @@ async def test_a_later_attempts_dispatch_revokes_the_token_of_the_earlier_attemp
     core.clock.advance(core.settings.hub.reservation_ttl_s + 1)  # never accepted: requeued, dispatched again
     assert (await core.dispatcher.reap_once())["expired"] == 1
     await core.dispatcher.place_once()
-    [again] = await core.runtimes.outgoing(rt, conn_id, set())
+    [again] = await runner_outgoing(core.runner_dispatch, rt, conn_id, set())
 
     assert (again["task_id"], again["attempt"]) == (d["task_id"], 2)
     await only_the_new_token_works(core, first, again)
@@ -152,8 +152,8 @@ async def test_a_dispatch_sent_again_to_a_runner_that_registered_again_revokes_t
     d, rt, _conn = await dispatch_one(core, "sleep 30")
     first = d["env"]["AMUX_TOKEN"]
     await core.auth.authenticate(first)
-    _, conn_id, _ = await core.runtimes.register(core.admin, reg("rt"))  # it lost the dispatch: sent again
-    [again] = await core.runtimes.outgoing(rt, conn_id, set())
+    _, conn_id, _ = await core.registry.register(core.admin, reg("rt"))  # it lost the dispatch: sent again
+    [again] = await runner_outgoing(core.runner_dispatch, rt, conn_id, set())
 
     assert (again["task_id"], again["attempt"]) == (d["task_id"], 1)
     await only_the_new_token_works(core, first, again)
@@ -190,12 +190,12 @@ async def test_a_run_token_cannot_manage_tokens(core):
 async def test_a_revoked_runner_gets_no_dispatch(core):
     token = await core.auth.create_token("ops", admin=True, runner=True)
     runner = await core.auth.authenticate(token, surface="runner")
-    rt, conn_id, _ = await core.runtimes.register(runner, reg("shared-rt"))
+    rt, conn_id, _ = await core.registry.register(runner, reg("shared-rt"))
     await core.tokens.revoke(core.admin, runner.token_id)
     await core.tasks.submit(core.admin, SubmitRequest(prompt="say hi", profile="scripted"))
     await core.dispatcher.place_once()
-    with pytest.raises(TokenRevoked):
-        await core.runtimes.outgoing(rt, conn_id, set(), runner.token_id)
+    due = await core.runner_dispatch.outgoing_many([Link(runtime_id=rt, conn_id=conn_id, token_id=runner.token_id)])
+    assert due.revoked == {conn_id} and not due.messages.get(conn_id)
     async with core.db.read() as conn:
         sent = (await conn.execute(sa.text("select count(*) from reservations where sent_at is not null"))).scalar()
     assert sent == 0
@@ -207,12 +207,12 @@ async def test_a_revoked_runner_gets_no_dispatch(core):
 async def test_a_runtime_name_owned_by_a_user_cannot_be_taken_by_another_user_or_the_admin(core):
     bob = await core.auth.authenticate(await core.auth.create_token("bob"))
     carol = await core.auth.authenticate(await core.auth.create_token("carol"))
-    await core.runtimes.register(bob, reg())
+    await core.registry.register(bob, reg())
     shared_runner = await core.auth.authenticate(await core.auth.create_token("ops", admin=True, runner=True),
                                                  surface="runner")
     for intruder in (carol, core.admin, shared_runner):
         with pytest.raises(Conflict, match="another --name.*deregister") as refused:
-            await core.runtimes.register(intruder, reg())
+            await core.registry.register(intruder, reg())
         assert "'bob'" in refused.value.message
     async with core.db.read() as conn:
         row = (await conn.execute(sa.select(runtimes).where(runtimes.c.name == "gpu-box"))).one()
@@ -223,8 +223,8 @@ async def test_a_shared_runtime_is_registered_with_an_admins_runner_token(core):
     shared = await core.auth.authenticate(await core.auth.create_token("ops", admin=True, runner=True),
                                           surface="runner")
     personal = await core.auth.authenticate(await core.auth.create_token("dave", runner=True), surface="runner")
-    await core.runtimes.register(shared, reg("pool-1"))
-    await core.runtimes.register(personal, reg("dave-box"))
+    await core.registry.register(shared, reg("pool-1"))
+    await core.registry.register(personal, reg("dave-box"))
     async with core.db.read() as conn:
         rows = {r.name: r.shared for r in await conn.execute(sa.select(runtimes))}
     assert rows == {"pool-1": True, "dave-box": False}
@@ -233,19 +233,19 @@ async def test_a_shared_runtime_is_registered_with_an_admins_runner_token(core):
 async def test_the_owner_deregisters_a_stopped_runtime_and_frees_its_name(core):
     bob = await core.auth.authenticate(await core.auth.create_token("bob"))
     carol = await core.auth.authenticate(await core.auth.create_token("carol"))
-    rt, conn_id, _ = await core.runtimes.register(bob, reg())
+    rt, conn_id, _ = await core.registry.register(bob, reg())
     with pytest.raises(Conflict, match="stop its runner"):
-        await core.runtimes.deregister(bob, "gpu-box")
-    await core.runtimes.disconnected(rt, conn_id)
+        await core.registry.deregister(bob, "gpu-box")
+    await core.registry.disconnected(rt, conn_id)
     with pytest.raises(NotFound):
-        await core.runtimes.deregister(carol, "gpu-box")
-    await core.runtimes.deregister(bob, "gpu-box")
-    await core.runtimes.register(carol, reg())
+        await core.registry.deregister(carol, "gpu-box")
+    await core.registry.deregister(bob, "gpu-box")
+    await core.registry.register(carol, reg())
 
 
 async def test_twenty_concurrent_registrations_of_one_runtime_name_by_two_users_leave_one_owner(core):
     users = [await core.auth.authenticate(await core.auth.create_token(n)) for n in ("bob", "carol")]
-    results = await asyncio.gather(*(core.runtimes.register(users[i % 2], reg("contested")) for i in range(20)),
+    results = await asyncio.gather(*(core.registry.register(users[i % 2], reg("contested")) for i in range(20)),
                                    return_exceptions=True)
     async with core.db.read() as conn:
         rows = (await conn.execute(sa.select(runtimes).where(runtimes.c.name == "contested"))).all()

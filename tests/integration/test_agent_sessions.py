@@ -30,7 +30,7 @@ async def user(hub, name: str):
 async def session_token(hub, caller, session_id: str) -> str:
     """The `amux-session:<id>` token a run in that session carries (AMUX_TOKEN of the child)."""
     async with hub.hub.db.write() as conn:
-        return (await hub.hub.runtimes.coordination_env(conn, caller.principal_id, session_id))["AMUX_TOKEN"]
+        return (await hub.hub.runner_dispatch.coordination_env(conn, caller.principal_id, session_id))["AMUX_TOKEN"]
 
 
 async def turns_of(hub, session_id: str) -> int:

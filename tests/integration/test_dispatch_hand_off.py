@@ -14,7 +14,7 @@ from sqlalchemy import event
 
 from hub.runner import protocol as p
 from hub.services.admission import SubmitRequest
-from hub.services.runtimes import Link
+from hub.services.dispatch import Link
 from hub.store.tables import api_tokens, reservations
 from tests.helpers import eventually, start_hub
 
@@ -90,7 +90,7 @@ async def test_a_reaper_round_with_nothing_to_reap_opens_no_write_transaction_an
 
 async def test_placement_sends_this_replicas_dispatches_from_its_own_transaction_without_a_pump_round(quiet_hub):
     hub = quiet_hub
-    rounds = count_calls(hub.hub.runtimes, "outgoing_many")
+    rounds = count_calls(hub.hub.runner_dispatch, "outgoing_many")
     await hub.start_runner(slots=2)
 
     async def registration_round_ran() -> bool:  # the round registration wakes (what was held, sent again)
@@ -149,15 +149,15 @@ async def test_a_pump_round_with_nothing_to_claim_takes_no_write_lock_yet_sends_
     link = Link(runtime_id=sock.link.runtime_id, conn_id=sock.link.conn_id, token_id=sock.link.token_id)
     writes = count_calls(hub.hub.db, "transaction")
 
-    due = await hub.hub.runtimes.outgoing_many([link])
-    again = await hub.hub.runtimes.outgoing_many([link])
+    due = await hub.hub.runner_dispatch.outgoing_many([link])
+    again = await hub.hub.runner_dispatch.outgoing_many([link])
 
     assert due.messages == {link.conn_id: [p.Cancel(task_id=task_id).model_dump()]} and not due.revoked
     assert again.messages == {}  # a cancel goes once per connection
     async with hub.hub.db.write() as conn:  # revoked behind the endpoint's back, as on another replica
         await conn.execute(api_tokens.update().where(api_tokens.c.id == link.token_id)
                            .values(revoked_at=hub.hub.clock.now()))
-    assert (await hub.hub.runtimes.outgoing_many([link])).revoked == {link.conn_id}
+    assert (await hub.hub.runner_dispatch.outgoing_many([link])).revoked == {link.conn_id}
     assert writes[0] == 0
 
 
@@ -177,7 +177,7 @@ async def test_a_batch_of_reports_on_several_runs_reads_them_in_one_statement_an
         p.Events(task_id=t, attempt=1, events=[p.Event(rseq=1, type="text", payload={"text": f"hello {t}"})]),
         p.Finished(task_id=t, attempt=1, rseq=2, outcome="succeeded", result_text="done"))]
     with statements_run(hub) as statements:
-        replies = await hub.hub.runtimes.apply(sock.link.runtime_id, sock.link.conn_id, batch)
+        replies = await hub.hub.reports.apply(sock.link.runtime_id, sock.link.conn_id, batch)
 
     assert [r["drop"] for r in replies if r["type"] == "ack"] == [False] * 6
     assert sum(s.lstrip().upper().startswith("SELECT") and "task_runs" in s for s in statements) == 1

@@ -396,7 +396,7 @@ async def test_a_free_slot_is_not_left_idle_while_a_task_that_fits_waits_behind_
     hub = quiet_hub
     admin = await hub.hub.auth.authenticate(hub.admin_token)
     caps = {"platform": "linux", "engines": ["claude"], "workspace_root": "/tmp", "workspace_writable": True}
-    await hub.hub.runtimes.register(admin, p.Register(name="claude-box", slots=1, capabilities=caps))
+    await hub.hub.registry.register(admin, p.Register(name="claude-box", slots=1, capabilities=caps))
     async with hub.hub.db.write() as conn:  # the only runtime offering claude is offline: claude tasks wait
         await conn.execute(runtimes.update().where(runtimes.c.name == "claude-box").values(status="offline"))
     await hub.start_runner(name="r1", slots=1)

@@ -36,7 +36,7 @@ async def group_message(b: Bot, open_id: str, text: str) -> str:
 
 
 async def test_amux_login_in_a_private_chat_sends_a_one_time_link_that_signs_in_the_approval_page(bot: Bot):  # noqa: F811
-    bot.hub.runtimes.hub_url = bot.url
+    bot.hub.runner_dispatch.hub_url = bot.url
     status, _, mid = await bot.message("ou_alice", "/amux login")
     assert status == 200
     reply = await reply_to(bot, mid)

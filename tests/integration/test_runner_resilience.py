@@ -26,8 +26,8 @@ class FailingFirst:
 
 async def test_a_store_error_while_applying_reports_is_retried_and_the_task_still_finishes(any_hub):
     runner = await any_hub.start_runner()
-    flaky = FailingFirst(any_hub.hub.runtimes.apply, 2)  # fewer failures than the applier's attempts
-    any_hub.hub.runtimes.apply = flaky
+    flaky = FailingFirst(any_hub.hub.reports.apply, 2)  # fewer failures than the applier's attempts
+    any_hub.hub.reports.apply = flaky
     caller = await any_hub.hub.auth.authenticate(any_hub.admin_token)
     task_id = (await any_hub.hub.tasks.submit(caller, SubmitRequest(prompt="say hi\nsay done",
                                                                     profile="scripted")))["task_id"]
@@ -39,8 +39,8 @@ async def test_a_store_error_while_applying_reports_is_retried_and_the_task_stil
 async def test_a_store_error_that_persists_closes_the_socket_and_the_runner_reconnects_and_resends(any_hub):
     runner = await any_hub.start_runner()
     caller = await any_hub.hub.auth.authenticate(any_hub.admin_token)
-    flaky = FailingFirst(any_hub.hub.runtimes.apply, 3)  # every attempt of one batch fails: the socket is closed
-    any_hub.hub.runtimes.apply = flaky
+    flaky = FailingFirst(any_hub.hub.reports.apply, 3)  # every attempt of one batch fails: the socket is closed
+    any_hub.hub.reports.apply = flaky
     first_ws = runner.ws
     task_id = (await any_hub.hub.tasks.submit(caller, SubmitRequest(prompt="say hi\nsay done",
                                                                     profile="scripted")))["task_id"]
@@ -52,7 +52,7 @@ async def test_a_store_error_that_persists_closes_the_socket_and_the_runner_reco
 
 
 async def test_a_store_error_during_registration_makes_the_runner_retry_not_stop(any_hub):
-    any_hub.hub.runtimes.register = FailingFirst(any_hub.hub.runtimes.register, 2)
+    any_hub.hub.registry.register = FailingFirst(any_hub.hub.registry.register, 2)
     runner = await any_hub.start_runner()  # registers on the third try
     assert runner.registered.is_set()
 
@@ -91,11 +91,11 @@ async def test_a_runtime_marked_lost_while_its_socket_is_open_is_closed_and_regi
     caller = await any_hub.hub.auth.authenticate(any_hub.admin_token)
     first_ws, rt = runner.ws, runner.runtime_id
     async with any_hub.hub.db.write() as conn:  # what the reaper does when heartbeats went unapplied too long
-        await any_hub.hub.runtimes.store.mark_lost(conn, rt)
+        await any_hub.hub.dispatcher.store.mark_lost(conn, rt)
 
     async def online_again() -> bool:
         async with any_hub.hub.db.read() as conn:
-            row = await any_hub.hub.runtimes.store.find(conn, rt)
+            row = await any_hub.hub.registry.store.find(conn, rt)
         return runner.ws is not None and runner.ws is not first_ws and row.status == "online"
 
     await eventually(online_again, timeout=20, interval=0.05)  # the pump closed the stale socket within a poll

@@ -52,7 +52,7 @@ async def services(db_url: str, home: Path):  # noqa: ANN201
     hub = Hub(hub_settings(db_url, home), Database(db_url))
     caller = await hub.auth.authenticate(await hub.auth.create_token("alice"))
     admin = await hub.auth.authenticate(await hub.auth.create_token("root", admin=True))
-    await hub.runtimes.register(admin, p.Register(name="r1", slots=2, capabilities=CAPS, running=[]))
+    await hub.registry.register(admin, p.Register(name="r1", slots=2, capabilities=CAPS, running=[]))
     return hub, caller
 
 

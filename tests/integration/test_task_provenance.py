@@ -51,7 +51,7 @@ async def test_a_task_a_session_turn_delegated_names_that_session_and_turn_over_
     turn = await hub.hub.sessions.submit_turn(admin, sid, "wait-steer 20")
     await eventually(lambda: running(hub, turn))
     async with hub.hub.db.write() as conn:  # the token that Turn's child holds (AMUX_TOKEN)
-        child_token = (await hub.hub.runtimes.coordination_env(conn, admin.principal_id, sid))["AMUX_TOKEN"]
+        child_token = (await hub.hub.runner_dispatch.coordination_env(conn, admin.principal_id, sid))["AMUX_TOKEN"]
     async with mcp_client(hub.url, child_token) as c:
         task_id = (await ok(c, "task_submit", prompt="say delegated", profile="scripted"))["task_id"]
         view = await ok(c, "task_get", task_id=task_id)

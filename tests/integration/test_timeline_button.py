@@ -27,7 +27,7 @@ async def alices_task(b: Bot) -> str:
 
 
 async def test_the_timeline_button_sends_its_owner_a_private_link_that_lands_on_the_timeline_page(bot: Bot):  # noqa: F811
-    bot.hub.runtimes.hub_url = bot.url
+    bot.hub.runner_dispatch.hub_url = bot.url
     task_id = await alices_task(bot)
     value = timeline_button(catalogs(), "task", task_id)["behaviors"][0]["value"]
     before = len(bot.fake.sent)

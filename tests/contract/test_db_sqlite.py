@@ -1,5 +1,6 @@
-"""The SQLite driver (hub/store/sqlite_driver.py): one thread hop per statement, and the transaction rules that the
-fewer hops must keep (BEGIN on the first statement, no ROLLBACK hop without a transaction, cancelled writers)."""
+"""SQLite's transaction rules on the stock aiosqlite dialect (hub/store/db.py): a writer takes the write lock up
+front and a cancelled one frees it at once, a read is one snapshot that takes no write lock, executemany and
+rowcounts are SQLAlchemy's, and WAL checkpoints run in the background only."""
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from hub.clock import ManualClock
-from hub.store.db import Connection, Database
+from hub.store.db import Database
 from hub.store.tables import principals
 
 
@@ -29,40 +30,6 @@ def new_principal(key: str, clock: ManualClock) -> sa.Insert:
 async def names(db: Database) -> set[str]:
     async with db.read() as conn:
         return set((await conn.execute(sa.select(principals.c.name))).scalars())
-
-
-async def hops_so_far(conn: Connection) -> tuple[object, int]:
-    """The connection's thread and how many calls were made into it so far."""
-    worker = (await conn.get_raw_connection()).dbapi_connection._worker  # type: ignore[union-attr]
-    return worker, worker.submitted
-
-
-async def test_each_statement_is_one_hop_and_a_transaction_adds_at_most_one(sdb: Database, clock: ManualClock):
-    one = sa.select(principals.c.id).where(principals.c.id == "p_none")
-    cases = [(sdb.autocommit, [one], 1),  # no BEGIN, no ROLLBACK
-             (sdb.read, [one], 2),  # BEGIN in the SELECT's hop, then ROLLBACK
-             (sdb.read, [one, one, one], 4),
-             (sdb.read, [], 0),  # a transaction with no statement never begins
-             (sdb.write, [new_principal("w", clock)], 2)]  # BEGIN IMMEDIATE in the INSERT's hop, then COMMIT
-    for opened, statements, expected in cases:
-        async with opened() as conn:
-            worker, before = await hops_so_far(conn)
-            while not worker.settled:  # the last case's read ended without waiting for its ROLLBACK: let it land
-                await asyncio.sleep(0.001)
-                before = worker.submitted
-            for stmt in statements:
-                await conn.execute(stmt)
-        assert worker.submitted - before == expected, (opened.__name__, len(statements))  # type: ignore[attr-defined]
-
-
-async def test_the_end_of_a_transaction_that_may_hold_the_write_lock_is_waited_for(sdb: Database, clock: ManualClock):
-    no_row = principals.update().where(principals.c.id == "p_none").values(kind="bot")
-    for opened, stmt in [(sdb.write, sa.select(principals.c.id)),  # BEGIN IMMEDIATE took the lock up front
-                         (sdb.read, no_row)]:  # a write statement takes it even when it changes no row
-        async with opened() as conn:
-            worker, _ = await hops_so_far(conn)
-            await conn.execute(stmt)
-        assert worker.settled, opened.__name__  # type: ignore[attr-defined]  # its COMMIT/ROLLBACK has run
 
 
 async def test_a_writer_cancelled_while_its_statement_runs_rolls_back_and_frees_the_write_lock(
@@ -91,21 +58,19 @@ async def test_a_writer_cancelled_while_its_statement_runs_rolls_back_and_frees_
     assert {"next"} <= await names(sdb) and "stuck" not in await names(sdb)
 
 
-async def test_a_read_on_a_connection_a_writer_used_takes_no_write_lock_and_sees_later_commits(
+async def test_a_read_on_a_connection_a_writer_used_takes_no_write_lock_and_each_statement_sees_later_commits(
         sdb: Database, clock: ManualClock):
     async with sdb.write() as conn:
         await conn.execute(new_principal("first", clock))
-    async with sdb.read() as conn:  # the pool's one idle connection: the writer's, back to a plain BEGIN
+    async with sdb.read() as conn:  # the pool's one idle connection: the writer's, without its BEGIN IMMEDIATE
         count = sa.select(sa.func.count()).select_from(principals)
         before = (await conn.execute(count)).scalar_one()
         async with sdb.write() as other:  # would fail after busy_timeout if the read had begun IMMEDIATE
             await other.execute(new_principal("second", clock))
-        assert (await conn.execute(count)).scalar_one() == before  # one snapshot
-    async with sdb.read() as conn:  # the previous read's ROLLBACK ran before this one's first statement
         assert (await conn.execute(count)).scalar_one() == before + 1
 
 
-async def test_rowcount_lastrowid_and_executemany_come_back_from_the_one_hop(sdb: Database, clock: ManualClock):
+async def test_rowcount_lastrowid_and_executemany_are_sqlalchemys(sdb: Database, clock: ManualClock):
     async with sdb.write() as conn:
         inserted = await conn.execute(new_principal("a", clock))
         rowid = (await conn.execute(sa.text("SELECT rowid FROM principals WHERE id = 'p_a'"))).scalar_one()
@@ -124,7 +89,7 @@ async def test_rowcount_lastrowid_and_executemany_come_back_from_the_one_hop(sdb
 async def test_no_commit_checkpoints_the_wal_and_the_background_checkpoint_copies_it_into_the_database(
         sdb: Database, clock: ManualClock):
     path = Path(sa.make_url(sdb.url).database or "")
-    async with sdb.autocommit() as conn:
+    async with sdb.read() as conn:
         assert (await conn.exec_driver_sql("PRAGMA wal_autocheckpoint")).scalar() == 0
         page = (await conn.exec_driver_sql("PRAGMA page_size")).scalar()
     before = path.stat().st_size
