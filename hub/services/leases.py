@@ -1,4 +1,4 @@
-"""Lease tasks and their boxes: open, attach, release, close; boxes inside; the reaper that closes quiet tasks."""
+"""Lease tasks and their boxes: open, attach, release, close; boxes inside; the reaper that closes quiet lease tasks."""
 from __future__ import annotations
 
 import hashlib
@@ -152,7 +152,7 @@ class LeaseService:
         if rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s):
             await self.store.touch(conn, row.id, row.secret_hash, now)
 
-    # --- tasks ---------------------------------------------------------------------------------
+    # --- lease tasks ---------------------------------------------------------------------------
 
     async def new(self, caller: Caller, name: str | None) -> dict[str, Any]:
         """Open a task held by the caller and return it with its handle (shown once).

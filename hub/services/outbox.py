@@ -23,7 +23,7 @@ from ..config import AlertSettings
 from ..domain import alerts as rules
 from ..domain.states import DeliveryState, NoticeState
 from ..ids import new_id
-from ..loops import Tasks
+from ..loops import Background
 from ..store.db import Connection, Database, Row
 from ..store.incidents import LIVE, NewDecision, NoticeClaim, NoticeSent, SqlIncidentStore, SqlOutboxStore
 from .channel import OK, PERMANENT, SUSPEND, Channel, Delivery
@@ -83,7 +83,7 @@ class OutboxWorker:
         self.outbox = self.notices.outbox
         self.incidents = self.notices.incidents
         self.sent = 0
-        self._rounds = Tasks("outbox rounds")  # the round in flight while the next one is claimed
+        self._rounds = Background("outbox rounds")  # the round in flight while the next one is claimed
 
     # ------------------------------------------------------------ claim + gate
 

@@ -18,7 +18,7 @@ from ..store.db import Connection, Database, Row
 from ..store.execution_uids import SqlExecutionUidStore
 from ..store.questions import SqlQuestionStore
 from ..store.runtimes import SqlRuntimeStore
-from ..loops import Tasks
+from ..loops import Background
 from ..store.tasks import QueuedTask, SqlTaskStore
 from .admission import Admission, SubmitRequest
 from .auth import Caller
@@ -89,7 +89,7 @@ class _GroupCommit:
         self.db = db
         self.apply = apply
         self.on_committed = on_committed
-        self.background = Tasks("task-admission")
+        self.background = Background("task-admission")
         self._pending: list[tuple[Admit, asyncio.Future[None]]] = []
         self._draining: asyncio.Task[object] | None = None
 

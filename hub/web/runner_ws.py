@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from .. import logs
 from ..domain.text import BadText, loads_bounded
 from ..errors import AmuxError
-from ..loops import Loops, Tasks
+from ..loops import Background, Loops
 from ..runner import protocol as p
 from ..services.auth import AuthService
 from ..services.notify import Notifier
@@ -64,7 +64,7 @@ class RunnerEndpoint:
         self.loops = loops if loops is not None else Loops()
         self._own_loops = loops is None
         self.wake = asyncio.Event()
-        self.background = Tasks("runner endpoint")  # closes of revoked sockets, held until they end
+        self.background = Background("runner endpoint")  # closes of revoked sockets, held until they end
         # A revocation through this replica closes at once; other replicas' pumps see it in the database.
         auth.revocation_listeners.append(self._on_revoked)
         # Work admitted on this replica for a runtime it serves wakes the pump at once; the rest waits a poll.
