@@ -1,4 +1,4 @@
-"""The schedule form (issue 32): a Card JSON 2.0 `form` container that creates or edits a schedule (pure).
+"""The schedule form: a Card JSON 2.0 `form` container that creates or edits a schedule (pure).
 
 The form's submit button (`form_action_type: submit`) calls back with `Save(nonce=…)` and Feishu
 adds every field's value as the callback's `form_value` keyed by the field's `name` (FIELDS). A refusal renders the

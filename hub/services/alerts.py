@@ -100,7 +100,7 @@ class AlertService:
         for _ in range(3):
             try:
                 # A transient database error (a PostgreSQL restart) runs the rules again instead of dropping the
-                # outcome (soak finding 10); `_ingest` reads its state afresh on each attempt.
+                # outcome; `_ingest` reads its state afresh on each attempt.
                 return await self.db.transaction(lambda conn: self._ingest(conn, ev, key))
             except DecidedElsewhere:  # another hub decided it (or opened the incident) concurrently: look again
                 continue
@@ -339,9 +339,8 @@ class AlertService:
             if row is None:
                 raise NotFound(f"incident {incident_id!r} does not exist; list incidents with `amux alerts list`")
             notices = await self.outbox.of_incident(conn, incident_id)
-        # Row._mapping is SQLAlchemy's public mapping view of a row, despite its underscore
-        view = {c: (iso(v) if isinstance(v, datetime) else v) for c, v in row._mapping.items()}  # noqa: SLF001
-        view["notices"] = [dict(n._mapping) for n in notices]  # noqa: SLF001
+        view = {c: (iso(v) if isinstance(v, datetime) else v) for c, v in row._asdict().items()}
+        view["notices"] = [n._asdict() for n in notices]
         return view
 
     async def card_view(self, incident_id: str) -> dict:
@@ -360,8 +359,7 @@ class AlertService:
         """Return incidents, newest first."""
         async with self.db.read() as conn:
             rows = await self.store.newest(conn, active_only=active_only, limit=limit)
-        return [{c: (iso(v) if isinstance(v, datetime) else v) for c, v in r._mapping.items()}  # noqa: SLF001
-                for r in rows]  # Row._mapping: SQLAlchemy's public mapping view of a row
+        return [{c: (iso(v) if isinstance(v, datetime) else v) for c, v in r._asdict().items()} for r in rows]
 
     async def explain(self, ref: str) -> dict:
         """Return the decision log for an incident (`inc_…`) or a firing (`fir_…`), oldest first."""
@@ -412,11 +410,6 @@ class AlertService:
         """Say whether a notice of `incident_id` went to `open_id` (a former administrator pressing their card)."""
         async with self.db.read() as conn:
             return await self.outbox.was_sent_to(conn, incident_id, app_id, open_id)
-
-    async def active_count(self, app_id: str) -> int:
-        """Count `app_id`'s active incidents (the overview card shows it to the administrator)."""
-        async with self.db.read() as conn:
-            return await self.store.count_active_in_app(conn, app_id)
 
     # ------------------------------------------------------------ loop
 

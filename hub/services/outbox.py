@@ -203,7 +203,7 @@ class OutboxWorker:
             async with sem:
                 try:
                     return await self._deliver(c)
-                except Exception:  # noqa: BLE001 — the claim expires and the notice is retried with its uuid
+                except Exception:  # the claim expires and the notice is retried with its uuid
                     log.exception("delivering notice %s failed", c.row.id)
                     return None
 
@@ -212,7 +212,7 @@ class OutboxWorker:
             return
         try:
             await self._record_round(results)
-        except Exception:  # noqa: BLE001 — the claims expire and the notices are retried with their uuids
+        except Exception:  # the claims expire and the notices are retried with their uuids
             log.exception("recording a round of %d results failed", len(results))
 
     async def _deliver(self, c: "_Claim") -> "_Result | None":

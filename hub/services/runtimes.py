@@ -443,22 +443,6 @@ class RuntimeService:
         fx.changed.add(row.id)
         return True
 
-    async def coordination_env(self, conn: Connection, owner_id: str, session_id: str | None,
-                               task_id: str | None = None, *, direct: bool = True,
-                               first_attempt: bool = False) -> dict[str, str]:
-        """What a task child needs to reach the hub: its address, a run token (and its session's id, if any).
-
-        The token is the run's own (kind `run`, bound to `task_id`; without one, the session's running
-        turn), labeled `amux-session:<id>` for a session's runs (delegations and memory key on it),
-        `run:<task id>` otherwise; it is revoked when the run ends. Only a direct Session's Turn (`direct`) is
-        told AMUX_SESSION_ID, which is what gives its agent the hub's MCP tools: an instance's runs are task
-        children (memory CLI, no recursive task MCP tools), though their token still names their session.
-        """
-        if task_id is None and session_id:
-            task_id = await self.store.current_run_of_session(conn, session_id)
-        token = await self.auth.mint_run(conn, owner_id, task_id, run_label(session_id, task_id), first=first_attempt)
-        return self._coordination(token, session_id, direct)
-
     def _coordination(self, token: str, session_id: str | None, direct: bool) -> dict[str, str]:
         """The environment `coordination_env` gives a task child holding `token`."""
         env = {"AMUX_HUB_URL": self.hub_url, "AMUX_TOKEN": token}

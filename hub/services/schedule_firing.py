@@ -319,7 +319,7 @@ class ScheduleFiring:
         for r in turn_rows:
             try:
                 outcome = await self.sessions.turn_outcome(r.turn_id)
-            except Exception:  # noqa: BLE001 — an unavailable observation stays open; it never implies failure
+            except Exception:  # an unavailable observation stays open; it never implies failure
                 log.warning("turn outcome of %s unavailable", r.turn_id, exc_info=True)
                 continue
             if outcome is None:
@@ -350,7 +350,7 @@ class ScheduleFiring:
         for e in events:
             try:
                 await self.sink.publish(e)
-            except Exception:  # noqa: BLE001 — the ledger is the truth; a lost event is logged
+            except Exception:  # the ledger is the truth; a lost event is logged
                 log.exception("outcome sink refused the event for firing %s", e.firing_id)
 
     async def _next_fire_s(self) -> float | None:

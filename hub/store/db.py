@@ -514,7 +514,7 @@ async def _on_driver(conn: Connection, driver: Any, sql: str, args: list[Any], *
                 await prepared.executemany(args)
                 return [], ""
             return await prepared.fetch(*args), prepared.get_statusmsg() or ""
-    except Exception as e:  # noqa: BLE001 — raised again as SQLAlchemy's error for it
+    except Exception as e:  # raised again as SQLAlchemy's error for it
         raise await _translated(conn, driver, sql, args, e) from e
 
 

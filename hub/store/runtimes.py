@@ -257,12 +257,6 @@ class SqlRuntimeStore:
         await run(conn, _START_TASK, {"b_task_id": task_id, "b_now": now})
         await run(conn, _COMMIT_RESERVATION, {"b_task_id": task_id, "b_attempt": attempt})
 
-    async def current_run_of_session(self, conn: Connection, session_id: str) -> str | None:
-        """Return the session's latest dispatched or running run (its running turn), or None."""
-        return (await conn.execute(sa.select(task_runs.c.id).where(
-            task_runs.c.session_id == session_id, among(task_runs.c.status, ON_RUNTIME))
-            .order_by(task_runs.c.turn_seq.desc()).limit(1))).scalar()
-
     # --- what a connection sends -------------------------------------------------------------------------------
 
     async def runner_token_live(self, conn: Connection, token_id: str) -> bool:

@@ -77,7 +77,7 @@ class GuardedRequestHandler(RequestHandler):
         if self.transport is not None:
             self.transport.close()
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         peer = transport.get_extra_info("peername")
         client = peer[0] if isinstance(peer, tuple) and peer else None
@@ -90,12 +90,12 @@ class GuardedRequestHandler(RequestHandler):
         self.amux_client = client
         self.amux_arm()
 
-    def data_received(self, data: bytes) -> None:  # noqa: D102
+    def data_received(self, data: bytes) -> None:
         super().data_received(data)
         if self._amux_timer is not None and self._messages:  # a whole request head was parsed
             self.amux_disarm()
 
-    def connection_lost(self, exc: BaseException | None) -> None:  # noqa: D102
+    def connection_lost(self, exc: BaseException | None) -> None:
         self.amux_disarm()
         self._amux_server.disconnected(self.amux_client)
         self.amux_client = None
@@ -135,7 +135,7 @@ class GuardedServer(Server):
     refused: int
     malformed: int
 
-    def __call__(self) -> RequestHandler:  # noqa: D102
+    def __call__(self) -> RequestHandler:
         return GuardedRequestHandler(self, loop=self._loop, **self._kwargs)
 
     def admit(self, client: str | None) -> str | None:

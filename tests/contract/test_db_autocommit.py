@@ -67,4 +67,4 @@ async def test_a_lazy_read_returns_its_connection_when_its_body_fails_and_refuse
     assert pool.checkedout() == before
     async with db.lazy_read() as conn:
         with pytest.raises(AttributeError, match="awaited methods"):
-            conn.dialect  # noqa: B018 — a plain attribute would need the connection now
+            conn.dialect  # a plain attribute would need the connection now

@@ -135,7 +135,7 @@ async def test_a_sqlite_hot_read_that_sqlite_answers_busy_runs_again_through_the
 
     try:
         await add_user(db, "ann", clock)
-        db._inline = Busy()  # type: ignore[assignment]  # noqa: SLF001
+        db._inline = Busy()  # type: ignore[assignment]
         assert [r.name for r in await db.hot_read(_NAMES)] == ["ann"]
         assert db.engine.sync_engine.pool.checkedout() == 0
     finally:

@@ -13,7 +13,7 @@ from hub.clock import ManualClock
 from hub.config import FeishuAppSettings
 from hub.services.schedules import ScheduleSpec
 from hub.store.tables import identity_bindings, schedules, task_runs
-from tests.helpers import eventually, start_hub
+from tests.helpers import eventually, start_hub, turn_child_env
 
 
 def message(event_id: str, message_id: str, open_id: str, text: str) -> dict:
@@ -46,7 +46,7 @@ async def test_a_schedule_made_during_a_feishu_turn_is_attributed_to_that_turns_
         _, bob_work = await hub.bot.core.accept("cli_prov", message("ev2", "om_bob", "ou_bob", "say hi"), ConsoleSink())
         await asyncio.wait_for(bob_work, 30)
         async with hub.db.write() as conn:
-            env = await hub.runtimes.coordination_env(conn, turn.owner_id, turn.session_id)
+            env = await turn_child_env(hub, conn, turn.owner_id, turn.session_id)
         agent = await hub.auth.authenticate(env["AMUX_TOKEN"])
         made = await hub.schedules.create(agent, ScheduleSpec(prompt="say nightly", rule="every 1h"))
         plain = await hub.schedules.create(await hub.auth.authenticate(await hub.auth.create_token("carol")),

@@ -15,10 +15,10 @@ UNKNOWN = "--permision-policy"
 
 def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], list]]:
     """Yield each leaf command's words and the arguments it requires, filled with plausible values."""
-    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]  # noqa: SLF001 — argparse has no public walk
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]  # argparse has no public walk
     if not subs:
         needed: list[str] = []
-        for action in parser._actions:  # noqa: SLF001
+        for action in parser._actions:
             value = str(action.choices[0]) if action.choices else "x"
             if not action.option_strings and action.nargs not in ("?", "*"):
                 needed += [value] * (action.nargs if isinstance(action.nargs, int) else 1)

@@ -123,8 +123,8 @@ def test_the_header_check_skips_only_tools_whose_input_schema_declares_no_header
         return region
 
     skip_unannotated_header_checks(server)
-    lookup = server._lowlevel_server.get_tool_input_schema  # noqa: SLF001
+    lookup = server._lowlevel_server.get_tool_input_schema
     assert lookup("plain") is None  # nothing to validate: the SDK skips its walk of the schema
-    assert lookup("routed") == server._tool_manager.get_tool("routed").parameters  # noqa: SLF001
+    assert lookup("routed") == server._tool_manager.get_tool("routed").parameters
     assert lookup("routed")["properties"]["region"]["x-mcp-header"] == "Region"
     assert lookup("unknown") is None
