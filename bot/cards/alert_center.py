@@ -21,7 +21,7 @@ def render_alert_center(v: AlertCenterView, tr: Catalogs) -> dict[str, Any]:
     if not v.incidents:
         elements.append(markdown(tr.text(_("No active incidents."))))
     for inc in v.incidents:
-        state = tr.text(STATES.get(inc.state, _("failing")))
+        state = tr.text(STATES[IncidentState(inc.state)] if inc.state in STATES else _("failing"))
         lines = [same(f"**{esc(inc.schedule_name)}**"),
                  tr.text(_("**Status**: {status}"), status=""),
                  tr.text(_("**Created by**: {creator}"), creator=esc(inc.creator or "—")),

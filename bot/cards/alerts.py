@@ -48,7 +48,7 @@ def _value(tr: Any, lang: str, v: Any) -> Any:
 
 
 def _status(value: str | None) -> Any:
-    return _Word(STATUS[value]) if value in STATUS else _outcome(value)
+    return _Word(STATUS[IncidentState(value)]) if value in STATUS else _outcome(value)
 
 
 def _outcome(value: str | None) -> Any:

@@ -156,7 +156,7 @@ class LocalBoxDriver:
             os.close(info_r)
         pid = info.get("child-pid") if info else None
         start = _start_time(pid) if isinstance(pid, int) else None
-        if start is not None and not await _settled(pid, start):
+        if isinstance(pid, int) and start is not None and not await _settled(pid, start):
             start = None
         if start is None:
             detail = log_path.read_text(errors="replace").strip()[-400:] if log_path.exists() else ""
@@ -283,7 +283,7 @@ class LocalBoxDriver:
         if sandboxed:
             pid = handle.get("init_pid")
             alive = box_dir.is_dir() and isinstance(pid, int) and _start_time(pid) == handle.get("init_start")
-            pids = await asyncio.to_thread(_namespace_pids, pid) if alive else []
+            pids = await asyncio.to_thread(_namespace_pids, pid) if alive and isinstance(pid, int) else []
         else:  # a handle without its sandbox record runs nothing (`exec`), so it is not a live box either
             alive = box_dir.is_dir() and handle.get("sandbox") == "none"
             pids = await asyncio.to_thread(_tagged_pids, "AMUX_BOX_ID", box_id)

@@ -1,7 +1,7 @@
 """MCP tools for profiles and tasks."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Callable, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
 
@@ -16,7 +16,8 @@ BUILTIN_INFOS: tuple[m.ProfileInfo, ...] = tuple(m.ProfileInfo(**p) for p in BUI
 
 
 # Long by design: one short closure per MCP tool (its signature is the tool's schema).
-def task_tools(tasks: TaskService, profiles: ProfileService, permissions: PermissionService):  # noqa: ANN201
+def task_tools(tasks: TaskService, profiles: ProfileService,
+               permissions: PermissionService) -> Callable[[MCPServer], None]:
     """Return a registrar adding profile_list, the task_* tools and permission_respond."""
 
     def register(server: MCPServer) -> None:

@@ -1,6 +1,7 @@
 """Principals and API tokens: random, shown once, stored as SHA-256, checked in constant time."""
 from __future__ import annotations
 
+import builtins
 import hashlib
 import hmac
 import secrets
@@ -323,7 +324,7 @@ class TokenAdmin:
                                                      include_revoked=include_revoked)
         return [token_view(r) for r in rows]
 
-    async def list_grants(self, caller: Caller, *, all_: bool = False) -> list[dict]:
+    async def list_grants(self, caller: Caller, *, all_: bool = False) -> builtins.list[dict]:
         """List the caller's live OAuth grants (an admin with `all_`: everyone's)."""
         self._may_manage(caller)
         if all_ and not caller.admin:

@@ -108,7 +108,7 @@ class OutboxWorker:
                 state = rules.AppState(app.admin_open_id, app.delivery_state) if app else None
                 g = rules.gate(r.kind, r.recipient, r.timezone, state,
                                slots.get((r.app_id, r.recipient or (app and app.admin_open_id)), []), now, self.n)
-                if g.action != "send":
+                if g.action != "send" or app is None:  # the gate sends only to a configured administrator
                     gated.append((r, g, app))
                     continue
                 recipient = r.recipient or app.admin_open_id
@@ -139,19 +139,20 @@ class OutboxWorker:
 
     async def _gated(self, conn: Connection, r: Row, g: rules.Gate, app: Row | None, now: datetime) -> None:
         refs = {"notice_id": r.id, "incident_id": r.incident_id, "schedule_id": r.schedule_id}
-        if g.action == "defer":
+        if g.action == "defer" and g.until is not None:
             await self.outbox.defer(conn, r.id, g.until)
             await self.notices.log(conn, now, g.decision,
                                    detail=f"{rules.DECISIONS[g.decision]}; due {g.until.isoformat()}", **refs)
         elif g.action == "retire":
             await self.outbox.retire(conn, r.id)
             await self.notices.log(conn, now, "retired", **refs)
-        elif g.action == "fold":
+        elif g.action == "fold" and g.until is not None and app is not None:
             digest = await self._digest_for(conn, r, r.recipient or app.admin_open_id, g.until, now)
             await self.outbox.fold(conn, r.id, digest)
             await self.notices.log(conn, now, "rate_limited",
                                    detail=f"folded into digest {digest}, due {g.until.isoformat()}", **refs)
-        else:  # hold: missing administrator or suspended delivery — kept pending, never dropped
+        else:  # hold: missing administrator or suspended delivery (or a verdict short of what it needs) — kept
+            # pending, never dropped
             text = (rules.DECISIONS["suspended"] if g.decision == "suspended"
                     else diagnostic_missing_admin(r.app_id, app is not None))
             if g.decision == "suspended" and app is not None and app.diagnostic:

@@ -336,7 +336,7 @@ class RuntimeService:
         for task_id, attempt in keys:
             row = rows.get(task_id)
             ours = row is not None and row.runtime_id == runtime_id and row.attempt == attempt
-            fx.held[(task_id, attempt)] = _pending(row) if ours else None
+            fx.held[(task_id, attempt)] = _pending(row) if row is not None and ours else None
 
     async def _write_pending(self, conn: Connection, fx: _Effects, now: datetime) -> None:
         """Write what the batch's reports left pending: their events (one statement for the batch); for the runs it
@@ -566,7 +566,7 @@ class RuntimeService:
         served = 0
         for i, link in enumerate(links):
             try:
-                one, gone = await self.db.transaction(lambda conn, link=link: self._outgoing(conn, [link], now))
+                one, gone = await self.db.transaction(self._outgoing_of([link], now))
             except Exception:
                 if i == 1 and served == 0:
                     raise
@@ -603,6 +603,12 @@ class RuntimeService:
             for c in await self.store.cancels_due(conn, list(serving)):
                 out[serving[c.runtime_id]].cancels.append(c.task_id)
         return out, revoked
+
+    def _outgoing_of(self, links: list[Link], now: datetime
+                     ) -> Callable[[Connection], Awaitable[tuple[dict[str, _Due], set[str]]]]:
+        async def outgoing(conn: Connection) -> tuple[dict[str, _Due], set[str]]:
+            return await self._outgoing(conn, links, now)
+        return outgoing
 
     async def _outgoing(self, conn: Connection, links: list[Link], now: datetime) -> tuple[dict[str, _Due], set[str]]:
         """Claim what is due on these connections in the caller's transaction: per connection id, the messages

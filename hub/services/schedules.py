@@ -226,6 +226,8 @@ class ScheduleService:
         values["overlap"] = spec.overlap or "allow"
         async with self.db.write() as conn:
             provenance = provenance_of(caller, source)
+            binding_id: str | None
+            app_id: str | None
             if card_receipt is not None:
                 binding_id, app_id = await self.card_attribution(conn, caller, card_receipt, provenance)
             else:

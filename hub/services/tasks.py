@@ -106,11 +106,16 @@ class _GroupCommit:
                 self._pending.remove(entry)
             raise
 
+    def _inserting(self, items: list[Admit]) -> Callable[[Connection], Awaitable[dict[int, TooMany]]]:
+        async def insert(conn: Connection) -> dict[int, TooMany]:
+            return await self.apply(conn, items)
+        return insert
+
     async def _drain(self) -> None:
         while self._pending:
             batch, self._pending = self._pending[:self.MAX_BATCH], self._pending[self.MAX_BATCH:]
             try:
-                refused = await self.db.transaction(lambda conn, b=batch: self.apply(conn, [a for a, _ in b]))
+                refused = await self.db.transaction(self._inserting([a for a, _ in batch]))
             except Exception as e:  # noqa: BLE001 — each waiting caller gets the error its transaction met
                 for _, done in batch:
                     if not done.done():

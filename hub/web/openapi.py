@@ -9,7 +9,7 @@ import html
 import json
 import re
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -57,7 +57,7 @@ class _Schemas:
 
     def inline(self, model: type[m.Model] | type[m.Reply]) -> dict[str, Any]:
         """Return `model`'s JSON schema, its nested definitions moved into the components."""
-        mode = "serialization" if issubclass(model, m.Reply) else "validation"
+        mode: Literal["validation", "serialization"] = "serialization" if issubclass(model, m.Reply) else "validation"
         schema = model.model_json_schema(ref_template=REF, mode=mode)
         self.components.update(schema.pop("$defs", {}))
         return schema

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Callable, Collection
 
 from aiohttp import WSCloseCode, WSMsgType, web
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .. import logs
 from ..domain.text import BadText, loads_bounded
@@ -291,7 +291,7 @@ class RunnerEndpoint:
     async def _on_message(self, ws: web.WebSocketResponse, runtime_id: str, conn_id: str, msg: dict) -> None:
         """Apply one frame (a message or a `batch` of them) in one transaction; answer with one frame."""
         frames = msg.get("messages") if msg.get("type") == "batch" else [msg]
-        parsed = []
+        parsed: list[BaseModel] = []
         errors = []
         for frame in frames if isinstance(frames, list) else []:
             model = p.RUNNER_MESSAGES.get(frame.get("type") if isinstance(frame, dict) else None)

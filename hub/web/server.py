@@ -20,7 +20,7 @@ import logging
 import secrets
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -197,11 +197,12 @@ class GuardedAppRunner(web.AppRunner):
     async def _make_server(self) -> Server:
         server = await super()._make_server()
         server.__class__ = GuardedServer  # same state; only the protocol factory differs
-        server.limits, server.clock, server.pending = self.limits, self.clock, set()
-        server.pending_by_client, server.open_by_client = Counter(), Counter()
-        server.warned = WindowLimit(1, self.limits.log_every_s)
-        server.closed_slow = server.refused = server.malformed = 0
-        return server
+        guarded = cast(GuardedServer, server)
+        guarded.limits, guarded.clock, guarded.pending = self.limits, self.clock, set()
+        guarded.pending_by_client, guarded.open_by_client = Counter(), Counter()
+        guarded.warned = WindowLimit(1, self.limits.log_every_s)
+        guarded.closed_slow = guarded.refused = guarded.malformed = 0
+        return guarded
 
 
 def rearm(request: web.Request) -> None:
