@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from hub.clock import Clock
 from hub.config import FeishuSettings
@@ -32,3 +33,4 @@ class BotServices:
     alerts: AlertService
     runtimes: RuntimeService       # the address children are told (`hub_url`), for links when public_url is unset
     state: BotService              # chats' Sessions, long-connection leases, inbound dedup keys
+    directory: Any = None          # Feishu users' display names (bot.feishu.directory), for greetings; None: none

@@ -5,7 +5,7 @@ import asyncio
 import logging
 import secrets
 from pathlib import Path
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from aiohttp import web
 
@@ -140,8 +140,17 @@ class Hub:
             clock=self.clock, feishu=settings.feishu, public_url=settings.public_url, auth=self.auth, oauth=self.oauth,
             identity=self.identity, sessions=self.sessions, schedules=self.schedules,
             results=ScheduleResults(self.db, self.schedules), alerts=self.alerts, runtimes=self.runtimes,
-            state=self.bot_state)
+            state=self.bot_state, directory=self._directory(settings))
         self.bot = build_bot(self.bot_services)
+
+    @staticmethod
+    def _directory(settings: Settings) -> Any:
+        """Feishu users' display names for the bot's greetings (no Feishu apps: none)."""
+        if not settings.feishu.apps:
+            return None
+        from bot.feishu.directory import FeishuDirectory
+
+        return FeishuDirectory(settings.feishu.apps, timeout_s=min(1.5, settings.feishu.timeout_s))
 
     def web_app(self, *, background: bool = True) -> web.Application:
         """Build the aiohttp application; `background` starts the placement and reaper loops."""
@@ -220,6 +229,8 @@ class Hub:
             await self.tasks.aclose()  # a submission still waiting for its commit
             await self.loops.stop()  # what is left: the runner pump (started by the first runner connection)
             await self.alerts.aclose()  # the alert channel's HTTP clients; nothing sends through it any more
+            if self.bot_services.directory is not None:
+                await self.bot_services.directory.aclose()
 
     async def _mcp_ctx(self, _app: web.Application) -> AsyncIterator[None]:
         async with self.mcp.lifespan(await shared_key(self.db, "mcp-session", self.clock.now())):

@@ -157,6 +157,8 @@ class RunnerSettings(Section):
     child_network: str = "isolated"     # linux-dac children: "isolated" (the hub and public egress only) or "host"
     # extra host[:port] an isolated child may reach
     egress_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # a run whose engine says nothing this long gets a status event, and a timeout names the stall; 0 = off
+    stall_notice_s: float = Field(default=300.0, ge=0)
 
     @field_validator("isolation", "egress_allow", mode="before")
     @classmethod

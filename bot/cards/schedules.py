@@ -8,16 +8,12 @@ from hub.services.schedule_views import UNSUCCESSFUL
 
 from .actions import (CardAction, Delete, Detail, EditForm, History, NewForm, Notify, Overview, Pause, Results,
                       Resume, RunNow, Schedules)
-from .base import button, button_row, card, check_limits, esc, hr, join, markdown, same
+from .base import button, button_row, card, check_limits, esc, hr, join, markdown, same, when
 from .overview import outcome_line, outcome_text
 from .views import HistoryView, ResultsView, ScheduleDetailView, ScheduleListView
 
 RESULT_PART_BYTES = 9_000  # escaped result text per card part; the card stays far below 30 KB
 ERROR_CHARS = 1_000        # of a failed run's error: three copies (content, en, zh) fit beside a result part
-
-
-def _when(iso: str | None) -> str:
-    return (iso or "—").replace("T", " ")[:16]
 
 
 def _pager(tr: Catalogs, op: str, page: int, has_prev: bool, has_next: bool, **kw: Any) -> list[dict[str, Any]]:
@@ -40,7 +36,8 @@ def render_list(v: ScheduleListView, tr: Catalogs) -> dict[str, Any]:
         elements.append(markdown(tr.text(_("You have no schedules. Press New schedule to make one, or ask the agent "
                                            "in a chat."))))
     for it in v.items:
-        state = tr.text(_("paused")) if it.paused else tr.text(_("next run {time}"), time=_when(it.next_fire_at))
+        state = (tr.text(_("paused")) if it.paused
+                 else tr.text(_("next run {time}"), time=when(it.next_fire_at, it.timezone)))
         last = outcome_text(tr, it.last) if it.last else tr.text(_("no runs yet"))
         head = same(f"**{esc(it.name)}** · `{esc(it.rule)}`")
         elements.append(markdown(join(head, join(state, last, sep=" · "))))
@@ -66,7 +63,7 @@ def render_detail(v: ScheduleDetailView, tr: Catalogs) -> dict[str, Any]:
         same(f"**{esc(v.name)}** (`{v.schedule_id}`)"),
         tr.text(_("**Rule**: {rule} ({tz})"), rule=esc(v.rule), tz=esc(v.timezone)),
         tr.text(_("**Status**: {status}"), status=""),
-        tr.text(_("**Next run**: {time}"), time=_when(v.next_fire_at) if not v.paused else "—"),
+        tr.text(_("**Next run**: {time}"), time=when(v.next_fire_at, v.timezone) if not v.paused else "—"),
     ]
     lines[2] = {lang: lines[2][lang] + status[lang] for lang in status}
     lines.append(tr.text(_("**Notifications**: {mode}"), mode=""))
@@ -79,7 +76,7 @@ def render_detail(v: ScheduleDetailView, tr: Catalogs) -> dict[str, Any]:
     elements: list[dict[str, Any]] = [markdown(join(*lines))]
     if v.recent:
         elements.append(markdown(join(tr.text(_("**Last outcomes**")),
-                                      *[outcome_line(tr, o, False) for o in v.recent[:5]])))
+                                      *[outcome_line(tr, o, False, v.timezone) for o in v.recent[:5]])))
     else:
         elements.append(markdown(tr.text(_("No runs yet."))))
     if v.notice:
@@ -110,7 +107,7 @@ def render_deleted(name: str, tr: Catalogs) -> dict[str, Any]:
 def render_history(v: HistoryView, tr: Catalogs) -> dict[str, Any]:
     """Render one page of a schedule's firings."""
     if v.firings:
-        body = join(same(f"**{esc(v.name)}**"), *[outcome_line(tr, o, False) for o in v.firings])
+        body = join(same(f"**{esc(v.name)}**"), *[outcome_line(tr, o, False, v.timezone) for o in v.firings])
     else:
         body = join(same(f"**{esc(v.name)}**"), tr.text(_("No runs yet.")))
     elements: list[dict[str, Any]] = [markdown(body), markdown(tr.text(_("Page {page}"), page=v.page + 1))]
@@ -155,7 +152,7 @@ def render_results(v: ResultsView, tr: Catalogs) -> dict[str, Any]:
     if v.firing is None:
         elements.append(markdown(tr.text(_("No results yet: no run of this schedule has a Task result."))))
     else:
-        elements.append(markdown(join(same(f"**{esc(v.name)}**"), outcome_line(tr, v.firing, False))))
+        elements.append(markdown(join(same(f"**{esc(v.name)}**"), outcome_line(tr, v.firing, False, v.timezone))))
         if v.firing.state in UNSUCCESSFUL:
             elements.append(markdown(_failure(tr, v.firing.state, v.error)))
         elements.append(markdown(tr.text(_("Part {part} of {parts}"), part=v.part + 1, parts=v.parts)))

@@ -44,7 +44,7 @@ async def list_schedules(ctx: Ctx, a: Schedules) -> Answer:
     """Show one page of the viewer's own schedules."""
     p = await ctx.services.schedules.page(ctx.viewer.caller(), a.page, PAGE)
     items = tuple(ScheduleItem(schedule_id=i.schedule_id, name=i.name, rule=i.rule, paused=i.paused,
-                               next_fire_at=_iso(i.next_fire_at), last=i.last_state)
+                               next_fire_at=_iso(i.next_fire_at), last=i.last_state, timezone=i.timezone)
                   for i in p.items)
     return Answer(card=render_list(ScheduleListView(items, p.page, p.pages, p.total), ctx.tr))
 
@@ -73,7 +73,7 @@ async def history(ctx: Ctx, a: History) -> Answer:
     items = tuple(Outcome(s.name, f["nominal_time"], firing_state(f["outcome"], f["admission"]), f["firing_id"])
                   for f in h["firings"])
     return Answer(card=render_history(HistoryView(schedule_id=s.schedule_id, name=s.name, firings=items, page=a.page,
-                                                  has_more=h["next_cursor"] is not None),
+                                                  has_more=h["next_cursor"] is not None, timezone=s.timezone),
                                       ctx.tr))
 
 
@@ -85,11 +85,11 @@ async def results(ctx: Ctx, a: Results) -> Answer:
         r = await ctx.services.results.page(ctx.viewer.caller(), a.schedule_id, a.page)
     if not r.pages or r.firing is None:
         return Answer(card=render_results(ResultsView(schedule_id=r.schedule_id, name=r.name, page=0, pages=0, part=0,
-                                                      parts=0), ctx.tr))
+                                                      parts=0, timezone=r.timezone), ctx.tr))
     parts = split_result(r.text)
     part = min(a.sub, len(parts) - 1)
     view = ResultsView(schedule_id=r.schedule_id, name=r.name, page=r.page, pages=r.pages, part=part, parts=len(parts),
-                       firing=_outcome(r.firing), text=parts[part], error=r.error)
+                       firing=_outcome(r.firing), text=parts[part], error=r.error, timezone=r.timezone)
     return Answer(card=render_results(view, ctx.tr))
 
 

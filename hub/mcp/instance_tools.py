@@ -25,6 +25,8 @@ class InstanceView(BaseModel):
     resume_handle: str | None = None
     current_task_id: str | None = None
     current_task_status: str | None = None
+    unfinished_task_ids: list[str] = Field(default_factory=list, description=(
+        "every owner TaskRun not yet terminal, oldest first; the instance is active while there is one"))
     mailbox_queued: int = 0
 
 
@@ -94,7 +96,7 @@ def instance_tools(instances: InstanceService) -> Callable[[MCPServer], None]:
 
         @server.tool()
         async def instance_interrupt(instance_id: str, ctx: Context) -> Delivery:
-            """Cancel the current owner TaskRun; the instance stays and can be followed up."""
+            """Cancel every unfinished owner TaskRun (running and queued); the instance stays and can be followed up."""
             return Delivery(**await guarded(lambda: instances.interrupt(caller_of(ctx), instance_id)))
 
         @server.tool()
@@ -109,7 +111,7 @@ def instance_tools(instances: InstanceService) -> Callable[[MCPServer], None]:
 
         @server.tool()
         async def instance_archive(instance_id: str, ctx: Context) -> InstanceView:
-            """Archive an idle instance; it takes no more work."""
+            """Archive an idle instance (refused while any owner run is unfinished); it takes no more work."""
             return InstanceView(**await guarded(lambda: instances.archive(caller_of(ctx), instance_id)))
 
     return register

@@ -12,14 +12,16 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, cast
+from typing import Any, Callable, Iterable, cast
 
 import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 from yarl import URL
 
 from ..backoff import RECONNECT
+from ..clock import Clock, SystemClock
 from ..domain import isolation as modes
+from ..domain.durations import duration_text
 from ..domain.events import turn_usage
 from ..domain.policy import normalize_native_args
 from ..engines.base import Engine, EngineResult, Job, PermissionReply
@@ -179,6 +181,55 @@ def diff_trees(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, i
     }
 
 
+class Silence:
+    """How long an engine has said nothing (read on the injected clock), and the status events that say so.
+
+    Every event the engine emits is output; the notices themselves are not. A notice goes out each time the
+    silence reaches another whole `stall_s` (5 min, 10 min, ...), so a stalled run is visible long before its
+    timeout, and a run that talks again starts over.
+    """
+
+    def __init__(self, clock: Clock, stall_s: float, engine: str) -> None:
+        self.clock = clock
+        self.stall_s = stall_s
+        self.engine = engine
+        self.last = clock.now()
+        self.noticed = 0  # whole stall periods of the current silence already announced
+
+    def heard(self) -> None:
+        """Record engine output now: the silence starts over."""
+        self.last = self.clock.now()
+        self.noticed = 0
+
+    def silent_s(self) -> float:
+        """Return the seconds since the engine's last output (or its launch)."""
+        return (self.clock.now() - self.last).total_seconds()
+
+    def stalled(self) -> bool:
+        """Say whether the engine has been silent for at least the stall time."""
+        return self.stall_s > 0 and self.silent_s() >= self.stall_s
+
+    def notice(self) -> str:
+        """Say how long the engine has been silent, in whole stall periods (`5 min`, `10 min`), readably."""
+        silent = self.silent_s()
+        if self.stall_s > 0:
+            silent = (silent // self.stall_s) * self.stall_s
+        return f"no output from {self.engine} for {duration_text(silent)}"
+
+    async def watch(self, record: Callable[[str, dict], None]) -> None:
+        """Emit a status event each time the silence reaches another whole stall period, until cancelled."""
+        if self.stall_s <= 0:
+            return
+        poll = min(max(self.stall_s / 4, 0.05), 1.0)
+        while True:
+            await asyncio.sleep(poll)
+            periods = int(self.silent_s() // self.stall_s)
+            if periods > self.noticed:
+                self.noticed = periods
+                record("status", {"text": self.notice(),
+                                  "stall": {"engine": self.engine, "silent_s": int(self.silent_s())}})
+
+
 class Runner:
     """One runner process (or the in-process runner of `amux up`): the same protocol either way."""
 
@@ -186,8 +237,11 @@ class Runner:
                  engines: dict[str, Engine], home_root: Path | None = None, authoring: bool = False,
                  dedicated: bool = False, isolation: list[str] | None = None, child_network: str = "isolated",
                  egress_allow: tuple[str, ...] = (), in_hub_process: bool = False, hide: tuple[Path, ...] = (),
-                 share_engine_login: bool = False) -> None:
+                 share_engine_login: bool = False, stall_notice_s: float = 300.0, clock: Clock | None = None) -> None:
         self.hub_url = hub_url.rstrip("/")
+        # A run whose engine has said nothing for this long gets a status event (and a timeout names the stall).
+        self.stall_notice_s = float(stall_notice_s)
+        self.clock = clock or SystemClock()
         # Execution modes (README "Execution modes"): what the operator asked this runner to offer, and how.
         self.dedicated = dedicated
         self.wanted = [m for m in (isolation or modes.MODES)]
@@ -509,9 +563,17 @@ class Runner:
         asked: dict | None = None  # the agent's structured question, once it asked one
 
         redact = Redactor(v for k, v in d.env.items() if k not in ("AMUX_SESSION_ID", "AMUX_HUB_URL"))
+        silence = Silence(self.clock, self.stall_notice_s, str(d.snapshot.get("engine") or "the engine"))
+
+        def record(kind: str, payload: dict) -> None:
+            h.rseq += 1
+            h.pending_events.append(p.Event(rseq=h.rseq, type=kind, payload=payload))
+            if len(h.pending_events) == 1:
+                asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._flush(h)))
 
         async def emit(kind: str, payload: dict) -> None:
             nonlocal last_usage, last_status, asked
+            silence.heard()
             payload = redact.scrub(payload)
             if kind == "status" and isinstance(payload.get("text"), str):
                 last_status = payload["text"]
@@ -525,10 +587,7 @@ class Runner:
                 last_usage = usage
             if kind == "question":
                 asked = payload
-            h.rseq += 1
-            h.pending_events.append(p.Event(rseq=h.rseq, type=kind, payload=payload))
-            if len(h.pending_events) == 1:
-                asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._flush(h)))
+            record(kind, payload)
 
         outcome, result = "failed", EngineResult("failed")
         question: p.Question | None = None
@@ -545,15 +604,20 @@ class Runner:
                 job = Job(d.task_id, d.attempt, launch_prompt(d), d.snapshot, workspace,
                           env=launch_env(d, home, engine, share_login=share),
                           permission_replies=h.replies, steering=h.steering, boundary=boundary)
-                result = await asyncio.wait_for(engine.run(job, emit),
-                                                timeout=float(d.snapshot.get("timeout_s") or 3600))
+                watch = asyncio.create_task(silence.watch(record))
+                try:
+                    result = await asyncio.wait_for(engine.run(job, emit),
+                                                    timeout=float(d.snapshot.get("timeout_s") or 3600))
+                finally:
+                    watch.cancel()
             outcome = result.outcome
             if asked is not None and d.direct_session:  # its attached person answers, as the next Turn
                 outcome, result.error, question = "waiting_for_user", None, asked_question(asked)
             elif asked is not None:
                 outcome, result.error = "failed", QUESTION_DIAGNOSTIC
         except asyncio.TimeoutError:
-            error = (f"timed out after {d.snapshot.get('timeout_s')}s"
+            error = (f"timed out after {duration_text(float(d.snapshot.get('timeout_s') or 3600))}"
+                     + (f"; the engine stalled: {silence.notice()}" if silence.stalled() else "")
                      + (f"; last status: {last_status}" if last_status else ""))
             outcome, result = "timed_out", EngineResult("timed_out", error=error)
         except asyncio.CancelledError:

@@ -444,7 +444,7 @@ class RuntimeService:
         return True
 
     def _coordination(self, token: str, session_id: str | None, direct: bool) -> dict[str, str]:
-        """The environment `coordination_env` gives a task child holding `token`."""
+        """The coordination environment a task child holding `token` is given (its address, token, Session)."""
         env = {"AMUX_HUB_URL": self.hub_url, "AMUX_TOKEN": token}
         if session_id and direct:
             env["AMUX_SESSION_ID"] = session_id
@@ -516,7 +516,7 @@ class RuntimeService:
                                 now: datetime, *, fresh: bool = False) -> list[tuple[str, dict]]:
         """Build the Dispatch message of each run (task_id, attempt, runtime_id, prompt, snapshot, owner_id,
         session_id, kind) in the caller's transaction, its reservation marked sent: its credentials, its run token
-        (`coordination_env`) and its memory binding; a run whose credentials no longer resolve fails instead.
+        (`_coordination`) and its memory binding; a run whose credentials no longer resolve fails instead.
         `fresh`: the reservations were made in this transaction (placement's hand-off), so a first attempt has no
         earlier token to revoke; a dispatch sent again (a runner that registered again) always revokes.
         Return (runtime id, message) pairs, in order."""

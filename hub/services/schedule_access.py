@@ -5,10 +5,11 @@ Used by every reader: REST and MCP (`ScheduleService`), the Feishu bot's persona
 
 - The frozen creator: only schedules whose `creator_id` is the caller's principal (an admin token sees
   everyone's over REST/MCP/CLI, as before; a Feishu operator never acts as admin).
-- A Feishu operator (a Caller made from an identity binding, `Viewer.caller()`) additionally needs:
-  its own binding still active (current access), the application scope (a schedule frozen to another
-  application is not shown; one frozen to no application is visible only through the creator principal's own
-  linked identities), and the schedule's creator binding, if it has one, still active.
+- A Feishu operator (a Caller made from an identity binding, `Viewer.caller()`) additionally needs, each a
+  check of its own (the seed's four): its own binding still active, the application scope (only schedules
+  frozen to this application), an active identity binding of the schedule (its creator binding, still
+  active: a schedule recovery left unbound, or made with no binding, is never shown in Feishu), and execution
+  access (the principal's execution access not revoked: `amux identity execution NAME --revoke`).
 
 The decision is a `Visibility` value; the store applies it as a filter, so lists and pages stay in the database.
 """
@@ -69,6 +70,8 @@ class ScheduleAccess:
         """Return what a Feishu identity of `principal_id` in `scope.app_id` may see, checked now (module rules)."""
         active = {b.id: b.app_id for b in await self.store.active_bindings(conn, principal_id)}
         if active.get(scope.binding_id) != scope.app_id:  # its own binding was revoked (or is not this app's)
+            return Visibility(creator_id=principal_id, nothing=True)
+        if not await self.store.execution_access(conn, principal_id):
             return Visibility(creator_id=principal_id, nothing=True)
         return Visibility(creator_id=principal_id, app_id=scope.app_id, creator_bindings=frozenset(active),
                           include_deleted=include_deleted)

@@ -214,6 +214,7 @@ class ScheduleService:
         a Feishu schedule form's card action, whose binding becomes the frozen creator binding)."""
         spec = ScheduleSpec(**asdict(spec))
         spec.schedule_type = spec.schedule_type or "subtask"
+        zone_given = bool(spec.timezone)
         spec.timezone = spec.timezone or self.settings.default_timezone
         if spec.name is None and isinstance(spec.prompt, str):
             spec.name = " ".join(spec.prompt.split())[:60] or None
@@ -234,12 +235,32 @@ class ScheduleService:
                 binding_id, app_id = await self.turn_attribution(conn, caller, provenance)
             if binding_id is None and "turn_id" not in provenance:
                 binding_id, app_id = await self.binding_attribution(conn, caller, provenance)
+            elif app_id is not None and not zone_given:
+                first = await self._chat_timezone(conn, spec, values, provenance, app_id, now) or first
             await self.store.insert(conn, {
                 "id": sid, "creator_id": caller.principal_id, "creator_binding_id": binding_id, "app_id": app_id,
                 "provenance": provenance, "type": spec.schedule_type, "paused": False,
                 "next_fire_at": first, "created_at": now, "updated_at": now, **values})
         self.on_changed()
         return await self.get(caller, sid)
+
+    async def _chat_timezone(self, conn: Connection, spec: ScheduleSpec, values: dict[str, Any],
+                             provenance: dict[str, Any], app_id: str, now: datetime) -> datetime | None:
+        """A schedule made from a Feishu chat (a Turn's or a form's receipt) naming no timezone takes its
+        application's `timezone`: rule, first fire and quiet hours follow it. Return the new first fire time."""
+        zone = next((a.timezone for a in (self.feishu.apps if self.feishu is not None else []) if a.app_id == app_id),
+                    None) or await self.store.app_timezone(conn, app_id)  # the console's own application
+        if not zone or zone == spec.timezone:
+            return None
+        rule = rules.parse(str(spec.rule), zone)
+        first = rules.first_fire(rule, now, now)
+        if first is None:
+            raise Invalid(f"rule {spec.rule!r} has no future fire time in {zone} (the application's timezone); "
+                          f"pick a later time or pass a timezone")
+        spec.timezone = values["timezone"] = zone
+        values["rule"] = rule.text
+        provenance["timezone"] = {"basis": "app", "app_id": app_id, "timezone": zone}
+        return first
 
     async def update(self, caller: Caller, schedule_id: str, spec: ScheduleSpec) -> dict:
         """Change a definition; given fields replace the saved ones ("" clears a choice), the rule restarts from now."""
@@ -382,7 +403,7 @@ class ScheduleService:
             for r in await self.store.visible(conn, v, limit=per_page, offset=page * per_page):
                 last = await self.firings.latest(conn, r.id)
                 items.append(ScheduleLine(schedule_id=r.id, name=r.name, rule=r.rule, paused=r.paused,
-                                          next_fire_at=r.next_fire_at,
+                                          next_fire_at=r.next_fire_at, timezone=r.timezone,
                                           last_state=firing_line(last, r.name).state if last else None))
         return SchedulePage(items=tuple(items), page=page, pages=pages, total=total)
 
@@ -403,12 +424,12 @@ class ScheduleService:
             row = await self.access.schedule(conn, caller, schedule_id)
             pages = await self.firings.count_with_task(conn, row.id)
             if not pages:
-                return ResultPage(schedule_id=row.id, name=row.name, page=0, pages=0)
+                return ResultPage(schedule_id=row.id, name=row.name, page=0, pages=0, timezone=row.timezone)
             page = min(page, pages - 1)
             f = await self.firings.nth_with_task(conn, row.id, page)
             # The Task was admitted for this schedule's frozen creator, who is the caller (checked above).
             text = await self.store.task_result_text(conn, f.task_id) if f is not None else None
-        return ResultPage(schedule_id=row.id, name=row.name, page=page, pages=pages,
+        return ResultPage(schedule_id=row.id, name=row.name, page=page, pages=pages, timezone=row.timezone,
                           firing=firing_line(f, row.name) if f is not None else None, text=text or "")
 
 

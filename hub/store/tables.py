@@ -12,6 +12,8 @@ principals = sa.Table(
     sa.Column("kind", sa.String(16), nullable=False),
     sa.Column("name", sa.String(200), nullable=False, unique=True),
     sa.Column("created_at", TS, nullable=False),
+    # set: the principal's execution access is revoked (its Feishu schedule views and actions show nothing)
+    sa.Column("execution_revoked_at", TS),
 )
 
 api_tokens = sa.Table(
@@ -444,6 +446,12 @@ legacy_submissions = sa.Table(
     sa.Column("task_id", sa.String(40)),
     sa.Column("detail", sa.JSON),
     sa.Index("ix_legacy_submissions_schedule", "schedule_id", "submitted_at"),
+)
+
+upgrade_marks = sa.Table(  # times migrations recorded when they ran (`creator_recovery_cutoff`: 0024)
+    "upgrade_marks", metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("at", TS, nullable=False),
 )
 
 recovery_runs = sa.Table(

@@ -155,6 +155,15 @@ class IdentityPath(Model):
     id: Id
 
 
+class PrincipalPath(Model):
+    ref: Ref
+
+
+class ExecutionAccess(Model):
+    hint: ClassVar[str] = 'send {"revoked": true} to revoke, {"revoked": false} to restore'
+    revoked: bool
+
+
 class ExplainPath(Model):
     ref: Ref
 
@@ -777,6 +786,9 @@ IDENTITY_LIST = op("GET", "/api/v1/identities", "identity_list", "List identity 
                    query=AllQuery, tag=IDENT)
 IDENTITY_UNLINK = op("DELETE", "/api/v1/identities/{id}", "identity_unlink", "Unlink an identity binding",
                      IdentityPath, tag=IDENT)
+EXECUTION_ACCESS = op("PUT", "/api/v1/principals/{ref}/execution", "principal_execution",
+                      "Revoke or restore a principal's execution access (admin)", PrincipalPath, body=ExecutionAccess,
+                      admin="changing execution access needs an admin token (amux token create --admin)", tag=IDENT)
 SESSION_LIST = op("GET", "/api/v1/sessions", "session_list", "List your sessions, most recently updated first",
                   query=SessionListQuery, tag="sessions", reply=SessionListReply)
 INSTANCE_CREATE = op("POST", "/api/v1/instances", "instance_create", "Create an Agent Instance (prompt: its first run)",

@@ -14,7 +14,7 @@ import pytest
 from hub.domain.policy import normalize_native_args
 from hub.engines.base import EngineResult, Job, PermissionReply
 from hub.engines.codex import CodexEngine
-from tests.helpers import PROCESS_MODE, REPO
+from tests.helpers import PROCESS_MODE, REPO, started
 
 BIN = REPO / "tests" / "fakes" / "bin"
 AS_ROOT = os.geteuid() == 0
@@ -202,7 +202,7 @@ async def codex_host(hub, tmp_path: Path, scenario: str):
                     **PROCESS_MODE, workspace_root=tmp_path / "ws",
                     engines={"codex": CodexEngine()})
     hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
-    await asyncio.wait_for(runner.registered.wait(), 10)
+    await started(runner.registered.wait(), "the runner to register")
     admin = await hub.hub.auth.authenticate(hub.admin_token)
     await hub.hub.credentials.declare(admin, "fake", ["FAKE_SCENARIO"])
     await hub.hub.credentials.set_value(admin, "fake", "FAKE_SCENARIO", scenario)

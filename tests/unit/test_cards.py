@@ -9,8 +9,8 @@ from bot.cards.alerts import render as render_notice
 from bot.cards.base import MAX_CARD_BYTES, MAX_ELEMENTS, count_elements, size_bytes
 from bot.cards.overview import render_overview
 from bot.cards.schedules import render_detail, render_history, render_list, render_results, split_result
-from bot.cards.views import (AlertCenterView, HistoryView, IncidentItem, Outcome, OverviewView, ResultsView,
-                             ScheduleDetailView, ScheduleItem, ScheduleListView)
+from bot.cards.views import (AlertCenterView, Diagnostic, HistoryView, IncidentItem, Outcome, OverviewView,
+                             ResultsView, ScheduleDetailView, ScheduleItem, ScheduleListView)
 from bot.i18n import Catalogs
 
 TR = Catalogs()
@@ -100,8 +100,8 @@ def test_overview_snapshot():
     assert els[1]["i18n_content"] == {
         "en_us": "**Your schedules**: 3 · **failing**: 1 · **paused**: 1",
         "zh_cn": "**你的定时任务**：3 · **失败中**：1 · **已暂停**：1"}
-    assert els[2]["i18n_content"]["en_us"] == "**Latest outcomes**\n- nightly · 2026-01-05 09:00 · failed"
-    assert els[2]["i18n_content"]["zh_cn"] == "**最新结果**\n- nightly · 2026-01-05 09:00 · 失败"
+    assert els[2]["i18n_content"]["en_us"] == "**Latest outcomes**\n- nightly · 2026-01-05 17:00 Asia/Shanghai · failed"
+    assert els[2]["i18n_content"]["zh_cn"] == "**最新结果**\n- nightly · 2026-01-05 17:00 Asia/Shanghai · 失败"
     assert els[-1]["tag"] == "column_set" and len(els[-1]["columns"]) == 2  # Personal schedules · New schedule
     assert els[-1]["columns"][1]["elements"][0]["behaviors"][0]["value"] == {"p": "amux", "v": 1, "op": "new"}
     assert els[-1]["columns"][0]["elements"][0]["behaviors"][0]["value"] == {"p": "amux", "v": 1, "op": "schedules"}
@@ -148,7 +148,7 @@ def test_user_text_is_escaped():
                                                                      acknowledged=i == 0, snoozed_until=None)
                                                         for i in range(5)),
                                         page=0, pages=2, delivery_state="suspended",
-                                        diagnostics=("230013: bot not available to the user",)), TR),
+                                        diagnostics=(Diagnostic(state="suspended", code="230013"),)), TR),
     render_notice(INCIDENT),
     render_notice({**INCIDENT, "notice": "reminder"}),
     render_notice({**INCIDENT, "acknowledged": True}),
