@@ -157,7 +157,7 @@ async def pg_commit_floor(url: str, seconds: float = 3.0) -> dict[int, float]:
         count = 0
         stop = time.monotonic() + seconds
 
-        async def one(conn) -> None:  # noqa: ANN001
+        async def one(conn) -> None:
             nonlocal count
             while time.monotonic() < stop:
                 await conn.execute("INSERT INTO bench_floor (v) VALUES ($1)", "x")

@@ -61,7 +61,7 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))] if ordered else float("nan")
 
 
-async def _wait_http(url: str, proc: asyncio.subprocess.Process, ready) -> None:  # noqa: ANN001
+async def _wait_http(url: str, proc: asyncio.subprocess.Process, ready) -> None:
     deadline = time.monotonic() + 60
     async with httpx2.AsyncClient() as http:
         while True:
@@ -442,7 +442,7 @@ async def main(calls: int, with_pg: bool, loads: int = 400, boxes_only: bool = F
     print("  (render only, no I/O:", _render_only(render_page), ")")
 
 
-def _render_only(render_page) -> str:  # noqa: ANN001
+def _render_only(render_page) -> str:
     """Time the pure HTML rendering of 1,000 tasks × 3 boxes."""
     from hub.services.auth import Caller
     from hub.store.leases import PageBox, PageTask

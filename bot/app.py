@@ -22,7 +22,7 @@ LARK_FIX = "install it with `pip install 'lark-oapi>=1.4'` (a dependency of amux
 def require_lark(why: str) -> None:
     """Refuse to start, naming the fix, when lark-oapi cannot be imported but `why` needs it."""
     try:
-        importlib.import_module("lark_oapi.ws.client")  # only when an application needs it (a measured start-up cost)
+        importlib.import_module("lark_oapi.ws.client")  # only when an application needs it (thousands of modules)
     except ImportError as e:
         raise Invalid(f"{why} needs lark-oapi, which cannot be imported ({e}); {LARK_FIX}") from e
 

@@ -9,7 +9,6 @@ ships only those. A `.po` newer than its `.mo` (an edit not compiled yet, in a s
 """
 from __future__ import annotations
 
-import gettext
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -39,15 +38,19 @@ def _load(root: Traversable, locale: str) -> dict[str, str]:
     folder = root / locale / "LC_MESSAGES"
     po, mo = folder / f"{DOMAIN}.po", folder / f"{DOMAIN}.mo"
     if _po_is_newer(po, mo):
-        from babel.messages.pofile import read_po  # only a source checkout with an uncompiled edit needs Babel here
+        from babel.messages.pofile import read_po  # only a source checkout with an uncompiled edit reads the .po
 
         with po.open("rb") as f:
             catalog = read_po(f, locale=locale)
-        return {m.id: m.string for m in catalog if m.id and isinstance(m.id, str) and m.string and not m.fuzzy}
-    if not mo.is_file():
+    elif mo.is_file():
+        from babel.messages.mofile import read_mo
+
+        with mo.open("rb") as f:
+            catalog = read_mo(f)
+    else:
         return {}
-    with mo.open("rb") as f:
-        return {k: v for k, v in gettext.GNUTranslations(f)._catalog.items() if isinstance(k, str) and k}  # noqa: SLF001
+    return {m.id: m.string for m in catalog if m.id and isinstance(m.id, str) and isinstance(m.string, str)
+            and m.string and not m.fuzzy}
 
 
 class Catalogs:

@@ -88,8 +88,8 @@ class Hub:
         self.metrics_url: str | None = None  # `http://HOST:PORT/metrics` once hub.metrics_listen is served
         self.loops = Loops(self.metrics.registry)
         hs = settings.hub
-        self.oauth = OAuthService(self.db, self.clock)  # hosted MCP clients (issue 19 item 4)
-        self.registration = ClientRegistration(self.oauth, self.clock, settings.oauth)  # limited, pruned (issue 33)
+        self.oauth = OAuthService(self.db, self.clock)  # hosted MCP clients
+        self.registration = ClientRegistration(self.oauth, self.clock, settings.oauth)  # limited, pruned
         self.auth = AuthService(self.db, self.clock, oauth=self.oauth)
         self.dispatcher = Dispatcher(self.db, self.clock, self.notifier, hs, execution=settings.execution)
         self.profiles = ProfileService(self.db, self.clock)
@@ -122,8 +122,8 @@ class Hub:
         firing_wake = asyncio.Event()
         self.schedules = ScheduleService(self.db, self.clock, settings.schedules, self.admission, self.sessions,
                                          on_changed=firing_wake.set, feishu=settings.feishu)
-        self.recovery = RecoveryService(self.db, self.clock)  # upgrade creator recovery (issue 9)
-        self.identity = IdentityService(self.db, self.clock)  # Feishu identity links (issue 15)
+        self.recovery = RecoveryService(self.db, self.clock)  # upgrade creator recovery
+        self.identity = IdentityService(self.db, self.clock)  # Feishu identity links
         # The Feishu channel, wired here: configured apps load it (a missing lark-oapi fails the start, naming
         # the fix); no apps is the explicit NullChannel (the console's own application delivers through it).
         channel = (load_channel(settings.feishu.channel, settings) if settings.feishu.apps else NullChannel(
@@ -141,7 +141,7 @@ class Hub:
                       lease_tools(self.leases), session_tools(self.sessions)]
         registrars.append(schedule_tools(self.schedules))
         self.mcp = McpMount(build_mcp(registrars), self.auth)
-        # The Feishu bot (issue 7): the composition root may import bot; hub modules never do.
+        # The Feishu bot: the composition root may import bot; hub modules never do.
         from bot.app import build_bot
         from bot.services import BotServices
         self.bot_state = BotService(self.db, self.clock, self.sessions)

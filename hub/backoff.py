@@ -7,12 +7,12 @@ from tenacity import RetryCallState, wait_exponential
 from tenacity.wait import wait_base
 
 
-class wait_jittered_exponential(wait_base):  # noqa: N801 - named like tenacity's own strategies
+class wait_jittered_exponential(wait_base):  # named like tenacity's own strategies
     """Wait `initial` doubling per attempt up to `max`, plus up to `jitter` of that (0.5: 0.1–0.15 s, …, 2–3 s), so
     runners cut off together do not come back together (tenacity's `wait_exponential_jitter` adds a fixed jitter
     and clips it away at the cap)."""
 
-    def __init__(self, initial: float, max: float, jitter: float = 0.5) -> None:  # noqa: A002 - tenacity's word
+    def __init__(self, initial: float, max: float, jitter: float = 0.5) -> None:  # tenacity's word
         self.base = wait_exponential(multiplier=initial, min=initial, max=max)
         self.jitter = jitter
 

@@ -207,8 +207,9 @@ async def _runner(args: argparse.Namespace) -> None:
     done, _ = await asyncio.wait({main, waiter}, return_when=asyncio.FIRST_COMPLETED)
     await runner.stop()
     main.cancel()
-    if main in done and main.exception():
-        raise main.exception()
+    failure = main.exception() if main in done else None
+    if failure is not None:
+        raise failure
 
 
 async def _db_upgrade(args: argparse.Namespace) -> None:

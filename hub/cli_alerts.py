@@ -3,6 +3,7 @@ over REST."""
 from __future__ import annotations
 
 import argparse
+from typing import Any, Callable
 
 from .domain.alerts import parse_duration
 
@@ -14,7 +15,7 @@ def _duration(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # noqa: ANN001
+def add_parser(subparsers: argparse._SubParsersAction, client_opts: Callable[..., Any]) -> None:
     """Add `amux alerts …` and `amux feishu …`; `client_opts` adds --hub/--token/--json."""
     al = subparsers.add_parser("alerts", help="the alert center: incidents, decisions, delivery diagnostics")
     sub = al.add_subparsers(dest="alerts_cmd", required=True)
@@ -44,7 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # 
     rc.add_argument("--app", required=True, help="the application's app_id")
 
 
-async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
+async def run(args: argparse.Namespace, api: Any, emit: Callable[..., Any]) -> None:
     """Run one `amux alerts` / `amux feishu` command with the REST client `api`; `emit(args, data, human)` prints."""
     if args.cmd == "feishu":
         res = await api.call("POST", f"feishu/apps/{args.app}/recheck")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any, Callable
 
 from .domain.durations import duration_text
 
 
-def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # noqa: ANN001
+def add_parser(subparsers: argparse._SubParsersAction, client_opts: Callable[..., Any]) -> None:
     """Add `amux identity …`; `client_opts` adds --hub/--token/--json."""
     idp = subparsers.add_parser("identity", help="Feishu identities linked to your principal")
     sub = idp.add_subparsers(dest="identity_cmd", required=True)
@@ -33,7 +34,7 @@ def _line(b: dict) -> str:
             f"  since {(b['created_at'] or '-')[:19]}")
 
 
-async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
+async def run(args: argparse.Namespace, api: Any, emit: Callable[..., Any]) -> None:
     """Run one `amux identity` command with the REST client `api`; `emit(args, data, human)` prints."""
     if args.identity_cmd == "link":
         res = await api.call("POST", "identity/link-codes")

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any, Callable
 import asyncio
 import sys
 
 from .cli_exit import outcome
 
 
-def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # noqa: ANN001
+def add_parser(subparsers: argparse._SubParsersAction, client_opts: Callable[..., Any]) -> None:
     """Add `amux instance …`; `client_opts` adds --hub/--token/--json."""
     ins = subparsers.add_parser("instance", help="persistent Agent Instances")
     sub = ins.add_subparsers(dest="instance_cmd", required=True)
@@ -66,7 +67,7 @@ def _line(i: dict) -> str:
             + late)
 
 
-async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
+async def run(args: argparse.Namespace, api: Any, emit: Callable[..., Any]) -> None:
     """Run one `amux instance` command with the REST client `api`; `emit(args, data, human)` prints."""
     cmd = args.instance_cmd
     if cmd == "create":
@@ -119,7 +120,7 @@ def _outcome(res: dict) -> None:
         outcome(task["status"], f"instance {res['instance_id']} run {task.get('task_id') or res['current_task_id']}")
 
 
-async def _wait(api, iid: str, timeout: float | None) -> dict:  # noqa: ANN001
+async def _wait(api: Any, iid: str, timeout: float | None) -> dict:
     """Wait for the current run in rounds of at most 25 s (`timeout` None: until it ends)."""
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any, Callable
 
 
-def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # noqa: ANN001
+def add_parser(subparsers: argparse._SubParsersAction, client_opts: Callable[..., Any]) -> None:
     """Add `amux runtime …`; `client_opts` adds --hub/--token/--json."""
     rt = subparsers.add_parser("runtime", help="registered runtimes (runners)")
     sub = rt.add_subparsers(dest="runtime_cmd", required=True)
@@ -15,7 +16,7 @@ def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # 
     de.add_argument("name", help="the runtime's name, from `amux runtime list`")
 
 
-async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
+async def run(args: argparse.Namespace, api: Any, emit: Callable[..., Any]) -> None:
     """Run one `amux runtime` command with the REST client `api`; `emit(args, data, human)` prints."""
     if args.runtime_cmd == "list":
         res = await api.call("GET", "runtimes")

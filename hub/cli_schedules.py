@@ -3,6 +3,7 @@ the REST API."""
 from __future__ import annotations
 
 import argparse
+from typing import Any, Callable
 import os
 import sys
 
@@ -18,7 +19,7 @@ OVERLAP_HELP = ("subtask schedules: a fire while the previous Task is unfinished
                 "skip admits nothing, replace cancels it then admits")
 
 
-def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # noqa: ANN001
+def add_parser(subparsers: argparse._SubParsersAction, client_opts: Callable[..., Any]) -> None:
     """Add `amux schedule …`; `client_opts` adds --hub/--token/--json."""
     sch = subparsers.add_parser("schedule", help="durable schedules")
     sub = sch.add_subparsers(dest="schedule_cmd", required=True)
@@ -88,7 +89,7 @@ def _line(s: dict) -> str:
             + overlap)
 
 
-async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
+async def run(args: argparse.Namespace, api: Any, emit: Callable[..., Any]) -> None:
     """Run one `amux schedule` command with the REST client `api`; `emit(args, data, human)` prints."""
     if args.schedule_cmd == "create":
         prompt = args.prompt

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any, Callable
 import asyncio
 import os
 import sys
@@ -10,7 +11,7 @@ from .cli_exit import UsageError, outcome
 from .domain.durations import duration_text
 
 
-def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # noqa: ANN001
+def add_parser(subparsers: argparse._SubParsersAction, client_opts: Callable[..., Any]) -> None:
     """Add `amux session …`; `client_opts` adds --hub/--token/--json."""
     ses = subparsers.add_parser("session", help="interactive sessions")
     sub = ses.add_subparsers(dest="session_cmd", required=True)
@@ -50,7 +51,7 @@ def _line(s: dict) -> str:
             f"runtime={s['runtime'] or '-'}  turns={s['turns']}  updated {(s['updated_at'] or '-')[:19]}")
 
 
-async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
+async def run(args: argparse.Namespace, api: Any, emit: Callable[..., Any]) -> None:
     """Run one `amux session` command with the REST client `api`; `emit(args, data, human)` prints."""
     if args.session_cmd == "create":
         body = {k: v for k, v in {"name": args.name, "profile": args.profile, "model": args.model,
@@ -87,7 +88,7 @@ async def run(args: argparse.Namespace, api, emit) -> None:  # noqa: ANN001
 PROGRESS_EVERY_S = 10.0
 
 
-async def _follow(api, queued: dict, timeout: float | None) -> dict:  # noqa: ANN001
+async def _follow(api: Any, queued: dict, timeout: float | None) -> dict:
     """Poll a queued Turn until it is terminal or `timeout` elapses, saying on stderr what it is doing."""
     from .domain.tasks import is_terminal
 

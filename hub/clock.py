@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta, timezone
-from typing import Protocol
+from typing import Protocol, overload
 
 
 class Clock(Protocol):
@@ -39,6 +39,18 @@ class ManualClock:
     def set(self, when: datetime) -> None:
         """Jump to an absolute time."""
         self._now = when
+
+
+@overload
+def utc(dt: datetime) -> datetime: ...
+
+
+@overload
+def utc(dt: None) -> None: ...
+
+
+@overload
+def utc(dt: datetime | None) -> datetime | None: ...
 
 
 def utc(dt: datetime | None) -> datetime | None:

@@ -102,8 +102,8 @@ def load(config_file: str | os.PathLike[str] | None, env: Mapping[str, str] | No
         settings = Settings(**overrides)
     except SettingsError as e:  # a list or table given as a variable that is not JSON
         top = re.search(r'field "([^"]+)"', str(e))
-        given = [n for n in names if top and _env_path(n)[0] == top.group(1)] or ["an AMUX_* variable"]
-        raise Invalid(f"bad configuration: {' or '.join(given)} is not valid JSON ({e.__cause__ or e}); a list "
+        named = [n for n in names if top and _env_path(n)[0] == top.group(1)] or ["an AMUX_* variable"]
+        raise Invalid(f"bad configuration: {' or '.join(named)} is not valid JSON ({e.__cause__ or e}); a list "
                       "or table set from the environment is JSON, e.g. AMUX_FEISHU__APPS='[{\"app_id\": \"cli_…\"}]'"
                       ) from e
     except ValidationError as e:

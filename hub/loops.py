@@ -142,9 +142,9 @@ class Loops:
         self.loops.clear()
 
 
-class Tasks:
-    """Keep a reference to every fire-and-forget task until it ends (asyncio holds only weak ones), log its
-    failure, and cancel what is left on `aclose()`."""
+class Background:
+    """Keep a reference to every fire-and-forget asyncio task until it ends (asyncio holds only weak ones), log its
+    failure, and cancel what is left on `aclose()`. (An asyncio task: neither a TaskRun nor a lease task.)"""
 
     def __init__(self, name: str) -> None:
         self.name = name

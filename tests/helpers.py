@@ -152,7 +152,7 @@ async def start_hub(db_url: str, home: Path, clock: Clock | None = None, port: i
     await site_runner.setup()
     site = web.TCPSite(site_runner, "127.0.0.1", port)
     await site.start()
-    real_port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+    real_port = site._server.sockets[0].getsockname()[1]
     admin = await hub.auth.create_token("admin", label="cli", admin=True)
     hub.runner_dispatch.hub_url = f"http://127.0.0.1:{real_port}"  # what children are told (public_url in production)
     return HubHandle(hub, f"http://127.0.0.1:{real_port}", admin, site_runner)
@@ -180,7 +180,7 @@ def runner_command(url: str, token: str, name: str, slots: int, workspace: Path)
             "--isolation", "process"]
 
 
-async def eventually(predicate, timeout: float = 10.0, interval: float = 0.02):  # noqa: ANN001, ANN201
+async def eventually(predicate, timeout: float = 10.0, interval: float = 0.02):
     """Poll an async predicate until it returns a truthy value (for real I/O, not rule durations)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -283,3 +283,17 @@ async def runner_events(reports: Any, runtime_id: str, msg: Any) -> int | None:
 async def runner_finished(reports: Any, runtime_id: str, msg: Any) -> bool:
     """Apply one Finished; False when the task is not this runner's."""
     return not (await reports.apply(runtime_id, "", [msg]))[0]["drop"]
+
+
+async def turn_child_env(hub: Hub, conn: Any, owner_id: str, session_id: str) -> dict[str, str]:
+    """The coordination environment the child of a Session's running Turn is given at dispatch: a fresh run token of
+    that Turn (earlier ones revoked, as a dispatch sent again does), labeled for the Session, and its address."""
+    from hub.domain.tasks import Status
+    from hub.services.dispatch import run_label
+    from hub.store.tables import task_runs
+
+    task_id = (await conn.execute(sa.select(task_runs.c.id).where(
+        task_runs.c.session_id == session_id, task_runs.c.status.in_([Status.DISPATCHED.value, Status.RUNNING.value]))
+        .order_by(task_runs.c.turn_seq.desc()).limit(1))).scalar()
+    token = await hub.auth.mint_run(conn, owner_id, task_id, run_label(session_id, task_id))
+    return {"AMUX_HUB_URL": hub.runner_dispatch.hub_url, "AMUX_TOKEN": token, "AMUX_SESSION_ID": session_id}

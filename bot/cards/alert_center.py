@@ -11,9 +11,9 @@ from .alerts import outcome, snooze_label
 from .base import Text, button, button_row, card, check_limits, esc, hr, join, markdown, same, when
 from .views import AlertCenterView, Diagnostic
 
-STATES = {IncidentState.PENDING: _("failing"), IncidentState.OPEN: _("failing"),
-          IncidentState.RECOVERING: _("recovering"), IncidentState.CLOSED: _("recovered"),
-          IncidentState.WITHDRAWN: _("withdrawn")}
+STATES: dict[str, str] = {IncidentState.PENDING: _("failing"), IncidentState.OPEN: _("failing"),
+                          IncidentState.RECOVERING: _("recovering"), IncidentState.CLOSED: _("recovered"),
+                          IncidentState.WITHDRAWN: _("withdrawn")}
 DELIVERY: dict[str, str] = {DeliveryState.OK: _("ok"), DeliveryState.SUSPENDED: _("suspended"),
             DeliveryState.UNCONFIGURED: _("no administrator configured")}
 NOTICE_KINDS = {"incident": _("incident card"), "card": _("incident card"), "update": _("incident update"),

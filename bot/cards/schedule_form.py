@@ -1,4 +1,4 @@
-"""The schedule form (issue 32): a Card JSON 2.0 `form` container that creates or edits a schedule (pure).
+"""The schedule form: a Card JSON 2.0 `form` container that creates or edits a schedule (pure).
 
 The form's submit button (`form_action_type: submit`) calls back with `Save(nonce=…)` and Feishu
 adds every field's value as the callback's `form_value` keyed by the field's `name` (FIELDS). A refusal renders the
@@ -83,7 +83,8 @@ def render_form(v: FormView, tr: Catalogs) -> dict[str, Any]:
     profiles = [(tr.text(_("Hub default")), DEFAULT_PROFILE)] + [(same(p), p) for p in v.profiles]
     if profile not in [p for _l, p in profiles]:
         profile = DEFAULT_PROFILE
-    notify = vals.get("notify") if vals.get("notify") in NOTIFY_CHOICES else "failures"
+    notify = vals.get("notify") or ""
+    notify = notify if notify in NOTIFY_CHOICES else "failures"
     elements: list[dict[str, Any]] = []
     if v.error_field is not None:
         elements.append(markdown(error_text(tr, v.error_field, v.error_detail)))

@@ -119,7 +119,9 @@ def render_history(v: HistoryView, tr: Catalogs) -> dict[str, Any]:
 
 def split_result(text: str, limit: int = RESULT_PART_BYTES) -> list[str]:
     """Split result text into escaped parts of at most `limit` UTF-8 bytes (never inside a character)."""
-    parts, cur, size = [], [], 0
+    parts: list[str] = []
+    cur: list[str] = []
+    size = 0
     for ch in text:
         e = esc(ch) if ch not in "\n " else ch
         n = len(e.encode())

@@ -14,7 +14,7 @@ from .actions import RUN_KINDS, Timeline
 from .base import button, card, check_limits, esc, markdown
 
 
-def timeline_button(tr: Catalogs, kind: str, id: str) -> dict[str, Any]:  # noqa: A002 — the brief's name
+def timeline_button(tr: Catalogs, kind: str, id: str) -> dict[str, Any]:
     """Return a button that opens the Agent Timeline of a Task (`kind` task) or a Turn (`kind` turn)."""
     if kind not in RUN_KINDS:
         raise ValueError(f"timeline_button kind must be one of {RUN_KINDS}, not {kind!r}")

@@ -137,7 +137,7 @@ class ClientThread:
             client.start()
         except asyncio.CancelledError:
             log.info("long connection of %s stopped", self.app.app_id)
-        except Exception:  # noqa: BLE001 — the thread ends; the keeper starts another while it holds the lease
+        except Exception:  # the thread ends; the keeper starts another while it holds the lease
             log.exception("long connection of %s ended", self.app.app_id)
         finally:
             with self._lock:
@@ -149,7 +149,7 @@ class ClientThread:
     def _close(loop: asyncio.AbstractEventLoop, client: Any) -> None:
         if client is not None:
             with contextlib.suppress(BaseException):
-                loop.run_until_complete(asyncio.wait_for(client._disconnect(), 2.0))  # noqa: SLF001 — no public close
+                loop.run_until_complete(asyncio.wait_for(client._disconnect(), 2.0))  # noqa: SLF001 — known limit
         pending = asyncio.all_tasks(loop)
         for task in pending:
             task.cancel()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 from lark_oapi.api.im.v1 import (CreateMessageRequest, CreateMessageRequestBody, CreateMessageResponse,
                                  PatchMessageRequest, PatchMessageRequestBody, PatchMessageResponse,
@@ -45,7 +45,7 @@ class LarkMessenger:
             http = AppTransport(a.base_url, timeout_s)
             self.apps[a.app_id] = (http, TenantToken(a.base_url, a.app_id, a.app_secret, timeout_s, http=http))
 
-    async def _call(self, app_id: str, fn) -> Any:  # noqa: ANN001
+    async def _call(self, app_id: str, fn: Callable[..., Any]) -> Any:
         if app_id not in self.apps:
             log.warning("Feishu application %s is not configured; reply dropped", app_id)
             return None

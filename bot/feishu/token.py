@@ -45,8 +45,7 @@ class TenantToken:
         async with self._lock:
             if self._token and time.monotonic() < self._expires - REFRESH_MARGIN_S:
                 return self._token
-            await self._fetch()
-            return self._token
+            return await self._fetch()
 
     def invalidate(self, token: str | None = None) -> None:
         """Forget the token (the platform said 99991663: invalid or expired)."""
@@ -61,13 +60,15 @@ class TenantToken:
             async with s.post(self.url, json=creds) as r:
                 return await r.json(content_type=None)
 
-    async def _fetch(self) -> None:
+    async def _fetch(self) -> str:
         try:
             body = await self._request()
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
             raise TokenError(f"tenant token request failed: {type(e).__name__}: {e}") from e
         if not isinstance(body, dict) or body.get("code") != 0 or not body.get("tenant_access_token"):
             raise TokenError(f"tenant token refused: {body!r:.200}")
-        self._token = body["tenant_access_token"]
+        token: str = body["tenant_access_token"]
+        self._token = token
         self._expires = time.monotonic() + float(body.get("expire", 7200))
         self.fetches += 1
+        return token

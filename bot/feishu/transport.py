@@ -1,16 +1,16 @@
 """One long-lived HTTP client per Feishu application, carrying lark-oapi's request and response models.
 
 lark-oapi 1.x sends every async call through `lark_oapi.core.http.Transport.aexecute`, a static method that
-opens and closes a new `httpx.AsyncClient` per call (a fresh TLS context and connection each time, ~23 ms of
-CPU per message measured by bench/outbox), and every generated resource calls that method by name, so no
-client can be passed in. The hub keeps lark-oapi's request builders and response models and sends the built
-requests here instead, over one `aiohttp.ClientSession` per application (keep-alive connections, closed by
-`aclose()`); the tenant token (bot.feishu.token) is fetched over the same session and passed per call.
+opens and closes a new `httpx.AsyncClient` per call (a fresh TLS context and connection each time), and every
+generated resource calls that method by name, so no client can be passed in. The hub keeps lark-oapi's request
+builders and response models and sends the built requests here instead, over one `aiohttp.ClientSession` per
+application (keep-alive connections, closed by `aclose()`); the tenant token (bot.feishu.token) is fetched over
+the same session and passed per call.
 
-Why aiohttp and not a shared `httpx.AsyncClient`: the hub's HTTP stack is aiohttp already, and over a kept-alive
-connection a send costs 0.22 ms of CPU through aiohttp against 2.1 ms through httpx 0.28 here (httpcore
-re-attempts `import sniffio`, which is not installed, several times per request, and walks its pool per
-request).
+Why aiohttp and not a shared `httpx.AsyncClient`: the hub's HTTP stack is aiohttp already, and a send over a
+kept-alive connection costs far less CPU through aiohttp (httpcore re-attempts `import sniffio`, which is not
+installed, several times per request, and walks its pool per request); docs/performance.md ("The outbox: one
+HTTP client per Feishu application") has the figures.
 """
 from __future__ import annotations
 

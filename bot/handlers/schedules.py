@@ -135,7 +135,7 @@ async def delete(ctx: Ctx, a: Delete) -> Answer:
     return Answer(card=render_deleted(s.name, ctx.tr), toast=_("Schedule deleted"))
 
 
-# ------------------------------------------------------------ the schedule form (issue 32)
+# ------------------------------------------------------------ the schedule form
 
 def _nonce() -> str:
     return "f" + secrets.token_hex(8)

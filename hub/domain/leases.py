@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Literal, overload
 
 from .durations import duration_text
 
@@ -72,6 +73,14 @@ def parse_box_id(raw: str | None) -> str:
     if len(raw) > 60 or not _BOX_ID.fullmatch(raw):
         raise HandleError(MALFORMED_BOX)
     return raw
+
+
+@overload
+def clean_name(raw: str | None, *, required: Literal[True], what: str) -> str: ...
+
+
+@overload
+def clean_name(raw: str | None, *, required: bool, what: str) -> str | None: ...
 
 
 def clean_name(raw: str | None, *, required: bool, what: str) -> str | None:

@@ -39,7 +39,7 @@ MAX_WALK = 10_000  # fire times counted one by one when collapsing misses; beyon
 SCAN_LIMIT = 1000  # wall-clock candidates examined for one next time (skipped DST times only)
 
 
-def zone(name: str) -> ZoneInfo:
+def zone(name: str | None) -> ZoneInfo:
     """Return the IANA zone `name`, or refuse naming an example."""
     try:
         if not isinstance(name, str) or not name or name != name.strip():
@@ -78,7 +78,7 @@ def check_min_interval(rule: Rule, min_interval_s: float) -> None:
                       "interval")
 
 
-def parse(text: str, tz_name: str) -> Rule:
+def parse(text: str | None, tz_name: str | None) -> Rule:
     """Parse a rule string in a timezone; a bad string is refused with an example of each form."""
     tz = zone(tz_name)
     if not isinstance(text, str) or not text.strip():

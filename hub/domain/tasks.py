@@ -31,8 +31,3 @@ RUNTIME_LOST = ("runtime lost while the task ran: its outcome is unknown (the en
 def is_terminal(status: str) -> bool:
     """Return whether a status is a terminal outcome."""
     return status in TERMINAL
-
-
-def can_finish(status: str) -> bool:
-    """A terminal report applies only to an active run; later reports are ignored (idempotent)."""
-    return status in ACTIVE

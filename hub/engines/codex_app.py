@@ -204,7 +204,8 @@ class AppServerRun:
             if answer is not None and not answer.done():
                 answer.set_result(msg)  # the answer to a steer
             return None  # else a response to nothing we wait for
-        params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
+        raw = msg.get("params")
+        params: dict[str, Any] = raw if isinstance(raw, dict) else {}
         if "id" in msg:
             return await self._server_request(msg["id"], method, params)
         if params.get("turnId") not in (None, self.turn_id) and method != "thread/tokenUsage/updated":
@@ -237,7 +238,8 @@ class AppServerRun:
                                                  **_raw(item)))
 
     async def _error(self, params: dict[str, Any]) -> EngineResult | None:
-        err = params.get("error") if isinstance(params.get("error"), dict) else {}
+        raw = params.get("error")
+        err: dict[str, Any] = raw if isinstance(raw, dict) else {}
         message = str(err.get("message") or "codex error")
         detail = err.get("additionalDetails")
         text = f"{message} ({detail})" if detail else message
@@ -289,7 +291,8 @@ class AppServerRun:
             title = item[1] if item else (params.get("grantRoot") or "file change")
             return "file_change", str(title), lambda d: {"decision": "accept" if d.allow else "decline"}
         if method == "item/permissions/requestApproval":
-            wanted = params.get("permissions") if isinstance(params.get("permissions"), dict) else {}
+            asked = params.get("permissions")
+            wanted: dict[str, Any] = asked if isinstance(asked, dict) else {}
             granted = {k: wanted[k] for k in ("fileSystem", "network") if k in wanted}
             return "permissions", "additional permissions", lambda d: {"permissions": granted if d.allow else {},
                                                                        "scope": "turn"}

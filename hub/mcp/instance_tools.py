@@ -1,7 +1,7 @@
 """MCP tools for persistent Agent Instances."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Callable, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel, Field
@@ -61,7 +61,7 @@ class SteerAnswer(BaseModel):
         "queued: why no turn took it (e.g. the engine's protocol takes no input mid-turn, the turn had ended)"))
 
 
-def instance_tools(instances: InstanceService):  # noqa: ANN201
+def instance_tools(instances: InstanceService) -> Callable[[MCPServer], None]:
     """Return a registrar adding the instance_* tools."""
 
     def register(server: MCPServer) -> None:

@@ -1,6 +1,8 @@
 """MCP tools for lease tasks and their boxes (seed names: `rift_task_*`, `rift_vm_*`)."""
 from __future__ import annotations
 
+from typing import Callable
+
 from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel
 
@@ -99,7 +101,7 @@ def _exec_note(r: dict) -> str | None:
     return "; ".join(notes) or None
 
 
-def lease_tools(leases: LeaseService):  # noqa: ANN201
+def lease_tools(leases: LeaseService) -> Callable[[MCPServer], None]:
     """Return a registrar adding the rift_task_* and rift_vm_* tools."""
 
     def register(server: MCPServer) -> None:

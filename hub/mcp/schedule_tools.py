@@ -1,7 +1,7 @@
 """MCP tools for durable schedules."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -70,7 +70,7 @@ def session_ref_of(caller: Caller, schedule_type: str, session_ref: str | None) 
 
 
 # Long by design: one short closure per MCP tool (its signature is the tool's schema); `register` likewise.
-def schedule_tools(service: ScheduleService):  # noqa: ANN201
+def schedule_tools(service: ScheduleService) -> Callable[[MCPServer], None]:
     """Return a registrar adding the schedule_* tools."""
 
     def register(server: MCPServer) -> None:

@@ -70,7 +70,7 @@ def run_tool_refusal(caller: Caller | None, tool: str) -> str | None:
     return f"{tool}: {refusal}" if refusal else None
 
 
-def tool_refusal(ctx, text: str) -> Any:  # noqa: ANN001
+def tool_refusal(ctx: Any, text: str) -> Any:
     """Answer a tools/call from middleware with a tool error (a middleware owns the wire shape per version)."""
     refusal = {"content": [{"type": "text", "text": text}], "isError": True, "resultType": "complete"}
     return serialize_server_result("tools/call", ctx.protocol_version, refusal)
@@ -167,7 +167,7 @@ class AmuxMCPServer(MCPServer):
             self._arguments = {t.name: tuple(t.input_schema.get("properties") or {}) for t in await self.list_tools()}
         return self._arguments.get(tool)
 
-    async def request_guard(self, ctx, call_next):  # noqa: ANN001, ANN201
+    async def request_guard(self, ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
         """Every request's middleware (one layer, not three): capture the client's name, then refuse a tool call
         outside the caller's scopes, outside what a run token may reach, with arguments no store can keep, or with an
         argument the tool does not take (nothing runs, nothing is stored).

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel, Field
@@ -80,7 +81,7 @@ class TurnSent(BaseModel):
     error: str | None = None
 
 
-def session_tools(sessions: SessionService):  # noqa: ANN201
+def session_tools(sessions: SessionService) -> Callable[[MCPServer], None]:
     """Return a registrar adding the session_* tools."""
 
     def register(server: MCPServer) -> None:

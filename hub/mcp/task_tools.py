@@ -1,7 +1,7 @@
 """MCP tools for profiles and tasks."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from mcp.server.mcpserver import Context, MCPServer
 
@@ -21,8 +21,8 @@ BUILTIN_INFOS: tuple[m.ProfileInfo, ...] = tuple(m.ProfileInfo(**p) for p in BUI
 
 
 # Long by design: one short closure per MCP tool (its signature is the tool's schema).
-def task_tools(tasks: TaskService, profiles: ProfileService, permissions: PermissionService,  # noqa: ANN201
-               timeline: TimelineService | None = None):
+def task_tools(tasks: TaskService, profiles: ProfileService, permissions: PermissionService,
+               timeline: TimelineService | None = None) -> Callable[[MCPServer], None]:
     """Return a registrar adding profile_list, the task_* tools (task_timeline with a timeline) and
     permission_respond."""
 

@@ -12,7 +12,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, cast
 
 import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
@@ -512,8 +512,8 @@ class Runner:
         if self.child_network != "isolated":
             return dac.Boundary(d.uid, workspace, home, reveal, self.hide, network="host"), None
         url = URL(d.env.get("AMUX_HUB_URL") or self.hub_url)
-        plain = url.scheme == "http" and url.host is not None and url.port is not None
-        hub = (url.host, url.port) if plain else None
+        hub = (url.host, url.port) if url.scheme == "http" and url.host is not None and url.port is not None else None
+        plain = hub is not None
         allow = self.egress_allow + (() if plain else (f"{url.host}:{url.port}",))
         egress = Egress(Path(tempfile.mkdtemp(prefix="amux-b-")), hub, allow)
         await egress.start()
@@ -658,7 +658,7 @@ class Runner:
         changed = diff_trees(before, await tree_of(workspace))
         h.rseq += 1
         fin = p.Finished(
-            task_id=d.task_id, attempt=d.attempt, rseq=h.rseq, outcome=outcome,
+            task_id=d.task_id, attempt=d.attempt, rseq=h.rseq, outcome=cast(p.Outcome, outcome),  # pydantic checks it
             result_text=redact.scrub(result.text or ""),
             result_json=redact.scrub(result.json), error=redact.scrub(result.error), usage=last_usage,
             changed_files=changed, resume_handle=result.resume_handle, question=question,

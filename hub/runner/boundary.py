@@ -159,6 +159,8 @@ def runner_roots() -> set[Path]:
 
     roots = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
     for package in (hub, bot):
+        if package.__file__ is None:  # a namespace package has no file (these are regular packages)
+            continue
         folder = Path(package.__file__).resolve().parent
         if not any(r in folder.parents for r in roots):
             roots.add(folder)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from typing import Awaitable, Callable
 
 from hub.runner.egress import pipe
 
 
-def _forwarder(socket_path: str):  # noqa: ANN202 - an asyncio connection callback
+def _forwarder(socket_path: str) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
     async def carry(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             up_r, up_w = await asyncio.open_unix_connection(socket_path)

@@ -103,7 +103,7 @@ class Egress:
         except OSError:
             await self._refuse(writer, "502 Bad Gateway", f"cannot resolve {host}")
             return
-        addresses = [info[4][0] for info in infos]
+        addresses = [str(info[4][0]) for info in infos]
         if not self.allowed(host, port) and not all(public(a) for a in addresses):
             log.info("egress refused: %s:%s is not a public address", host, port)
             await self._refuse(writer, "403 Forbidden", f"{host}:{port} is not a public address; the operator "

@@ -107,6 +107,13 @@ class Question(BaseModel):
     free_text: bool = True
 
 
+Outcome = Literal["succeeded", "failed", "cancelled", "timed_out", "waiting_for_user"]
+
+
+def _no_changes() -> dict[str, list[str]]:
+    return {"created": [], "modified": [], "deleted": []}
+
+
 class Finished(BaseModel):
     """Runner → hub: the terminal outcome and everything the TaskRun keeps."""
 
@@ -114,12 +121,12 @@ class Finished(BaseModel):
     task_id: str
     attempt: int
     rseq: int
-    outcome: Literal["succeeded", "failed", "cancelled", "timed_out", "waiting_for_user"]
+    outcome: Outcome
     result_text: str = ""
     result_json: Any = None
     error: str | None = None
     usage: dict[str, int] | None = None
-    changed_files: dict[str, list[str]] = Field(default_factory=lambda: {"created": [], "modified": [], "deleted": []})
+    changed_files: dict[str, list[str]] = Field(default_factory=_no_changes)
     resume_handle: str | None = None
     question: Question | None = None  # with outcome `waiting_for_user`: what the agent asked
 

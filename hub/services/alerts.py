@@ -41,7 +41,7 @@ def _incident(row: Row) -> rules.Incident:
 
 
 
-def incident_view(inc: rules.Incident, incident_id: str, sched: Row, creator: str | None, app_id: str,
+def incident_view(inc: rules.Incident, incident_id: str | None, sched: Row, creator: str | None, app_id: str,
                   snooze_s: float = 86400.0) -> dict:
     """Return the card view model of an incident (what the channel renders); `snooze_s` (`alerts.snooze_s`) is
     what its Snooze button holds reminders for."""
@@ -103,7 +103,7 @@ class AlertService:
         for _ in range(3):
             try:
                 # A transient database error (a PostgreSQL restart) runs the rules again instead of dropping the
-                # outcome (soak finding 10); `_ingest` reads its state afresh on each attempt.
+                # outcome; `_ingest` reads its state afresh on each attempt.
                 return await self.db.transaction(lambda conn: self._ingest(conn, ev, key))
             except DecidedElsewhere:  # another hub decided it (or opened the incident) concurrently: look again
                 continue
@@ -133,8 +133,9 @@ class AlertService:
         step = rules.on_outcome(_incident(row) if row is not None else None, o, now, self.n)
         iid = row.id if row is not None else None
         changed = step.incident is not None and (row is None or step.incident != _incident(row))
-        if o.has_creator and o.has_app and changed:
-            iid = await self._save(conn, row, step.incident, sched, app_id, ev.creator_id, now)
+        if changed and step.incident is not None and sched is not None and app_id is not None \
+                and ev.creator_id is not None:
+            iid = await self._save(conn, row, step.incident, sched.id, app_id, ev.creator_id, now)
         label = ev.outcome or ev.admission
         notices = await self._queue(conn, step.notices, iid, step.incident, sched, creator, app_id, now, ev=ev)
         await self.store.log(conn, decision_id=new_id("dec"), at=now, ingest_key=key, firing_id=ev.firing_id,
@@ -143,35 +144,39 @@ class AlertService:
                              detail=rules.DECISIONS[step.decision])
         return step.decision
 
-    async def _save(self, conn: Connection, row: Row | None, inc: rules.Incident, sched: Row, app_id: str,
+    async def _save(self, conn: Connection, row: Row | None, inc: rules.Incident, schedule_id: str, app_id: str,
                     creator_id: str | None, now: datetime) -> str:
         values: dict[str, Any] = {f: getattr(inc, f) for f in INCIDENT_FIELDS}
-        values["active_key"] = sched.id if inc.state in rules.ACTIVE else None
+        values["active_key"] = schedule_id if inc.state in rules.ACTIVE else None
         values["updated_at"] = now
         if row is None:
             iid = new_id("inc")
-            await self.store.open(conn, incident_id=iid, schedule_id=sched.id, app_id=app_id, creator_id=creator_id,
+            await self.store.open(conn, incident_id=iid, schedule_id=schedule_id, app_id=app_id, creator_id=creator_id,
                                   values=values)
             return iid
         await self.store.save(conn, row.id, values)
         return row.id
 
     async def _queue(self, conn: Connection, kinds: tuple[str, ...], iid: str | None, inc: rules.Incident | None,
-                     sched: Row, creator: str | None, app_id: str | None, now: datetime,
+                     sched: Row | None, creator: str | None, app_id: str | None, now: datetime,
                      ev: FiringOutcome | None = None) -> list[str]:
-        if not kinds or app_id is None:
+        if not kinds or app_id is None or sched is None:  # a notice names its schedule and goes to an application
             return []
         admin = await self.store.admin_of(conn, app_id)
         out = []
         for kind in kinds:
             if kind == "receipt":
+                if ev is None:  # a receipt answers one outcome
+                    continue
                 payload = {"v": 1, "kind": "receipt", "app_id": app_id, "schedule_id": sched.id,
                            "schedule_name": sched.name, "creator": creator, "timezone": sched.timezone,
                            "outcome": ev.outcome or ev.admission, "firing_id": ev.firing_id,
                            "nominal_time": iso(ev.nominal_time), "task_id": ev.task_id, "turn_id": ev.turn_id}
-            else:
+            elif inc is not None:
                 payload = incident_view(inc, iid, sched, creator, app_id, self.n.snooze_s)
                 payload["notice"] = kind
+            else:  # an incident's notice without its incident
+                continue
             out.append(await self.notices.queue(conn, now, app_id=app_id, recipient=admin, kind=kind, payload=payload,
                                                 timezone=sched.timezone, incident_id=iid, schedule_id=sched.id))
         return out
@@ -214,7 +219,8 @@ class AlertService:
                      detail: str | None = None) -> list[str]:
         sched = await self.store.schedule(conn, row.schedule_id)
         creator = await self.store.principal_name(conn, row.creator_id)
-        await self._save(conn, row, step.incident, sched, row.app_id, row.creator_id, now)
+        if step.incident is not None:
+            await self._save(conn, row, step.incident, row.schedule_id, row.app_id, row.creator_id, now)
         notices = await self._queue(conn, step.notices, row.id, step.incident, sched, creator, row.app_id, now)
         await self.notices.log(conn, now, step.decision, detail=detail, incident_id=row.id, schedule_id=row.schedule_id,
                                notice_id=notices[0] if notices else None)
@@ -398,9 +404,8 @@ class AlertService:
             if row is None:
                 raise NotFound(f"incident {incident_id!r} does not exist; list incidents with `amux alerts list`")
             notices = await self.outbox.of_incident(conn, incident_id)
-        # Row._mapping is SQLAlchemy's public mapping view of a row, despite its underscore
-        view = {c: (iso(v) if isinstance(v, datetime) else v) for c, v in row._mapping.items()}  # noqa: SLF001
-        view["notices"] = [dict(n._mapping) for n in notices]  # noqa: SLF001
+        view = {c: (iso(v) if isinstance(v, datetime) else v) for c, v in row._asdict().items()}
+        view["notices"] = [n._asdict() for n in notices]
         return view
 
     async def card_view(self, incident_id: str) -> dict:
@@ -411,6 +416,8 @@ class AlertService:
                 raise NotFound(f"incident {incident_id!r} does not exist; list incidents with `amux alerts list`")
             sched = await self.store.schedule(conn, row.schedule_id)
             creator = await self.store.principal_name(conn, row.creator_id)
+        if sched is None:
+            raise NotFound(f"the schedule of incident {incident_id!r} does not exist")
         view = incident_view(_incident(row), row.id, sched, creator, row.app_id, self.n.snooze_s)
         view["notice"] = "update"
         return view
@@ -419,8 +426,7 @@ class AlertService:
         """Return incidents, newest first."""
         async with self.db.read() as conn:
             rows = await self.store.newest(conn, active_only=active_only, limit=limit)
-        return [{c: (iso(v) if isinstance(v, datetime) else v) for c, v in r._mapping.items()}  # noqa: SLF001
-                for r in rows]  # Row._mapping: SQLAlchemy's public mapping view of a row
+        return [{c: (iso(v) if isinstance(v, datetime) else v) for c, v in r._asdict().items()} for r in rows]
 
     async def explain(self, ref: str) -> dict:
         """Return the decision log for an incident (`inc_…`) or a firing (`fir_…`), oldest first."""
@@ -470,11 +476,6 @@ class AlertService:
         """Say whether a notice of `incident_id` went to `open_id` (a former administrator pressing their card)."""
         async with self.db.read() as conn:
             return await self.outbox.was_sent_to(conn, incident_id, app_id, open_id)
-
-    async def active_count(self, app_id: str) -> int:
-        """Count `app_id`'s active incidents (the overview card shows it to the administrator)."""
-        async with self.db.read() as conn:
-            return await self.store.count_active_in_app(conn, app_id)
 
     # ------------------------------------------------------------ loop
 

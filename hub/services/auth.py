@@ -1,6 +1,7 @@
 """Principals and API tokens: random, shown once, stored as SHA-256, checked in constant time."""
 from __future__ import annotations
 
+import builtins
 import hashlib
 import hmac
 import secrets
@@ -106,18 +107,6 @@ class AuthService:
         """Return the id of principal `name`, creating it."""
         return await self.store.ensure_principal(conn, name, kind, self.clock.now(), new_id("pr"))
 
-    async def mint_in(self, conn: Connection, principal_id: str, label: str, *, replace: bool = False) -> str:
-        """Mint a token for an existing principal inside the caller's transaction (replace: revoke the others that
-        carry the label)."""
-        now = self.clock.now()
-        if replace:
-            await self.store.revoke_labelled(conn, label, now)
-        token_id = new_id("tok")
-        secret = secrets.token_urlsafe(32)
-        await self.store.add_token(conn, token_id=token_id, principal_id=principal_id, label=label,
-                                   token_hash=hash_secret(secret), admin=False, kind="user", now=now)
-        return f"{TOKEN_PREFIX}.{token_id.split('_', 1)[1]}.{secret}"
-
     # ------------------------------------------------------------ run tokens (one per task run)
 
     async def mint_run(self, conn: Connection, principal_id: str, task_id: str, label: str, *,
@@ -143,13 +132,6 @@ class AuthService:
             tokens.append(f"{TOKEN_PREFIX}.{token_id.split('_', 1)[1]}.{secret}")
         await self.store.add_tokens(conn, rows)
         return tokens
-
-    async def revoke_run(self, conn: Connection, task_id: str) -> None:
-        """Revoke every live token of a task run (its end, or a new attempt's dispatch)."""
-        if not task_id:
-            return
-        for token_id in await self.store.revoke_run_tokens(conn, task_id, self.clock.now()):
-            self.forget(token_id)
 
     async def revoke_runs(self, conn: Connection, task_ids: Collection[str]) -> None:
         """Revoke every live token of these task runs (a batch of reports that ended them), in one statement."""
@@ -237,14 +219,6 @@ class AuthService:
         for digest, (_, cached) in list(self._verified.items()):
             if cached.token_id == token_id:
                 self._verified.pop(digest, None)
-
-    async def token_label(self, token_id: str) -> str | None:
-        """Return a token's current label."""
-        async with self.db.read() as conn:
-            row = await self.store.token(conn, token_id)
-        if row is None:
-            raise NotFound(f"token {token_id} does not exist")
-        return row.label
 
     async def authenticate_mcp(self, header: str | None) -> Caller:
         """Like `authenticate`, and also accept OAuth access tokens, whose audience is `/mcp` only."""
@@ -350,7 +324,7 @@ class TokenAdmin:
                                                      include_revoked=include_revoked)
         return [token_view(r) for r in rows]
 
-    async def list_grants(self, caller: Caller, *, all_: bool = False) -> list[dict]:
+    async def list_grants(self, caller: Caller, *, all_: bool = False) -> builtins.list[dict]:
         """List the caller's live OAuth grants (an admin with `all_`: everyone's)."""
         self._may_manage(caller)
         if all_ and not caller.admin:
@@ -404,12 +378,6 @@ class TokenAdmin:
         if self.auth.oauth is not None:
             self.auth.oauth.forget_grants([grant_id])
         return {"id": grant_id, "kind": "grant", "revoked": True}
-
-    async def is_live(self, token_id: str) -> bool:
-        """Return whether the token is still unrevoked, from the database (no cache)."""
-        async with self.auth.db.read() as conn:
-            row = await self.auth.store.token(conn, token_id)
-        return row is not None and row.revoked_at is None
 
 
 def _iso(v: datetime | None) -> str | None:

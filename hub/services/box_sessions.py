@@ -68,8 +68,3 @@ class BoxSessionService:
             return False
         async with self.db.write() as conn:
             return await self.store.revoke_box_session(conn, m.group(1), _hash(m.group(2)), self.clock.now())
-
-    async def revoke_all(self, principal_id: str) -> int:
-        """End every open session of a principal; return how many."""
-        async with self.db.write() as conn:
-            return await self.store.revoke_box_sessions_of(conn, principal_id, self.clock.now())

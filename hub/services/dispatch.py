@@ -389,24 +389,8 @@ class RunnerDispatch:
         self.auth = auth
         self.hub_url = hub_url
 
-    async def coordination_env(self, conn: Connection, owner_id: str, session_id: str | None,
-                               task_id: str | None = None, *, direct: bool = True,
-                               first_attempt: bool = False) -> dict[str, str]:
-        """What a task child needs to reach the hub: its address, a run token (and its session's id, if any).
-
-        The token is the run's own (kind `run`, bound to `task_id`; without one, the session's running
-        turn), labeled `amux-session:<id>` for a session's runs (delegations and memory key on it),
-        `run:<task id>` otherwise; it is revoked when the run ends. Only a direct Session's Turn (`direct`) is
-        told AMUX_SESSION_ID, which is what gives its agent the hub's MCP tools: an instance's runs are task
-        children (memory CLI, no recursive task MCP tools), though their token still names their session.
-        """
-        if task_id is None and session_id:
-            task_id = await self.reports_store.current_run_of_session(conn, session_id)
-        token = await self.auth.mint_run(conn, owner_id, task_id, run_label(session_id, task_id), first=first_attempt)
-        return self._coordination(token, session_id, direct)
-
     def _coordination(self, token: str, session_id: str | None, direct: bool) -> dict[str, str]:
-        """The environment `coordination_env` gives a task child holding `token`."""
+        """The environment a task child holding `token` is given: the hub's address, the token (and its session)."""
         env = {"AMUX_HUB_URL": self.hub_url, "AMUX_TOKEN": token}
         if session_id and direct:
             env["AMUX_SESSION_ID"] = session_id
@@ -465,7 +449,7 @@ class RunnerDispatch:
                                 now: datetime, *, fresh: bool = False) -> list[tuple[str, dict]]:
         """Build the Dispatch message of each run (task_id, attempt, runtime_id, prompt, snapshot, owner_id,
         session_id, kind) in the caller's transaction, its reservation marked sent: its credentials, its run token
-        (`coordination_env`) and its memory binding; a run whose credentials no longer resolve fails instead.
+        (`_coordination`) and its memory binding; a run whose credentials no longer resolve fails instead.
         `fresh`: the reservations were made in this transaction (placement's hand-off), so a first attempt has no
         earlier token to revoke; a dispatch sent again (a runner that registered again) always revokes.
         Return (runtime id, message) pairs, in order."""

@@ -178,7 +178,7 @@ class IdentityService:
                 raise NotFound(f"identity binding {binding_id!r} does not exist or is not yours; "
                                "list yours with `amux identity list`")
             await self.store.revoke_binding(conn, binding_id)
-            row = await self.store.binding_by_id(conn, binding_id)
+            row = await self.store.binding_by_id(conn, binding_id) or row
             name = await self.principals.principal_name(conn, row.principal_id)
         return binding_view(row, name)
 

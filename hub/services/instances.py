@@ -47,7 +47,7 @@ class InstanceService:
             ses = await self.sessions.create(caller, profile=profile, model=model, reasoning_effort=reasoning_effort,
                                              runtime=runtime, permission_policy=permission_policy,
                                              extra_args=extra_args, source="instance", kind="child", conn=conn)
-            child = await self.session_store.get(conn, ses["session_id"])
+            child = await self._session(conn, ses["session_id"])
             iid = new_id("ai")
             await self.store.create(conn, instance_id=iid, owner_id=caller.principal_id, name=name,
                                     session_id=ses["session_id"], snapshot=child.snapshot, now=now)
@@ -55,6 +55,12 @@ class InstanceService:
         if prompt:
             view["task_id"] = (await self.followup(caller, iid, prompt, timeout_s=timeout_s))["task_id"]
         return view
+
+    async def _session(self, conn: Connection, session_id: str) -> Row:
+        row = await self.session_store.get(conn, session_id)
+        if row is None:  # an instance's Session is never deleted
+            raise NotFound(f"session {session_id!r} of this instance does not exist")
+        return row
 
     async def _instance(self, conn: Connection, caller: Caller, iid: str) -> Row:
         row = await self.store.get(conn, iid)
@@ -81,7 +87,7 @@ class InstanceService:
                 if not 0 < float(timeout_s) <= 7 * 86400:
                     raise Invalid("timeout_s must be a number of seconds between 0 and 604800")
                 snap["timeout_s"] = float(timeout_s)
-            s = await self.session_store.get(conn, inst.session_id)
+            s = await self._session(conn, inst.session_id)
             queued = await self.store.queued_mail(conn, iid)
             full = "\n".join([m.text for m in queued] + [prompt])
             self.sessions.admission.check_prompt(snap["engine"], full)
@@ -222,7 +228,7 @@ class InstanceService:
         """Return the instance: status (active while any owner run is unfinished), sticky runtime, refs, policy."""
         async with self.db.read() as conn:
             inst = await self._instance(conn, caller, iid)
-            s = await self.session_store.get(conn, inst.session_id)
+            s = await self._session(conn, inst.session_id)
             run = await self.store.current_run(conn, inst.current_task_id)
             current = run.status if run is not None else None
             unfinished = await self.store.unfinished_runs(conn, iid)

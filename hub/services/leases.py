@@ -1,6 +1,7 @@
-"""Lease tasks and their boxes: open, attach, release, close; boxes inside; the reaper that closes quiet tasks."""
+"""Lease tasks and their boxes: open, attach, release, close; boxes inside; the reaper that closes quiet lease tasks."""
 from __future__ import annotations
 
+import builtins
 import hashlib
 import hmac
 import logging
@@ -158,7 +159,7 @@ class LeaseService:
         if rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s):
             await self.store.touch(conn, row.id, row.secret_hash, now)
 
-    # --- tasks ---------------------------------------------------------------------------------
+    # --- lease tasks ---------------------------------------------------------------------------
 
     async def new(self, caller: Caller, name: str | None) -> dict[str, Any]:
         """Open a task held by the caller and return it with its handle (shown once).
@@ -287,7 +288,7 @@ class LeaseService:
             raise Conflict(rules.closed(row.id, "closed while the box was being made"))
         return box_view(box)
 
-    async def vm_list(self, caller: Caller, handle: str | None) -> list[dict[str, Any]]:
+    async def vm_list(self, caller: Caller, handle: str | None) -> builtins.list[dict[str, Any]]:
         """Return the live boxes of the held task (the lease and its boxes in one query: this is the hot path)."""
         now = self.clock.now()
         h: rules.Handle = _parse(rules.parse_handle, handle)
@@ -383,13 +384,13 @@ class LeaseService:
             return False
         return True
 
-    async def _destroy_boxes_of(self, task_ids: list[str]) -> list[str]:
+    async def _destroy_boxes_of(self, task_ids: builtins.list[str]) -> builtins.list[str]:
         """Destroy the live boxes of closed tasks; return the ids marked destroyed."""
         async with self.db.read() as conn:
             rows = await self.store.live_boxes_of(conn, task_ids)
         return await self._destroy_rows(rows)
 
-    async def _destroy_rows(self, rows: list[Row]) -> list[str]:
+    async def _destroy_rows(self, rows: builtins.list[Row]) -> builtins.list[str]:
         """Destroy boxes through the driver, whatever their state, and mark the ones destroyed.
 
         A box still being made holds its provisional handle: destroying it removes what its maker made so
@@ -402,7 +403,7 @@ class LeaseService:
                     done.append(b.id)
         return done
 
-    async def recover_stuck(self) -> list[str]:
+    async def recover_stuck(self) -> builtins.list[str]:
         """Destroy boxes left `creating` by a crashed hub (older than the grace a live maker needs)."""
         cutoff = rules.stuck_cutoff(self.clock.now())
         async with self.db.read() as conn:
@@ -461,7 +462,7 @@ class LeaseService:
         return BoxesPage(tasks=tasks, boxes=shown, open_tasks=page.open_tasks, unsandboxed=unsandboxed,
                          newer=newer, older=older, first=first)
 
-    async def overview(self, principal_id: str) -> tuple[list[Row], list[Row]]:
+    async def overview(self, principal_id: str) -> tuple[builtins.list[Row], builtins.list[Row]]:
         """Return a user's open tasks and their live boxes: one query per table."""
         async with self.db.read() as conn:
             tasks = await self.store.open_tasks(conn, principal_id)

@@ -299,8 +299,8 @@ class OAuthService:
                     grant_id = new_id("og")
                     await self.store.grant_code(conn, row, grant_id, now)
                     tokens = await self._mint(conn, grant_id, row.scope, now)
-        if failure:
-            raise OAuthError("invalid_grant", failure)
+        if failure or tokens is None:
+            raise OAuthError("invalid_grant", failure or "authorization code is unknown: start the authorization again")
         return tokens
 
     async def refresh(self, client: Client, refresh_token: str, scope: str | None) -> dict[str, Any]:
@@ -327,8 +327,8 @@ class OAuthService:
                 else:
                     await self.store.rotate(conn, row.token_hash, now)
                     tokens = await self._mint(conn, row.grant_id, " ".join(wanted), now)
-        if failure:
-            raise OAuthError(*failure)
+        if failure or tokens is None:
+            raise OAuthError(*(failure or ("invalid_grant", "refresh token is unknown: sign in again")))
         return tokens
 
     async def revoke(self, client: Client, token: str) -> None:
@@ -410,15 +410,13 @@ class OAuthService:
         session = secrets.token_urlsafe(32)
         async with self.db.write() as conn:
             row = await self.store.link_to_redeem(conn, hash_secret(code or ""))
-            ok = row is not None and row.used_at is None and utc(row.expires_at) > now
-            if ok:
+            if row is not None and row.used_at is None and utc(row.expires_at) > now:
                 await self.store.spend_login(conn, row.secret_hash, now)
                 await self.store.add_login(conn, hash_secret(session), "session", row.principal_id,
                                            expires_at=now + self.session_ttl, now=now)
-        if not ok:
-            raise Unauthorized("this sign-in link is unknown, already used or expired: "
-                               "ask the amux bot for a new one (`/amux login`)")
-        return session, row.name
+                return session, row.name
+        raise Unauthorized("this sign-in link is unknown, already used or expired: "
+                           "ask the amux bot for a new one (`/amux login`)")
 
     async def session_principal(self, session: str | None) -> tuple[str, str] | None:
         """Return (principal id, name) of a live browser session, or None."""

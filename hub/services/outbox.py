@@ -23,7 +23,7 @@ from ..config import AlertSettings
 from ..domain import alerts as rules
 from ..domain.states import DeliveryState, NoticeState
 from ..ids import new_id
-from ..loops import Tasks
+from ..loops import Background
 from ..store.db import Connection, Database, Row
 from ..store.incidents import NewDecision, SqlIncidentStore
 from ..store.outbox import LIVE, NoticeClaim, NoticeSent, SqlOutboxStore
@@ -84,7 +84,7 @@ class OutboxWorker:
         self.outbox = self.notices.outbox
         self.incidents = self.notices.incidents
         self.sent = 0
-        self._rounds = Tasks("outbox rounds")  # the round in flight while the next one is claimed
+        self._rounds = Background("outbox rounds")  # the round in flight while the next one is claimed
 
     # ------------------------------------------------------------ claim + gate
 
@@ -111,7 +111,7 @@ class OutboxWorker:
                 taken = slots.get((r.app_id, r.recipient or (app.admin_open_id if app else None)), {})
                 g = rules.gate(r.kind, r.recipient, r.timezone, state,
                                [at for nid, at in taken.items() if nid != r.id], now, self.n)
-                if g.action != "send":
+                if g.action != "send" or app is None:  # the gate sends only to a configured administrator
                     gated.append((r, g, app))
                     continue
                 recipient = r.recipient or app.admin_open_id
@@ -144,19 +144,20 @@ class OutboxWorker:
 
     async def _gated(self, conn: Connection, r: Row, g: rules.Gate, app: Row | None, now: datetime) -> None:
         refs = {"notice_id": r.id, "incident_id": r.incident_id, "schedule_id": r.schedule_id}
-        if g.action == "defer":
+        if g.action == "defer" and g.until is not None:
             await self.outbox.defer(conn, r.id, g.until)
             await self.notices.log(conn, now, g.decision,
                                    detail=f"{rules.DECISIONS[g.decision]}; due {g.until.isoformat()}", **refs)
         elif g.action == "retire":
             await self.outbox.retire(conn, r.id)
             await self.notices.log(conn, now, "retired", **refs)
-        elif g.action == "fold":
+        elif g.action == "fold" and g.until is not None and app is not None:
             digest = await self._digest_for(conn, r, r.recipient or app.admin_open_id, g.until, now)
             await self.outbox.fold(conn, r.id, digest)
             await self.notices.log(conn, now, "rate_limited",
                                    detail=f"folded into digest {digest}, due {g.until.isoformat()}", **refs)
-        else:  # hold: missing administrator or suspended delivery — kept pending, never dropped
+        else:  # hold: missing administrator or suspended delivery (or a verdict short of what it needs) — kept
+            # pending, never dropped
             text = (rules.DECISIONS["suspended"] if g.decision == "suspended"
                     else diagnostic_missing_admin(r.app_id, app is not None))
             if g.decision == "suspended" and app is not None and app.diagnostic:
@@ -208,7 +209,7 @@ class OutboxWorker:
             async with sem:
                 try:
                     return await self._deliver(c)
-                except Exception:  # noqa: BLE001 — the claim expires and the notice is retried with its uuid
+                except Exception:  # the claim expires and the notice is retried with its uuid
                     log.exception("delivering notice %s failed", c.row.id)
                     return None
 
@@ -217,7 +218,7 @@ class OutboxWorker:
             return
         try:
             await self._record_round(results)
-        except Exception:  # noqa: BLE001 — the claims expire and the notices are retried with their uuids
+        except Exception:  # the claims expire and the notices are retried with their uuids
             log.exception("recording a round of %d results failed", len(results))
 
     async def _deliver(self, c: "_Claim") -> "_Result | None":

@@ -26,7 +26,7 @@ class QuestionClosed(Conflict):
         self.values = values
 
 
-async def record_question(conn: Connection, run: Row, question: p.Question, now: datetime) -> None:
+async def record_question(conn: Connection, run: Any, question: p.Question, now: datetime) -> None:
     """Store the question a direct Session's Turn (`run`, its task_runs row) ended on."""
     await SqlQuestionStore.record(conn, NewQuestion(
         id=new_id("q"), turn_id=run.id, session_id=run.session_id, owner_id=run.owner_id, text=question.text,

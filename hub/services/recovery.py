@@ -87,7 +87,8 @@ class RecoveryService:
     async def _context(self, conn: Connection, rows: list[Row]) -> dict:
         """Load creators, receipt tokens and every binding of those creators (all applications, any status)."""
         creators = {r.creator_id for r in rows if r.creator_id}
-        tokens = {r.provenance.get("token_id") for r in rows if isinstance(r.provenance, dict)} - {None}
+        tokens = {t for t in (r.provenance.get("token_id") for r in rows if isinstance(r.provenance, dict))
+                  if isinstance(t, str)}
         return {"principals": await self.store.principals(conn, creators),
                 "tokens": await self.store.tokens(conn, tokens),
                 "bindings": await self.store.bindings_of(conn, creators)}
@@ -104,7 +105,7 @@ class RecoveryService:
             schedule_id=row.id, run_id=run_id, outcome=v.outcome, reason=v.reason, binding_id=v.binding_id,
             app_id=v.app_id, creator_id=row.creator_id, recorded_at=now))
         await self._mark_history(conn, row.id, now)
-        if v.outcome == rules.BOUND:
+        if v.outcome == rules.BOUND and v.binding_id is not None and v.app_id is not None:
             await self.store.bind(conn, row.id, row.creator_id, v.binding_id, v.app_id)
 
     async def _mark_history(self, conn: Connection, schedule_id: str, now: datetime) -> None:

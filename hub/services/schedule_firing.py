@@ -157,6 +157,8 @@ class ScheduleFiring:
             fid, nominal, count = last.id, utc(last.nominal_time), last.missed_count + p.missed_count
             await self.store.extend_missed(conn, fid, count, now)
         else:
+            if p.missed_from is None:
+                raise ValueError(f"schedule {row.id}: a plan of missed fires names no first missed time")
             fid, nominal, count = new_id("fir"), p.missed_from, p.missed_count
             await self.store.insert(conn, [NewFiring(id=fid, schedule_id=row.id, nominal_time=nominal, fired_at=now,
                                                      admission="missed", outcome="missed", missed_count=count,
@@ -282,7 +284,7 @@ class ScheduleFiring:
         attempt (what a lost commit wrote is seen, and nothing of `due` changes)."""
         open_ = await self.store.claim_unrecorded(conn, [d.firing_id for d in due])
         live = [d for d in due if d.firing_id in open_]
-        results = {d.firing_id: d.result for d in live}
+        results = {d.firing_id: d.result for d in live if d.result is not None}
         tasks = [(d.firing_id, Admit(exempt=d.exempt, task=d.task)) for d in live if d.task is not None]
         # The same admitter as `task_submit`: a Task beyond its creator's queue limit is not inserted, and its
         # firing records the refusal.
@@ -314,11 +316,12 @@ class ScheduleFiring:
             cutoff = now - timedelta(seconds=self.settings.unknown_after_s)
             for r in await self.store.claim_never_recorded(conn, cutoff):
                 events += await self._settle(conn, r, "unknown", now)
-            turn_rows = [] if self.sessions is None else await self.store.open_turns(conn)
+            sessions = self.sessions
+            turn_rows = [] if sessions is None else await self.store.open_turns(conn)
         for r in turn_rows:
             try:
-                outcome = await self.sessions.turn_outcome(r.turn_id)
-            except Exception:  # noqa: BLE001 — an unavailable observation stays open; it never implies failure
+                outcome = await sessions.turn_outcome(r.turn_id) if sessions is not None else None
+            except Exception:  # an unavailable observation stays open; it never implies failure
                 log.warning("turn outcome of %s unavailable", r.turn_id, exc_info=True)
                 continue
             if outcome is None:
@@ -349,7 +352,7 @@ class ScheduleFiring:
         for e in events:
             try:
                 await self.sink.publish(e)
-            except Exception:  # noqa: BLE001 — the ledger is the truth; a lost event is logged
+            except Exception:  # the ledger is the truth; a lost event is logged
                 log.exception("outcome sink refused the event for firing %s", e.firing_id)
 
     async def _next_fire_s(self) -> float | None:

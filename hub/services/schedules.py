@@ -230,6 +230,8 @@ class ScheduleService:
         values["overlap"] = spec.overlap or "allow"
         async with self.db.write() as conn:
             provenance = provenance_of(caller, source)
+            binding_id: str | None
+            app_id: str | None
             if card_receipt is not None:
                 binding_id, app_id = await self.card_attribution(conn, caller, card_receipt, provenance)
             else:
@@ -372,7 +374,7 @@ class ScheduleService:
         limit = max(1, min(int(limit), 500))
         async with self.db.read() as conn:
             await self.access.schedule(conn, caller, schedule_id, include_deleted=True)
-            # ledger firings + uncorrelated legacy submissions (issue 9)
+            # ledger firings + uncorrelated legacy submissions
             rows = await self.firings.history(conn, schedule_id, offset=cursor, limit=limit + 1)
         more = len(rows) > limit
         return {"schedule_id": schedule_id, "firings": [firing_view(f) for f in rows[:limit]],

@@ -19,7 +19,7 @@ from ..store.db import Connection, Database, Row
 from ..store.execution_uids import SqlExecutionUidStore
 from ..store.questions import SqlQuestionStore
 from ..store.registry import SqlRegistryStore
-from ..loops import Tasks
+from ..loops import Background
 from ..store.ports import TaskStore
 from ..store.records import TaskRunRecord
 from ..store.tasks import QueuedTask, SqlTaskStore
@@ -93,7 +93,7 @@ class _GroupCommit:
         self.db = db
         self.apply = apply
         self.on_committed = on_committed
-        self.background = Tasks("task-admission")
+        self.background = Background("task-admission")
         self._pending: list[tuple[Admit, asyncio.Future[None]]] = []
         self._draining: asyncio.Task[object] | None = None
 
@@ -110,11 +110,16 @@ class _GroupCommit:
                 self._pending.remove(entry)
             raise
 
+    def _inserting(self, items: list[Admit]) -> Callable[[Connection], Awaitable[dict[int, TooMany]]]:
+        async def insert(conn: Connection) -> dict[int, TooMany]:
+            return await self.apply(conn, items)
+        return insert
+
     async def _drain(self) -> None:
         while self._pending:
             batch, self._pending = self._pending[:self.MAX_BATCH], self._pending[self.MAX_BATCH:]
             try:
-                refused = await self.db.transaction(lambda conn, b=batch: self.apply(conn, [a for a, _ in b]))
+                refused = await self.db.transaction(self._inserting([a for a, _ in batch]))
             except Exception as e:  # noqa: BLE001 — each waiting caller gets the error its transaction met
                 for _, done in batch:
                     if not done.done():

@@ -357,9 +357,3 @@ class SqlLeaseStore:
             box_sessions.c.id == session_id, box_sessions.c.session_hash == session_hash,
             box_sessions.c.revoked_at.is_(None)).values(revoked_at=now))
         return res.rowcount == 1
-
-    async def revoke_box_sessions_of(self, conn: Connection, principal_id: str, now: datetime) -> int:
-        """End every open session of a principal; return how many ended now."""
-        res = await conn.execute(box_sessions.update().where(
-            box_sessions.c.principal_id == principal_id, box_sessions.c.revoked_at.is_(None)).values(revoked_at=now))
-        return res.rowcount

@@ -73,12 +73,6 @@ class SqlReportStore:
         await conn.execute(_START_TASK, {"b_task_id": task_id, "b_now": now})
         await conn.execute(_COMMIT_RESERVATION, {"b_task_id": task_id, "b_attempt": attempt})
 
-    async def current_run_of_session(self, conn: Connection, session_id: str) -> str | None:
-        """Return the session's latest dispatched or running run (its running turn), or None."""
-        return (await conn.execute(sa.select(task_runs.c.id).where(
-            task_runs.c.session_id == session_id, among(task_runs.c.status, ON_RUNTIME))
-            .order_by(task_runs.c.turn_seq.desc()).limit(1))).scalar()
-
     async def settle_steer(self, conn: Connection, steer_id: str, task_id: str, delivered: bool,
                            now: datetime, note: str | None = None) -> None:
         """Settle a pending steer: taken by the running turn `task_id`, or back to the mailbox (queued, no task,

@@ -12,9 +12,6 @@ from .tables import (api_tokens, oauth_clients, oauth_codes, oauth_grants, oauth
 
 # Every dispatch mints a run token and every finish revokes it: these statements are built once.
 _INSERT_TOKEN = api_tokens.insert()
-_REVOKE_RUN = (api_tokens.update().where(api_tokens.c.task_id == sa.bindparam("b_task_id"),
-                                         api_tokens.c.revoked_at.is_(None))
-               .values(revoked_at=sa.bindparam("b_now")).returning(api_tokens.c.id))
 _REVOKE_RUNS = (api_tokens.update().where(one_of(api_tokens.c.task_id, "b_task_ids"), api_tokens.c.revoked_at.is_(None))
                 .values(revoked_at=sa.bindparam("b_now")).returning(api_tokens.c.id))
 _ADD_TOKENS = api_tokens.insert()
@@ -62,11 +59,6 @@ class SqlTokenStore:
         """Store new tokens (rows of `api_tokens`, by the hashes of their secrets) with one INSERT."""
         await execute_many(conn, _ADD_TOKENS, rows)
 
-    async def revoke_labelled(self, conn: Connection, label: str, now: datetime) -> None:
-        """Revoke every live token that carries `label` (revoked ones keep their first revocation time)."""
-        await conn.execute(api_tokens.update().where(api_tokens.c.label == label, api_tokens.c.revoked_at.is_(None))
-                           .values(revoked_at=now))
-
     async def revoke_alike(self, conn: Connection, principal_id: str, kind: str, label: str | None,
                            now: datetime) -> list[str]:
         """Revoke the principal's live tokens of this kind and label; return their ids."""
@@ -74,10 +66,6 @@ class SqlTokenStore:
             api_tokens.c.principal_id == principal_id, api_tokens.c.kind == kind, api_tokens.c.label == label,
             api_tokens.c.revoked_at.is_(None)).values(revoked_at=now).returning(api_tokens.c.id))
         return list(res.scalars().all())
-
-    async def revoke_run_tokens(self, conn: Connection, task_id: str, now: datetime) -> list[str]:
-        """Revoke every live token of task run `task_id`; return the ids revoked now."""
-        return list((await conn.execute(_REVOKE_RUN, {"b_task_id": task_id, "b_now": now})).scalars().all())
 
     async def revoke_runs_tokens(self, conn: Connection, task_ids: Collection[str], now: datetime) -> list[str]:
         """Revoke every live token of these task runs in one statement; return the ids revoked now."""

@@ -206,6 +206,7 @@ def add_routes(app: web.Application, auth: AuthService, leases: LeaseService, cl
     async def page(request: web.Request) -> web.Response:
         query_token = request.query.get("token")
         header = request.headers.get("Authorization") or query_token
+        caller: Caller | None
         if header:
             try:
                 caller = await auth.authenticate(header)

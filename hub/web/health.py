@@ -7,7 +7,7 @@ address of its own (for a scraper inside the network); there it is open unless `
 from __future__ import annotations
 
 import hmac
-from typing import Iterator
+from typing import Awaitable, Callable, Iterator
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -87,7 +87,8 @@ def _challenge(response: web.Response) -> web.Response:
     return response
 
 
-def metrics_handler(health: HealthService, metrics: Metrics, door: MetricsDoor):  # noqa: ANN201 - an aiohttp handler
+def metrics_handler(health: HealthService, metrics: Metrics,
+                    door: MetricsDoor) -> Callable[[web.Request], Awaitable[web.Response]]:
     """Return the `/metrics` handler: the door first, then a fresh read of the store."""
 
     async def metrics_view(request: web.Request) -> web.Response:

@@ -68,22 +68,22 @@ class OAuthWeb:
     async def protected_resource(self, request: web.Request) -> web.Response:
         """Serve RFC 9728 protected resource metadata for `/mcp`."""
         base = self.base(request)
-        meta = ProtectedResourceMetadata(resource=f"{base}/mcp", authorization_servers=[base],
-                                         scopes_supported=list(SCOPES),
-                                         resource_name="amux hub")
+        meta = ProtectedResourceMetadata.model_validate({  # the SDK's model validates the URLs
+            "resource": f"{base}/mcp", "authorization_servers": [base], "scopes_supported": list(SCOPES),
+            "resource_name": "amux hub"})
         return _json(meta.model_dump(mode="json", exclude_none=True), cache=True)
 
     async def authorization_server(self, request: web.Request) -> web.Response:
         """Serve RFC 8414 authorization server metadata."""
         base = self.base(request)
-        meta = OAuthMetadata(
+        meta = OAuthMetadata.model_validate(dict(  # the SDK's model validates the URLs
             issuer=base, authorization_endpoint=f"{base}/oauth/authorize", token_endpoint=f"{base}/oauth/token",
             registration_endpoint=f"{base}/oauth/register", revocation_endpoint=f"{base}/oauth/revoke",
             scopes_supported=list(SCOPES), response_types_supported=["code"],
             grant_types_supported=["authorization_code", "refresh_token"],
             token_endpoint_auth_methods_supported=["client_secret_basic", "client_secret_post", "none"],
             revocation_endpoint_auth_methods_supported=["client_secret_basic", "client_secret_post", "none"],
-            code_challenge_methods_supported=["S256"], authorization_response_iss_parameter_supported=True)
+            code_challenge_methods_supported=["S256"], authorization_response_iss_parameter_supported=True))
         return _json(meta.model_dump(mode="json", exclude_none=True), cache=True)
 
     async def preflight(self, _request: web.Request) -> web.Response:

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 from typing import Callable, Collection
 
 from aiohttp import WSCloseCode, WSMsgType, web
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .. import logs
 from ..domain.text import BadText, loads_bounded
 from ..errors import AmuxError
-from ..loops import Loops, Tasks
+from ..loops import Background, Loops
 from ..runner import protocol as p
 from ..services.auth import AuthService
 from ..services.notify import Notifier
@@ -69,7 +69,7 @@ class RunnerEndpoint:
         self.loops = loops if loops is not None else Loops()
         self._own_loops = loops is None
         self.wake = asyncio.Event()
-        self.background = Tasks("runner endpoint")  # closes of revoked sockets, held until they end
+        self.background = Background("runner endpoint")  # closes of revoked sockets, held until they end
         # A revocation through this replica closes at once; other replicas' pumps see it in the database.
         auth.revocation_listeners.append(self._on_revoked)
         # Work admitted on this replica for a runtime it serves wakes the pump at once; the rest waits a poll.
@@ -296,7 +296,7 @@ class RunnerEndpoint:
     async def _on_message(self, ws: web.WebSocketResponse, runtime_id: str, conn_id: str, msg: dict) -> None:
         """Apply one frame (a message or a `batch` of them) in one transaction; answer with one frame."""
         frames = msg.get("messages") if msg.get("type") == "batch" else [msg]
-        parsed = []
+        parsed: list[BaseModel] = []
         errors = []
         for frame in frames if isinstance(frames, list) else []:
             model = p.RUNNER_MESSAGES.get(frame.get("type") if isinstance(frame, dict) else None)

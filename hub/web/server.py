@@ -20,7 +20,7 @@ import logging
 import secrets
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -77,7 +77,7 @@ class GuardedRequestHandler(RequestHandler):
         if self.transport is not None:
             self.transport.close()
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         peer = transport.get_extra_info("peername")
         client = peer[0] if isinstance(peer, tuple) and peer else None
@@ -90,12 +90,12 @@ class GuardedRequestHandler(RequestHandler):
         self.amux_client = client
         self.amux_arm()
 
-    def data_received(self, data: bytes) -> None:  # noqa: D102
+    def data_received(self, data: bytes) -> None:
         super().data_received(data)
         if self._amux_timer is not None and self._messages:  # a whole request head was parsed
             self.amux_disarm()
 
-    def connection_lost(self, exc: BaseException | None) -> None:  # noqa: D102
+    def connection_lost(self, exc: BaseException | None) -> None:
         self.amux_disarm()
         self._amux_server.disconnected(self.amux_client)
         self.amux_client = None
@@ -135,7 +135,7 @@ class GuardedServer(Server):
     refused: int
     malformed: int
 
-    def __call__(self) -> RequestHandler:  # noqa: D102
+    def __call__(self) -> RequestHandler:
         return GuardedRequestHandler(self, loop=self._loop, **self._kwargs)
 
     def admit(self, client: str | None) -> str | None:
@@ -197,11 +197,12 @@ class GuardedAppRunner(web.AppRunner):
     async def _make_server(self) -> Server:
         server = await super()._make_server()
         server.__class__ = GuardedServer  # same state; only the protocol factory differs
-        server.limits, server.clock, server.pending = self.limits, self.clock, set()
-        server.pending_by_client, server.open_by_client = Counter(), Counter()
-        server.warned = WindowLimit(1, self.limits.log_every_s)
-        server.closed_slow = server.refused = server.malformed = 0
-        return server
+        guarded = cast(GuardedServer, server)
+        guarded.limits, guarded.clock, guarded.pending = self.limits, self.clock, set()
+        guarded.pending_by_client, guarded.open_by_client = Counter(), Counter()
+        guarded.warned = WindowLimit(1, self.limits.log_every_s)
+        guarded.closed_slow = guarded.refused = guarded.malformed = 0
+        return guarded
 
 
 def rearm(request: web.Request) -> None:

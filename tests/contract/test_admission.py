@@ -259,7 +259,7 @@ async def test_freeze_many_answers_each_item_what_freeze_answers_resolving_share
         for caller, req in items:
             try:
                 alone.append(await core.admission.freeze(conn, caller, req, origin="schedule"))
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 alone.append(e)
     assert len(many) == len(items)
     for got, want in zip(many, alone):

@@ -102,7 +102,7 @@ async def test_a_statement_on_a_lost_connection_fails_transient_and_the_transact
     await add(db, "ann")
     attempts = []
 
-    async def rename(conn):  # noqa: ANN001, ANN202
+    async def rename(conn):
         attempts.append(1)
         if len(attempts) == 1:  # the server ends this connection before the statement
             pid = (await conn.execute(sa.text("SELECT pg_backend_pid()"))).scalar()

@@ -41,7 +41,7 @@ async def test_one_of_a_constant_list_and_a_bound_one_combine_in_one_statement(d
 async def test_one_of_compiles_one_sql_text_for_every_list_length(db: Database):
     seen: list[str] = []
 
-    def record(conn, cursor, statement, parameters, context, executemany):  # noqa: ANN001
+    def record(conn, cursor, statement, parameters, context, executemany):
         seen.append(statement)
 
     sa.event.listen(db.engine.sync_engine, "before_cursor_execute", record)

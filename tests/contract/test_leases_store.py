@@ -46,13 +46,13 @@ async def bob(db, clock):
     return await auth.authenticate(await auth.create_token("bob", label="mcp:Claude"))
 
 
-async def refusal(coro) -> AmuxError:  # noqa: ANN001
+async def refusal(coro) -> AmuxError:
     with pytest.raises(AmuxError) as e:
         await coro
     return e.value
 
 
-async def row_of(db: Database, task_id: str):  # noqa: ANN201
+async def row_of(db: Database, task_id: str):
     async with db.read() as conn:
         return (await conn.execute(sa.select(lease_tasks).where(lease_tasks.c.id == task_id))).one()
 
@@ -258,7 +258,7 @@ async def test_twenty_concurrent_takeovers_leave_exactly_one_working_handle(leas
     assert len(works) == 1
 
 
-async def _half_made_box(db, leases, alice, clock):  # noqa: ANN001, ANN202
+async def _half_made_box(db, leases, alice, clock):
     """Leave a box as a hub crash would: its row `creating` with the provisional handle, its driver half done."""
     t = await leases.new(alice, "crashy")
     box_id = "vm_halfmade" + t["task_id"][-4:]
@@ -343,7 +343,7 @@ async def test_without_bubblewrap_rift_vm_new_refuses_with_the_fix_and_leaves_no
     assert list((tmp_path / "boxes").iterdir()) == []
 
 
-async def _on_replicas(db_url: str, db: Database, clock, tmp_path, leases: LeaseSettings,  # noqa: ANN001
+async def _on_replicas(db_url: str, db: Database, clock, tmp_path, leases: LeaseSettings,
                        boxes_: BoxSettings) -> tuple[list[LeaseService], list[Database]]:
     """Return three lease services sharing one database as replicas do (on SQLite: one process's database)."""
     dbs = [db if db.is_sqlite else Database(db_url) for _ in range(3)]

@@ -16,7 +16,7 @@ from tests.helpers import hub_settings, runner_outgoing
 CAPS = {"platform": "linux", "engines": ["scripted", "claude"], "workspace_root": "/tmp", "workspace_writable": True}
 
 
-async def make_hub(db, clock, tmp_path: Path, *, user_isolation: bool | None = None) -> Hub:  # noqa: ANN001
+async def make_hub(db, clock, tmp_path: Path, *, user_isolation: bool | None = None) -> Hub:
     settings = hub_settings(db.url, tmp_path)
     if user_isolation is not None:
         settings.memory.user_isolation = user_isolation

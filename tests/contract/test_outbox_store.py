@@ -28,17 +28,17 @@ class CountingChannel:
         await asyncio.sleep(0.01)
         return Delivery(OK, message_id=f"om_{request_uuid}")
 
-    async def reply(self, app_id, message_id, view, request_uuid):  # noqa: ANN001, ANN201
+    async def reply(self, app_id, message_id, view, request_uuid):
         return await self.send(app_id, "", view, request_uuid)
 
-    async def update(self, app_id, message_id, view):  # noqa: ANN001, ANN201
+    async def update(self, app_id, message_id, view):
         return Delivery(OK)
 
     async def aclose(self) -> None:
         pass
 
 
-async def _seed(db, clock: ManualClock, count: int, kind: str = "update") -> None:  # noqa: ANN001
+async def _seed(db, clock: ManualClock, count: int, kind: str = "update") -> None:
     async with db.write() as conn:
         await conn.execute(feishu_apps.insert().values(app_id=APP, admin_open_id="ou_admin", admin_epoch=0,
                                                        delivery_state="ok", timezone="UTC", updated_at=clock.now()))
@@ -47,7 +47,7 @@ async def _seed(db, clock: ManualClock, count: int, kind: str = "update") -> Non
                                payload={"v": 1, "kind": "receipt", "i": i}, timezone="UTC")
 
 
-def _worker(db, clock, channel, name: str, **kw) -> OutboxWorker:  # noqa: ANN001
+def _worker(db, clock, channel, name: str, **kw) -> OutboxWorker:
     s = AlertSettings(claim_batch=7, quiet_hours="", max_new_messages=10_000, **kw)
     return OutboxWorker(db, clock, s, Numbers.of(s, 3600), channel, worker_id=name)
 
@@ -83,11 +83,11 @@ async def test_a_late_result_from_an_expired_claim_is_not_recorded_over_the_new_
     (ca,) = await a.claim()
     clock.advance(31)
     (cb,) = await b.claim()
-    await a._record(ca, Delivery("retry", error="late"))   # noqa: SLF001 — a's answer arrives after its lease
+    await a._record(ca, Delivery("retry", error="late"))   # a's answer arrives after its lease
     async with db.read() as conn:
         row = (await conn.execute(sa.select(outbox))).first()
     assert row.claimed_by == "b" and row.attempts == 0
-    await b._record(cb, Delivery(OK, message_id="om_1"))   # noqa: SLF001
+    await b._record(cb, Delivery(OK, message_id="om_1"))
     async with db.read() as conn:
         row = (await conn.execute(sa.select(outbox))).first()
     assert row.state == "sent" and row.message_id == "om_1"
@@ -115,7 +115,7 @@ async def test_a_round_records_every_result_and_a_late_one_from_an_expired_claim
                            .values(claimed_until=clock.now() + timedelta(seconds=30)))
     (cb,) = await b.claim()
     assert cb.row.id == c3.row.id
-    await a._record_round([  # noqa: SLF001 — one round: a success, a retry, and a late success over b's claim
+    await a._record_round([  # one round: a success, a retry, and a late success over b's claim
         _Result(c1, Delivery(OK, message_id="om_1")), _Result(c2, Delivery("retry", error="busy")),
         _Result(c3, Delivery(OK, message_id="om_late"))])
     async with db.read() as conn:

@@ -324,8 +324,8 @@ async def test_upgrade_heads_applies_recovery_on_a_database_already_at_the_previ
         url = f"sqlite+aiosqlite:///{tmp_path / 'prev.db'}"
     else:
         name = f"amux_prev_{uuid.uuid4().hex[:10]}"
-        await databases._admin(f'CREATE DATABASE "{name}"')  # noqa: SLF001
-        url = databases._url_for(name)  # noqa: SLF001
+        await databases._admin(f'CREATE DATABASE "{name}"')
+        url = databases._url_for(name)
     try:
         cfg = alembic_config(url)
         script = ScriptDirectory.from_config(cfg)

@@ -34,7 +34,7 @@ def usage_event(rseq: int, usage: dict) -> p.Event:
     return p.Event(rseq=rseq, type="usage", payload={"usage": usage})
 
 
-async def usage_events(hub) -> list[dict]:  # noqa: ANN001
+async def usage_events(hub) -> list[dict]:
     return [e["usage"] for e in (await hub.tasks.events(hub.admin, hub.task_id))["events"] if e["type"] == "usage"]
 
 

@@ -243,7 +243,7 @@ async def test_a_firing_whose_dispatch_was_never_recorded_becomes_unknown_and_is
     late = QueuedTask(task_id="tr_late", owner_id=core.alice.principal_id, name=None, prompt="say hi",
                       snapshot={"engine": "scripted"}, now=now)
     d = Due(firing_id="fir_crash", schedule=row, nominal=now, result=("ok", "tr_late", None), task=late)
-    await core.schedule_firing._record([d], core.clock.now())  # noqa: SLF001
+    await core.schedule_firing._record([d], core.clock.now())
     assert await task(core, "tr_late") is None
     assert (await ledger(core, s["schedule_id"]))[0].outcome == "unknown"
 
@@ -410,7 +410,7 @@ async def test_a_firing_step_or_a_reconciler_round_with_nothing_due_opens_no_wri
     writes, inner = [0], core.db.write
 
     @contextlib.asynccontextmanager
-    async def counted():  # noqa: ANN202
+    async def counted():
         writes[0] += 1
         async with inner() as conn:
             yield conn
@@ -501,7 +501,7 @@ async def test_a_session_prompt_delivery_failure_is_an_error_admission_and_the_r
     assert [r.admission for r in rows] == ["error:the session is archived"] * 2
 
 
-# --- overlap (issue 34): what a fire does while the schedule's previous Task is unfinished (here: still queued) ----
+# --- overlap: what a fire does while the schedule's previous Task is unfinished (here: still queued) ----
 
 async def test_overlap_defaults_to_allow_and_a_second_fire_admits_beside_the_unfinished_task(core):
     s = await core.schedules.create(core.alice, spec())

@@ -223,7 +223,7 @@ async def seed_page(db: Database, leases: SqlLeaseStore, clock: ManualClock, own
     return [f"task_{i}" for i in (6, 5, 4, 3, 2, 1, 0)]
 
 
-def key(task) -> tuple:  # noqa: ANN001
+def key(task) -> tuple:
     return utc(task.last_activity_at), task.id
 
 
@@ -468,12 +468,3 @@ async def test_revoke_box_session_ends_an_open_session_once_and_only_with_its_se
         assert await leases.revoke_box_session(conn, "bxs_1", "x" * 64, clock.now()) is True
         assert await leases.revoke_box_session(conn, "bxs_1", "x" * 64, clock.now()) is False
         assert utc((await leases.box_session(conn, "bxs_1")).revoked_at) == clock.now()
-
-
-async def test_revoke_box_sessions_of_ends_every_open_session_of_a_principal(db, leases, alice, clock):
-    async with db.write() as conn:
-        for i in range(3):
-            await open_session(leases, conn, clock, alice, f"bxs_{i}", f"{i}" * 64)
-        await leases.revoke_box_session(conn, "bxs_0", "0" * 64, clock.now())
-        assert await leases.revoke_box_sessions_of(conn, alice, clock.now()) == 2
-        assert await leases.revoke_box_sessions_of(conn, alice, clock.now()) == 0

@@ -269,17 +269,6 @@ async def test_start_run_marks_the_run_running_and_commits_only_its_attempts_pen
     assert (await row(db, reservations, stale)).state == "released"
 
 
-async def test_the_current_run_of_a_session_is_its_latest_active_turn(db, reports):
-    async with db.write() as conn:
-        owner = await principal(conn)
-        sid = await session(conn, owner)
-        await task(conn, owner, kind="turn", session_id=sid, turn_seq=1, status="running")
-        latest = await task(conn, owner, kind="turn", session_id=sid, turn_seq=2, status="dispatched")
-        await task(conn, owner, kind="turn", session_id=sid, turn_seq=3, status="queued")
-        assert await reports.current_run_of_session(conn, sid) == latest
-        assert await reports.current_run_of_session(conn, "ses_none") is None
-
-
 # --- what a connection sends ---------------------------------------------------------------------------------------
 
 async def test_a_runner_token_is_live_only_while_it_exists_unrevoked(db, registry):

@@ -79,29 +79,6 @@ async def test_a_token_is_stored_by_its_hash_with_its_kind_and_run(db, tokens, c
     assert utc(row.created_at) == clock.now()
 
 
-async def test_revoke_labelled_revokes_the_live_tokens_of_a_label_and_keeps_earlier_revocations(db, tokens, clock):
-    async with db.write() as conn:
-        for tid in ("tok_a", "tok_b", "tok_c"):
-            await token(tokens, conn, clock, tid, label="amux-session:s1" if tid != "tok_c" else "cli")
-        await tokens.revoke_token(conn, "tok_a", clock.now())
-    earlier = clock.now()
-    clock.advance(60)
-    async with db.write() as conn:
-        await tokens.revoke_labelled(conn, "amux-session:s1", clock.now())
-        revoked = {t: utc((await tokens.token(conn, t)).revoked_at) for t in ("tok_a", "tok_b", "tok_c")}
-    assert revoked == {"tok_a": earlier, "tok_b": clock.now(), "tok_c": None}
-
-
-async def test_revoke_run_tokens_returns_the_ids_revoked_now(db, tokens, clock):
-    async with db.write() as conn:
-        await token(tokens, conn, clock, "tok_r1", kind="run", task_id="tr_1")
-        await token(tokens, conn, clock, "tok_r2", kind="run", task_id="tr_1")
-        await token(tokens, conn, clock, "tok_other", kind="run", task_id="tr_2")
-        assert sorted(await tokens.revoke_run_tokens(conn, "tr_1", clock.now())) == ["tok_r1", "tok_r2"]
-        assert await tokens.revoke_run_tokens(conn, "tr_1", clock.now()) == []
-        assert (await tokens.token(conn, "tok_other")).revoked_at is None
-
-
 async def test_token_to_verify_carries_the_principal_name_and_the_runs_status(db, tokens, clock):
     async with db.write() as conn:
         pid = await token(tokens, conn, clock, "tok_run", kind="run", task_id="tr_live")

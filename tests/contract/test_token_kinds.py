@@ -127,7 +127,7 @@ async def test_a_run_token_is_scoped_to_the_runs_principal_and_stops_when_the_ru
         await AuthService(core.db, core.clock).authenticate(token)
 
 
-async def only_the_new_token_works(core, first: str, again: dict) -> None:  # noqa: ANN001
+async def only_the_new_token_works(core, first: str, again: dict) -> None:
     """On a replica of its own (no cache): the run token sent first is revoked, the one sent again names the run."""
     with pytest.raises(Unauthorized):
         await AuthService(core.db, core.clock).authenticate(first)

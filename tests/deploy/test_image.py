@@ -34,7 +34,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _as_user(user: str | None, argv: list[str], env: dict[str, str], **kw) -> list[str]:  # noqa: ANN003
+def _as_user(user: str | None, argv: list[str], env: dict[str, str], **kw) -> list[str]:
     """Return argv that runs `argv` with exactly `env`, as `user` when we are root."""
     envargs = ["env", "-i", *(f"{k}={v}" for k, v in env.items())]
     return (["runuser", "-u", user, "--"] if user else []) + envargs + argv
@@ -51,7 +51,7 @@ async def _admin(sql: str) -> None:
 
 def _get(url: str) -> int:
     try:
-        with urllib.request.urlopen(url, timeout=3) as r:  # noqa: S310 - a local test URL
+        with urllib.request.urlopen(url, timeout=3) as r:  # a local test URL
             return r.status
     except OSError:
         return 0

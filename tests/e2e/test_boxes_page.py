@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason="install 
 
 
 @pytest.fixture
-async def hub(sqlite_url, tmp_path, clock):  # noqa: ANN001, ANN201
+async def hub(sqlite_url, tmp_path, clock):
     """Run a hub on a real port over SQLite; destroy the boxes a test leaves (they outlive a stopped hub by design)."""
     handle = await start_hub(sqlite_url, tmp_path, clock)
     yield handle
@@ -39,13 +39,13 @@ async def chromium() -> AsyncIterator[Browser]:
             await browser.close()
 
 
-async def call(client, tool: str, args: dict) -> dict:  # noqa: ANN001
+async def call(client, tool: str, args: dict) -> dict:
     res = await client.call_tool(tool, args)
     assert not res.is_error, res.content[0].text
     return res.structured_content
 
 
-async def seed(hub) -> dict:  # noqa: ANN001
+async def seed(hub) -> dict:
     """Two agents of alice with tasks and boxes; bob with one task; return what was made."""
     alice1, alice2 = await hub.token("alice"), await hub.token("alice")
     made: dict = {"alice_token": alice1}

@@ -58,7 +58,7 @@ async def serve(sqlite_url: str, tmp_path: Path, clock: ManualClock, apps: list[
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+    port = site._server.sockets[0].getsockname()[1]
     try:
         yield hub, f"http://127.0.0.1:{port}", admin, user
     finally:

@@ -19,14 +19,14 @@ pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason="install 
 
 
 @pytest.fixture
-async def hub(sqlite_url, tmp_path, clock):  # noqa: ANN001, ANN201
+async def hub(sqlite_url, tmp_path, clock):
     handle = await start_hub(sqlite_url, tmp_path, clock)
     await handle.start_runner()
     yield handle
     await handle.stop()
 
 
-async def alices_task(hub) -> tuple[str, str]:  # noqa: ANN001
+async def alices_task(hub) -> tuple[str, str]:
     token = await hub.token("alice")
     caller = await hub.hub.auth.authenticate(token)
     sub = await hub.hub.tasks.submit(caller, SubmitRequest(prompt=SCRIPT, profile="scripted"))

@@ -117,7 +117,7 @@ class FakeFeishu:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", port)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+        port = site._server.sockets[0].getsockname()[1]
         self.base_url = f"http://127.0.0.1:{port}"
         return self
 

@@ -44,7 +44,7 @@ class FakeFeishuWs:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", port)
         await site.start()
-        self.base_url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # noqa: SLF001
+        self.base_url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
         return self
 
     async def stop(self) -> None:

@@ -41,7 +41,7 @@ class RejectingModelApi:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # noqa: SLF001
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
         return self
 
     async def stop(self) -> None:

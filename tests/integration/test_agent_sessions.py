@@ -6,7 +6,7 @@ import httpx2
 import sqlalchemy as sa
 
 from hub.store.tables import schedules, sessions
-from tests.helpers import mcp_client
+from tests.helpers import mcp_client, turn_child_env
 
 
 async def ok(c, tool, **args):
@@ -30,7 +30,7 @@ async def user(hub, name: str):
 async def session_token(hub, caller, session_id: str) -> str:
     """The `amux-session:<id>` token a run in that session carries (AMUX_TOKEN of the child)."""
     async with hub.hub.db.write() as conn:
-        return (await hub.hub.runner_dispatch.coordination_env(conn, caller.principal_id, session_id))["AMUX_TOKEN"]
+        return (await turn_child_env(hub.hub, conn, caller.principal_id, session_id))["AMUX_TOKEN"]
 
 
 async def turns_of(hub, session_id: str) -> int:

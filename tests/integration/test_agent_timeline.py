@@ -23,7 +23,7 @@ async def get(url: str, path: str, token: str, **params: Any) -> httpx2.Response
         return await http.get(f"{url}{path}", params=params, headers={"Authorization": f"Bearer {token}"})
 
 
-async def run_task(hub, token: str, prompt: str = SCRIPT, **kw: Any) -> str:  # noqa: ANN001
+async def run_task(hub, token: str, prompt: str = SCRIPT, **kw: Any) -> str:
     caller = await hub.hub.auth.authenticate(token)
     sub = await hub.hub.tasks.submit(caller, SubmitRequest(prompt=prompt, profile="scripted", **kw))
     view = await hub.hub.tasks.wait_terminal(caller, sub["task_id"], timeout_s=20)

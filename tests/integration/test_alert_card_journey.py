@@ -76,7 +76,7 @@ class Journey:
                 assert r.status == 200
                 return await r.json(content_type=None)
 
-    async def incident(self):  # noqa: ANN201
+    async def incident(self):
         async with self.hub.db.read() as conn:
             return (await conn.execute(sa.select(incidents))).first()
 
@@ -94,7 +94,7 @@ def button(card: dict, label: str) -> dict:
 def labels(card: dict) -> list[str]:
     out: list[str] = []
 
-    def walk(node) -> None:  # noqa: ANN001
+    def walk(node) -> None:
         if isinstance(node, dict):
             if node.get("tag") == "button":
                 out.append(node["text"]["content"])

@@ -7,7 +7,7 @@ from tests.fakes.feishu import card_text
 from tests.integration.test_alerts_feishu import ADMIN, fake, make_env  # noqa: F401 — fixture
 
 
-async def test_completed_receipts_are_not_replayed_after_an_administrator_change(db_url, tmp_path, clock, fake):  # noqa: F811
+async def test_completed_receipts_are_not_replayed_after_an_administrator_change(db_url, tmp_path, clock, fake):
     e = await make_env(db_url, tmp_path, clock, fake, quiet_hours="")
     at = (clock.now() + timedelta(minutes=5)).isoformat()
     await e.setup(rule=f"at {at}", name="release")
@@ -22,7 +22,7 @@ async def test_completed_receipts_are_not_replayed_after_an_administrator_change
     await e.hub.db.close()
 
 
-async def test_an_undelivered_receipt_goes_to_the_new_administrator_once(db_url, tmp_path, clock, fake):  # noqa: F811
+async def test_an_undelivered_receipt_goes_to_the_new_administrator_once(db_url, tmp_path, clock, fake):
     e = await make_env(db_url, tmp_path, clock, fake, quiet_hours="")
     at = (clock.now() + timedelta(minutes=5)).isoformat()
     await e.setup(rule=f"at {at}", name="release")

@@ -13,7 +13,7 @@ from tests.integration.test_cli_rest import amux
 from tests.integration.test_feishu_bot import ADMIN, Bot, _incident, bot  # noqa: F401 (the fixture)
 
 
-async def _setup(bot: Bot) -> tuple[str, dict]:  # noqa: F811
+async def _setup(bot: Bot) -> tuple[str, dict]:
     await bot.overview_card("ou_alice")
     alice = await bot.principal("ou_alice")
     sid = await bot.schedule(alice, "nightly build")
@@ -27,7 +27,7 @@ def _at(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text) if text else None
 
 
-async def test_snooze_for_a_duration_unsnooze_and_the_default_24_hours(bot: Bot):  # noqa: F811
+async def test_snooze_for_a_duration_unsnooze_and_the_default_24_hours(bot: Bot):
     iid, env = await _setup(bot)
     now = bot.clock.now()
     code, out, err = await amux("alerts", "snooze", iid, "--for", "4h", "--json", env=env)
@@ -47,7 +47,7 @@ async def test_snooze_for_a_duration_unsnooze_and_the_default_24_hours(bot: Bot)
     assert "unsnoozed" in out and "snoozed for 4 h" in out
 
 
-async def test_ack_with_a_comment_is_shown_on_the_card_with_who_and_when(bot: Bot):  # noqa: F811
+async def test_ack_with_a_comment_is_shown_on_the_card_with_who_and_when(bot: Bot):
     iid, env = await _setup(bot)
     code, out, err = await amux("alerts", "ack", iid, "--comment", "disk full on build-3, *cleaning*", "--json",
                                 env=env)
@@ -66,7 +66,7 @@ async def test_ack_with_a_comment_is_shown_on_the_card_with_who_and_when(bot: Bo
     assert code == 0 and f"acknowledged by oncall at {res['acked_at']}" in out
 
 
-async def test_a_card_acknowledgement_names_the_feishu_user_and_the_button_keeps_24_hours(bot: Bot):  # noqa: F811
+async def test_a_card_acknowledgement_names_the_feishu_user_and_the_button_keeps_24_hours(bot: Bot):
     iid, env = await _setup(bot)
     status, res = await bot.press(ADMIN, CardAction.of("snooze", incident_id=iid, view="inc"))
     assert status == 200

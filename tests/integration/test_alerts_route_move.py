@@ -19,7 +19,7 @@ from tests.integration.test_alerts_feishu import ADMIN, Env
 ADMIN_B = "ou_admin_b"
 
 
-async def bind(hub: Hub, principal_id: str, app_id: str, open_id: str, now) -> str:  # noqa: ANN001
+async def bind(hub: Hub, principal_id: str, app_id: str, open_id: str, now) -> str:
     bid = new_id("ib")
     async with hub.db.write() as conn:
         await conn.execute(identity_bindings.insert().values(id=bid, principal_id=principal_id, app_id=app_id,

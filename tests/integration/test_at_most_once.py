@@ -1,4 +1,4 @@
-"""At most once, and the record says so (issue 28): two `amux hub serve` replicas on a PostgreSQL cluster of the
+"""At most once, and the record says so: two `amux hub serve` replicas on a PostgreSQL cluster of the
 test's own, two real `amux runner` processes reaching them through a failover proxy, and an engine that appends
 each of its starts to a ledger outside the hub. Faults: a runner stopped (SIGSTOP) for longer than the reservation
 TTL but shorter than the hub's silence limit; both replicas killed for longer than the TTL; PostgreSQL stopped.

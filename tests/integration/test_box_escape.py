@@ -60,7 +60,7 @@ async def box_hub(db_url: str, home: Path, keep_boxes: bool = False, leases: dic
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+    port = site._server.sockets[0].getsockname()[1]
     admin = await hub.auth.create_token("admin", label="cli", admin=True)
     home.mkdir(parents=True, exist_ok=True)
     (home / "admin.token").write_text(admin + "\n")  # what `amux up` writes: the prize a box must not reach

@@ -13,7 +13,7 @@ from hub.clock import ManualClock
 from hub.config import FeishuAppSettings
 from hub.services.schedules import ScheduleSpec
 from hub.store.tables import identity_bindings, schedules, task_runs
-from tests.helpers import eventually, mcp_client, start_hub
+from tests.helpers import eventually, mcp_client, start_hub, turn_child_env
 
 
 def message(event_id: str, message_id: str, open_id: str, text: str) -> dict:
@@ -46,7 +46,7 @@ async def test_a_schedule_made_during_a_feishu_turn_is_attributed_to_that_turns_
         _, bob_work = await hub.bot.core.accept("cli_prov", message("ev2", "om_bob", "ou_bob", "say hi"), ConsoleSink())
         await asyncio.wait_for(bob_work, 30)
         async with hub.db.write() as conn:
-            env = await hub.runner_dispatch.coordination_env(conn, turn.owner_id, turn.session_id)
+            env = await turn_child_env(hub, conn, turn.owner_id, turn.session_id)
         agent = await hub.auth.authenticate(env["AMUX_TOKEN"])
         made = await hub.schedules.create(agent, ScheduleSpec(prompt="say nightly", rule="every 1h"))
         plain = await hub.schedules.create(await hub.auth.authenticate(await hub.auth.create_token("carol")),
@@ -86,7 +86,7 @@ async def test_a_schedule_made_from_a_feishu_chat_without_a_timezone_takes_its_a
 
         turn = await eventually(alice_turn)
         async with hub.db.write() as conn:
-            env = await hub.runner_dispatch.coordination_env(conn, turn.owner_id, turn.session_id)
+            env = await turn_child_env(hub, conn, turn.owner_id, turn.session_id)
         async with mcp_client(handle.url, env["AMUX_TOKEN"]) as c:   # her agent, during her Feishu Turn
             made = (await c.call_tool("schedule_create", {"prompt": "say nightly", "rule": "0 9 * * *"}))
             given = (await c.call_tool("schedule_create", {"prompt": "say nightly", "rule": "0 9 * * *",

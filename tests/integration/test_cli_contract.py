@@ -1,4 +1,4 @@
-"""The CLI a script can trust (issue 31 item 3), each as the real CLI in a subprocess against a live hub:
+"""The CLI a script can trust, each as the real CLI in a subprocess against a live hub:
 exit codes, --timeout, a quiet broken pipe, --version, global options, the runner's hub discovery, help,
 completion, progress lines and readable tool events."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tests.integration.test_cli_discovery import Up
 from tests.integration.test_cli_rest import amux
 
 
-def _env(hub) -> dict[str, str]:  # noqa: ANN001
+def _env(hub) -> dict[str, str]:
     return {"AMUX_HUB_URL": hub.url, "AMUX_TOKEN": hub.admin_token}
 
 
@@ -92,7 +92,7 @@ async def test_version_and_global_options_before_the_subcommand(hub, tmp_path: P
     assert code == 4 and "(from --hub)" in err
 
 
-async def _runtimes(hub) -> set[str]:  # noqa: ANN001
+async def _runtimes(hub) -> set[str]:
     async with httpx2.AsyncClient() as http:
         res = await http.get(f"{hub.url}/api/v1/runtimes", headers={"Authorization": f"Bearer {hub.admin_token}"})
         return {r["name"] for r in res.json()["runtimes"] if r["status"] == "online"}
@@ -116,7 +116,7 @@ async def test_amux_runner_finds_the_hub_from_amux_hub_url_or_hub_json(hub, tmp_
             await asyncio.wait_for(proc.wait(), 30)
 
 
-async def _has(hub, name: str) -> bool:  # noqa: ANN001
+async def _has(hub, name: str) -> bool:
     return name in await _runtimes(hub)
 
 

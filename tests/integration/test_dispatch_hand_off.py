@@ -20,14 +20,14 @@ from tests.helpers import eventually, start_hub
 
 
 @pytest.fixture
-async def quiet_hub(db_url: str, tmp_path: Path, clock):  # noqa: ANN001
+async def quiet_hub(db_url: str, tmp_path: Path, clock):
     """A hub without its loops, whose runner pump polls once an hour: only a wake-up runs a pump round."""
     handle = await start_hub(db_url, tmp_path, clock, background=False, poll_s=3600.0)
     yield handle
     await handle.stop()
 
 
-async def three_queued(hub):  # noqa: ANN001, ANN201
+async def three_queued(hub):
     """Start a runner with three slots; return alice (a Caller) and three `sleep 30` tasks of hers, queued."""
     await hub.start_runner(slots=3)
     alice = await hub.hub.auth.authenticate(await hub.token("alice"))
@@ -37,11 +37,11 @@ async def three_queued(hub):  # noqa: ANN001, ANN201
 
 
 @contextlib.contextmanager
-def statements_run(hub) -> Iterator[list[str]]:  # noqa: ANN001
+def statements_run(hub) -> Iterator[list[str]]:
     """Collect the SQL of every statement the hub's engine runs inside the block."""
     statements: list[str] = []
 
-    def seen(_c, _cur, statement, *_rest) -> None:  # noqa: ANN001
+    def seen(_c, _cur, statement, *_rest) -> None:
         statements.append(statement)
 
     event.listen(hub.hub.db.engine.sync_engine, "before_cursor_execute", seen)
@@ -56,7 +56,7 @@ def count_calls(obj: object, name: str) -> list[int]:
     calls = [0]
     inner = getattr(obj, name)
 
-    async def counted(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+    async def counted(*args, **kw):
         calls[0] += 1
         return await inner(*args, **kw)
 

@@ -35,13 +35,13 @@ def wrapper(tmp_path: Path, engine: str, scenario: str) -> tuple[Path, Path]:
     return script, record
 
 
-async def online(hub, name: str) -> bool:  # noqa: ANN001
+async def online(hub, name: str) -> bool:
     async with hub.db.read() as conn:
         return (await conn.execute(sa.select(runtimes.c.status).where(runtimes.c.name == name))).scalar() == "online"
 
 
 @contextlib.asynccontextmanager
-async def runner_process(hub, tmp_path: Path, bins: dict[str, Path]) -> AsyncIterator[None]:  # noqa: ANN001
+async def runner_process(hub, tmp_path: Path, bins: dict[str, Path]) -> AsyncIterator[None]:
     token = await hub.hub.auth.create_token("ops", admin=True, runner=True)
     env = {**os.environ, "HOME": str(tmp_path / "runner-home"),
            **{f"AMUX_{name.upper()}_BIN": str(path) for name, path in bins.items()}}
@@ -56,13 +56,13 @@ async def runner_process(hub, tmp_path: Path, bins: dict[str, Path]) -> AsyncIte
         await proc.wait()
 
 
-async def running_tool(hub, caller, task_id: str) -> bool:  # noqa: ANN001
+async def running_tool(hub, caller, task_id: str) -> bool:
     """The run's first tool call is recorded: the fake CLI now waits for input."""
     events = (await hub.hub.tasks.events(caller, task_id))["events"]
     return any(e["type"] == "tool" for e in events)
 
 
-async def started(hub, caller, iid: str) -> str:  # noqa: ANN001
+async def started(hub, caller, iid: str) -> str:
     async def current() -> str | None:
         view = await hub.hub.instances.get(caller, iid)
         return view["current_task_id"] if view["current_task_status"] == "running" else None

@@ -19,7 +19,7 @@ from tests.helpers import eventually, mcp_client, start_hub
 LONG = "sleep 30\nsay done"
 
 
-async def statuses(hub, ids: list[str]) -> list[str]:  # noqa: ANN001
+async def statuses(hub, ids: list[str]) -> list[str]:
     async with hub.hub.db.read() as conn:
         rows = dict((await conn.execute(sa.select(task_runs.c.id, task_runs.c.status)
                                         .where(task_runs.c.id.in_(ids)))).all())
@@ -27,7 +27,7 @@ async def statuses(hub, ids: list[str]) -> list[str]:  # noqa: ANN001
 
 
 @pytest.fixture
-async def quiet_hub(db_url: str, tmp_path: Path, clock):  # noqa: ANN001
+async def quiet_hub(db_url: str, tmp_path: Path, clock):
     """A hub without its loops: each placement pass is run by the test."""
     handle = await start_hub(db_url, tmp_path, clock, background=False)
     yield handle
@@ -244,7 +244,7 @@ async def test_submissions_that_arrive_while_a_commit_runs_are_inserted_together
 
     release, batches = asyncio.Event(), []
 
-    async def apply(conn, batch):  # noqa: ANN001
+    async def apply(conn, batch):
         batches.append([a.task.task_id for a in batch])
         if len(batches) == 1:
             await release.wait()
@@ -269,7 +269,7 @@ async def test_submissions_that_arrive_while_a_commit_runs_are_inserted_together
 HOURS = "sleep 3000\nsay done"  # a run that holds its slot until it is cancelled
 
 
-async def submit_over_mcp(c, n: int) -> list[str]:  # noqa: ANN001
+async def submit_over_mcp(c, n: int) -> list[str]:
     """Submit `n` hour-long scripted tasks through the MCP client `c`; return their ids."""
     ids = []
     for _ in range(n):
@@ -279,7 +279,7 @@ async def submit_over_mcp(c, n: int) -> list[str]:  # noqa: ANN001
     return ids
 
 
-async def end_one(hub, c, task_id: str) -> None:  # noqa: ANN001
+async def end_one(hub, c, task_id: str) -> None:
     """Cancel a running task over MCP and wait until its slot is free again (its run ended on the runner)."""
     assert not (await c.call_tool("task_cancel", {"task_id": task_id})).is_error
 
@@ -289,7 +289,7 @@ async def end_one(hub, c, task_id: str) -> None:  # noqa: ANN001
     await eventually(ended)
 
 
-async def on_runtime(hub, ids: list[str]) -> int:  # noqa: ANN001
+async def on_runtime(hub, ids: list[str]) -> int:
     return sum(s in ("dispatched", "running") for s in await statuses(hub, ids))
 
 
@@ -305,7 +305,7 @@ async def test_alone_one_user_uses_every_slot(db_url, tmp_path, clock):
         await hub.stop()
 
 
-async def _equals(value, expected) -> bool:  # noqa: ANN001
+async def _equals(value, expected) -> bool:
     return await value == expected
 
 

@@ -108,7 +108,7 @@ class Bot:
         return s["schedule_id"]
 
 
-async def _async(v):  # noqa: ANN001, ANN202
+async def _async(v):
     return v
 
 
@@ -130,7 +130,7 @@ async def bot(sqlite_url: str, tmp_path: Path, clock: ManualClock):
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+    port = site._server.sockets[0].getsockname()[1]
     yield Bot(hub, fake, clock, f"http://127.0.0.1:{port}", runner)
     await runner.cleanup()
     await hub.db.close()

@@ -23,7 +23,7 @@ async def help_reply(b: Bot, text: str) -> dict:
     return card
 
 
-async def test_amux_help_lists_every_command_in_english_and_chinese(bot: Bot):  # noqa: F811
+async def test_amux_help_lists_every_command_in_english_and_chinese(bot: Bot):
     card = await help_reply(bot, "/amux help")
     en, zh = card_text(card, "en_us"), card_text(card, "zh_cn")
     assert "What amux understands" in en and "amux 能理解的内容" in zh
@@ -34,7 +34,7 @@ async def test_amux_help_lists_every_command_in_english_and_chinese(bot: Bot):  
     assert [b["behaviors"][0]["value"]["op"] for b in card_buttons(card)] == ["overview"]
 
 
-async def test_an_unknown_command_says_so_and_shows_the_help_not_the_overview(bot: Bot):  # noqa: F811
+async def test_an_unknown_command_says_so_and_shows_the_help_not_the_overview(bot: Bot):
     card = await help_reply(bot, "/amux nonsense please")
     en, zh = card_text(card, "en_us"), card_text(card, "zh_cn")
     assert "amux does not know the command **nonsense**." in en and "amux 不认识命令 **nonsense**。" in zh
@@ -44,6 +44,6 @@ async def test_an_unknown_command_says_so_and_shows_the_help_not_the_overview(bo
         assert (await conn.execute(sa.select(sa.func.count()).select_from(sessions))).scalar() == 0
 
 
-async def test_an_unknown_command_word_is_escaped_in_the_help(bot: Bot):  # noqa: F811
+async def test_an_unknown_command_word_is_escaped_in_the_help(bot: Bot):
     card = await help_reply(bot, "/amux [x](http://evil)")
     assert "[x](http://evil)" not in card_text(card, "en_us")

@@ -31,7 +31,7 @@ def english(text: str, *names: str) -> set[str]:
     return {w for w in re.findall(r"[A-Za-z_]{3,}", text) if w not in ALLOWED_LATIN}
 
 
-async def test_the_overview_greets_a_feishu_user_by_the_name_feishu_gives(bot: Bot):  # noqa: F811
+async def test_the_overview_greets_a_feishu_user_by_the_name_feishu_gives(bot: Bot):
     bot.fake.users["ou_alice"] = "王小丫 Alice"
     card = await bot.overview_card("ou_alice")
     assert "Hello 王小丫 Alice." in card_text(card, "en_us") and "你好，王小丫 Alice" in card_text(card, "zh_cn")
@@ -40,7 +40,7 @@ async def test_the_overview_greets_a_feishu_user_by_the_name_feishu_gives(bot: B
     assert "ou_bob" not in card_text(card, "en_us") and "Hello." in card_text(card, "en_us")
 
 
-async def test_the_recheck_toast_and_the_alert_center_speak_zh_cn_from_the_catalog(bot: Bot):  # noqa: F811
+async def test_the_recheck_toast_and_the_alert_center_speak_zh_cn_from_the_catalog(bot: Bot):
     await bot.overview_card("ou_alice")
     alice = await bot.principal("ou_alice")
     sid = await bot.schedule(alice, "夜间构建")
@@ -76,7 +76,7 @@ async def bot4h(sqlite_url: str, tmp_path: Path, clock: ManualClock):
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+    port = site._server.sockets[0].getsockname()[1]
     yield Bot(hub, fake, clock, f"http://127.0.0.1:{port}", runner)
     await runner.cleanup()
     await hub.db.close()
@@ -103,7 +103,7 @@ async def test_the_snooze_label_and_toast_follow_alerts_snooze_s(bot4h: Bot):
     assert re.search(r"Snoozed until \d{4}-\d\d-\d\d \d\d:\d\d UTC\.", card_text(card)), card_text(card)
 
 
-async def test_legacy_history_is_unconfirmed_on_the_personal_history_card(bot: Bot):  # noqa: F811
+async def test_legacy_history_is_unconfirmed_on_the_personal_history_card(bot: Bot):
     await bot.overview_card("ou_alice")
     alice = await bot.principal("ou_alice")
     sid = await bot.schedule(alice, "old job")
@@ -126,7 +126,7 @@ NASTY = "<at id=all></at> [x](http://evil.example/)"
 def _markdown(card: dict) -> list[str]:
     out: list[str] = []
 
-    def walk(node):  # noqa: ANN001, ANN202
+    def walk(node):
         if isinstance(node, dict):
             if node.get("tag") == "markdown":
                 out.extend((node.get("i18n_content") or {}).values())

@@ -1,5 +1,5 @@
 """`/amux login` in a private chat: the bot sends a one-time link that signs the user in on the hub's OAuth
-approval page (issue 19: hosted MCP clients approved without pasting a token)."""
+approval page, so a hosted MCP client is approved without pasting a token."""
 from __future__ import annotations
 
 import json
@@ -35,7 +35,7 @@ async def group_message(b: Bot, open_id: str, text: str) -> str:
     return mid
 
 
-async def test_amux_login_in_a_private_chat_sends_a_one_time_link_that_signs_in_the_approval_page(bot: Bot):  # noqa: F811
+async def test_amux_login_in_a_private_chat_sends_a_one_time_link_that_signs_in_the_approval_page(bot: Bot):
     bot.hub.runner_dispatch.hub_url = bot.url
     status, _, mid = await bot.message("ou_alice", "/amux login")
     assert status == 200
@@ -55,7 +55,7 @@ async def test_amux_login_in_a_private_chat_sends_a_one_time_link_that_signs_in_
         assert again.status_code >= 400  # one use
 
 
-async def test_amux_login_in_a_group_chat_sends_no_link(bot: Bot):  # noqa: F811
+async def test_amux_login_in_a_group_chat_sends_no_link(bot: Bot):
     await bot.message("ou_alice", "/amux")  # first contact binds the identity
     mid = await group_message(bot, "ou_alice", "/amux login")
     reply = await reply_to(bot, mid)

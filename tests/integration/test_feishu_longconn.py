@@ -119,8 +119,8 @@ class RecordedLink:
         pass
 
 
-def recording_starter(name: str, log: list[str]):  # noqa: ANN201
-    def start(app, loop):  # noqa: ANN001, ANN202
+def recording_starter(name: str, log: list[str]):
+    def start(app, loop):
         log.append(f"start {name}")
         return RecordedLink(name, log)
     return start

@@ -1,4 +1,4 @@
-"""The schedule form (issue 32) end to end: the form's own JSON, and submissions built the way Feishu sends them
+"""The schedule form end to end: the form's own JSON, and submissions built the way Feishu sends them
 (`form_value` in a signed, encrypted `card.action.trigger`) through the real hub, with the real lark-oapi replies to
 the fake Feishu server. Journeys: create → list → fires → history; edit the time → the next run moves; run now → one
 extra firing with its Task; refusals name the field and store nothing; another user's schedule id; a double submit."""
@@ -16,7 +16,7 @@ from tests.integration.test_feishu_bot import ADMIN, Bot, bot  # noqa: F401 — 
 USER = "ou_form_user"
 
 
-def _find(node, pred):  # noqa: ANN001, ANN202
+def _find(node, pred):
     if isinstance(node, dict):
         if pred(node):
             yield node
@@ -58,13 +58,13 @@ async def open_form(b: Bot, open_id: str, action: CardAction = NEW) -> dict:
     return body["card"]["data"]
 
 
-def fields(**kw) -> dict:  # noqa: ANN003
+def fields(**kw) -> dict:
     base = {"name": "nightly", "prompt": "say hello", "when": "0 3 * * *", "timezone": "UTC", "profile": "-",
             "notify": "failures"}
     return {**base, **kw}
 
 
-async def count(b: Bot, table) -> int:  # noqa: ANN001
+async def count(b: Bot, table) -> int:
     async with b.hub.db.read() as conn:
         return (await conn.execute(sa.select(sa.func.count()).select_from(table))).scalar()
 

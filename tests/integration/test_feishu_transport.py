@@ -85,7 +85,7 @@ async def test_the_messenger_replies_and_patches_over_one_connection_with_the_pa
     fake = await FakeFeishu().start()
     out = LarkMessenger(_apps(fake))
     try:
-        seed = fake._accept("seed", "ou_x", "{}", None)  # noqa: SLF001 — a message to answer under
+        seed = fake._accept("seed", "ou_x", "{}", None)  # a message to answer under
         mid = await out.reply(fake.app_id, seed.message_id, "text", {"text": "hi"}, "evt_1")
         assert mid and fake.messages[mid].reply_to == seed.message_id
         assert await out.patch(fake.app_id, mid, {"elements": []})

@@ -51,7 +51,7 @@ async def send_link(bot: Bot, open_id: str, text: str) -> dict:
     return json.loads(reply.content) if isinstance(reply.content, str) else reply.content
 
 
-async def _true(v):  # noqa: ANN001, ANN202
+async def _true(v):
     return v
 
 
@@ -187,7 +187,7 @@ async def test_schedule_get_says_why_a_schedule_will_not_notify(bot: Bot):
 
 
 async def test_schedule_with_no_binding_and_one_feishu_app_notifies_its_admin_with_the_principals_name(
-        db_url, tmp_path, clock, fake):  # noqa: F811
+        db_url, tmp_path, clock, fake):
     env = await make_env(db_url, tmp_path, clock, fake)
     await env.setup(name="solo job")
     async with env.hub.db.write() as conn:      # alice never linked a Feishu identity: no binding at creation

@@ -38,7 +38,7 @@ async def page_hub(db_url: str, home: Path, public_url: str | None = None,
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+    port = site._server.sockets[0].getsockname()[1]
     try:
         yield {"url": f"http://127.0.0.1:{port}", "hub": hub}
     finally:
@@ -245,7 +245,7 @@ async def test_a_boxes_page_is_one_database_statement(paged):
     await open_tasks(hub, await hub.auth.authenticate(token), [f"t{i}" for i in range(7)], boxes_each=2)
     statements: list[str] = []
 
-    def count(_conn, _cursor, statement, *_args) -> None:  # noqa: ANN001
+    def count(_conn, _cursor, statement, *_args) -> None:
         if not statement.lstrip().upper().startswith(("BEGIN", "COMMIT", "ROLLBACK")):
             statements.append(statement)
 

@@ -18,14 +18,14 @@ LEASE_TOOLS = {"rift_task_new", "rift_task_list", "rift_task_attach", "rift_task
                "rift_vm_new", "rift_vm_list", "rift_vm_exec", "rift_vm_destroy"}
 
 
-async def ok(client, tool: str, args: dict[str, Any] | None = None) -> dict[str, Any]:  # noqa: ANN001
+async def ok(client, tool: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
     """Call a tool and return its structured result, failing the test on a tool error."""
     res = await client.call_tool(tool, args or {})
     assert not res.is_error, f"{tool}: {res.content[0].text}"
     return res.structured_content
 
 
-async def refused(client, tool: str, args: dict[str, Any] | None = None) -> str:  # noqa: ANN001
+async def refused(client, tool: str, args: dict[str, Any] | None = None) -> str:
     """Call a tool that must be refused and return our refusal text (after the SDK's `Error executing tool X: `)."""
     res = await client.call_tool(tool, args or {})
     assert res.is_error, f"{tool} was not refused: {res.structured_content}"
@@ -55,7 +55,7 @@ def alive(pid: int, settle_s: float = 2.0) -> bool:
 
 
 @pytest.fixture
-async def hub(sqlite_url, tmp_path, clock):  # noqa: ANN001, ANN201
+async def hub(sqlite_url, tmp_path, clock):
     """A hub on a real port over SQLite; the boxes a test leaves are destroyed (they outlive a stopped hub)."""
     handle = await start_hub(sqlite_url, tmp_path, clock)
     yield handle
@@ -63,7 +63,7 @@ async def hub(sqlite_url, tmp_path, clock):  # noqa: ANN001, ANN201
     await handle.stop()
 
 
-async def box_pids(hub, vm_id: str) -> list[int]:  # noqa: ANN001
+async def box_pids(hub, vm_id: str) -> list[int]:
     """Return the host pids of every process in a box (its PID namespace), seen from outside."""
     import sqlalchemy as sa
 
@@ -82,7 +82,7 @@ async def box_pids(hub, vm_id: str) -> list[int]:  # noqa: ANN001
 
 
 @contextlib.asynccontextmanager
-async def two_agents(hub):  # noqa: ANN001, ANN201
+async def two_agents(hub):
     """Connect two MCP clients of one user, each on its own unlabeled token: `Claude` and `Codex`.
 
     (Not a fixture: the SDK client's task group must be left by the task that entered it.)
@@ -233,7 +233,7 @@ async def test_handing_a_task_over_walks_release_attach_takeover(hub):
         assert (await ok(claude, "rift_vm_list", {"task": back["handle"]}))["boxes"][0]["vm_id"] == box["vm_id"]
 
 
-def _parse(iso: str):  # noqa: ANN202
+def _parse(iso: str):
     from datetime import datetime
     return datetime.fromisoformat(iso.replace("Z", "+00:00"))
 
@@ -380,7 +380,7 @@ async def test_a_task_quiet_for_4_hours_closes_itself_and_its_processes_are_kill
 
 @pytest.fixture(params=["unsandboxed", pytest.param("local", marks=pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="install bubblewrap (make test does: apt-get install -y bubblewrap)"))])
-async def driver(request, tmp_path):  # noqa: ANN001, ANN201
+async def driver(request, tmp_path):
     """A LocalBoxDriver for each `boxes.driver` value."""
     from hub.boxes.local import LocalBoxDriver
     from hub.config import BoxSettings

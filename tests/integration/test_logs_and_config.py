@@ -1,4 +1,4 @@
-"""Logs and configuration as an operator meets them (issue 31): `amux up` with JSON logs parsed line by line during a
+"""Logs and configuration as an operator meets them: `amux up` with JSON logs parsed line by line during a
 small journey, access lines in both formats, and `amux config show` in a subprocess."""
 from __future__ import annotations
 

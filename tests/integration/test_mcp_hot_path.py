@@ -15,7 +15,7 @@ from tests.integration.test_box_escape import destroy_live_boxes
 
 
 @pytest.fixture
-async def quiet_hub(db_url, tmp_path, clock) -> AsyncIterator[HubHandle]:  # noqa: ANN001
+async def quiet_hub(db_url, tmp_path, clock) -> AsyncIterator[HubHandle]:
     """A hub on a real port over each backend, without background loops (so every statement is the call's)."""
     handle = await start_hub(db_url, tmp_path, clock, background=False)
     yield handle
@@ -41,7 +41,7 @@ def statements(db: Database, *, control: bool = False) -> Iterator[list[str]]:
         sa.event.remove(db.engine.sync_engine, "before_cursor_execute", record)
 
 
-async def ok(client, tool: str, args: dict[str, Any]) -> dict[str, Any]:  # noqa: ANN001
+async def ok(client, tool: str, args: dict[str, Any]) -> dict[str, Any]:
     res = await client.call_tool(tool, args)
     assert not res.is_error, res.content[0].text
     return res.structured_content

@@ -19,11 +19,11 @@ from tests.integration.test_identity_links import amux
 from tests.helpers import mcp_client
 
 
-async def _notify(env, mode: str) -> None:  # noqa: ANN001
+async def _notify(env, mode: str) -> None:
     await env.hub.schedules.update(env.alice, env.sid, ScheduleSpec(notify=mode))
 
 
-async def test_notify_defaults_to_failures_and_recurring_success_stays_quiet(db_url, tmp_path, clock, fake):  # noqa: F811
+async def test_notify_defaults_to_failures_and_recurring_success_stays_quiet(db_url, tmp_path, clock, fake):
     env = await make_env(db_url, tmp_path, clock, fake)
     await env.setup()
     assert (await env.hub.schedules.get(env.alice, env.sid))["notify"] == "failures"
@@ -36,7 +36,7 @@ async def test_notify_defaults_to_failures_and_recurring_success_stays_quiet(db_
     await env.hub.db.close()
 
 
-async def test_notify_all_sends_a_receipt_for_every_run(db_url, tmp_path, clock, fake):  # noqa: F811
+async def test_notify_all_sends_a_receipt_for_every_run(db_url, tmp_path, clock, fake):
     env = await make_env(db_url, tmp_path, clock, fake, quiet_hours="")
     await env.setup()
     await _notify(env, "all")
@@ -50,7 +50,7 @@ async def test_notify_all_sends_a_receipt_for_every_run(db_url, tmp_path, clock,
     await env.hub.db.close()
 
 
-async def test_notify_none_mutes_the_schedules_notices_and_says_why(db_url, tmp_path, clock, fake):  # noqa: F811
+async def test_notify_none_mutes_the_schedules_notices_and_says_why(db_url, tmp_path, clock, fake):
     env = await make_env(db_url, tmp_path, clock, fake)
     await env.setup()
     await _notify(env, "none")
@@ -62,7 +62,7 @@ async def test_notify_none_mutes_the_schedules_notices_and_says_why(db_url, tmp_
     await env.hub.db.close()
 
 
-async def test_an_unknown_notify_value_is_refused_naming_the_choices(db_url, tmp_path, clock, fake):  # noqa: F811
+async def test_an_unknown_notify_value_is_refused_naming_the_choices(db_url, tmp_path, clock, fake):
     env = await make_env(db_url, tmp_path, clock, fake)
     await env.setup()
     try:
@@ -74,7 +74,7 @@ async def test_an_unknown_notify_value_is_refused_naming_the_choices(db_url, tmp
     await env.hub.db.close()
 
 
-async def test_administrator_change_preserves_the_notification_preference(db_url, tmp_path, clock, fake):  # noqa: F811
+async def test_administrator_change_preserves_the_notification_preference(db_url, tmp_path, clock, fake):
     env = await make_env(db_url, tmp_path, clock, fake)
     await env.setup()
     await _notify(env, "none")
@@ -90,7 +90,7 @@ async def test_administrator_change_preserves_the_notification_preference(db_url
     await env.hub.db.close()
 
 
-async def test_the_creator_toggles_notify_from_the_personal_card(bot: Bot):  # noqa: F811
+async def test_the_creator_toggles_notify_from_the_personal_card(bot: Bot):
     await bot.overview_card("ou_alice")                     # first contact binds alice
     alice = await bot.principal("ou_alice")
     sid = await bot.schedule(alice, "nightly")
@@ -111,7 +111,7 @@ async def test_the_creator_toggles_notify_from_the_personal_card(bot: Bot):  # n
         assert (await conn.execute(sa.select(schedules.c.notify).where(schedules.c.id == sid))).scalar() == "none"
 
 
-async def test_cli_and_mcp_set_the_notify_field(bot: Bot):  # noqa: F811
+async def test_cli_and_mcp_set_the_notify_field(bot: Bot):
     token = await bot.hub.auth.create_token("carol")
     code, s, err = await amux(bot, token, "schedule", "create", "--type", "subtask", "--rule", "every 1h",
                               "--prompt", "say hi", "--notify", "all", "--json")

@@ -133,7 +133,7 @@ def _schemathesis() -> str:
     return str(exe)
 
 
-async def seed(hub) -> dict[str, list[str]]:  # noqa: ANN001
+async def seed(hub) -> dict[str, list[str]]:
     """Make real things to aim at (a finished task, a session, a schedule, memory, a credential, a spare token)."""
     await hub.start_runner()
     h = {"Authorization": f"Bearer {hub.admin_token}"}

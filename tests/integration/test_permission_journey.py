@@ -14,19 +14,19 @@ permission Write 'write notes.txt'
 say done"""
 
 
-async def ok(c, tool, **args):  # noqa: ANN001, ANN201
+async def ok(c, tool, **args):
     res = await c.call_tool(tool, args)
     assert not res.is_error, res.content[0].text
     return res.structured_content
 
 
-async def refused(c, tool, **args) -> str:  # noqa: ANN001
+async def refused(c, tool, **args) -> str:
     res = await c.call_tool(tool, args)
     assert res.is_error, res.structured_content
     return res.content[0].text
 
 
-async def next_permission(c, task_id: str, cursor: int) -> tuple[dict, int]:  # noqa: ANN001
+async def next_permission(c, task_id: str, cursor: int) -> tuple[dict, int]:
     """Wait (task_wait) until the task asks permission; return that event and the cursor after it."""
     while True:
         page = await ok(c, "task_wait", task_id=task_id, cursor=cursor, timeout_s=20)
@@ -37,7 +37,7 @@ async def next_permission(c, task_id: str, cursor: int) -> tuple[dict, int]:  # 
         cursor = page["cursor"]
 
 
-async def rest_answer(hub, token: str, task_id: str, body: dict) -> httpx2.Response:  # noqa: ANN001
+async def rest_answer(hub, token: str, task_id: str, body: dict) -> httpx2.Response:
     async with httpx2.AsyncClient() as http:
         return await http.post(f"{hub.url}/api/v1/tasks/{task_id}/permission", json=body,
                                headers={"Authorization": f"Bearer {token}"})

@@ -26,14 +26,14 @@ class ReportingRunner(Runner):
 
 
 @pytest.fixture
-async def quiet_hub(sqlite_url: str, tmp_path: Path, clock):  # noqa: ANN001
+async def quiet_hub(sqlite_url: str, tmp_path: Path, clock):
     """A hub without its loops: the test runs each placement pass."""
     handle = await start_hub(sqlite_url, tmp_path, clock, background=False)
     yield handle
     await handle.stop()
 
 
-async def start(hub, name: str, **report: Any) -> Runner:  # noqa: ANN001
+async def start(hub, name: str, **report: Any) -> Runner:
     runner = ReportingRunner(hub.url, hub.admin_token, name=name, slots=2, report=report,
                              **PROCESS_MODE, workspace_root=Path(hub.hub.settings.home) / "ws" / name,
                              engines={"scripted": ScriptedEngine()})

@@ -13,10 +13,10 @@ from tests.helpers import PROCESS_MODE, REPO
 class FailingFirst:
     """Fault injection at the store boundary: the first `n` calls raise what a restarting database raises."""
 
-    def __init__(self, real, n: int) -> None:  # noqa: ANN001
+    def __init__(self, real, n: int) -> None:
         self.real, self.left, self.calls = real, n, 0
 
-    async def __call__(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN204
+    async def __call__(self, *args, **kwargs):
         self.calls += 1
         if self.left > 0:
             self.left -= 1

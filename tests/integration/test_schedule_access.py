@@ -12,7 +12,7 @@ from hub.store.tables import identity_bindings, schedules
 APP_A, APP_B = "cli_a", "cli_b"
 
 
-async def _setup(hub):  # noqa: ANN001, ANN202
+async def _setup(hub):
     """carol (linked in A and B), dave (linked in A); schedules covering every rule."""
     carol = await hub.auth.authenticate(await hub.auth.create_token("carol"))
     dave = await hub.auth.authenticate(await hub.auth.create_token("dave"))
@@ -47,7 +47,7 @@ async def _setup(hub):  # noqa: ANN001, ANN202
     return carol, dave, viewers
 
 
-async def _bot_view(hub, v: Viewer) -> set[str]:  # noqa: ANN001
+async def _bot_view(hub, v: Viewer) -> set[str]:
     """Every page of the bot's personal list (the service call its card makes)."""
     names, page = set(), 0
     while True:
@@ -58,19 +58,19 @@ async def _bot_view(hub, v: Viewer) -> set[str]:  # noqa: ANN001
         page += 1
 
 
-async def _readable(read) -> bool:  # noqa: ANN001
+async def _readable(read) -> bool:
     try:
         await read
         return True
-    except Exception:  # noqa: BLE001 — NotFound: "does not exist or is not yours"
+    except Exception:  # NotFound: "does not exist or is not yours"
         return False
 
 
-async def _rest_view(hub, caller: Caller) -> set[str]:  # noqa: ANN001
+async def _rest_view(hub, caller: Caller) -> set[str]:
     return {s["name"] for s in await hub.schedules.list(caller)}
 
 
-async def _recovery_view(hub, v: Viewer) -> set[str]:  # noqa: ANN001
+async def _recovery_view(hub, v: Viewer) -> set[str]:
     return {s["name"] for s in await hub.recovery.personal(v.app_id, v.open_id)}
 
 

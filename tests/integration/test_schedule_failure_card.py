@@ -45,7 +45,7 @@ async def open_results(b: Bot, open_id: str) -> dict:
 
 @pytest.mark.parametrize(("outcome", "en", "zh"), [
     ("failed", "failed", "失败"), ("timed_out", "timed out", "超时"), ("cancelled", "cancelled", "已取消")])
-async def test_an_unsuccessful_runs_results_card_names_its_outcome_and_the_hubs_error(bot: Bot, outcome: str,  # noqa: F811
+async def test_an_unsuccessful_runs_results_card_names_its_outcome_and_the_hubs_error(bot: Bot, outcome: str,
                                                                                       en: str, zh: str):
     await bot.overview_card("ou_alice")
     alice = await bot.principal("ou_alice")
@@ -71,7 +71,7 @@ async def test_an_unsuccessful_runs_results_card_names_its_outcome_and_the_hubs_
         assert "<at" not in english.replace(r"\<at", "")
 
 
-async def test_a_successful_runs_results_card_shows_no_failure(bot: Bot):  # noqa: F811
+async def test_a_successful_runs_results_card_shows_no_failure(bot: Bot):
     await bot.overview_card("ou_alice")
     alice = await bot.principal("ou_alice")
     sid = await bot.schedule(alice, "nightly report")

@@ -1,4 +1,4 @@
-"""A schedule's overlap policy (issue 34): a Task that outlives its interval, then fires under allow, skip and
+"""A schedule's overlap policy: a Task that outlives its interval, then fires under allow, skip and
 replace — on both stores, with the injected clock, checked through MCP `schedule_history` and the Task records."""
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from tests.integration.test_schedules_mcp import fast, ledger_of
 LONG = "sleep 60\nsay done"  # real seconds: it outlives every interval the clock jumps over
 
 
-async def _status(c, task_id: str) -> str:  # noqa: ANN001
+async def _status(c, task_id: str) -> str:
     return (await c.call_tool("task_get", {"task_id": task_id})).structured_content["status"]
 
 
-async def _fire(handle, c, sid: str, count: int) -> list[dict]:  # noqa: ANN001
+async def _fire(handle, c, sid: str, count: int) -> list[dict]:
     """Move the clock one interval, wake the firing loop, and return the ledger once it has `count` recorded rows."""
     handle.clock.advance(60)
     handle.hub.schedule_firing.kick()
@@ -31,7 +31,7 @@ async def _fire(handle, c, sid: str, count: int) -> list[dict]:  # noqa: ANN001
     return await eventually(recorded, timeout=20)
 
 
-async def _first_running(handle, c, overlap: str) -> tuple[str, str]:  # noqa: ANN001
+async def _first_running(handle, c, overlap: str) -> tuple[str, str]:
     """Create an every-minute schedule with `overlap`, fire it once, and wait until its Task runs."""
     fast(handle)
     await handle.start_runner()

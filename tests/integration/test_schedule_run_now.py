@@ -1,4 +1,4 @@
-"""Run now (issue 32): MCP `schedule_run_now` fires a schedule once, at once — a manual firing ledgered like any
+"""Run now: MCP `schedule_run_now` fires a schedule once, at once — a manual firing ledgered like any
 other and correlated to its Task, the rule's next fire time unmoved; the rule's own firings go on beside it."""
 from __future__ import annotations
 

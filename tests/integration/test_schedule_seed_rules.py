@@ -9,7 +9,7 @@ from tests.helpers import eventually, mcp_client
 from tests.integration.test_schedules_mcp import fast, ledger_of
 
 
-async def reconciled(c, sid: str) -> list[dict]:  # noqa: ANN001
+async def reconciled(c, sid: str) -> list[dict]:
     """Wait until the schedule's first firing has its reconciled outcome; return the ledger."""
     async def settled():
         rows = await ledger_of(c, sid)

@@ -7,7 +7,7 @@ from tests.helpers import eventually, mcp_client
 from tests.integration.test_cli_rest import amux
 
 
-def fast(handle) -> None:  # noqa: ANN001
+def fast(handle) -> None:
     handle.hub.settings.schedules.reconcile_s = 0.05
     handle.hub.settings.schedules.poll_s = 0.05
     # These tests jump the clock by minutes; the runner's real heartbeats (every few seconds) must not make its
@@ -15,7 +15,7 @@ def fast(handle) -> None:  # noqa: ANN001
     handle.hub.settings.hub.runtime_lost_s = 3600
 
 
-async def ledger_of(c, sid: str) -> list[dict]:  # noqa: ANN001
+async def ledger_of(c, sid: str) -> list[dict]:
     return (await c.call_tool("schedule_history", {"schedule_id": sid})).structured_content["firings"]
 
 

@@ -47,7 +47,7 @@ async def _exists(path: Path) -> bool:
     return path.exists()
 
 
-async def services(db_url: str, home: Path):  # noqa: ANN201
+async def services(db_url: str, home: Path):
     """In-test services over the same database (creating definitions; no loops run here)."""
     hub = Hub(hub_settings(db_url, home), Database(db_url))
     caller = await hub.auth.authenticate(await hub.auth.create_token("alice"))
@@ -100,7 +100,7 @@ async def test_two_hub_processes_on_one_postgresql_fire_each_nominal_time_of_500
         assert "schedule firing failed" not in log, log[-3000:]
 
 
-async def _dispatch_waiting_on(conn, table: str) -> int:  # noqa: ANN001
+async def _dispatch_waiting_on(conn, table: str) -> int:
     """How many other backends wait for a lock on `table` (the hub's dispatch reading it, held by our lock)."""
     return (await conn.execute(sa.text(
         "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import instances, mailbox, sessions, task_runs
-from tests.helpers import REPO, eventually, mcp_client
+from tests.helpers import REPO, eventually, mcp_client, turn_child_env
 
 
 async def call(c, tool, **args):
@@ -369,7 +369,7 @@ async def test_a_delegation_with_an_amux_session_token_keeps_the_parent_session_
     turn = await hub.hub.sessions.submit_turn(admin, sid, "wait-steer 10")
     await eventually(lambda: is_running(hub, turn))
     async with hub.hub.db.write() as conn:
-        child_env = await hub.hub.runner_dispatch.coordination_env(conn, admin.principal_id, sid)
+        child_env = await turn_child_env(hub.hub, conn, admin.principal_id, sid)
     child = await hub.hub.auth.authenticate(child_env["AMUX_TOKEN"])
     assert child.label == f"amux-session:{sid}"
     delegated = await hub.hub.tasks.submit(child, SubmitRequest(prompt="say sub", profile="scripted"))
@@ -389,7 +389,7 @@ async def test_coordination_wait_advances_over_tool_and_usage_events_without_wak
     admin = await hub.hub.auth.authenticate(hub.admin_token)
     sid = (await hub.hub.sessions.create(admin, profile="scripted"))["session_id"]
     async with hub.hub.db.write() as conn:
-        token = (await hub.hub.runner_dispatch.coordination_env(conn, admin.principal_id, sid))["AMUX_TOKEN"]
+        token = (await turn_child_env(hub.hub, conn, admin.principal_id, sid))["AMUX_TOKEN"]
     script = "tool Read 'read a'\nusage input=3 output=1\nsleep 1.5\nsay done"
     async with mcp_client(hub.url, token) as parent, mcp_client(hub.url, hub.admin_token) as other:
         t1 = await ok(parent, "task_submit", prompt=script, profile="scripted")
@@ -406,7 +406,7 @@ async def test_a_child_uses_amux_memory_with_the_token_its_launch_carries(hub):
     sid = (await hub.hub.sessions.create(admin, profile="scripted"))["session_id"]
     await hub.hub.sessions.wait_turn(admin, await hub.hub.sessions.submit_turn(admin, sid, "say bound"), 10)
     async with hub.hub.db.write() as conn:
-        env = await hub.hub.runner_dispatch.coordination_env(conn, admin.principal_id, sid)
+        env = await turn_child_env(hub.hub, conn, admin.principal_id, sid)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "hub.cli", "memory", "set", "plan", "ship friday", "--json", cwd=REPO,
         env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)

@@ -98,7 +98,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ensure_postgres_module():  # noqa: ANN202
+def _ensure_postgres_module():
     spec = importlib.util.spec_from_file_location("ensure_postgres", REPO / ".ci" / "ensure_postgres.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -267,7 +267,7 @@ class Fleet:
                     await self.kill(p)
 
 
-async def until(predicate, timeout: float, interval: float = 0.2) -> float:  # noqa: ANN001
+async def until(predicate, timeout: float, interval: float = 0.2) -> float:
     """Wait for an async predicate; return the seconds it took (raise after `timeout`)."""
     t0 = time.monotonic()
     while not await predicate():
@@ -278,7 +278,7 @@ async def until(predicate, timeout: float, interval: float = 0.2) -> float:  # n
 
 
 @contextlib.asynccontextmanager
-async def mcp(url: str, token: str, name: str):  # noqa: ANN201
+async def mcp(url: str, token: str, name: str):
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=15) as http:
         async with Client(streamable_http_client(f"{url}/mcp", http_client=http),
                           client_info=Implementation(name=name, version="1.0")) as client:
@@ -305,7 +305,7 @@ async def mcp_submitter(url: str, token: str, stats: Stats, stop: asyncio.Event,
                     else:
                         stats.submitted[res.structured_content["task_id"]] = "mcp"
                     await asyncio.sleep(1 / rate)
-        except Exception:  # noqa: BLE001 - a replica died mid-call: reconnect through the proxy
+        except Exception:  # a replica died mid-call: reconnect through the proxy
             stats.submit_errors += 1
             await asyncio.sleep(0.5)
 
@@ -354,7 +354,7 @@ async def lease_racer(url: str, token: str, stats: Stats, stop: asyncio.Event, w
                         stats.lease_errors += live == 0
                     await a.call_tool("rift_task_close", {"task": handles[-1]})
                     await asyncio.sleep(0.3)
-        except Exception:  # noqa: BLE001
+        except Exception:
             stats.lease_errors += 1
             await asyncio.sleep(0.5)
 
@@ -685,9 +685,9 @@ async def test_three_replicas_survive_kill_9_of_a_hub_and_a_runner_and_a_postgre
             print(f"soak: hub and runner logs kept in {tmp_path}", flush=True)
 
 
-async def _is_superset(awaitable, expected: set[str]) -> bool:  # noqa: ANN001
+async def _is_superset(awaitable, expected: set[str]) -> bool:
     return expected <= await awaitable
 
 
-async def _eq(awaitable, value) -> bool:  # noqa: ANN001
+async def _eq(awaitable, value) -> bool:
     return (await awaitable) == value

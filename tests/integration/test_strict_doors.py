@@ -27,7 +27,7 @@ def dummy(schema: dict[str, Any]) -> Any:
     return {"string": "x", "integer": 1, "number": 1, "boolean": False, "array": [], "object": {}}[kind]
 
 
-async def stored_tasks(hub) -> list[dict]:  # noqa: ANN001
+async def stored_tasks(hub) -> list[dict]:
     async with httpx2.AsyncClient(timeout=10) as http:
         resp = await http.get(f"{hub.url}/api/v1/tasks", headers={"Authorization": f"Bearer {hub.admin_token}"})
     assert resp.status_code == 200, resp.text

@@ -31,7 +31,7 @@ pytestmark = [
 SECRET = "sentinel-admin-token-value"
 
 
-async def caps_of(hub, name: str) -> dict | None:  # noqa: ANN001
+async def caps_of(hub, name: str) -> dict | None:
     async with hub.db.read() as conn:
         row = (await conn.execute(sa.select(runtimes.c.status, runtimes.c.capabilities)
                                   .where(runtimes.c.name == name))).first()
@@ -39,7 +39,7 @@ async def caps_of(hub, name: str) -> dict | None:  # noqa: ANN001
 
 
 @contextlib.asynccontextmanager
-async def runner_process(hub, tmp: Path, name: str, *flags: str, uid: int | None = None,  # noqa: ANN001
+async def runner_process(hub, tmp: Path, name: str, *flags: str, uid: int | None = None,
                          path: str | None = None) -> AsyncIterator[dict]:
     """A real `amux runner` subprocess with the stand-in agent as its `claude`; yields its capabilities."""
     token = await hub.hub.auth.create_token(f"ops-{name}", admin=True, runner=True)
@@ -76,7 +76,7 @@ async def runner_process(hub, tmp: Path, name: str, *flags: str, uid: int | None
         log.close()
 
 
-async def run_as(hub, principal: str, prompt: str, **choices: Any) -> dict:  # noqa: ANN001
+async def run_as(hub, principal: str, prompt: str, **choices: Any) -> dict:
     token = await hub.token(principal)
     caller = await hub.hub.auth.authenticate(token)
     sub = await hub.hub.tasks.submit(caller, SubmitRequest(prompt=prompt, profile="claude", **choices))
@@ -88,7 +88,7 @@ def out(view: dict) -> str:
 
 
 @pytest.fixture
-async def dac_hub(sqlite_url: str, tmp_path: Path, clock):  # noqa: ANN001
+async def dac_hub(sqlite_url: str, tmp_path: Path, clock):
     """A hub whose home holds the secrets an agent would go for."""
     home = tmp_path / "hubhome"
     handle = await start_hub(sqlite_url, home, clock)

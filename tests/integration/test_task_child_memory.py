@@ -39,7 +39,7 @@ FAKE_RECORD_DIR={record} exec {FAKE_CLAUDE} "$@"
     return script, record
 
 
-async def online(hub, name: str) -> bool:  # noqa: ANN001
+async def online(hub, name: str) -> bool:
     async with hub.db.read() as conn:
         return (await conn.execute(sa.select(runtimes.c.status).where(runtimes.c.name == name))).scalar() == "online"
 

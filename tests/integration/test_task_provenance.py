@@ -11,25 +11,25 @@ import httpx2
 import sqlalchemy as sa
 
 from hub.store.tables import task_runs
-from tests.helpers import REPO, eventually, mcp_client
+from tests.helpers import REPO, eventually, mcp_client, turn_child_env
 
 PROVENANCE = ("parent_session_id", "parent_turn_id", "instance_id", "schedule_id", "firing_id")
 
 
-async def ok(c, tool, **args):  # noqa: ANN001, ANN201
+async def ok(c, tool, **args):
     res = await c.call_tool(tool, args)
     assert not res.is_error, res.content[0].text
     return res.structured_content
 
 
-async def rest_get(hub, token: str, task_id: str) -> dict:  # noqa: ANN001
+async def rest_get(hub, token: str, task_id: str) -> dict:
     async with httpx2.AsyncClient() as http:
         resp = await http.get(f"{hub.url}/api/v1/tasks/{task_id}", headers={"Authorization": f"Bearer {token}"})
     assert resp.status_code == 200, resp.text
     return resp.json()
 
 
-async def cli_get(hub, token: str, task_id: str, *flags: str) -> str:  # noqa: ANN001
+async def cli_get(hub, token: str, task_id: str, *flags: str) -> str:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "hub.cli", "task", "get", task_id, *flags, cwd=REPO,
         env={**os.environ, "AMUX_HUB_URL": hub.url, "AMUX_TOKEN": token},
@@ -39,7 +39,7 @@ async def cli_get(hub, token: str, task_id: str, *flags: str) -> str:  # noqa: A
     return out.decode()
 
 
-async def running(hub, run_id: str) -> bool:  # noqa: ANN001
+async def running(hub, run_id: str) -> bool:
     async with hub.hub.db.read() as conn:
         return (await conn.execute(sa.select(task_runs.c.status).where(task_runs.c.id == run_id))).scalar() == "running"
 
@@ -51,7 +51,7 @@ async def test_a_task_a_session_turn_delegated_names_that_session_and_turn_over_
     turn = await hub.hub.sessions.submit_turn(admin, sid, "wait-steer 20")
     await eventually(lambda: running(hub, turn))
     async with hub.hub.db.write() as conn:  # the token that Turn's child holds (AMUX_TOKEN)
-        child_token = (await hub.hub.runner_dispatch.coordination_env(conn, admin.principal_id, sid))["AMUX_TOKEN"]
+        child_token = (await turn_child_env(hub.hub, conn, admin.principal_id, sid))["AMUX_TOKEN"]
     async with mcp_client(hub.url, child_token) as c:
         task_id = (await ok(c, "task_submit", prompt="say delegated", profile="scripted"))["task_id"]
         view = await ok(c, "task_get", task_id=task_id)

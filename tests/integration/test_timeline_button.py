@@ -26,7 +26,7 @@ async def alices_task(b: Bot) -> str:
     return (await b.hub.tasks.submit(alice, SubmitRequest(prompt="say hi", profile="scripted")))["task_id"]
 
 
-async def test_the_timeline_button_sends_its_owner_a_private_link_that_lands_on_the_timeline_page(bot: Bot):  # noqa: F811
+async def test_the_timeline_button_sends_its_owner_a_private_link_that_lands_on_the_timeline_page(bot: Bot):
     bot.hub.runner_dispatch.hub_url = bot.url
     task_id = await alices_task(bot)
     value = timeline_button(catalogs(), "task", task_id)["behaviors"][0]["value"]
@@ -50,7 +50,7 @@ async def test_the_timeline_button_sends_its_owner_a_private_link_that_lands_on_
         assert page.status_code == 200 and task_id in page.text
 
 
-async def test_another_users_click_on_the_timeline_button_is_refused_and_sends_nothing(bot: Bot):  # noqa: F811
+async def test_another_users_click_on_the_timeline_button_is_refused_and_sends_nothing(bot: Bot):
     task_id = await alices_task(bot)
     await bot.overview_card("ou_bob")
     value = timeline_button(catalogs(), "task", task_id)["behaviors"][0]["value"]

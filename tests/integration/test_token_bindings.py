@@ -104,7 +104,7 @@ async def test_a_grant_whose_approving_token_was_revoked_elsewhere_fails_verific
         refreshed = await token_request(http, hub.url, client, grant_type="refresh_token",
                                         refresh_token=tokens["refresh_token"])
         assert refreshed.status_code == 400 and refreshed.json()["error"] == "invalid_grant"
-    hub.hub.oauth._verified.clear()  # noqa: SLF001 — what another replica's cache holds is its own 5 s
+    hub.hub.oauth._verified.clear()  # what another replica's cache holds is its own 5 s
     assert (await mcp_status(hub.url, tokens["access_token"])).status_code == 401
 
 

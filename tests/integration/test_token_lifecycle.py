@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import api_tokens, reservations, runtimes, task_runs
-from tests.helpers import REPO, eventually, mcp_client
+from tests.helpers import REPO, eventually, mcp_client, turn_child_env
 
 
 async def call(hub, method: str, path: str, token: str, body: dict | None = None) -> tuple[int, dict]:
@@ -86,7 +86,7 @@ async def test_a_run_token_is_refused_outside_memory_and_coordination_calls(hub)
     turn = await hub.hub.sessions.submit_turn(admin, sid, "wait-steer 20")
     await eventually(lambda: _is(_status(hub, admin, turn), "running"))
     async with hub.hub.db.write() as conn:
-        token = (await hub.hub.runner_dispatch.coordination_env(conn, admin.principal_id, sid))["AMUX_TOKEN"]
+        token = (await turn_child_env(hub.hub, conn, admin.principal_id, sid))["AMUX_TOKEN"]
     for method, path in (("GET", "tokens"), ("GET", "runtimes"), ("GET", "credentials"), ("POST", "profiles")):
         status, body = await call(hub, method, path, token)
         assert status == 403 and "memory and coordination" in body["message"], (path, body)

@@ -29,7 +29,7 @@ def markdown_texts(card: dict, lang: str | None = None) -> list[str]:
     """Every markdown text of a card (each language, or one)."""
     out: list[str] = []
 
-    def grab(node):  # noqa: ANN001, ANN202
+    def grab(node):
         if isinstance(node, dict) and node.get("tag") == "markdown":
             texts = node.get("i18n_content") or {"en_us": node["content"], "zh_cn": node["content"]}
             out.extend(t for k, t in texts.items() if lang is None or k == lang)
@@ -37,7 +37,7 @@ def markdown_texts(card: dict, lang: str | None = None) -> list[str]:
     return out
 
 
-def incident(**kw) -> dict:  # noqa: ANN003
+def incident(**kw) -> dict:
     return {"v": 1, "kind": "incident", "incident_id": "inc_1", "app_id": "cli_1", "schedule_id": "sch_1",
             "schedule_name": NASTY, "creator": NASTY, "timezone": "Asia/Shanghai", "status": "open", "failures": 2,
             "missed": 0, "unknowns": 0, "last_outcome": "failed", "opened_at": "2026-01-05T09:00:00+00:00",

@@ -16,7 +16,7 @@ from bot.i18n import Catalogs
 TR = Catalogs()
 
 
-def walk(node, fn):  # noqa: ANN001, ANN201
+def walk(node, fn):
     fn(node)
     if isinstance(node, dict):
         for v in node.values():
@@ -31,7 +31,7 @@ def check_card(card: dict) -> None:
     assert card["schema"] == "2.0" and card["config"]["locales"] == ["en_us", "zh_cn"]
     assert size_bytes(card) <= MAX_CARD_BYTES and count_elements(card) <= MAX_ELEMENTS
 
-    def rules(node):  # noqa: ANN001, ANN202
+    def rules(node):
         if isinstance(node, dict):
             assert node.get("tag") != "action", "Card 2.0 has no action rows"
             if "i18n_content" in node:
@@ -43,7 +43,7 @@ def check_card(card: dict) -> None:
                 assert CardAction.unpack(behavior["value"]).pack() == behavior["value"]
     walk(card, rules)
 
-    def buttons_in_columns(node):  # noqa: ANN001, ANN202
+    def buttons_in_columns(node):
         if isinstance(node, dict) and node.get("tag") == "column_set":
             for col in node["columns"]:
                 assert col["tag"] == "column"
@@ -226,7 +226,7 @@ def test_a_successful_runs_results_card_has_no_failure_and_a_long_error_is_cut()
     {"p": "alert", "v": 1, "a": "pause", "i": "inc_1", "app": "cli_1"},   # the retired alert-card shape
     {"p": "amux", "v": 1, "op": "ack", "i": "inc_1", "vw": "x"}, {"p": "amux", "v": 1, "op": "recheck", "vw": "inc"},
 ])
-def test_bad_payloads_are_refused(value):  # noqa: ANN001
+def test_bad_payloads_are_refused(value):
     with pytest.raises(BadPayload):
         CardAction.unpack(value)
 

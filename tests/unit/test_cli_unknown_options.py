@@ -15,18 +15,18 @@ UNKNOWN = "--permision-policy"
 
 def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], list]]:
     """Yield each leaf command's words and the arguments it requires, filled with plausible values."""
-    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]  # noqa: SLF001 — argparse has no public walk
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]  # argparse has no public walk
     if not subs:
         needed: list[str] = []
-        for action in parser._actions:  # noqa: SLF001
+        for action in parser._actions:
             value = str(action.choices[0]) if action.choices else "x"
             if not action.option_strings and action.nargs not in ("?", "*"):
                 needed += [value] * (action.nargs if isinstance(action.nargs, int) else 1)
             elif action.option_strings and action.required:
                 needed += [action.option_strings[0], value]
-        for group in parser._mutually_exclusive_groups:  # noqa: SLF001 — a required one-of (--revoke | --restore)
+        for group in parser._mutually_exclusive_groups:  # a required one-of (--revoke | --restore)
             if group.required:
-                first = group._group_actions[0]  # noqa: SLF001
+                first = group._group_actions[0]
                 needed += [first.option_strings[0]] + ([] if first.nargs == 0 else ["x"])
         yield path, needed
         return

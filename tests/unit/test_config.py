@@ -49,7 +49,7 @@ def test_the_edge_settings_default_to_the_documented_limits(tmp_path):
     assert (s.oauth.register_per_minute, s.oauth.unused_client_ttl_s) == (20, 86400)
 
 
-# ---------------------------------------------------------------- strict keys (issue 31)
+# ---------------------------------------------------------------- strict keys
 
 def test_an_unknown_key_in_the_toml_file_is_refused_naming_the_nearest_valid_one(tmp_path):
     f = tmp_path / "amux.toml"

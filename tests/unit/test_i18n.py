@@ -12,7 +12,7 @@ from bot.i18n import LOCALES, Catalogs
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _catalog(locale: str):  # noqa: ANN202
+def _catalog(locale: str):
     with (LOCALES / locale / "LC_MESSAGES" / "messages.po").open("rb") as f:
         return read_po(f, locale=locale)
 

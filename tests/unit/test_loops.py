@@ -8,7 +8,7 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from hub.loops import Loops, Tasks
+from hub.loops import Background, Loops
 
 
 async def _until(pred, timeout: float = 5.0) -> None:
@@ -116,7 +116,7 @@ async def test_the_same_loop_cannot_run_twice():
 
 
 async def test_background_tasks_are_held_until_they_end_and_cancelled_on_close():
-    tasks = Tasks("test")
+    tasks = Background("test")
     gate = asyncio.Event()
     done = tasks.spawn(asyncio.sleep(0))
     pending = tasks.spawn(gate.wait())

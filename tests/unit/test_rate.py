@@ -30,4 +30,4 @@ def test_the_table_stays_bounded_forgetting_closed_windows_first():
     assert lim.hit("limited", at(62)) is not None  # an open window survives
     for i in range(10):
         lim.hit(f"flood{i}", at(63))
-    assert len(lim._windows) <= 4  # noqa: SLF001
+    assert len(lim._windows) <= 4
