@@ -18,14 +18,13 @@ from hub.services.identity import LinkRefused
 from .cards.actions import FORM_OPS, BadPayload, UnknownKey
 from .cards.identity import LINK_REFUSED, render_link_result
 from .handlers.context import Answer, Ctx
-from .handlers.conversation import converse
+from .handlers.conversation import NO_ENGINE, converse, say
 from .handlers.overview import overview
-from .handlers.questions import post_turn, turn_reply
 from .handlers.schedules import LINK_FIRST
 from .i18n import Catalogs, _, catalogs
 from .identity import IdentityBindings, Viewer
 from .services import BotServices
-from hub.services.bot import INBOUND_TTL
+from hub.services.bot import INBOUND_TTL, EngineRefused
 
 if TYPE_CHECKING:  # lark-oapi (thousands of modules) loads only when a Feishu app needs it
     from .feishu.messenger import Outgoing
@@ -47,7 +46,6 @@ class FeishuBot:
         self.identity = IdentityBindings(services.identity)
         self._messenger = messenger
         self.background: set[asyncio.Task] = set()
-        self.turn_wait_s = 600.0
 
     @property
     def messenger(self) -> Outgoing:
@@ -118,7 +116,8 @@ class FeishuBot:
                                         ids.get("user_id"))
 
     async def on_message(self, app_id: str, event: dict, out: Outgoing) -> None:
-        """Answer a chat message: `/amux` → the overview card; anything else → a Turn of the chat's Session."""
+        """Answer a chat message: `/amux` → the overview card; anything else → a Turn of the chat's Session on a
+        live progress card, or a steer of the Turn the chat is running (hub.services.chat_turns)."""
         sender = event.get("sender") or {}
         msg = event.get("message") or {}
         if sender.get("sender_type") not in (None, "user") or msg.get("message_type") != "text":
@@ -145,14 +144,13 @@ class FeishuBot:
             return
         if not text:
             return
+        chat_id = msg.get("chat_id") or mid
         try:
-            turn, reply = await converse(self.services, viewer, msg.get("chat_id") or mid, text, self.turn_wait_s,
-                                         message_id=mid)
+            await converse(self.services, viewer, chat_id, text, mid)
+        except EngineRefused:
+            await say(self.services, self.tr, viewer, mid, NO_ENGINE)
         except AmuxError as e:
-            turn, reply = None, e.message
-        asked = await turn_reply(self.services, self.tr, viewer, turn) if turn else None  # its question card
-        msg_type, content = asked or ("text", {"text": reply})
-        await out.reply(app_id, mid, msg_type, content, f"amux-{mid}")
+            await say(self.services, self.tr, viewer, mid, e.message)
 
     async def link(self, app_id: str, ids: dict, code: str, mid: str, out: Outgoing) -> None:
         """Answer `/amux link CODE`: bind the sender's identity to the code's principal, or say how to get a code."""
@@ -224,9 +222,6 @@ class FeishuBot:
             return {"toast": {"type": "error", "content": self.tr.gettext("en_us", e.message),
                               "i18n": {lang: self.tr.gettext(lang, e.message) for lang in ("en_us", "zh_cn")}}}
         res: dict = {}
-        reply_to = (event.get("context") or {}).get("open_message_id")
-        if answer.follow_turn and reply_to:  # e.g. an answered question: the agent's reply follows in the chat
-            self.spawn(post_turn(self.services, self.tr, viewer, answer.follow_turn, reply_to, out, self.turn_wait_s))
         if answer.toast:
             res["toast"] = self.toast(answer.toast, answer.toast_kind, **dict(answer.toast_values))
         if answer.card:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Awaitable, Callable
 
 from .cards.actions import BadPayload, CardAction
-from .handlers import alert_center, questions, schedules
+from .handlers import alert_center, conversation, questions, schedules
 from .handlers.context import Answer, Ctx
 from .handlers.overview import overview
 
@@ -16,7 +16,7 @@ ROUTES: dict[str, Handler] = {
     "resume": schedules.resume, "delete": schedules.delete, "alerts": alert_center.alert_center,
     "ack": alert_center.acknowledge, "snooze": alert_center.snooze, "recheck": alert_center.recheck,
     "notify": schedules.notify, "answer": questions.answer, "new": schedules.new_form, "edit": schedules.edit_form,
-    "save": schedules.save, "run": schedules.run_now,
+    "save": schedules.save, "run": schedules.run_now, "stop": conversation.stop,
 }
 
 

@@ -8,6 +8,7 @@ from hub.config import FeishuSettings
 from hub.services.alerts import AlertService
 from hub.services.auth import AuthService
 from hub.services.bot import BotService
+from hub.services.chat_turns import ChatTurnService
 from hub.services.identity import IdentityService
 from hub.services.oauth import OAuthService
 from hub.services.runtimes import RuntimeService
@@ -32,3 +33,4 @@ class BotServices:
     alerts: AlertService
     runtimes: RuntimeService       # the address children are told (`hub_url`), for links when public_url is unset
     state: BotService              # chats' Sessions, long-connection leases, inbound dedup keys
+    chats: ChatTurnService         # chat Turns: their progress cards, steering, the answer (all through the outbox)

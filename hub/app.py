@@ -35,6 +35,8 @@ from .services.profiles import ProfileService
 from .services.dispatch import Dispatcher
 from .services.leases import LeaseService
 from .services.notify import Notifier
+from .services.chat_turns import ChatTurnService
+from .services.outbox import OutboxWorker
 from .services.runtimes import RuntimeService
 from .services.schedule_firing import ScheduleFiring
 from .services.schedule_results import ScheduleResults
@@ -136,11 +138,19 @@ class Hub:
         from bot.app import build_bot
         from bot.services import BotServices
         self.bot_state = BotService(self.db, self.clock, self.sessions)
+        from bot.cards.chat import ChatCardRenderer
+        from bot.i18n import catalogs
+        self.chats = ChatTurnService(self.db, self.clock, self.notifier, self.sessions, ChatCardRenderer(catalogs()),
+                                     update_s=settings.feishu.chat_update_s,
+                                     steer_wait_s=settings.feishu.chat_steer_wait_s, poll_s=hs.poll_s)
+        # Chat outputs have their own outbox worker (and loop), woken by the chat flow: the person is waiting.
+        self.chat_outbox = OutboxWorker(self.db, self.clock, settings.alerts, self.alerts.n, channel,
+                                        f"{self.alerts.worker.worker_id}:chat")
         self.bot_services = BotServices(
             clock=self.clock, feishu=settings.feishu, public_url=settings.public_url, auth=self.auth, oauth=self.oauth,
             identity=self.identity, sessions=self.sessions, schedules=self.schedules,
             results=ScheduleResults(self.db, self.schedules), alerts=self.alerts, runtimes=self.runtimes,
-            state=self.bot_state)
+            state=self.bot_state, chats=self.chats)
         self.bot = build_bot(self.bot_services)
 
     def web_app(self, *, background: bool = True) -> web.Application:
@@ -225,6 +235,12 @@ class Hub:
         async with self.mcp.lifespan(await shared_key(self.db, "mcp-session", self.clock.now())):
             yield
 
+    async def _chat_step(self) -> float:
+        """Drive the chat Turns' cards, then deliver the chat outputs that are due (one pass of the chat loop)."""
+        wait = await self.chats.step()
+        sent = await self.chat_outbox.deliver_once()
+        return 0.0 if sent else wait
+
     async def _loops_ctx(self, _app: web.Application) -> AsyncIterator[None]:
         loops, hs = self.loops, self.settings.hub
         loops.start("placement", self.dispatcher.placement_step, interval_s=hs.poll_s * 2, wake=self.dispatcher.kicked)
@@ -233,6 +249,7 @@ class Hub:
             loops.start("sqlite-checkpoint", self.db.checkpoint, interval_s=1.0)
         loops.start("lease-reaper", self.leases.reaper_step, interval_s=30.0)
         loops.start("alerts", self.alerts.step, interval_s=self.settings.alerts.poll_s, wake=self.alerts.kicked)
+        loops.start("chat", self._chat_step, interval_s=hs.poll_s, wake=self.chats.kicked)
         self.schedule_firing.start_loops(loops)
         loops.start("schedule-reconciler", self.schedule_firing.reconciler_step,
                     interval_s=self.settings.schedules.reconcile_s)

@@ -12,16 +12,17 @@ from typing import Any
 PREFIX = "amux"
 VERSION = 1
 OPS = ("overview", "schedules", "detail", "history", "results", "pause", "resume", "delete",
-       "alerts", "ack", "snooze", "recheck", "notify", "answer", "new", "edit", "save", "run")
+       "alerts", "ack", "snooze", "recheck", "notify", "answer", "new", "edit", "save", "run", "stop")
 NEEDS_SCHEDULE = ("detail", "history", "results", "pause", "resume", "delete", "notify", "edit", "run")
 FORM_OPS = ("new", "edit", "save")  # the schedule form: open it empty, open it filled in, submit it
 NEEDS_INCIDENT = ("ack", "snooze")
 NEEDS_QUESTION = ("answer",)
+NEEDS_TURN = ("stop",)  # the progress card's Stop: the chat Turn it interrupts
 MAX_OPTION = 49  # a question offers at most 50 options (hub.runner.protocol.Question)
 # which card the answer refreshes: "" the card pressed (alert center), "inc" a pushed incident card
 VIEWS = ("", "inc")
 MAX_PAGE = 10_000
-KEYS = ("p", "v", "op", "s", "i", "pg", "sub", "vw", "q", "o", "n")  # every key `pack()` writes
+KEYS = ("p", "v", "op", "s", "i", "pg", "sub", "vw", "q", "o", "n", "t")  # every key `pack()` writes
 
 
 class BadPayload(ValueError):
@@ -49,6 +50,7 @@ class CardAction:
     question_id: str | None = None  # "answer": the question a question card asks
     option: int = 0                 # "answer": the index of the option pressed
     nonce: str | None = None        # "save": this rendering of the form (a second submission of it makes nothing)
+    turn_id: str | None = None      # "stop": the chat Turn the progress card shows
 
     def pack(self) -> dict[str, Any]:
         """Return the JSON value a button carries."""
@@ -68,6 +70,8 @@ class CardAction:
             value["o"] = self.option
         if self.nonce:
             value["n"] = self.nonce
+        if self.turn_id:
+            value["t"] = self.turn_id
         return value
 
     @classmethod
@@ -83,9 +87,9 @@ class CardAction:
         op = value.get("op")
         if op not in OPS:
             raise BadPayload(f"unknown card action {op!r}")
-        sid, iid, qid, nonce = value.get("s"), value.get("i"), value.get("q"), value.get("n")
+        sid, iid, qid, nonce, tid = value.get("s"), value.get("i"), value.get("q"), value.get("n"), value.get("t")
         page, sub, view, option = value.get("pg", 0), value.get("sub", 0), value.get("vw", ""), value.get("o", 0)
-        for name, v in (("s", sid), ("i", iid), ("q", qid), ("n", nonce)):
+        for name, v in (("s", sid), ("i", iid), ("q", qid), ("n", nonce), ("t", tid)):
             if v is not None and (not isinstance(v, str) or not v or len(v) > 64):
                 raise BadPayload(f"bad {name} in card action")
         for v in (page, sub):
@@ -101,7 +105,9 @@ class CardAction:
             raise BadPayload("bad option in card action")
         if (op == "save") != bool(nonce):
             raise BadPayload("save needs the form's nonce" if nonce is None else "only save carries a nonce")
+        if (op in NEEDS_TURN) != bool(tid):
+            raise BadPayload(f"{op} needs a turn" if tid is None else "only stop names a turn")
         if view not in VIEWS or (view == "inc" and not iid):
             raise BadPayload("bad view in card action")
         return cls(op=op, schedule_id=sid, incident_id=iid, page=page, sub=sub, view=view, question_id=qid,
-                   option=option, nonce=nonce)
+                   option=option, nonce=nonce, turn_id=tid)

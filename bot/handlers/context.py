@@ -30,7 +30,6 @@ class Answer:
     toast: str | None = None            # msgid
     toast_kind: str = "success"
     toast_values: tuple[tuple[str, Any], ...] = ()
-    follow_turn: str | None = None      # a Turn the action started: its outcome is posted to the chat when it ends
 
 
 class Refused(AmuxError):
