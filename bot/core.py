@@ -108,6 +108,10 @@ class FeishuBot:
             return await self.on_action(app_id, {**event, "_event_id": event_id}, out), None
         return {}, None
 
+    async def viewer_of(self, app_id: str, open_id: str) -> Viewer | None:
+        """Return the operator a Feishu user of `app_id` acts as (bound on first sight; None when revoked)."""
+        return await self._viewer(app_id, {"open_id": open_id})
+
     async def _viewer(self, app_id: str, ids: dict) -> Viewer | None:
         app = self.apps.get(app_id)
         if app is None or not ids.get("open_id"):

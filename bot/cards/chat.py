@@ -148,7 +148,7 @@ class ChatCardRenderer:
             title, template = tr.text(_("Timed out")), "orange"
             what = tr.text(_("The turn ran out of time. Send a smaller request, or ask your admin to raise the "
                              "profile's timeout."))
-        elif error == RUNTIME_LOST or error.startswith(RUNTIME_LOST[:40]):
+        elif error == RUNTIME_LOST or error.startswith("runtime lost"):
             title, template = tr.text(_("The agent was interrupted")), "red"
             what = tr.text(_("Its runner stopped answering while it worked, so its outcome is unknown. Send your "
                              "message again."))

@@ -224,6 +224,26 @@ class ChatTurnService:
                             "status": run.status if run else None, "notes": list(r.notes)})
         return out
 
+    async def outputs(self, app_id: str, chat_id: str, principal_id: str, open_id: str,
+                      limit: int = 20) -> list[dict[str, Any]]:
+        """Return what the chat shows, whatever the channel delivered: one entry per message the bot posts (its id
+        is the notice's), a progress card as its newest update; oldest first (the console renders them)."""
+        async with self.db.read() as conn:
+            rows = await self.store.outputs(conn, app_id, chat_id, principal_id, open_id, limit)
+        shown: dict[str, dict[str, Any]] = {}
+        cards: dict[str, str] = {}  # turn → its progress card's notice
+        for r in rows:
+            if r.kind == "chat_update":
+                nid = cards.get(r.turn_id or "")
+                if nid is not None:
+                    shown[nid]["card"] = r.payload["card"]
+                continue
+            if r.kind == "chat_card" and r.turn_id:
+                cards[r.turn_id] = r.id
+            shown[r.id] = {"id": r.id, "turn_id": r.turn_id, "reply_to": r.payload.get("reply_to"),
+                           "card": r.payload["card"]}
+        return list(shown.values())
+
     # ------------------------------------------------------------ the driver
 
     async def step(self) -> float:

@@ -82,6 +82,22 @@ class SqlChatTurnStore:
         return list((await conn.execute(sa.select(chat_turns).where(chat_turns.c.app_id == app_id)
                                         .order_by(chat_turns.c.created_at.desc()).limit(limit))).all())
 
+    async def outputs(self, conn: Connection, app_id: str, chat_id: str, principal_id: str, open_id: str,
+                      limit: int) -> list[Row]:
+        """Return the chat outputs of (application, chat, person) — the notices of its newest `limit` chat Turns
+        and its refusals (`id`, `kind`, `turn_id`, `payload`, `created_at`) — oldest first."""
+        turns = sa.select(chat_turns.c.turn_id).where(
+            chat_turns.c.app_id == app_id, chat_turns.c.chat_id == chat_id,
+            chat_turns.c.principal_id == principal_id).order_by(chat_turns.c.created_at.desc()).limit(limit)
+        ids = list((await conn.execute(turns)).scalars())
+        stmt = (sa.select(outbox.c.id, outbox.c.kind, outbox.c.turn_id, outbox.c.payload, outbox.c.created_at)
+                .where(outbox.c.app_id == app_id, sa.or_(
+                    outbox.c.turn_id.in_(ids) if ids else sa.false(),
+                    sa.and_(outbox.c.turn_id.is_(None), outbox.c.kind == "chat_part",
+                            outbox.c.recipient == open_id)))
+                .order_by(outbox.c.created_at, outbox.c.id))
+        return list((await conn.execute(stmt)).all())
+
     # ------------------------------------------------------------ what the card shows
 
     async def run(self, conn: Connection, turn_id: str) -> Row | None:

@@ -7,7 +7,6 @@ refused with a clear message and nothing changed.
 """
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from pathlib import Path
 
