@@ -49,6 +49,12 @@ class ConsoleSink:
         self.patches.append({"message_id": message_id, "card": card})
         return True
 
+    async def send(self, app_id: str, open_id: str, msg_type: str, content: dict, uuid_: str) -> str | None:
+        """Keep a private message to one user (the console shows it like a reply)."""
+        mid = f"om_console_{secrets.token_hex(6)}"
+        self.replies.append({"message_id": mid, "to": open_id, "msg_type": msg_type, "content": content})
+        return mid
+
 
 def _envelope(app_id: str, event_type: str, event: dict, now_ms: int) -> dict:
     return {"schema": "2.0", "header": {"event_id": f"console-{uuid.uuid4().hex}", "event_type": event_type,

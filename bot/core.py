@@ -13,13 +13,10 @@ import re
 from typing import TYPE_CHECKING, Any, Awaitable
 
 from hub.errors import AmuxError
-from hub.services.identity import LinkRefused
 
-from .cards.actions import FORM_OPS, BadPayload, UnknownKey
-from .cards.identity import LINK_REFUSED, render_link_result
-from .handlers.context import Answer, Ctx
+from .cards.actions import FORM_ACTIONS, BadPayload, UnknownKey
+from .handlers.context import Answer, Ctx, Sender
 from .handlers.conversation import NO_ENGINE, converse, say
-from .handlers.overview import overview
 from .handlers.schedules import LINK_FIRST
 from .i18n import Catalogs, _, catalogs
 from .identity import IdentityBindings, Viewer
@@ -28,8 +25,7 @@ from hub.services.bot import INBOUND_TTL, EngineRefused
 
 if TYPE_CHECKING:  # lark-oapi (thousands of modules) loads only when a Feishu app needs it
     from .feishu.messenger import Outgoing
-from .cards.base import card, check_limits, esc, markdown
-from .router import check, is_command, is_login, link_argument
+from .router import check, command, route
 
 log = logging.getLogger(__name__)
 ACTION_BUDGET_S = 2.5          # Feishu wants the callback answer within 3 s
@@ -108,10 +104,6 @@ class FeishuBot:
             return await self.on_action(app_id, {**event, "_event_id": event_id}, out), None
         return {}, None
 
-    async def viewer_of(self, app_id: str, open_id: str) -> Viewer | None:
-        """Return the operator a Feishu user of `app_id` acts as (bound on first sight; None when revoked)."""
-        return await self._viewer(app_id, {"open_id": open_id})
-
     async def _viewer(self, app_id: str, ids: dict) -> Viewer | None:
         app = self.apps.get(app_id)
         if app is None or not ids.get("open_id"):
@@ -120,8 +112,9 @@ class FeishuBot:
                                         ids.get("user_id"))
 
     async def on_message(self, app_id: str, event: dict, out: Outgoing) -> None:
-        """Answer a chat message: `/amux` → the overview card; anything else → a Turn of the chat's Session on a
-        live progress card, or a steer of the Turn the chat is running (hub.services.chat_turns)."""
+        """Answer a chat message: a text command (`/amux …`) through the router, with its card; anything else →
+        a Turn of the chat's Session on a live progress card, or a steer of the Turn the chat is running
+        (hub.services.chat_turns)."""
         sender = event.get("sender") or {}
         msg = event.get("message") or {}
         if sender.get("sender_type") not in (None, "user") or msg.get("message_type") != "text":
@@ -131,61 +124,39 @@ class FeishuBot:
         except ValueError:
             return
         mid = msg["message_id"]
-        code = link_argument(text)
-        if code is not None:  # before the viewer: linking may re-activate an unlinked identity
-            await self.link(app_id, sender.get("sender_id") or {}, code, mid, out)
-            return
-        viewer = await self._viewer(app_id, sender.get("sender_id") or {})
-        if viewer is None:
-            return  # a revoked binding gets no answer at all
-        ctx = Ctx(viewer, self.services, self.tr)
-        if is_login(text):
-            await self.login(viewer, msg, mid, out)
-            return
-        if is_command(text):
-            answer = await overview(ctx)
+        ids = sender.get("sender_id") or {}
+        payload = command(text)
+        to = route(payload) if payload is not None else None
+        if to is not None and to.anonymous:
+            if app_id not in self.apps:
+                return
+            answer = await to.handler(Sender(app_id, ids, self.services, self.tr), payload)
+        else:
+            viewer = await self._viewer(app_id, ids)
+            if viewer is None:
+                return  # a revoked binding gets no answer at all
+            if to is None:
+                if text:
+                    await self.chat(viewer, msg, text, out)
+                return
+            answer = await to.handler(Ctx(viewer, self.services, self.tr, chat_type=msg.get("chat_type")), payload)
+        if answer.card:
             await out.reply(app_id, mid, "interactive", answer.card, f"amux-{mid}")
-            return
-        if not text:
-            return
-        chat_id = msg.get("chat_id") or mid
+
+    async def chat(self, viewer: Viewer, msg: dict, text: str, out: Outgoing) -> None:
+        """Open a Turn for the message (its progress card goes through the outbox), or steer the running one; a
+        refusal is posted through the outbox too."""
+        mid = msg["message_id"]
         try:
-            await converse(self.services, viewer, chat_id, text, mid)
+            await converse(self.services, viewer, msg.get("chat_id") or mid, text, mid)
         except EngineRefused:
             await say(self.services, self.tr, viewer, mid, NO_ENGINE)
         except AmuxError as e:
             await say(self.services, self.tr, viewer, mid, e.message)
 
-    async def link(self, app_id: str, ids: dict, code: str, mid: str, out: Outgoing) -> None:
-        """Answer `/amux link CODE`: bind the sender's identity to the code's principal, or say how to get a code."""
-        if app_id not in self.apps or not ids.get("open_id"):
-            return
-        try:
-            linked = await self.services.identity.redeem(code, app_id, ids["open_id"], ids.get("union_id"),
-                                                    ids.get("user_id"))
-        except LinkRefused as e:
-            card = render_link_result(self.tr, LINK_REFUSED[e.reason], ok=False)
-        else:
-            msg = _("Linked: this Feishu identity now acts as **{principal}**. Schedules {principal} creates over "
-                    "MCP or the CLI notify through this identity.") if linked.changed else \
-                _("This Feishu identity was already linked to **{principal}**.")
-            card = render_link_result(self.tr, msg, ok=True, principal=linked.principal)
-        await out.reply(app_id, mid, "interactive", card, f"amux-{mid}")
-
-    async def login(self, viewer: Viewer, msg: dict, mid: str, out: Outgoing) -> None:
-        """Answer `/amux login` with a one-time link (10 minutes) that signs this principal in on the hub's OAuth
-        approval page, so a hosted MCP client can be approved without pasting a token. Only in a private chat:
-        anyone in a group could use the link."""
-        if msg.get("chat_type") not in (None, "p2p"):
-            text = self.tr.text(_("Send `/amux login` to me in a private chat: a sign-in link must not be seen "
-                                  "by others."))
-        else:
-            base = self.services.public_url or self.services.runtimes.hub_url
-            link = await self.services.oauth.issue_login_link(viewer.principal_id, base)
-            text = self.tr.text(_("Sign in as **{principal}** on the hub's approval page (one use, 10 minutes): "
-                                  "[open the link]({link})"), principal=esc(viewer.name), link=link)
-        doc = check_limits(card(self.tr.text(_("Sign in")), [markdown(text)], template="blue"))
-        await out.reply(viewer.app_id, mid, "interactive", doc, f"amux-{mid}")
+    async def viewer_of(self, app_id: str, open_id: str) -> Viewer | None:
+        """Return the operator a Feishu user of `app_id` acts as (bound on first sight; None when revoked)."""
+        return await self._viewer(app_id, {"open_id": open_id})
 
     async def on_action(self, app_id: str, event: dict, out: Outgoing) -> dict:
         """Answer a card click within the budget: a toast and/or the refreshed card; finish late work by PATCH."""
@@ -212,7 +183,7 @@ class FeishuBot:
             return {"toast": self.toast(_("This button is out of date; send /amux for a fresh card."), "warning")}
         viewer = await self._viewer(app_id, event.get("operator") or {})
         if viewer is None:
-            if action.op in FORM_OPS:
+            if isinstance(action, FORM_ACTIONS):
                 return {"toast": self.toast(LINK_FIRST, "error")}
             return {"toast": self.toast(_("Your Feishu identity is not bound to amux."), "error")}
         act = event.get("action") or {}
@@ -226,6 +197,9 @@ class FeishuBot:
             return {"toast": {"type": "error", "content": self.tr.gettext("en_us", e.message),
                               "i18n": {lang: self.tr.gettext(lang, e.message) for lang in ("en_us", "zh_cn")}}}
         res: dict = {}
+        if answer.private:  # to the clicker alone (a sign-in link): never into the chat the card is in
+            msg_type, content = answer.private
+            self.spawn(out.send(app_id, viewer.open_id, msg_type, content, f"amux-{event.get('_event_id') or ''}"))
         if answer.toast:
             res["toast"] = self.toast(answer.toast, answer.toast_kind, **dict(answer.toast_values))
         if answer.card:

@@ -61,8 +61,10 @@ class Catalogs:
         return self.tables.get(lang, {}).get(message) or message
 
     def text(self, message: str, **values: Any) -> dict[str, str]:
-        """Return `{en_us: …, zh_cn: …}` for `message` with `values` substituted (values are not translated)."""
-        return {lang: self.gettext(lang, message).format(**values) for lang in LANGS}
+        """Return `{en_us: …, zh_cn: …}` for `message` with `values` substituted: a value that is itself such a
+        bilingual text (a translated word) is substituted language by language; others are not translated."""
+        return {lang: self.gettext(lang, message).format(**{k: v[lang] if isinstance(v, dict) else v
+                                                            for k, v in values.items()}) for lang in LANGS}
 
 
 _DEFAULT: Catalogs | None = None

@@ -1,49 +1,30 @@
-"""Card-action routing: a pure check (payload → handler) and the I/O of running it."""
+"""The bot's one router: a payload (a card button's or a text command's, bot/cards/actions.py) → its handler.
+
+Handlers bind to payload classes with `@handles` (bot/handlers/context.py); importing the handler modules here
+registers them. `check` is pure (a card callback's value → its payload and handler); `command` parses a chat
+message into a text command's payload, or None for a message that is a Turn of the chat's Session.
+"""
 from __future__ import annotations
 
-from typing import Awaitable, Callable
+from .cards.actions import CardAction, Command, parse_text
+from .handlers import alert_center, commands, conversation, overview, questions, schedules, timeline
+from .handlers.context import ROUTES, Handler, Route
 
-from .cards.actions import BadPayload, CardAction
-from .handlers import alert_center, conversation, questions, schedules
-from .handlers.context import Answer, Ctx
-from .handlers.overview import overview
+# each registers its routes on import
+HANDLER_MODULES = (alert_center, commands, conversation, overview, questions, schedules, timeline)
 
-Handler = Callable[[Ctx, CardAction], Awaitable[Answer]]
 
-ROUTES: dict[str, Handler] = {
-    "overview": overview, "schedules": schedules.list_schedules, "detail": schedules.detail,
-    "history": schedules.history, "results": schedules.results, "pause": schedules.pause,
-    "resume": schedules.resume, "delete": schedules.delete, "alerts": alert_center.alert_center,
-    "ack": alert_center.acknowledge, "snooze": alert_center.snooze, "recheck": alert_center.recheck,
-    "notify": schedules.notify, "answer": questions.answer, "new": schedules.new_form, "edit": schedules.edit_form,
-    "save": schedules.save, "run": schedules.run_now, "stop": conversation.stop,
-}
+def route(payload: CardAction | Command) -> Route:
+    """Return the route of a payload (every payload class has exactly one; tests/unit/test_cards.py checks)."""
+    return ROUTES[type(payload)]
 
 
 def check(value: object) -> tuple[CardAction, Handler]:
-    """Return the parsed action and its handler (pure; raises BadPayload)."""
+    """Return the parsed card action and its handler (pure; raises BadPayload)."""
     action = CardAction.unpack(value)
-    handler = ROUTES.get(action.op)
-    if handler is None:  # pragma: no cover — OPS and ROUTES are kept together
-        raise BadPayload(f"no handler for {action.op}")
-    return action, handler
+    return action, route(action).handler
 
 
-def link_argument(text: str) -> str | None:
-    """Return the code of `/amux link CODE` ("" when no code was given); None when the text is something else."""
-    words = text.strip().split()
-    if len(words) >= 2 and words[0].lower() in ("/amux", "amux") and words[1].lower() == "link":
-        return " ".join(words[2:])
-    return None
-
-
-def is_login(text: str) -> bool:
-    """Return whether a chat message is `/amux login` (a one-time sign-in link for the hub's OAuth approval page)."""
-    words = text.strip().lower().split()
-    return len(words) == 2 and words[0] in ("/amux", "amux") and words[1] == "login"
-
-
-def is_command(text: str) -> bool:
-    """Return whether a chat message asks for the overview."""
-    words = text.strip().split()
-    return bool(words) and words[0].lower() in ("/amux", "amux")
+def command(text: str) -> CardAction | Command | None:
+    """Return the payload of a text command (`/amux …`), or None when the message is for the agent."""
+    return parse_text(text)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from hub.clock import Clock
 from hub.config import FeishuSettings
@@ -15,6 +16,7 @@ from hub.services.runtimes import RuntimeService
 from hub.services.schedule_results import ScheduleResults
 from hub.services.schedules import ScheduleService
 from hub.services.sessions import SessionService
+from hub.services.timeline import TimelineService
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,3 +36,5 @@ class BotServices:
     runtimes: RuntimeService       # the address children are told (`hub_url`), for links when public_url is unset
     state: BotService              # chats' Sessions, long-connection leases, inbound dedup keys
     chats: ChatTurnService         # chat Turns: their progress cards, steering, the answer (all through the outbox)
+    directory: Any = None          # Feishu users' display names (bot.feishu.directory), for greetings; None: none
+    timeline: TimelineService | None = None  # the Agent Timeline button checks the clicker owns the run

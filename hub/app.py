@@ -5,7 +5,7 @@ import asyncio
 import logging
 import secrets
 from pathlib import Path
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from aiohttp import web
 
@@ -48,12 +48,15 @@ from .services.health import HealthService
 from .services.identity import IdentityService
 from .services.sessions import SessionService
 from .services.tasks import PermissionService, TaskService
+from .services.box_sessions import BoxSessionService
+from .services.timeline import TimelineService
 from .store.db import Database
 from .store.keys import shared_key
 from .web import boxes, edge, health, rest, schedules_api
 from .web import alerts_api
 from .web import identity_api
 from .web import instances_api, sessions_api
+from .web import timeline_api, timeline_page
 from .web import openapi
 from .web import oauth as oauth_web
 from .web.mcp_mount import McpMount
@@ -96,6 +99,7 @@ class Hub:
         self.tasks = TaskService(self.db, self.clock, self.notifier, hs, self.admission,
                                  on_admitted=self.dispatcher.kick, execution=settings.execution)
         self.permissions = PermissionService(self.db, self.clock, self.notifier)
+        self.timeline = TimelineService(self.db, self.clock, settings.timeline)
         self.sessions = SessionService(self.db, self.clock, self.notifier, self.admission, self.tasks,
                                        on_admitted=self.dispatcher.kick, user_isolation=settings.memory.user_isolation)
         self.memory = MemoryService(self.db, self.clock, settings.memory)
@@ -130,7 +134,8 @@ class Hub:
                                               sink=self.alerts, on_admitted=self.dispatcher.kick, kicked=firing_wake,
                                               tasks=self.tasks)
         self.schedules.firing = self.schedule_firing  # schedule_run_now fires through the loop's own code
-        registrars = [task_tools(self.tasks, self.profiles, self.permissions), instance_tools(self.instances),
+        registrars = [task_tools(self.tasks, self.profiles, self.permissions, self.timeline),
+                      instance_tools(self.instances),
                       lease_tools(self.leases), session_tools(self.sessions)]
         registrars.append(schedule_tools(self.schedules))
         self.mcp = McpMount(build_mcp(registrars), self.auth)
@@ -150,8 +155,18 @@ class Hub:
             clock=self.clock, feishu=settings.feishu, public_url=settings.public_url, auth=self.auth, oauth=self.oauth,
             identity=self.identity, sessions=self.sessions, schedules=self.schedules,
             results=ScheduleResults(self.db, self.schedules), alerts=self.alerts, runtimes=self.runtimes,
-            state=self.bot_state, chats=self.chats)
+            state=self.bot_state, chats=self.chats, directory=self._directory(settings),
+            timeline=self.timeline)
         self.bot = build_bot(self.bot_services)
+
+    @staticmethod
+    def _directory(settings: Settings) -> Any:
+        """Feishu users' display names for the bot's greetings (no Feishu apps: none)."""
+        if not settings.feishu.apps:
+            return None
+        from bot.feishu.directory import FeishuDirectory
+
+        return FeishuDirectory(settings.feishu.apps, timeout_s=min(1.5, settings.feishu.timeout_s))
 
     def web_app(self, *, background: bool = True) -> web.Application:
         """Build the aiohttp application; `background` starts the placement and reaper loops."""
@@ -168,12 +183,15 @@ class Hub:
         identity_api.add_routes(app, self.identity)
         sessions_api.add_routes(app, self.sessions)
         instances_api.add_routes(app, self.instances)
+        timeline_api.add_routes(app, self.timeline)
         openapi.add_routes(app)
         app.router.add_get("/runner/ws", self.runner_endpoint.handle)
         app.on_shutdown.append(self.runner_endpoint.close_all)
         app.router.add_route("*", "/mcp", self.mcp.handle)
         oauth_web.add_routes(app, self.oauth, self.auth, self.settings.public_url, self.registration)
         boxes.add_routes(app, self.auth, self.leases, self.clock, public_url=self.settings.public_url)
+        timeline_page.add_routes(app, self.auth, self.oauth, self.timeline, BoxSessionService(self.db, self.clock),
+                                 public_url=self.settings.public_url)
         self.bot.add_routes(app)
         app.cleanup_ctx.insert(0, self._resources_ctx)  # cleaned up last: after the loops and the bot stopped
         app.cleanup_ctx.append(self.bot.lifespan)
@@ -230,6 +248,8 @@ class Hub:
             await self.tasks.aclose()  # a submission still waiting for its commit
             await self.loops.stop()  # what is left: the runner pump (started by the first runner connection)
             await self.alerts.aclose()  # the alert channel's HTTP clients; nothing sends through it any more
+            if self.bot_services.directory is not None:
+                await self.bot_services.directory.aclose()
 
     async def _mcp_ctx(self, _app: web.Application) -> AsyncIterator[None]:
         async with self.mcp.lifespan(await shared_key(self.db, "mcp-session", self.clock.now())):
@@ -248,6 +268,7 @@ class Hub:
         if self.db.is_sqlite:
             loops.start("sqlite-checkpoint", self.db.checkpoint, interval_s=1.0)
         loops.start("lease-reaper", self.leases.reaper_step, interval_s=30.0)
+        loops.start("timeline-sweeper", self.timeline.sweep_step, interval_s=self.settings.timeline.sweep_s)
         loops.start("alerts", self.alerts.step, interval_s=self.settings.alerts.poll_s, wake=self.alerts.kicked)
         loops.start("chat", self._chat_step, interval_s=hs.poll_s, wake=self.chats.kicked)
         self.schedule_firing.start_loops(loops)

@@ -133,7 +133,8 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
         local = Runner(url, runner_token, name=f"local-{socket.gethostname()}", slots=args.slots,
                        workspace_root=(settings.home / "workspaces").resolve(), engines=engines,
                        dedicated=rs.dedicated, isolation=rs.isolation, child_network=rs.child_network,
-                       egress_allow=tuple(rs.egress_allow), in_hub_process=True, hide=(settings.home.resolve(),))
+                       egress_allow=tuple(rs.egress_allow), in_hub_process=True, hide=(settings.home.resolve(),),
+                       stall_notice_s=rs.stall_notice_s, clock=hub.clock)
         tasks.append(asyncio.create_task(local.run_forever()))
         print(f"in-process runner {local.name} with {args.slots} slots, engines: {', '.join(sorted(local.engines))}",
               flush=True)
@@ -196,7 +197,7 @@ async def _runner(args: argparse.Namespace) -> None:
                     workspace_root=root, engines=default_engines(), authoring=args.authoring,
                     dedicated=args.dedicated, child_network=args.child_network, egress_allow=tuple(args.egress_allow),
                     isolation=[m.strip() for m in args.isolation.split(",") if m.strip()] if args.isolation else None,
-                    share_engine_login=args.share_engine_login)
+                    share_engine_login=args.share_engine_login, stall_notice_s=args.stall_notice_s)
     loop = asyncio.get_running_loop()
     stopper = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -472,6 +473,17 @@ def client_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
+def _stall_seconds(text: str) -> float:
+    """Parse `--stall-notice-s`: seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds; pass e.g. 300, or 0 to turn it off")
+    return value
+
+
 def _add_server_commands(sub: argparse._SubParsersAction) -> None:
     """Add `up`, `hub serve`, `runner` and `db`."""
     up = sub.add_parser("up", help="hub + in-process runner on the embedded database")
@@ -507,6 +519,8 @@ def _add_server_commands(sub: argparse._SubParsersAction) -> None:
                      help="a non-public destination isolated children may reach (repeatable)")
     run.add_argument("--share-engine-login", action="store_true",
                      help="let process-mode children use this runner user's own engine login (~/.claude, ~/.codex)")
+    run.add_argument("--stall-notice-s", type=_stall_seconds, default=300.0, metavar="SECONDS",
+                     help="a run whose engine says nothing this long gets a status event (default 300; 0 = off)")
 
     db = sub.add_parser("db", help="database commands")
     db_sub = db.add_subparsers(dest="db_cmd", required=True)

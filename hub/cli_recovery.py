@@ -21,8 +21,9 @@ def add_parser(db_sub: argparse._SubParsersAction,
 def render(res: dict) -> str:
     """Render a recovery report: one line per schedule, bound / left unbound / ignored, and why."""
     verb = {"bound": "bound", "unbound": "left unbound", "ignored": "ignored"}
-    head = ("dry run: nothing written; " if res["dry_run"] else "") + f"cutoff {res['cutoff']}" + (
-        " (recorded by the first run)" if res["cutoff_recorded"] else " (this run)" if not res["dry_run"] else " (now)")
+    source = {"upgrade": " (the upgrade's time, recorded by the migration)",
+              "first_run": " (recorded by the first run)"}.get(res.get("cutoff_source", ""), " (now)")
+    head = ("dry run: nothing written; " if res["dry_run"] else "") + f"cutoff {res['cutoff']}{source}"
     lines = [head]
     for e in res["schedules"]:
         where = f" → {e['app_id']} ({e['binding_id']})" if e["outcome"] == "bound" else ""
@@ -36,14 +37,22 @@ def render(res: dict) -> str:
 
 async def run(args: argparse.Namespace, settings: Settings,
               emit: Callable[[argparse.Namespace, Any, str], None]) -> None:
-    """Upgrade the database, run recovery (or a dry run) and print the report with `emit(args, data, human)`."""
+    """Upgrade the database, run recovery and print the report with `emit(args, data, human)`; a dry run upgrades
+    nothing and writes nothing: when the schema is behind, it refuses and says so."""
     from .clock import SystemClock
+    from .errors import Invalid
     from .services.recovery import RecoveryService
-    from .store.db import Database, upgrade
+    from .store.db import Database, schema_lag, upgrade
 
-    await upgrade(settings.db_url())
+    if not args.dry_run:
+        await upgrade(settings.db_url())
     db = Database(settings.db_url())
     try:
+        lag = await schema_lag(db) if args.dry_run else None
+        if lag is not None:
+            at = ", ".join(lag[0]) or "no schema at all"
+            raise Invalid(f"the database schema is behind this amux ({at}; the code is at {lag[1]}): a dry run writes "
+                          "nothing, so it does not upgrade; run `amux db upgrade`, then the dry run again")
         res = await RecoveryService(db, SystemClock()).recover_creators(dry_run=args.dry_run)
     finally:
         await db.close()

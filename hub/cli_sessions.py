@@ -7,6 +7,7 @@ import os
 import sys
 
 from .cli_exit import UsageError, outcome
+from .domain.durations import duration_text
 
 
 def add_parser(subparsers: argparse._SubParsersAction, client_opts) -> None:  # noqa: ANN001
@@ -99,10 +100,11 @@ async def _follow(api, queued: dict, timeout: float | None) -> dict:  # noqa: AN
         view = await api.call("GET", f"turns/{turn_id}")
         now = loop.time()
         if is_terminal(view["status"]) or (timeout is not None and now - start >= timeout):
-            print(f"turn {turn_id} {view['status']} after {now - start:.0f}s", file=sys.stderr, flush=True)
+            print(f"turn {turn_id} {view['status']} after {duration_text(round(now - start))}", file=sys.stderr,
+                  flush=True)
             return view
         if view["status"] != said or now - last >= PROGRESS_EVERY_S:
-            print(f"turn {turn_id} {view['status']} ({now - start:.0f}s)", file=sys.stderr, flush=True)
+            print(f"turn {turn_id} {view['status']} ({duration_text(round(now - start))})", file=sys.stderr, flush=True)
             said, last = view["status"], now
         left = None if timeout is None else timeout - (now - start)
         await asyncio.sleep(min(1.0, left) if left is not None else 1.0)

@@ -37,7 +37,6 @@ class HubSettings(Section):
     deadline_grace_s: float = 30.0
     poll_s: float = 0.25
     max_prompt_bytes: int = 256 * 1024
-    max_extra_args: int = 64
     default_timeout_s: float = 3600.0
     # Fair sharing (README "Fair sharing"): placement keeps each principal to its fair share while others wait
     # (hub/domain/fair_share.py); these are operator caps on top of it, 0 = off; tokens made with --admin are exempt.
@@ -157,6 +156,8 @@ class RunnerSettings(Section):
     child_network: str = "isolated"     # linux-dac children: "isolated" (the hub and public egress only) or "host"
     # extra host[:port] an isolated child may reach
     egress_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # a run whose engine says nothing this long gets a status event, and a timeout names the stall; 0 = off
+    stall_notice_s: float = Field(default=300.0, ge=0)
 
     @field_validator("isolation", "egress_allow", mode="before")
     @classmethod
@@ -293,6 +294,14 @@ class OAuthSettings(Section):
     unused_client_ttl_s: float = Field(default=86400.0, gt=0)  # a client with no authorization is pruned after this
 
 
+class TimelineSettings(Section):
+    """The Agent Timeline (docs/timeline.md): raw agent events per run, kept this long."""
+
+    retention_s: float = Field(default=14 * 86400.0, gt=0)  # an event older than this is swept
+    sweep_s: float = Field(default=300.0, gt=0)  # how often a replica sweeps
+    sweep_batch: int = Field(default=5000, ge=1)  # events deleted per statement
+
+
 class Settings(BaseSettings):
     """Everything the hub reads at start; `load_settings` (hub/config_sources.py) says from where."""
 
@@ -316,6 +325,7 @@ class Settings(BaseSettings):
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
     runner: RunnerSettings = Field(default_factory=RunnerSettings)
     log: LogSettings = Field(default_factory=LogSettings)
+    timeline: TimelineSettings = Field(default_factory=TimelineSettings)
 
     def db_url(self) -> str:
         """Return the database URL, defaulting to SQLite in `home`."""

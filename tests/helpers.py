@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import shutil
+import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import httpx2
 import sqlalchemy as sa
@@ -25,6 +28,10 @@ from hub.config import Settings, load_settings
 from hub.engines.scripted import ScriptedEngine
 from hub.runner.agent import Runner
 from hub.store.db import Database, normalize_url, upgrade_sync
+
+# How long a test waits for a process it started (a hub, a runner, a fake server) to come up. Under load a start
+# takes long, and a slow start is not what any test checks, so no such wait is shorter: `started` / `started_sync`.
+PROCESS_START_S = 120.0
 
 PG_URL = normalize_url(os.environ.get("AMUX_TEST_DATABASE_URL") or "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 REPO = Path(__file__).resolve().parent.parent
@@ -121,7 +128,7 @@ class HubHandle:
                         engines={"scripted": ScriptedEngine()})
         task = asyncio.create_task(runner.run_forever())
         self.runners.append((runner, task))
-        await asyncio.wait_for(runner.registered.wait(), 10)
+        await started(runner.registered.wait(), f"runner {name} to register")
         return runner
 
     async def stop(self) -> None:
@@ -184,3 +191,62 @@ async def eventually(predicate, timeout: float = 10.0, interval: float = 0.02): 
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout}s (last value {value!r})")
         await asyncio.sleep(interval)
+
+
+def _exited(proc: Any) -> int | None:
+    """Return the exit code of a process (asyncio or subprocess.Popen) that has ended, else None."""
+    if proc is None:
+        return None
+    return proc.poll() if isinstance(proc, subprocess.Popen) else proc.returncode
+
+
+async def started(ready: Callable[[], Awaitable[Any]] | Awaitable[Any], what: str, *, proc: Any = None,
+                  timeout: float = PROCESS_START_S, interval: float = 0.05) -> Any:
+    """Wait for a process to come up: the one helper for every such wait in the suite (not for timing assertions).
+
+    `ready` is an async predicate, polled until it returns something truthy (returned), or an awaitable such as
+    `runner.registered.wait()`. The wait is at least PROCESS_START_S; it fails at once, naming `what`, when `proc`
+    (the process being started) exits first.
+    """
+    timeout = max(timeout, PROCESS_START_S)
+    if not callable(ready):
+        awaited = asyncio.ensure_future(ready)
+        try:
+            async def done() -> bool:
+                return awaited.done()
+
+            await started(done, what, proc=proc, timeout=timeout, interval=interval)
+            return awaited.result()
+        finally:
+            awaited.cancel()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    value = None
+    while loop.time() <= deadline:
+        value = ready()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        code = _exited(proc)
+        if code is not None:
+            raise AssertionError(f"waiting for {what}: the process exited with code {code} before it was up")
+        await asyncio.sleep(interval)
+    raise AssertionError(f"{what} did not happen within {timeout:g} s of starting (last value {value!r})")
+
+
+def started_sync(ready: Callable[[], Any], what: str, *, proc: Any = None, timeout: float = PROCESS_START_S,
+                 interval: float = 0.05) -> Any:
+    """`started` for tests without an event loop: poll `ready()` until truthy, at least PROCESS_START_S."""
+    deadline = time.monotonic() + max(timeout, PROCESS_START_S)
+    value = None
+    while time.monotonic() <= deadline:
+        value = ready()
+        if value:
+            return value
+        code = _exited(proc)
+        if code is not None:
+            raise AssertionError(f"waiting for {what}: the process exited with code {code} before it was up")
+        time.sleep(interval)
+    raise AssertionError(f"{what} did not happen within {max(timeout, PROCESS_START_S):g} s of starting "
+                         f"(last value {value!r})")

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime, timezone
+from functools import lru_cache
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from .actions import CardAction
 
@@ -22,6 +25,32 @@ _MD_SPECIAL = re.compile(r"([\\`*~\[\]()<>#|])")
 def esc(text: Any) -> str:
     """Escape user content for a markdown element (no mentions, links or formatting sneak in)."""
     return _MD_SPECIAL.sub(r"\\\1", str(text))
+
+
+APP_TIMEZONE = "Asia/Shanghai"  # an application's timezone when its settings name none
+
+
+@lru_cache(maxsize=64)
+def _zone(name: str | None) -> ZoneInfo:
+    try:
+        return ZoneInfo(name or "UTC")
+    except (ValueError, KeyError, OSError):
+        return ZoneInfo("UTC")
+
+
+def when(iso: str | None, tz: str | None) -> str:
+    """Return an ISO time as `YYYY-MM-DD HH:MM Zone` in the IANA zone `tz` (UTC when it is unknown): every time a
+    card shows names its zone; "—" when there is no time."""
+    if not iso:
+        return "—"
+    try:
+        dt = datetime.fromisoformat(iso)
+    except ValueError:
+        return esc(iso)
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    zone = _zone(tz)
+    return f"{dt.astimezone(zone):%Y-%m-%d %H:%M} {zone.key}"
 
 
 def same(text: str) -> Text:

@@ -15,9 +15,10 @@ from bot.i18n import Catalogs, _
 from hub.domain.tasks import RUNTIME_LOST, Status
 from hub.services.chat_turns import ChatView
 
-from .actions import CardAction
+from .actions import StopTurn
 from .base import button, button_row, card, check_limits, esc, hr, markdown, same
 from .question import render_question
+from .timeline import timeline_button
 
 PART_BYTES = 20_000     # UTF-8 bytes of the answer on one card (Feishu takes 30 KB per card)
 TOOLS_SHOWN = 8         # the newest tools listed on the progress card
@@ -36,9 +37,9 @@ STEER = {
 QUEUED_NOT_STARTED = _("Your message “{text}”: queued — this turn had not started, so it runs as the next turn.")
 
 
-def stop_action(turn_id: str) -> CardAction:
+def stop_action(turn_id: str) -> StopTurn:
     """Return the payload of the progress card's Stop button."""
-    return CardAction(op="stop", turn_id=turn_id)
+    return StopTurn(turn_id=turn_id)
 
 
 def elapsed(seconds: float) -> str:
@@ -74,7 +75,8 @@ class ChatCardRenderer:
         if tools:
             elements.append(markdown(tools))
         elements += self._notes(view.notes)
-        elements += [hr(), button_row(button(tr.text(_("Stop")), stop_action(view.turn_id), "danger"))]
+        elements += [hr(), button_row(button(tr.text(_("Stop")), stop_action(view.turn_id), "danger"),
+                                      timeline_button(tr, "turn", view.turn_id))]
         return check_limits(card(tr.text(_("The agent is on it")), elements, template="blue"))
 
     def _tools(self, tools: list[dict[str, Any]]) -> dict[str, str] | None:
@@ -125,20 +127,26 @@ class ChatCardRenderer:
             parts = split_answer((result or {}).get("text") or "")
             if not parts:
                 body = [markdown(tr.text(_("The agent finished without a written answer.")))]
-                return [check_limits(card(tr.text(_("Done")), [*body, *notes, hr(), markdown(foot)], "green"))]
+                return [check_limits(card(tr.text(_("Done")), [*body, *notes, hr(), markdown(foot),
+                                                               self._timeline(view)], "green"))]
             if len(parts) == 1:
-                return [check_limits(card(tr.text(_("Done")), [_answer(parts[0]), *notes, hr(), markdown(foot)],
-                                          "green"))]
+                return [check_limits(card(tr.text(_("Done")), [_answer(parts[0]), *notes, hr(), markdown(foot),
+                                                               self._timeline(view)], "green"))]
             n = len(parts)
             head = [markdown(tr.text(_("Done. The answer is long: it follows in {n} parts."), n=n))]
-            cards = [check_limits(card(tr.text(_("Done")), [*head, *notes, hr(), markdown(foot)], "green"))]
+            cards = [check_limits(card(tr.text(_("Done")), [*head, *notes, hr(), markdown(foot), self._timeline(view)],
+                                       "green"))]
             for i, p in enumerate(parts, 1):
                 cards.append(check_limits(card(tr.text(_("Answer, part {i} of {n}"), i=i, n=n), [_answer(p)],
                                                "green")))
             return cards
-        return [self._ended_card(turn, notes, foot)]
+        return [self._ended_card(turn, notes, foot, self._timeline(view))]
 
-    def _ended_card(self, turn: dict[str, Any], notes: list[dict[str, Any]], foot: dict[str, str]) -> dict[str, Any]:
+    def _timeline(self, view: ChatView) -> dict[str, Any]:
+        return button_row(timeline_button(self.tr, "turn", view.turn_id))
+
+    def _ended_card(self, turn: dict[str, Any], notes: list[dict[str, Any]], foot: dict[str, str],
+                    timeline: dict[str, Any]) -> dict[str, Any]:
         tr, status = self.tr, turn.get("status")
         error = str(turn.get("error") or "")
         if status == Status.CANCELLED.value:
@@ -161,7 +169,7 @@ class ChatCardRenderer:
         body = [markdown(what)]
         if error:
             body.append(markdown(same(esc(error[:ERROR_CHARS]))))
-        return check_limits(card(title, [*body, *notes, hr(), markdown(foot)], template=template))
+        return check_limits(card(title, [*body, *notes, hr(), markdown(foot), timeline], template=template))
 
 
 def _answer(text: str) -> dict[str, Any]:

@@ -6,16 +6,16 @@ from typing import Any
 
 from bot.i18n import Catalogs, _
 
-from .actions import MAX_OPTION, CardAction
+from .actions import MAX_OPTION, AnswerQuestion
 from .base import button, button_row, card, check_limits, esc, hr, markdown, same
 
 LABEL_LIMIT = 60     # characters of an option on its button
 TEXT_LIMIT = 4_000   # characters of the question on the card
 
 
-def answer_action(question_id: str, option: int) -> CardAction:
+def answer_action(question_id: str, option: int) -> AnswerQuestion:
     """Return the payload of the button that answers `question_id` with option `option`."""
-    return CardAction(op="answer", question_id=question_id, option=option)
+    return AnswerQuestion(question_id=question_id, option=option)
 
 
 def render_question(tr: Catalogs, question: dict[str, Any]) -> dict[str, Any]:

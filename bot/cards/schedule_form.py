@@ -1,6 +1,6 @@
 """The schedule form (issue 32): a Card JSON 2.0 `form` container that creates or edits a schedule (pure).
 
-The form's submit button (`form_action_type: submit`) calls back with `CardAction(op="save", nonce=…)` and Feishu
+The form's submit button (`form_action_type: submit`) calls back with `Save(nonce=…)` and Feishu
 adds every field's value as the callback's `form_value` keyed by the field's `name` (FIELDS). A refusal renders the
 same form again, filled in with what was sent, the refused field named and its fix, in the viewer's language.
 """
@@ -11,7 +11,7 @@ from typing import Any
 
 from bot.i18n import Catalogs, _
 
-from .actions import CardAction
+from .actions import Detail, Save, Schedules
 from .base import Text, button, button_row, card, check_limits, esc, hr, join, markdown, plain, same
 
 FIELDS = ("name", "prompt", "when", "timezone", "profile", "notify")  # the form_value keys a submission carries
@@ -104,13 +104,13 @@ def render_form(v: FormView, tr: Catalogs) -> dict[str, Any]:
         {"tag": "button", "name": "submit", "form_action_type": "submit", "type": "primary", "width": "fill",
          "text": plain(tr.text(_("Save") if v.schedule_id else _("Create schedule"))),
          "behaviors": [{"type": "callback",
-                        "value": CardAction(op="save", schedule_id=v.schedule_id, nonce=v.nonce).pack()}]},
+                        "value": Save(schedule_id=v.schedule_id, nonce=v.nonce).pack()}]},
     ]}
     elements += [form, hr()]
     if v.schedule_id:
-        elements.append(button_row(button(tr.text(_("Cancel")), CardAction(op="detail", schedule_id=v.schedule_id))))
+        elements.append(button_row(button(tr.text(_("Cancel")), Detail(schedule_id=v.schedule_id))))
     else:
-        elements.append(button_row(button(tr.text(_("Cancel")), CardAction(op="schedules"))))
+        elements.append(button_row(button(tr.text(_("Cancel")), Schedules())))
     title = _("Edit schedule") if v.schedule_id else _("New schedule")
     return check_limits(card(tr.text(title), elements))
 

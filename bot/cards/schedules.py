@@ -6,8 +6,10 @@ from typing import Any
 from bot.i18n import Catalogs, _
 from hub.services.schedule_views import UNSUCCESSFUL
 
-from .actions import CardAction
-from .base import button, button_row, card, check_limits, esc, hr, join, markdown, same
+from .actions import (CardAction, Delete, Detail, EditForm, History, NewForm, Notify, Overview, Pause, Results,
+                      Resume, RunNow, Schedules)
+from .base import button, button_row, card, check_limits, esc, hr, join, markdown, same, when
+from .timeline import timeline_button
 from .overview import outcome_line, outcome_text
 from .views import HistoryView, ResultsView, ScheduleDetailView, ScheduleListView
 
@@ -15,21 +17,17 @@ RESULT_PART_BYTES = 9_000  # escaped result text per card part; the card stays f
 ERROR_CHARS = 1_000        # of a failed run's error: three copies (content, en, zh) fit beside a result part
 
 
-def _when(iso: str | None) -> str:
-    return (iso or "—").replace("T", " ")[:16]
-
-
 def _pager(tr: Catalogs, op: str, page: int, has_prev: bool, has_next: bool, **kw: Any) -> list[dict[str, Any]]:
     buttons = []
     if has_prev:
-        buttons.append(button(tr.text(_("Previous")), CardAction(op=op, page=page - 1, **kw)))
+        buttons.append(button(tr.text(_("Previous")), CardAction.of(op, page=page - 1, **kw)))
     if has_next:
-        buttons.append(button(tr.text(_("Next")), CardAction(op=op, page=page + 1, **kw)))
+        buttons.append(button(tr.text(_("Next")), CardAction.of(op, page=page + 1, **kw)))
     return [button_row(*buttons)] if buttons else []
 
 
 def _back(tr: Catalogs, *extra: dict[str, Any]) -> dict[str, Any]:
-    return button_row(*extra, button(tr.text(_("Back to overview")), CardAction(op="overview")))
+    return button_row(*extra, button(tr.text(_("Back to overview")), Overview()))
 
 
 def render_list(v: ScheduleListView, tr: Catalogs) -> dict[str, Any]:
@@ -39,19 +37,20 @@ def render_list(v: ScheduleListView, tr: Catalogs) -> dict[str, Any]:
         elements.append(markdown(tr.text(_("You have no schedules. Press New schedule to make one, or ask the agent "
                                            "in a chat."))))
     for it in v.items:
-        state = tr.text(_("paused")) if it.paused else tr.text(_("next run {time}"), time=_when(it.next_fire_at))
+        state = (tr.text(_("paused")) if it.paused
+                 else tr.text(_("next run {time}"), time=when(it.next_fire_at, it.timezone)))
         last = outcome_text(tr, it.last) if it.last else tr.text(_("no runs yet"))
         head = same(f"**{esc(it.name)}** · `{esc(it.rule)}`")
         elements.append(markdown(join(head, join(state, last, sep=" · "))))
-        elements.append(button_row(button(tr.text(_("Open")), CardAction(op="detail", schedule_id=it.schedule_id))))
+        elements.append(button_row(button(tr.text(_("Open")), Detail(schedule_id=it.schedule_id))))
     elements.append(markdown(tr.text(_("Page {page} of {pages} · {total} schedules"),
                                      page=v.page + 1, pages=max(v.pages, 1), total=v.total)))
     elements += _pager(tr, "schedules", v.page, v.page > 0, v.page + 1 < v.pages)
-    elements += [hr(), _back(tr, button(tr.text(_("New schedule")), CardAction(op="new"), "primary"))]
+    elements += [hr(), _back(tr, button(tr.text(_("New schedule")), NewForm(), "primary"))]
     return check_limits(card(tr.text(_("Personal schedules")), elements))
 
 
-NOTIFY_MODES = ("failures", "all", "none")   # CardAction(op="notify", sub=index) picks one
+NOTIFY_MODES = ("failures", "all", "none")   # Notify(sub=index) picks one
 NOTIFY_LABELS = {"failures": _("failures only"), "all": _("every run"), "none": _("off")}
 OVERLAP_LABELS = {"allow": _("allowed (runs may overlap)"), "skip": _("skip while the previous run is unfinished"),
                   "replace": _("cancel the unfinished previous run and replace it")}
@@ -65,7 +64,7 @@ def render_detail(v: ScheduleDetailView, tr: Catalogs) -> dict[str, Any]:
         same(f"**{esc(v.name)}** (`{v.schedule_id}`)"),
         tr.text(_("**Rule**: {rule} ({tz})"), rule=esc(v.rule), tz=esc(v.timezone)),
         tr.text(_("**Status**: {status}"), status=""),
-        tr.text(_("**Next run**: {time}"), time=_when(v.next_fire_at) if not v.paused else "—"),
+        tr.text(_("**Next run**: {time}"), time=when(v.next_fire_at, v.timezone) if not v.paused else "—"),
     ]
     lines[2] = {lang: lines[2][lang] + status[lang] for lang in status}
     lines.append(tr.text(_("**Notifications**: {mode}"), mode=""))
@@ -78,43 +77,43 @@ def render_detail(v: ScheduleDetailView, tr: Catalogs) -> dict[str, Any]:
     elements: list[dict[str, Any]] = [markdown(join(*lines))]
     if v.recent:
         elements.append(markdown(join(tr.text(_("**Last outcomes**")),
-                                      *[outcome_line(tr, o, False) for o in v.recent[:5]])))
+                                      *[outcome_line(tr, o, False, v.timezone) for o in v.recent[:5]])))
     else:
         elements.append(markdown(tr.text(_("No runs yet."))))
     if v.notice:
         elements.append(markdown(tr.text(v.notice)))
-    toggle = (button(tr.text(_("Resume")), CardAction(op="resume", schedule_id=v.schedule_id), "primary") if v.paused
-              else button(tr.text(_("Pause")), CardAction(op="pause", schedule_id=v.schedule_id)))
+    toggle = (button(tr.text(_("Resume")), Resume(schedule_id=v.schedule_id), "primary") if v.paused
+              else button(tr.text(_("Pause")), Pause(schedule_id=v.schedule_id)))
     elements += [hr(),
-                 button_row(button(tr.text(_("History")), CardAction(op="history", schedule_id=v.schedule_id)),
-                            button(tr.text(_("Results")), CardAction(op="results", schedule_id=v.schedule_id))),
-                 button_row(button(tr.text(_("Edit")), CardAction(op="edit", schedule_id=v.schedule_id), "primary"),
-                            button(tr.text(_("Run now")), CardAction(op="run", schedule_id=v.schedule_id))),
+                 button_row(button(tr.text(_("History")), History(schedule_id=v.schedule_id)),
+                            button(tr.text(_("Results")), Results(schedule_id=v.schedule_id))),
+                 button_row(button(tr.text(_("Edit")), EditForm(schedule_id=v.schedule_id), "primary"),
+                            button(tr.text(_("Run now")), RunNow(schedule_id=v.schedule_id))),
                  button_row(toggle,
-                            button(tr.text(_("Delete")), CardAction(op="delete", schedule_id=v.schedule_id), "danger")),
+                            button(tr.text(_("Delete")), Delete(schedule_id=v.schedule_id), "danger")),
                  button_row(*[button(tr.text(NOTIFY_BUTTONS[m]),
-                                     CardAction(op="notify", schedule_id=v.schedule_id, sub=i))
+                                     Notify(schedule_id=v.schedule_id, sub=i))
                               for i, m in enumerate(NOTIFY_MODES) if m != v.notify]),
-                 _back(tr, button(tr.text(_("All schedules")), CardAction(op="schedules")))]
+                 _back(tr, button(tr.text(_("All schedules")), Schedules()))]
     return check_limits(card(tr.text(_("Schedule")), elements))
 
 
 def render_deleted(name: str, tr: Catalogs) -> dict[str, Any]:
     """Render the card left after a schedule was deleted."""
     elements = [markdown(tr.text(_("Schedule {name} is deleted; its history stays."), name=esc(name))), hr(),
-                _back(tr, button(tr.text(_("All schedules")), CardAction(op="schedules")))]
+                _back(tr, button(tr.text(_("All schedules")), Schedules()))]
     return check_limits(card(tr.text(_("Schedule")), elements, template="grey"))
 
 
 def render_history(v: HistoryView, tr: Catalogs) -> dict[str, Any]:
     """Render one page of a schedule's firings."""
     if v.firings:
-        body = join(same(f"**{esc(v.name)}**"), *[outcome_line(tr, o, False) for o in v.firings])
+        body = join(same(f"**{esc(v.name)}**"), *[outcome_line(tr, o, False, v.timezone) for o in v.firings])
     else:
         body = join(same(f"**{esc(v.name)}**"), tr.text(_("No runs yet.")))
     elements: list[dict[str, Any]] = [markdown(body), markdown(tr.text(_("Page {page}"), page=v.page + 1))]
     elements += _pager(tr, "history", v.page, v.page > 0, v.has_more, schedule_id=v.schedule_id)
-    elements += [hr(), _back(tr, button(tr.text(_("Schedule")), CardAction(op="detail", schedule_id=v.schedule_id)))]
+    elements += [hr(), _back(tr, button(tr.text(_("Schedule")), Detail(schedule_id=v.schedule_id)))]
     return check_limits(card(tr.text(_("History")), elements))
 
 
@@ -152,7 +151,7 @@ def render_results(v: ResultsView, tr: Catalogs) -> dict[str, Any]:
     if v.firing is None:
         elements.append(markdown(tr.text(_("No results yet: no run of this schedule has a Task result."))))
     else:
-        elements.append(markdown(join(same(f"**{esc(v.name)}**"), outcome_line(tr, v.firing, False))))
+        elements.append(markdown(join(same(f"**{esc(v.name)}**"), outcome_line(tr, v.firing, False, v.timezone))))
         if v.firing.state in UNSUCCESSFUL:
             elements.append(markdown(_failure(tr, v.firing.state, v.error)))
         elements.append(markdown(tr.text(_("Part {part} of {parts}"), part=v.part + 1, parts=v.parts)))
@@ -161,20 +160,22 @@ def render_results(v: ResultsView, tr: Catalogs) -> dict[str, Any]:
         parts = []
         if v.part > 0:
             parts.append(button(tr.text(_("Previous part")),
-                                CardAction(op="results", schedule_id=v.schedule_id, page=v.page, sub=v.part - 1)))
+                                Results(schedule_id=v.schedule_id, page=v.page, sub=v.part - 1)))
         if v.part + 1 < v.parts:
             parts.append(button(tr.text(_("Next part")),
-                                CardAction(op="results", schedule_id=v.schedule_id, page=v.page, sub=v.part + 1)))
+                                Results(schedule_id=v.schedule_id, page=v.page, sub=v.part + 1)))
+        if v.task_id:
+            parts.append(timeline_button(tr, "task", v.task_id))
         if parts:
             elements.append(button_row(*parts))
         runs = []
         if v.page > 0:
             runs.append(button(tr.text(_("Newer run")),
-                               CardAction(op="results", schedule_id=v.schedule_id, page=v.page - 1)))
+                               Results(schedule_id=v.schedule_id, page=v.page - 1)))
         if v.page + 1 < v.pages:
             runs.append(button(tr.text(_("Older run")),
-                               CardAction(op="results", schedule_id=v.schedule_id, page=v.page + 1)))
+                               Results(schedule_id=v.schedule_id, page=v.page + 1)))
         if runs:
             elements.append(button_row(*runs))
-    elements += [hr(), _back(tr, button(tr.text(_("Schedule")), CardAction(op="detail", schedule_id=v.schedule_id)))]
+    elements += [hr(), _back(tr, button(tr.text(_("Schedule")), Detail(schedule_id=v.schedule_id)))]
     return check_limits(card(tr.text(_("Results")), elements))

@@ -27,6 +27,7 @@ class OverviewView:
     latest: tuple[Outcome, ...] = ()
     is_admin: bool = False
     active_incidents: int = 0
+    timezone: str = "Asia/Shanghai"   # the viewer's application's: the times shown
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +40,7 @@ class ScheduleItem:
     paused: bool
     next_fire_at: str | None
     last: str | None = None   # last outcome state
+    timezone: str = "UTC"     # the schedule's: its next run is shown in it
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class HistoryView:
     firings: tuple[Outcome, ...]
     page: int
     has_more: bool
+    timezone: str = "UTC"      # the schedule's: the times shown
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,7 +94,9 @@ class ResultsView:
     parts: int
     firing: Outcome | None = None
     text: str = ""
+    timezone: str = "UTC"      # the schedule's: the times shown
     error: str = ""    # the hub's error of an unsuccessful Task, as it gave it (raw: the card escapes it)
+    task_id: str = ""  # the firing's Task: the card links its Agent Timeline
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +116,16 @@ class IncidentItem:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Diagnostic:
+    """One thing that blocks or clouds delivery, as facts the card words from the catalog (never the hub's English):
+    the application's delivery state (`notice_kind` empty), or one notice that ended unconfirmed or dead."""
+
+    state: str                 # unconfigured | suspended (the application) · unconfirmed | dead (a notice)
+    notice_kind: str = ""      # incident | update | reminder | receipt | digest (a notice's kind)
+    code: str = ""             # Feishu's error code, when there is one
+
+
+@dataclass(frozen=True, kw_only=True)
 class AlertCenterView:
     """The administrator alert center of one application."""
 
@@ -119,4 +134,6 @@ class AlertCenterView:
     page: int
     pages: int
     delivery_state: str = DeliveryState.OK
-    diagnostics: tuple[str, ...] = field(default_factory=tuple)
+    diagnostics: tuple[Diagnostic, ...] = field(default_factory=tuple)
+    timezone: str = "Asia/Shanghai"   # the application's: the times shown
+    snooze_s: float = 86400.0         # `alerts.snooze_s`: the Snooze button's length

@@ -10,7 +10,8 @@ import json
 import logging
 from typing import Any, Iterable, Protocol
 
-from lark_oapi.api.im.v1 import (PatchMessageRequest, PatchMessageRequestBody, PatchMessageResponse,
+from lark_oapi.api.im.v1 import (CreateMessageRequest, CreateMessageRequestBody, CreateMessageResponse,
+                                 PatchMessageRequest, PatchMessageRequestBody, PatchMessageResponse,
                                  ReplyMessageRequest, ReplyMessageRequestBody, ReplyMessageResponse)
 
 from hub.config import FeishuAppSettings
@@ -30,6 +31,9 @@ class Outgoing(Protocol):
 
     async def patch(self, app_id: str, message_id: str, card: dict) -> bool:
         """Replace the card `message_id`; return whether it worked."""
+
+    async def send(self, app_id: str, open_id: str, msg_type: str, content: dict, uuid: str) -> str | None:
+        """Send a private message to one user (`open_id`); return its message id (None when it failed)."""
 
 
 class LarkMessenger:
@@ -68,6 +72,14 @@ class LarkMessenger:
                 .content(json.dumps(content, ensure_ascii=False)).uuid(uuid[:50]).build())
         req = ReplyMessageRequest.builder().message_id(message_id).request_body(body).build()
         resp = await self._call(app_id, lambda http, tok: http.call(req, tok, ReplyMessageResponse))
+        return getattr(getattr(resp, "data", None), "message_id", None) if resp else None
+
+    async def send(self, app_id: str, open_id: str, msg_type: str, content: dict, uuid: str) -> str | None:
+        """Send a card or text to one user's private chat with the bot (`receive_id_type=open_id`)."""
+        body = (CreateMessageRequestBody.builder().receive_id(open_id).msg_type(msg_type)
+                .content(json.dumps(content, ensure_ascii=False)).uuid(uuid[:50]).build())
+        req = CreateMessageRequest.builder().receive_id_type("open_id").request_body(body).build()
+        resp = await self._call(app_id, lambda http, tok: http.call(req, tok, CreateMessageResponse))
         return getattr(getattr(resp, "data", None), "message_id", None) if resp else None
 
     async def patch(self, app_id: str, message_id: str, card: dict) -> bool:

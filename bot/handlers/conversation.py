@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bot.cards.actions import CardAction
+from bot.cards.actions import StopTurn
 from bot.cards.base import card, check_limits, markdown
 from bot.i18n import Catalogs, _
 from bot.identity import Viewer
 from hub.domain.tasks import is_terminal
 from hub.services.chat_turns import ChatOrigin, Steered
 
-from .context import Answer, Ctx, Refused
+from .context import Answer, Ctx, Refused, handles
 
 if TYPE_CHECKING:
     from bot.services import BotServices
@@ -60,9 +60,10 @@ async def say(services: BotServices, tr: Catalogs, v: Viewer, reply_to: str, msg
     await services.chats.say(v.app_id, v.open_id, reply_to, doc)
 
 
-async def stop(ctx: Ctx, action: CardAction) -> Answer:
+@handles(StopTurn)
+async def stop(ctx: Ctx, action: StopTurn) -> Answer:
     """Stop the progress card's Turn as the seed's interrupt does (the card then shows it stopped)."""
-    ct = await ctx.services.chats.chat_turn(action.turn_id or "")
+    ct = await ctx.services.chats.chat_turn(action.turn_id)
     if ct is None or ct["app_id"] != ctx.viewer.app_id:
         raise Refused(_("This card's turn is unknown here; nothing was changed."))
     if ct["principal_id"] != ctx.viewer.principal_id:

@@ -8,12 +8,12 @@ is refused with a toast naming what to do; nothing changes.
 """
 from __future__ import annotations
 
-from bot.cards.actions import CardAction
+from bot.cards.actions import AnswerQuestion
 from bot.cards.question import render_answered
 from bot.i18n import _
 from hub.services.questions import QuestionClosed
 
-from .context import Answer, Ctx
+from .context import Answer, Ctx, handles
 from .conversation import origin
 
 REFUSED = {
@@ -23,7 +23,8 @@ REFUSED = {
 }
 
 
-async def answer(ctx: Ctx, action: CardAction) -> Answer:
+@handles(AnswerQuestion)
+async def answer(ctx: Ctx, action: AnswerQuestion) -> Answer:
     """Send the option pressed as the next Turn of the question's Session, on its own progress card under the
     question card; the question card becomes a receipt."""
     v = ctx.viewer
@@ -32,7 +33,7 @@ async def answer(ctx: Ctx, action: CardAction) -> Answer:
     chat_id = receipt.get("open_chat_id") or card_id
     where = origin(v, chat_id, "", card_id)
     try:
-        sent = await ctx.services.chats.answered(v.caller(), where, action.question_id or "", action.option)
+        sent = await ctx.services.chats.answered(v.caller(), where, action.question_id, action.option)
     except QuestionClosed as e:
         return Answer(toast=REFUSED[e.reason], toast_kind="warning", toast_values=tuple(e.values.items()))
     return Answer(card=render_answered(ctx.tr, sent["question"], sent["answer"]),

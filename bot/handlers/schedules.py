@@ -9,7 +9,8 @@ from __future__ import annotations
 import secrets
 from datetime import datetime
 
-from bot.cards.actions import CardAction
+from bot.cards.actions import (Delete, Detail, EditForm, History, NewForm, Notify, Pause, Results, Resume,
+                              RunNow, Save, Schedules)
 from bot.cards.schedule_form import DEFAULT_PROFILE, FIELDS, FormView, field_of, render_form, rule_of, when_of
 from bot.cards.schedules import (NOTIFY_MODES, render_deleted, render_detail, render_history, render_list,
                                  render_results, split_result)
@@ -20,8 +21,9 @@ from hub.services.schedule_views import FiringLine, firing_state
 from hub.errors import Invalid
 from hub.services.bot import INBOUND_TTL
 from hub.services.schedules import ScheduleSpec
+from hub.services.views import ScheduleView
 
-from .context import Answer, Ctx, Refused
+from .context import Answer, Ctx, Refused, handles
 from .scope import owned, yours
 
 LINK_FIRST = _("This Feishu identity is not linked to amux: send `/amux link CODE` with a code from "
@@ -38,11 +40,12 @@ def _outcome(f: FiringLine) -> Outcome:
     return Outcome(f.schedule_name, _iso(f.nominal_time), f.state, f.firing_id)
 
 
-async def list_schedules(ctx: Ctx, a: CardAction) -> Answer:
+@handles(Schedules)
+async def list_schedules(ctx: Ctx, a: Schedules) -> Answer:
     """Show one page of the viewer's own schedules."""
     p = await ctx.services.schedules.page(ctx.viewer.caller(), a.page, PAGE)
     items = tuple(ScheduleItem(schedule_id=i.schedule_id, name=i.name, rule=i.rule, paused=i.paused,
-                               next_fire_at=_iso(i.next_fire_at), last=i.last_state)
+                               next_fire_at=_iso(i.next_fire_at), last=i.last_state, timezone=i.timezone)
                   for i in p.items)
     return Answer(card=render_list(ScheduleListView(items, p.page, p.pages, p.total), ctx.tr))
 
@@ -56,12 +59,14 @@ async def _detail_card(ctx: Ctx, schedule_id: str, notice: str | None = None) ->
     return render_detail(view, ctx.tr)
 
 
-async def detail(ctx: Ctx, a: CardAction) -> Answer:
+@handles(Detail)
+async def detail(ctx: Ctx, a: Detail) -> Answer:
     """Show one schedule: rule, next fire, last outcomes and controls."""
     return Answer(card=await _detail_card(ctx, a.schedule_id))
 
 
-async def history(ctx: Ctx, a: CardAction) -> Answer:
+@handles(History)
+async def history(ctx: Ctx, a: History) -> Answer:
     """Show one page of a schedule's firings (through ScheduleService.history, creator-checked again)."""
     s = await owned(ctx, a.schedule_id)
     h = await ctx.services.schedules.history(ctx.viewer.caller(), s.schedule_id, cursor=a.page * HISTORY_PAGE,
@@ -69,26 +74,29 @@ async def history(ctx: Ctx, a: CardAction) -> Answer:
     items = tuple(Outcome(s.name, f["nominal_time"], firing_state(f["outcome"], f["admission"]), f["firing_id"])
                   for f in h["firings"])
     return Answer(card=render_history(HistoryView(schedule_id=s.schedule_id, name=s.name, firings=items, page=a.page,
-                                                  has_more=h["next_cursor"] is not None),
+                                                  has_more=h["next_cursor"] is not None, timezone=s.timezone),
                                       ctx.tr))
 
 
-async def results(ctx: Ctx, a: CardAction) -> Answer:
+@handles(Results)
+async def results(ctx: Ctx, a: Results) -> Answer:
     """Show one part of one firing's Task result, and its outcome and error when it did not succeed; long results
     are split across parts under 30 KB."""
     with yours():
         r = await ctx.services.results.page(ctx.viewer.caller(), a.schedule_id, a.page)
     if not r.pages or r.firing is None:
         return Answer(card=render_results(ResultsView(schedule_id=r.schedule_id, name=r.name, page=0, pages=0, part=0,
-                                                      parts=0), ctx.tr))
+                                                      parts=0, timezone=r.timezone), ctx.tr))
     parts = split_result(r.text)
     part = min(a.sub, len(parts) - 1)
     view = ResultsView(schedule_id=r.schedule_id, name=r.name, page=r.page, pages=r.pages, part=part, parts=len(parts),
-                       firing=_outcome(r.firing), text=parts[part], error=r.error)
+                       firing=_outcome(r.firing), text=parts[part], error=r.error, timezone=r.timezone,
+                       task_id=r.task_id)
     return Answer(card=render_results(view, ctx.tr))
 
 
-async def pause(ctx: Ctx, a: CardAction) -> Answer:
+@handles(Pause)
+async def pause(ctx: Ctx, a: Pause) -> Answer:
     """Pause future dispatch (idempotent)."""
     s = await owned(ctx, a.schedule_id)
     if not s.paused:
@@ -97,7 +105,8 @@ async def pause(ctx: Ctx, a: CardAction) -> Answer:
                   toast=_("Schedule paused"))
 
 
-async def resume(ctx: Ctx, a: CardAction) -> Answer:
+@handles(Resume)
+async def resume(ctx: Ctx, a: Resume) -> Answer:
     """Resume dispatch from the next future fire time (idempotent)."""
     s = await owned(ctx, a.schedule_id)
     if s.paused:
@@ -105,7 +114,8 @@ async def resume(ctx: Ctx, a: CardAction) -> Answer:
     return Answer(card=await _detail_card(ctx, s.schedule_id, _("Resumed.")), toast=_("Schedule resumed"))
 
 
-async def notify(ctx: Ctx, a: CardAction) -> Answer:
+@handles(Notify)
+async def notify(ctx: Ctx, a: Notify) -> Answer:
     """Set which outcomes reach the administrator (failures | all | none; idempotent), through ScheduleService."""
     if a.sub >= len(NOTIFY_MODES):
         raise Refused(_("This button is out of date; send /amux for a fresh card."))
@@ -116,7 +126,8 @@ async def notify(ctx: Ctx, a: CardAction) -> Answer:
     return Answer(card=await _detail_card(ctx, s.schedule_id), toast=_("Notifications updated"))
 
 
-async def delete(ctx: Ctx, a: CardAction) -> Answer:
+@handles(Delete)
+async def delete(ctx: Ctx, a: Delete) -> Answer:
     """Delete the schedule (idempotent: a second press answers the same card)."""
     s = await owned(ctx, a.schedule_id, include_deleted=True)
     if not s.deleted:
@@ -145,21 +156,23 @@ async def _form(ctx: Ctx, schedule_id: str | None, values: dict[str, str], error
                                 default_timezone=_timezone(ctx), error_field=error, error_detail=detail), ctx.tr)
 
 
-async def new_form(ctx: Ctx, a: CardAction) -> Answer:
+@handles(NewForm)
+async def new_form(ctx: Ctx, a: NewForm) -> Answer:
     """Open the New schedule form (blank; the timezone defaults to the application's)."""
     return Answer(card=await _form(ctx, None, {}))
 
 
-async def edit_form(ctx: Ctx, a: CardAction) -> Answer:
+@handles(EditForm)
+async def edit_form(ctx: Ctx, a: EditForm) -> Answer:
     """Open the same form filled in with the viewer's schedule."""
     with yours():
         s = await ctx.services.schedules.get(ctx.viewer.caller(), a.schedule_id)
-    return Answer(card=await _form(ctx, s["schedule_id"], _values_of(s)))
+    return Answer(card=await _form(ctx, s.schedule_id, _values_of(s)))
 
 
-def _values_of(s: dict) -> dict[str, str]:
-    return {"name": s["name"] or "", "prompt": s["prompt"] or "", "when": when_of(s["rule"]),
-            "timezone": s["timezone"], "profile": s.get("profile") or DEFAULT_PROFILE, "notify": s["notify"]}
+def _values_of(s: ScheduleView) -> dict[str, str]:
+    return {"name": s.name or "", "prompt": s.prompt or "", "when": when_of(s.rule),
+            "timezone": s.timezone, "profile": s.profile or DEFAULT_PROFILE, "notify": s.notify}
 
 
 def _submitted(form: dict | None) -> dict[str, str]:
@@ -168,7 +181,8 @@ def _submitted(form: dict | None) -> dict[str, str]:
     return {k: form[k].strip() if isinstance(form.get(k), str) else "" for k in FIELDS}
 
 
-async def save(ctx: Ctx, a: CardAction) -> Answer:
+@handles(Save)
+async def save(ctx: Ctx, a: Save) -> Answer:
     """Create or change a schedule from a form submission, through ScheduleService's own validation (the same
     defaults, refusals and minimum interval as MCP `schedule_create` / `schedule_update`). A refusal renders the
     form again, filled in, naming the field and its fix; nothing is stored. Each rendering of the form saves once."""
@@ -208,7 +222,7 @@ async def save(ctx: Ctx, a: CardAction) -> Answer:
                                                                         "binding_id": ctx.viewer.binding_id,
                                                                         "app_id": ctx.viewer.app_id,
                                                                         "open_id": ctx.viewer.open_id})
-            sid = created["schedule_id"]
+            sid = created.schedule_id
     except Invalid as e:
         if "/amux link" in e.message:
             raise Refused(LINK_FIRST) from None
@@ -218,7 +232,8 @@ async def save(ctx: Ctx, a: CardAction) -> Answer:
                   toast=_("Schedule saved"))
 
 
-async def run_now(ctx: Ctx, a: CardAction) -> Answer:
+@handles(RunNow)
+async def run_now(ctx: Ctx, a: RunNow) -> Answer:
     """Fire the viewer's schedule once, now (a manual firing; the rule's next fire time stays)."""
     s = await owned(ctx, a.schedule_id)
     with yours():

@@ -71,3 +71,10 @@ class BoxDriver(Protocol):
 
     async def describe(self, handle: dict[str, Any]) -> BoxInfo:
         """Report whether the box is alive and how it is isolated."""
+
+    async def alive(self, handle: dict[str, Any]) -> bool | None:
+        """Say whether the box still runs, cheaply enough for every listing (no scan of its processes).
+
+        False when the box can no longer run a command (its init died, e.g. `kill -9 -1` inside it, or the machine
+        restarted); None when this replica cannot tell (the box lives on another machine). Never changes the box.
+        """

@@ -5,6 +5,8 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from .durations import duration_text
+
 TASK_PREFIX = "task_"
 BOX_PREFIX = "vm_"
 MAX_HANDLE_CHARS = 200
@@ -121,13 +123,9 @@ def when(dt: datetime) -> str:
 def ago(dt: datetime, now: datetime) -> str:
     """Render how long ago `dt` was, for people ("just now", "3 min ago", "2 h 5 min ago")."""
     s = int(quiet_for(dt, now).total_seconds())
-    if s < 60:
+    if s < 60:  # the activity clock moves once a minute: seconds would claim a precision it does not have
         return "just now"
-    if s < 3600:
-        return f"{s // 60} min ago"
-    if s < 86400:
-        return f"{s // 3600} h {s % 3600 // 60} min ago"
-    return f"{s // 86400} d {s % 86400 // 3600} h ago"
+    return f"{duration_text(s // 60 * 60 if s < 86400 else s // 3600 * 3600)} ago"  # whole units passed
 
 
 def not_yours(task_id: str) -> str:
@@ -164,6 +162,16 @@ def attach_refused(task_id: str, holder: str, since: datetime, last_activity: da
 def box_not_in_task(box_id: str, task_id: str) -> str:
     """Refuse a box that is not a live box of the task."""
     return f"box {box_id} is not a live box of task {task_id}; `rift_vm_list` shows its boxes, `rift_vm_new` makes one"
+
+
+DEAD = "dead"  # how a listing shows a box whose init is gone (never stored: the row stays live until destroyed)
+
+
+def box_dead(box_id: str) -> str:
+    """Say a listed box no longer runs, and what mends it."""
+    return (f"box {box_id} is no longer running (its processes were killed, e.g. `kill -9 -1` inside it, or the "
+            f"machine restarted), so commands cannot run in it; `rift_vm_destroy` it and make another with "
+            f"`rift_vm_new`")
 
 
 UNSANDBOXED = ("NOT SANDBOXED: this hub runs boxes with boxes.driver = \"unsandboxed\"; a box's commands are plain "

@@ -21,6 +21,7 @@ from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from ..errors import Invalid
+from .durations import duration_text
 
 EXAMPLES = ('cron (5 fields) "*/5 * * * *" or a macro "@daily", interval "every 30s" / "every 5m" / "every 2h", '
             'one-shot "at 2026-12-01T09:00:00+08:00"')
@@ -72,8 +73,9 @@ MAX_INTERVAL_S = 3650 * 86400  # ten years: longer intervals are one-offs in dis
 def check_min_interval(rule: Rule, min_interval_s: float) -> None:
     """Refuse an interval rule shorter than `schedules.min_interval_s`, naming the setting."""
     if rule.kind == "interval" and rule.interval is not None and rule.interval.total_seconds() < min_interval_s:
-        raise Invalid(f"rule {rule.text!r} fires more often than every {min_interval_s:g}s, the shortest this hub "
-                      f"accepts (schedules.min_interval_s, env AMUX_SCHEDULES__MIN_INTERVAL_S); pick a longer interval")
+        raise Invalid(f"rule {rule.text!r} fires more often than every {duration_text(min_interval_s)}, the shortest "
+                      "this hub accepts (schedules.min_interval_s, env AMUX_SCHEDULES__MIN_INTERVAL_S); pick a longer "
+                      "interval")
 
 
 def parse(text: str, tz_name: str) -> Rule:

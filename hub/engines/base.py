@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol
 
 Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
+# Deliver a correction into the running turn: None once the engine's protocol took it, else why it could not.
+SteerInto = Callable[[str], Awaitable[str | None]]
+NO_STEERING = ("{engine} takes no input during a turn; the correction waits for the next prompt")
 
 
 @dataclass
@@ -23,8 +26,9 @@ class Job:
     env: dict[str, str] = field(default_factory=dict)
     # Decisions for `permission` events (escalate-to-main): PermissionReply items, in any order.
     permission_replies: asyncio.Queue = field(default_factory=asyncio.Queue)
-    # Corrections for the running turn (instance_steer); None when the engine cannot take steering.
-    steering: asyncio.Queue | None = None
+    # Where a correction for the running turn goes (instance_steer): set by the engine while its protocol can take
+    # input mid-turn, None before and after (and always, for an engine that cannot). See `Engine.steering_refusal`.
+    steer_into: SteerInto | None = None
     # The linux-dac boundary the child runs inside (hub.runner.boundary.Boundary); None: the runner's own uid.
     boundary: Any = None
 
@@ -52,8 +56,12 @@ class EngineResult:
 class Engine(Protocol):
     """Launch one job and stream canonical events through `emit`.
 
-    Rules: emit `text`, `tool`, `usage`, `question` events in order; return an EngineResult when the
-    engine ends; on cancellation (asyncio.CancelledError) stop the child and its processes before re-raising.
+    Rules: emit `text`, `tool`, `usage`, `question` events in order; a `tool` event carries the tool's raw
+    `input`, `output`, `diff` and `locations` where the provider reports them (they reach only the Agent Timeline;
+    task events keep id, name, title and status); return an EngineResult when the engine ends; on cancellation
+    (asyncio.CancelledError) stop the child and its processes before re-raising. Steering: while the provider's
+    protocol takes input mid-turn, set `job.steer_into`; `steering_refusal(snapshot)` says why a run cannot (None:
+    it can, once the turn runs).
     """
 
     name: str
@@ -91,3 +99,7 @@ class CliEngine:
     def available(self) -> bool:
         """Return whether the binary is on PATH."""
         return shutil.which(self.binary()) is not None
+
+    def steering_refusal(self, snapshot: dict[str, Any]) -> str | None:
+        """Return why a run of this snapshot cannot take a correction mid-turn (None: it can)."""
+        return NO_STEERING.format(engine=self.name)

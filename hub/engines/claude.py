@@ -38,7 +38,7 @@ from .approvals import Approvals, Decision
 from .base import CliEngine, Emit, EngineResult, Job
 from .hubmcp import SERVER, claude_config, private_file, session_endpoint
 from .process import ChildProcess, run_child
-from .streams import launch_value, mapped_usage, tool_title
+from .streams import launch_value, mapped_usage, raw_tool, tool_locations, tool_title
 
 QUESTION_TOOL = "AskUserQuestion"
 SYNTHETIC = "<synthetic>"  # the model name on messages the CLI writes itself (its API error text)
@@ -63,6 +63,10 @@ class ClaudeEngine(CliEngine):
         if mcp_config is not None:
             argv += ["--mcp-config", str(mcp_config)]
         return argv + [str(a) for a in snap.get("native_args") or []]
+
+    def steering_refusal(self, snapshot: dict[str, Any]) -> str | None:
+        """None: stream-json input takes a correction while the turn runs (a `user` line on stdin)."""
+        return None
 
     async def run(self, job: Job, emit: Emit) -> EngineResult:
         """Launch Claude, feed it the prompt and answer its control requests until its result."""
@@ -93,12 +97,30 @@ class _ClaudeStream:
         self.tools: dict[str, tuple[str, str]] = {}
         self.texts: list[str] = []
         self.retry: ApiRetry | None = None  # the last model-API retry the CLI reported
+        self.undrained = 0  # corrections written since the last tool-call boundary (see `_steer`)
 
     async def consume(self) -> EngineResult | None:
-        prompt = {"type": "user", "session_id": "", "parent_tool_use_id": None,
-                  "message": {"role": "user", "content": self.job.prompt}}
-        if await self.child.send(INIT_REQUEST) or await self.child.send(prompt):
+        if await self.child.send(INIT_REQUEST) or await self.child.send(_user(self.job.prompt)):
             return None  # it died on launch: reported with its exit code and stderr
+        self.job.steer_into = self._steer
+        try:
+            return await self._read()
+        finally:
+            self.job.steer_into = None  # after the result stdin closes: nothing more reaches this run
+
+    async def _steer(self, text: str) -> str | None:
+        """Write a correction as one more stream-json `user` line while the turn runs.
+
+        Claude Code takes such a line at the turn's next tool-call boundary, into the same turn (one `result`); a
+        turn that calls no further tool ends first, and the line then runs as a turn of its own in the same
+        process, whose `result` ends the run (`_read`)."""
+        failure = await self.child.send(_user(text))
+        if failure:
+            return f"claude's stdin could not take the correction: {failure}"
+        self.undrained += 1
+        return None
+
+    async def _read(self) -> EngineResult | None:
         async for msg in self.child.messages():
             kind = msg.get("type")
             if kind == "system" and msg.get("subtype") == "init":
@@ -118,7 +140,12 @@ class _ClaudeStream:
                 if ended:
                     return ended
             elif kind == "result":
-                return await self._result(msg)
+                result = await self._result(msg)
+                if self.undrained and result.outcome == "succeeded":
+                    # A correction came after the last tool call: Claude answers it as a turn of its own next.
+                    self.undrained, self.texts = 0, []
+                    continue
+                return result
         return None
 
     async def _init(self, msg: dict[str, Any]) -> None:
@@ -140,25 +167,30 @@ class _ClaudeStream:
             if block.get("type") == "text" and top_level and block.get("text"):
                 self.texts.append(block["text"])
                 await self.emit("text", {"text": block["text"]})
+            elif block.get("type") == "text" and block.get("text"):  # a sub-agent's words: the timeline's alone
+                await self.emit("agent_text", {"text": block["text"], "parent_tool_use_id": msg["parent_tool_use_id"]})
             elif block.get("type") == "tool_use":
                 name, args = str(block.get("name") or ""), block.get("input")
                 if name == QUESTION_TOOL:
                     return await self._question(args)
                 tool_id = str(block.get("id") or "")
                 self.tools[tool_id] = (name, tool_title(name, args))
-                await self._tool(tool_id, "running")
+                await self._tool(tool_id, "running", input=args, locations=tool_locations(args),
+                                 diff=_edit_diff(args))
         return None
 
     async def _tool_results(self, msg: dict[str, Any]) -> None:
         for block in _blocks(msg):
             if block.get("type") == "tool_result":
                 tool_id = str(block.get("tool_use_id") or "")
+                self.undrained = 0  # a tool-call boundary: Claude takes the lines written since into this turn
                 if tool_id in self.tools:
-                    await self._tool(tool_id, "failed" if block.get("is_error") else "completed")
+                    await self._tool(tool_id, "failed" if block.get("is_error") else "completed",
+                                     output=block.get("content"))
 
-    async def _tool(self, tool_id: str, status: str) -> None:
+    async def _tool(self, tool_id: str, status: str, **raw: Any) -> None:
         name, title = self.tools[tool_id]
-        await self.emit("tool", {"tool": {"id": tool_id, "name": name, "title": title, "status": status}})
+        await self.emit("tool", raw_tool({"id": tool_id, "name": name, "title": title, "status": status}, **raw))
 
     async def _control(self, msg: dict[str, Any]) -> EngineResult | None:
         request_id, request = str(msg.get("request_id") or ""), msg.get("request") or {}
@@ -268,6 +300,24 @@ class ApiRetry:
             return (f"the model API was unreachable after {self.attempt} attempts; "
                     "check the network and the credential profile")
         return f"the model API kept failing ({self.cause}) after {self.attempt} attempts"
+
+
+def _edit_diff(args: Any) -> dict[str, Any] | None:
+    """Return an Edit/MultiEdit call's change as old and new text (the timeline's diff), or None."""
+    if not isinstance(args, dict):
+        return None
+    if isinstance(args.get("old_string"), str) or isinstance(args.get("new_string"), str):
+        return {"old": args.get("old_string") or "", "new": args.get("new_string") or ""}
+    edits = args.get("edits")
+    if isinstance(edits, list):
+        return {"edits": [{"old": e.get("old_string") or "", "new": e.get("new_string") or ""}
+                          for e in edits if isinstance(e, dict)]}
+    return None
+
+
+def _user(text: str) -> dict[str, Any]:
+    """Return one stream-json input `user` message (the prompt, or a correction while the turn runs)."""
+    return {"type": "user", "session_id": "", "parent_tool_use_id": None, "message": {"role": "user", "content": text}}
 
 
 def _blocks(msg: dict[str, Any]) -> list[dict[str, Any]]:

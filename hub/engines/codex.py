@@ -36,7 +36,7 @@ from .base import CliEngine, Emit, EngineResult, Job
 from .codex_app import AppServerRun, app_server_launch, has_app_server
 from .hubmcp import codex_overrides, session_endpoint
 from .process import ChildProcess, run_child
-from .streams import launch_value, mapped_usage, program_name
+from .streams import launch_value, mapped_usage, program_name, raw_tool
 
 TRUST_WORKSPACE = "--skip-git-repo-check"
 NO_APP_SERVER = ("permission_policy escalate-to-main needs `codex app-server`, which {binary} does not have; "
@@ -83,6 +83,14 @@ class CodexEngine(CliEngine):
         if endpoint is not None:
             argv += codex_overrides(endpoint)
         return argv + options, thread
+
+    def steering_refusal(self, snapshot: dict[str, Any]) -> str | None:
+        """None under escalate-to-main (`codex app-server` takes `turn/steer`); `codex exec` reads its prompt once."""
+        if snapshot.get("permission_policy") == "escalate-to-main":
+            return None
+        return ("codex exec reads its whole prompt before the turn starts and takes no input during it (only "
+                "`codex app-server`, used under permission_policy escalate-to-main, takes turn/steer); the "
+                "correction waits for the next prompt")
 
     async def run(self, job: Job, emit: Emit) -> EngineResult:
         """Launch codex, hand it the prompt and read the thread to its end."""
@@ -168,8 +176,8 @@ class _CodexStream:
             status = STATUSES.get(str(item.get("status")), default)
             if self.tool_status.get(item_id) != status:
                 self.tool_status[item_id] = status
-                await self.emit("tool",
-                                {"tool": {"id": item_id, "name": item_type, "title": _title(item), "status": status}})
+                await self.emit("tool", raw_tool({"id": item_id, "name": item_type, "title": _title(item),
+                                                  "status": status}, **_raw(item)))
 
     async def _question(self, questions: Any) -> EngineResult:
         qs = [q for q in questions or [] if isinstance(q, dict)]
@@ -240,3 +248,12 @@ def _title(item: dict[str, Any]) -> str:
 
 def _message(obj: Any) -> str | None:
     return str(obj["message"]) if isinstance(obj, dict) and obj.get("message") else None
+
+
+def _raw(item: dict[str, Any]) -> dict[str, Any]:
+    """Return an item's raw input, output, diff and locations (`codex exec` names them in snake_case)."""
+    changes = [c for c in item.get("changes") or [] if isinstance(c, dict)]
+    return {"input": item.get("command") or item.get("arguments") or item.get("query"),
+            "output": item.get("aggregated_output") or item.get("result") or item.get("error"),
+            "diff": [c for c in changes if c.get("diff")] or None,
+            "locations": [str(c.get("path")) for c in changes if c.get("path")]}

@@ -40,7 +40,7 @@ from .approvals import Approvals, Decision
 from .base import Emit, EngineResult, Job
 from .environment import child_env
 from .process import ChildProcess
-from .streams import program_name
+from .streams import program_name, raw_tool
 
 CLIENT = {"name": "amux", "title": "amux hub", "version": "1"}
 PASSTHROUGH = frozenset({"-c", "--config", "--enable", "--disable"})
@@ -118,6 +118,7 @@ class AppServerRun:
         self.titles: dict[str, tuple[str, str]] = {}  # item id → (canonical tool name, title), for approvals
         self._next_id = 0
         self._messages = child.messages()
+        self._answers: dict[int, asyncio.Future[dict[str, Any]]] = {}  # our requests sent outside `_call` (steers)
 
     async def consume(self) -> EngineResult | None:
         """Drive the handshake and the turn; return the turn's result (None: the server died without one)."""
@@ -138,11 +139,37 @@ class AppServerRun:
         if isinstance(turn, EngineResult) or turn is None:
             return turn
         self.turn_id = str((turn.get("turn") or {}).get("id") or "") or None
-        async for msg in self._messages:
-            ended = await self._dispatch(msg)
-            if ended is not None:
-                return ended
+        if self.turn_id:
+            self.job.steer_into = self._steer
+        try:
+            async for msg in self._messages:
+                ended = await self._dispatch(msg)
+                if ended is not None:
+                    return ended
+        finally:
+            self.job.steer_into = None
         return self._failed(self.error) if self.error else None
+
+    async def _steer(self, text: str) -> str | None:
+        """Send `turn/steer` for the running turn (`expectedTurnId`: a turn that ended meanwhile is refused by the
+        server); None once the server accepted it, else its refusal."""
+        self._next_id += 1
+        rid = self._next_id
+        answer = asyncio.get_running_loop().create_future()
+        self._answers[rid] = answer
+        try:
+            failure = await self.child.send({"id": rid, "method": "turn/steer", "params": {
+                "threadId": self.thread_id, "expectedTurnId": self.turn_id,
+                "input": [{"type": "text", "text": text, "text_elements": []}]}})
+            if failure:
+                return f"codex app-server could not take the correction: {failure}"
+            msg = await answer
+        finally:
+            self._answers.pop(rid, None)
+        if "error" in msg:
+            err = msg.get("error") or {}
+            return f"codex app-server refused turn/steer: {err.get('message') or err}"
+        return None
 
     def _thread_request(self) -> tuple[str, dict[str, Any]]:
         params: dict[str, Any] = {"cwd": str(self.job.workspace), **self.thread_params}
@@ -173,7 +200,10 @@ class AppServerRun:
     async def _dispatch(self, msg: dict[str, Any]) -> EngineResult | None:
         method = msg.get("method")
         if not isinstance(method, str):
-            return None  # a response to nothing we wait for
+            answer = self._answers.get(msg.get("id")) if isinstance(msg.get("id"), int) else None
+            if answer is not None and not answer.done():
+                answer.set_result(msg)  # the answer to a steer
+            return None  # else a response to nothing we wait for
         params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
         if "id" in msg:
             return await self._server_request(msg["id"], method, params)
@@ -203,7 +233,8 @@ class AppServerRun:
             status = STATUSES.get(str(item.get("status")), default)
             if self.tool_status.get(item_id) != status:
                 self.tool_status[item_id] = status
-                await self.emit("tool", {"tool": {"id": item_id, "name": name, "title": title, "status": status}})
+                await self.emit("tool", raw_tool({"id": item_id, "name": name, "title": title, "status": status},
+                                                 **_raw(item)))
 
     async def _error(self, params: dict[str, Any]) -> EngineResult | None:
         err = params.get("error") if isinstance(params.get("error"), dict) else {}
@@ -308,3 +339,12 @@ def _title(kind: str, item: dict[str, Any]) -> str:
     if kind in ("dynamicToolCall", "collabAgentToolCall"):
         return str(item.get("tool") or kind)
     return "web search"
+
+
+def _raw(item: dict[str, Any]) -> dict[str, Any]:
+    """Return an item's raw input, output, diff and locations (the app server names them in camelCase)."""
+    changes = [c for c in item.get("changes") or [] if isinstance(c, dict)]
+    return {"input": item.get("command") or item.get("arguments") or item.get("query"),
+            "output": item.get("aggregatedOutput") or item.get("result") or item.get("error"),
+            "diff": [c for c in changes if c.get("diff")] or None,
+            "locations": [str(c.get("path")) for c in changes if c.get("path")]}

@@ -17,7 +17,7 @@ from .environment import child_env
 from .process import die_with_runner
 
 
-async def interpret(prompt: str, workspace: Path, emit: Emit, job: Job | None = None) -> EngineResult:
+async def _interpret(prompt: str, workspace: Path, emit: Emit, job: Job | None = None) -> EngineResult:
     """Execute a script, emitting canonical events; the shared core of both modes.
 
     `job` (in-process mode) supplies the launch environment, the permission policy, permission replies
@@ -31,6 +31,13 @@ async def interpret(prompt: str, workspace: Path, emit: Emit, job: Job | None = 
         return EngineResult("failed", error=e.message)
     said: list[str] = []
     tools = 0
+    # In-process, the script's corrections arrive on a queue (its stdin, in effect): taken as soon as they come.
+    steering: asyncio.Queue[str] | None = asyncio.Queue() if job is not None else None
+    if job is not None and steering is not None:
+        async def steer_into(text: str) -> str | None:
+            steering.put_nowait(text)
+            return None
+        job.steer_into = steer_into
     for step in steps:
         if step.op == "say":
             said.append(step.text)
@@ -38,7 +45,8 @@ async def interpret(prompt: str, workspace: Path, emit: Emit, job: Job | None = 
         elif step.op == "tool":
             tools += 1
             await emit("tool", {"tool": {"id": f"tool_{tools}", "name": step.args[0], "title": step.args[1],
-                                         "status": "completed"}})
+                                         "status": "completed", "input": {"title": step.args[1]},
+                                         "output": f"{step.args[0]} done"}})
         elif step.op == "usage":
             names = {"input": "input_tokens", "output": "output_tokens"}
             await emit("usage", {"usage": {names.get(k, k): v for k, v in step.numbers}})
@@ -67,16 +75,25 @@ async def interpret(prompt: str, workspace: Path, emit: Emit, job: Job | None = 
             if denied:
                 return EngineResult("failed", text="\n".join(said), error=denied)
         elif step.op == "wait-steer":
-            if job is None or job.steering is None:
+            if job is None or steering is None:
                 return EngineResult("failed", text="\n".join(said), error="wait-steer needs the in-process engine")
             try:
-                text = await asyncio.wait_for(job.steering.get(), step.seconds)
+                text = await asyncio.wait_for(steering.get(), step.seconds)
             except asyncio.TimeoutError:
                 text = None
             if text is not None:
                 said.append(text)
                 await emit("text", {"text": text})
     return EngineResult("succeeded", text="\n".join(said), json={"lines": said})
+
+
+async def interpret(prompt: str, workspace: Path, emit: Emit, job: Job | None = None) -> EngineResult:
+    """Run a script; corrections stop reaching it when it ends."""
+    try:
+        return await _interpret(prompt, workspace, emit, job)
+    finally:
+        if job is not None:
+            job.steer_into = None
 
 
 async def _permission(step: scripted.Step, policy: str, job: Job | None, emit: Emit, n: int) -> str | None:
@@ -100,11 +117,16 @@ class ScriptedEngine:
     """Run scripts in-process, or in `python -m hub.engines.scripted` when the snapshot asks for a subprocess."""
 
     name = "scripted"
-    accepts_steering = True
 
     def available(self) -> bool:
         """Always available: it needs nothing but Python."""
         return True
+
+    def steering_refusal(self, snapshot: dict) -> str | None:
+        """In-process scripts take corrections (`wait-steer`); the subprocess form reads its script once."""
+        if snapshot.get("subprocess"):
+            return "the scripted engine's subprocess form reads its script once and takes no input during a turn"
+        return None
 
     async def run(self, job: Job, emit: Emit) -> EngineResult:
         """Run in-process or as a subprocess, per the snapshot."""

@@ -59,3 +59,18 @@ def launch_value(snapshot: Mapping[str, Any], key: str) -> str | None:
     if value.startswith("-"):
         raise ValueError(f"{key} {value!r} starts with '-' and would be read as an option; fix the {key}")
     return value
+
+
+def tool_locations(args: Any) -> list[str]:
+    """Return the files a tool call names (its `file_path`, `notebook_path` or `path`), for the Agent Timeline."""
+    if not isinstance(args, Mapping):
+        return []
+    return [args[k] for k in ("file_path", "notebook_path", "path") if isinstance(args.get(k), str) and args[k]]
+
+
+def raw_tool(tool: dict[str, Any], **raw: Any) -> dict[str, Any]:
+    """Return a canonical `tool` event payload with the raw fields the provider reported (None and empty dropped).
+
+    `input`, `output`, `diff` and `locations` reach only the Agent Timeline; task events keep id, name, title
+    and status (hub.domain.events.project)."""
+    return {"tool": {**tool, **{k: v for k, v in raw.items() if v not in (None, "", [], {})}}}

@@ -6,6 +6,7 @@ from typing import Literal
 from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel, Field
 
+from ..domain.choices import Args
 from ..services.instances import InstanceService
 from .server import caller_of, guarded
 
@@ -25,6 +26,8 @@ class InstanceView(BaseModel):
     resume_handle: str | None = None
     current_task_id: str | None = None
     current_task_status: str | None = None
+    unfinished_task_ids: list[str] = Field(default_factory=list, description=(
+        "every owner TaskRun not yet terminal, oldest first; the instance is active while there is one"))
     mailbox_queued: int = 0
 
 
@@ -54,6 +57,8 @@ class SteerAnswer(BaseModel):
         "takes no steering), so it goes ahead of the next prompt; unknown: the runner never confirmed — not queued"))
     message_id: str
     note: str
+    reason: str | None = Field(default=None, description=(
+        "queued: why no turn took it (e.g. the engine's protocol takes no input mid-turn, the turn had ended)"))
 
 
 def instance_tools(instances: InstanceService):  # noqa: ANN201
@@ -64,7 +69,7 @@ def instance_tools(instances: InstanceService):  # noqa: ANN201
         async def instance_create(ctx: Context, name: str | None = None, profile: str | None = None,
                                   model: str | None = None, reasoning_effort: str | None = None,
                                   runtime: str | None = None, permission_policy: str | None = None,
-                                  extra_args: list[str] | None = None, prompt: str | None = None,
+                                  extra_args: Args | None = None, prompt: str | None = None,
                                   timeout_s: float | None = None) -> InstanceView:
             """Create a persistent agent (ai_…) with a frozen identity and policy; `prompt` starts its first run."""
             return InstanceView(**await guarded(lambda: instances.create(
@@ -94,7 +99,7 @@ def instance_tools(instances: InstanceService):  # noqa: ANN201
 
         @server.tool()
         async def instance_interrupt(instance_id: str, ctx: Context) -> Delivery:
-            """Cancel the current owner TaskRun; the instance stays and can be followed up."""
+            """Cancel every unfinished owner TaskRun (running and queued); the instance stays and can be followed up."""
             return Delivery(**await guarded(lambda: instances.interrupt(caller_of(ctx), instance_id)))
 
         @server.tool()
@@ -109,7 +114,7 @@ def instance_tools(instances: InstanceService):  # noqa: ANN201
 
         @server.tool()
         async def instance_archive(instance_id: str, ctx: Context) -> InstanceView:
-            """Archive an idle instance; it takes no more work."""
+            """Archive an idle instance (refused while any owner run is unfinished); it takes no more work."""
             return InstanceView(**await guarded(lambda: instances.archive(caller_of(ctx), instance_id)))
 
     return register

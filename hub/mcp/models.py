@@ -1,9 +1,14 @@
-"""Typed tool results; the MCP SDK generates output schemas from these."""
+"""Typed tool results; the MCP SDK generates output schemas from these (the views services return, such as
+`TaskView`, are defined once in hub/services/views.py)."""
 from __future__ import annotations
 
-from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
+
+from ..services.views import ChangedFiles, TaskResult, TaskView
+
+__all__ = ["Cancelled", "ChangedFiles", "EventPage", "PermissionAnswered", "ProfileInfo", "ProfileList", "Submitted",
+           "TaskEvent", "TaskResult", "TaskView"]
 
 
 class ProfileInfo(BaseModel):
@@ -29,47 +34,6 @@ class Submitted(BaseModel):
     status: str
 
 
-class TaskResult(BaseModel):
-    """A finished task's result."""
-
-    text: str = ""
-    json_: Any = Field(default=None, alias="json", serialization_alias="json")
-
-    model_config = {"populate_by_name": True}
-
-
-class ChangedFiles(BaseModel):
-    """Paths created, modified and deleted in the run's workspace."""
-
-    created: list[str] = []
-    modified: list[str] = []
-    deleted: list[str] = []
-
-
-class TaskView(BaseModel):
-    """A task's state, outcome and evidence."""
-
-    task_id: str
-    name: str | None = None
-    status: str
-    outcome: str | None = None
-    result: TaskResult | None = None
-    usage: dict[str, int] | None = None
-    changed_files: ChangedFiles = ChangedFiles()
-    error: str | None = None
-    waiting_for: str | None = None  # while queued: why (e.g. "waiting for runtime gpu-box, offline since …")
-    runtime: str | None = None
-    snapshot: dict[str, Any] = {}
-    parent_session_id: str | None = Field(None, description="the Session whose agent delegated this task")
-    parent_turn_id: str | None = Field(None, description="the Turn of that Session that was active when it did")
-    instance_id: str | None = Field(None, description="the Agent Instance this task is a run of")
-    schedule_id: str | None = Field(None, description="the schedule whose firing created this task")
-    firing_id: str | None = Field(None, description="that firing (see schedule_history)")
-    created_at: str | None = None
-    started_at: str | None = None
-    finished_at: str | None = None
-
-
 class TaskEvent(BaseModel):
     """One event of a task's log: `text` {text}, `tool` {tool: id/name/title/status}, `usage` {usage},
     `question` {text, options}, `permission` {request_id, tool, title}, `permission_answer` {request_id, allow}."""
@@ -79,6 +43,19 @@ class TaskEvent(BaseModel):
     seq: int
     type: str
     at: str | None = None
+
+
+class TimelinePage(BaseModel):
+    """A run's Agent Timeline after a cursor: raw agent events (tool input and output, diffs, locations, text)."""
+
+    task_id: str | None = None
+    turn_id: str | None = None
+    status: str
+    outcome: str | None = None
+    events: list[dict[str, Any]]
+    cursor: int
+    done: bool
+    retention_s: float
 
 
 class EventPage(BaseModel):

@@ -7,52 +7,14 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel
 
+from ..domain.choices import ChoiceChanges, ExecutionChoices
 from ..domain.pages import MAX_SCHEDULES, page_limit
 from ..services.auth import Caller
 from ..services.delegation import own_session_id
 from ..services.schedules import ScheduleService, ScheduleSpec
+from ..services.views import ScheduleView
+from .choices import takes
 from .server import caller_of, guarded
-
-
-class ScheduleNotifications(BaseModel):
-    """Where this schedule's status notices go (the administrator of `app_id`), or why they do not."""
-
-    notifies: bool
-    app_id: str | None = None
-    basis: str
-    why: str
-
-
-class ScheduleView(BaseModel):
-    """A schedule with the runtime, model, policy and arguments saved as given (None: resolved at each fire)."""
-
-    schedule_id: str
-    name: str
-    schedule_type: str
-    session_ref: str | None = None
-    prompt: str
-    rule: str
-    timezone: str
-    one_shot: bool
-    paused: bool
-    consumed: bool
-    next_fire_at: str | None = None
-    profile: str | None = None
-    runtime: str | None = None
-    model: str | None = None
-    reasoning_effort: str | None = None
-    extra_args: list[str] | None = None
-    permission_policy: str | None = None
-    credential_profile: str | None = None
-    timeout_s: float | None = None
-    notify: str = "failures"
-    overlap: str = "allow"
-    creator: str | None = None
-    creator_id: str | None = None
-    app_id: str | None = None
-    created_at: str | None = None
-    updated_at: str | None = None
-    notifications: ScheduleNotifications | None = None   # schedule_get / schedule_create only
 
 
 class ScheduleList(BaseModel):
@@ -113,14 +75,11 @@ def schedule_tools(service: ScheduleService):  # noqa: ANN201
 
     def register(server: MCPServer) -> None:
         @server.tool()
+        @takes(ExecutionChoices)
         async def schedule_create(prompt: str, rule: str, ctx: Context, name: str | None = None,
                                   timezone: str | None = None, schedule_type: str = "subtask",
-                                  session_ref: str | None = None, profile: str | None = None,
-                                  runtime: str | None = None, model: str | None = None,
-                                  extra_args: list[str] | None = None, permission_policy: str | None = None,
-                                  reasoning_effort: str | None = None, credential_profile: str | None = None,
-                                  timeout_s: float | None = None, notify: str | None = None,
-                                  overlap: str | None = None) -> ScheduleView:
+                                  session_ref: str | None = None, notify: str | None = None,
+                                  overlap: str | None = None, **choices: Any) -> ScheduleView:
             """Create a schedule. rule: cron "*/5 * * * *" or "@hourly|@daily|@weekly|@monthly|@yearly",
             interval "every 30s|5m|2h", one-shot "at 2026-12-01T09:00:00+08:00".
 
@@ -134,53 +93,44 @@ def schedule_tools(service: ScheduleService):  # noqa: ANN201
             caller = caller_of(ctx)
             ref = session_ref_of(caller, schedule_type, session_ref)
             spec = ScheduleSpec(name=name, prompt=prompt, rule=rule, timezone=timezone, schedule_type=schedule_type,
-                                session_ref=ref, profile=profile, runtime=runtime, model=model,
-                                reasoning_effort=reasoning_effort, extra_args=extra_args,
-                                permission_policy=permission_policy, credential_profile=credential_profile,
-                                timeout_s=timeout_s, notify=notify, overlap=overlap)
-            return ScheduleView(**await guarded(lambda: service.create(caller, spec, source="mcp")))
+                                session_ref=ref, notify=notify, overlap=overlap, **choices)
+            return await guarded(lambda: service.create(caller, spec, source="mcp"))
 
         @server.tool()
         async def schedule_get(schedule_id: str, ctx: Context) -> ScheduleView:
             """Return a schedule with its saved runtime, model, policy and arguments."""
-            return ScheduleView(**await guarded(lambda: service.get(caller_of(ctx), schedule_id)))
+            return await guarded(lambda: service.get(caller_of(ctx), schedule_id))
 
         @server.tool()
         async def schedule_list(ctx: Context, limit: int = 100) -> ScheduleList:
             """List your schedules, newest first (`limit` from 1 to 1000)."""
             rows = await guarded(lambda: service.list(caller_of(ctx), page_limit(limit, MAX_SCHEDULES, "schedules")))
-            return ScheduleList(schedules=[ScheduleView(**r) for r in rows])
+            return ScheduleList(schedules=rows)
 
         @server.tool()
+        @takes(ChoiceChanges)
         async def schedule_update(schedule_id: str, ctx: Context, name: str | None = None, prompt: str | None = None,
                                   rule: str | None = None, timezone: str | None = None,
-                                  session_ref: str | None = None, profile: str | None = None,
-                                  runtime: str | None = None, model: str | None = None,
-                                  extra_args: list[str] | None = None, permission_policy: str | None = None,
-                                  reasoning_effort: str | None = None, credential_profile: str | None = None,
-                                  timeout_s: float | None = None, notify: str | None = None,
-                                  overlap: str | None = None) -> ScheduleView:
+                                  session_ref: str | None = None, notify: str | None = None,
+                                  overlap: str | None = None, **choices: Any) -> ScheduleView:
             """Change given fields ("" clears an execution choice back to the default); a new rule restarts from now.
 
             notify: "failures" | "all" | "none" (which outcomes reach the Feishu administrator).
             overlap: "allow" | "skip" | "replace" (a fire while the previous Task is unfinished; subtask only).
             """
             spec = ScheduleSpec(name=name, prompt=prompt, rule=rule, timezone=timezone, schedule_type=None,
-                                session_ref=session_ref, profile=profile, runtime=runtime, model=model,
-                                reasoning_effort=reasoning_effort, extra_args=extra_args,
-                                permission_policy=permission_policy, credential_profile=credential_profile,
-                                timeout_s=timeout_s, notify=notify, overlap=overlap)
-            return ScheduleView(**await guarded(lambda: service.update(caller_of(ctx), schedule_id, spec)))
+                                session_ref=session_ref, notify=notify, overlap=overlap, **choices)
+            return await guarded(lambda: service.update(caller_of(ctx), schedule_id, spec))
 
         @server.tool()
         async def schedule_pause(schedule_id: str, ctx: Context) -> ScheduleView:
             """Pause future dispatch; an already admitted Task keeps running."""
-            return ScheduleView(**await guarded(lambda: service.pause(caller_of(ctx), schedule_id)))
+            return await guarded(lambda: service.pause(caller_of(ctx), schedule_id))
 
         @server.tool()
         async def schedule_resume(schedule_id: str, ctx: Context) -> ScheduleView:
             """Resume dispatch from the next future fire time."""
-            return ScheduleView(**await guarded(lambda: service.resume(caller_of(ctx), schedule_id)))
+            return await guarded(lambda: service.resume(caller_of(ctx), schedule_id))
 
         @server.tool()
         async def schedule_delete(schedule_id: str, ctx: Context) -> ScheduleDeleted:

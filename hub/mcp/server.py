@@ -7,7 +7,6 @@ from typing import Any, Awaitable, Callable
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.shared.inbound import X_MCP_HEADER_KEY
 from mcp_types import CLIENT_INFO_META_KEY, Tool as MCPTool
 from mcp_types.methods import serialize_server_result
 
@@ -59,7 +58,7 @@ def scope_refusal(caller: Caller | None, tool: str) -> str | None:
 # The REST area of each tool group (`/api/v1/<area>`), so a run token reaches the same things on both doors.
 TOOL_AREAS = (("schedule_", "schedules"), ("rift_", "leases"), ("task_", "tasks"), ("instance_", "instances"),
               ("profile_", "profiles"), ("permission_", "tasks"), ("session_", "sessions"))
-READ_TOOLS = ("_list", "_get", "_wait", "_events", "_history")
+READ_TOOLS = ("_list", "_get", "_wait", "_events", "_history", "_timeline")
 
 
 def run_tool_refusal(caller: Caller | None, tool: str) -> str | None:
@@ -125,31 +124,39 @@ def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 class AmuxMCPServer(MCPServer):
-    """The SDK's MCPServer publishing every tool's input schema closed (`additionalProperties: false`).
+    """The SDK's MCPServer publishing every tool's input schema closed (`additionalProperties: false`) and its output
+    schema compact (`compact_schema`).
 
-    `list_tools` is the SDK's public listing (its `tools/list` handler calls it). The guard reads the arguments each
-    tool takes from the same listing, so what is published and what is refused cannot drift apart.
+    `list_tools` is the SDK's public listing (its `tools/list` handler calls it); it is built once after the tools
+    change. The guard reads the arguments each tool takes from the same listing, so what is published and what is
+    refused cannot drift apart. Results are still validated by the SDK against each tool's return model, which the
+    compact output schema does not touch.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._listing: list[MCPTool] | None = None
         self._arguments: dict[str, tuple[str, ...]] | None = None
         self.middleware.append(self.request_guard)
 
     async def list_tools(self) -> list[MCPTool]:
-        """List all tools, each input schema closed to arguments it does not declare."""
-        tools = await super().list_tools()
-        return [t.model_copy(update={"input_schema": closed_schema(t.input_schema)}) for t in tools]
+        """List all tools, each input schema closed to arguments it does not declare, each output schema compact."""
+        if self._listing is None:
+            self._listing = [t.model_copy(update={
+                "input_schema": closed_schema(t.input_schema),
+                "output_schema": None if t.output_schema is None else compact_schema(dict(t.output_schema))})
+                for t in await super().list_tools()]
+        return list(self._listing)
 
     def add_tool(self, *args: Any, **kwargs: Any) -> None:
-        """Register a tool (the SDK's), forgetting the arguments read so far."""
+        """Register a tool (the SDK's), forgetting the listing built so far."""
         super().add_tool(*args, **kwargs)
-        self._arguments = None
+        self._listing = self._arguments = None
 
     def remove_tool(self, name: str) -> None:
-        """Remove a tool (the SDK's), forgetting the arguments read so far."""
+        """Remove a tool (the SDK's), forgetting the listing built so far."""
         super().remove_tool(name)
-        self._arguments = None
+        self._listing = self._arguments = None
 
     async def arguments_of(self, tool: str) -> tuple[str, ...] | None:
         """Return the argument names `tool` takes, or None for a tool that does not exist.
@@ -230,8 +237,8 @@ def compact_schema(schema: dict[str, Any]) -> dict[str, Any]:
     Every local `$ref` is replaced by its definition (no `$defs` left), and `anyOf: [S, {type: null}]` with S one
     JSON type and keywords only for that type is written `type: [T, "null"]` with S's keywords. A client that
     validates each result against the schema (the Python SDK runs jsonschema on every call) then descends once
-    per value, not through a reference and two branches: 169 -> 122 µs a `profile_list`, 137 -> 96 µs a
-    `rift_vm_list` here. A schema whose definitions refer to themselves is returned unchanged.
+    per value, not through a reference and two branches (docs/performance.md). A schema whose definitions refer to
+    themselves is returned unchanged.
     """
     defs = schema.get("$defs", {})
 
@@ -277,48 +284,9 @@ def _nullable(node: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def compact_output_schemas(server: MCPServer) -> None:
-    """Publish every tool's output schema in its compact form (`compact_schema`); results are still validated by
-    the SDK against the tool's return model, which this does not touch."""
-    for tool in server._tool_manager.list_tools():  # noqa: SLF001 — the SDK offers no public setter
-        if tool.fn_metadata.output_schema is not None:
-            tool.fn_metadata.output_schema = compact_schema(tool.fn_metadata.output_schema)
-
-
-def _mentions(node: Any, key: str) -> bool:
-    """Say whether `key` is a key anywhere in a JSON value."""
-    if isinstance(node, dict):
-        return key in node or any(_mentions(v, key) for v in node.values())
-    return isinstance(node, list) and any(_mentions(v, key) for v in node)
-
-
-def skip_unannotated_header_checks(server: MCPServer) -> None:
-    """Give the SDK's `Mcp-Param-*` header check only the input schemas that declare a header (`x-mcp-header`).
-
-    Before every `tools/call` with arguments the 2026 transport walks the tool's whole input schema looking for such
-    declarations; a schema without any validates nothing, and the SDK's hook (`get_tool_input_schema`) says to
-    answer None then. Which of the tools registered here declare one is decided once; a tool registered (or
-    replaced) later is looked up the SDK's way.
-    """
-    lowlevel = server._lowlevel_server  # noqa: SLF001 — the SDK sets its hook there; MCPServer takes none
-    lookup = lowlevel.get_tool_input_schema
-    if lookup is None:
-        return
-    tools = server._tool_manager  # noqa: SLF001
-    plain = {t.name: t.parameters for t in tools.list_tools() if not _mentions(t.parameters, X_MCP_HEADER_KEY)}
-
-    def annotated_schema(name: str) -> Any:
-        tool = tools.get_tool(name)
-        return None if tool is not None and plain.get(name) is tool.parameters else lookup(name)
-
-    lowlevel.get_tool_input_schema = annotated_schema
-
-
 def build_mcp(registrars: list[Callable[[MCPServer], None]]) -> MCPServer:
     """Create the MCP server: client-name capture plus each feature's tools."""
     server = AmuxMCPServer("amux", instructions=INSTRUCTIONS, version="0.1.0")
     for register in registrars:
         register(server)
-    compact_output_schemas(server)
-    skip_unannotated_header_checks(server)
     return server

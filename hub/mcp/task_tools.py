@@ -1,13 +1,18 @@
 """MCP tools for profiles and tasks."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
 
+from ..domain.choices import TaskChoices
+from ..domain.shapes import Short
 from ..services.profiles import BUILTIN_LISTING, ProfileService
+from ..errors import Invalid
 from ..services.tasks import PermissionService, SubmitRequest, TaskService
+from ..services.timeline import TimelineService
 from . import models as m
+from .choices import takes
 from .server import caller_of, guarded
 
 # The builtins' entries of `profile_list`, built once: builtins are code, not data (nothing changes them while the
@@ -16,8 +21,10 @@ BUILTIN_INFOS: tuple[m.ProfileInfo, ...] = tuple(m.ProfileInfo(**p) for p in BUI
 
 
 # Long by design: one short closure per MCP tool (its signature is the tool's schema).
-def task_tools(tasks: TaskService, profiles: ProfileService, permissions: PermissionService):  # noqa: ANN201
-    """Return a registrar adding profile_list, the task_* tools and permission_respond."""
+def task_tools(tasks: TaskService, profiles: ProfileService, permissions: PermissionService,  # noqa: ANN201
+               timeline: TimelineService | None = None):
+    """Return a registrar adding profile_list, the task_* tools (task_timeline with a timeline) and
+    permission_respond."""
 
     def register(server: MCPServer) -> None:
         @server.tool()
@@ -26,37 +33,23 @@ def task_tools(tasks: TaskService, profiles: ProfileService, permissions: Permis
             return m.ProfileList(profiles=[*BUILTIN_INFOS, *(m.ProfileInfo(**p) for p in await profiles.stored())])
 
         @server.tool()
-        async def task_submit(prompt: str, ctx: Context, profile: str | None = None, runtime: str | None = None,
-                              model: str | None = None, extra_args: list[str] | None = None,
-                              timeout_s: float | None = None, name: str | None = None,
-                              reasoning_effort: str | None = None, permission_policy: str | None = None,
-                              credential_profile: str | None = None,
-                              isolation: Literal["linux-dac", "process"] | None = None) -> m.Submitted:
+        @takes(TaskChoices)
+        async def task_submit(prompt: str, ctx: Context, name: Short | None = None, **choices: Any) -> m.Submitted:
             """Admit a task (returns at once with its task_id); follow it with task_wait or task_get."""
-            req = SubmitRequest(prompt=prompt, profile=profile, runtime=runtime, model=model, extra_args=extra_args,
-                                timeout_s=timeout_s, name=name, reasoning_effort=reasoning_effort,
-                                permission_policy=permission_policy, credential_profile=credential_profile,
-                                isolation=isolation)
+            req = SubmitRequest(prompt=prompt, name=name, **choices)
             return m.Submitted(**await guarded(lambda: tasks.submit(caller_of(ctx), req)))
 
         @server.tool()
-        async def task_run(prompt: str, ctx: Context, profile: str | None = None, runtime: str | None = None,
-                           model: str | None = None, extra_args: list[str] | None = None,
-                           timeout_s: float | None = None, name: str | None = None,
-                           reasoning_effort: str | None = None, permission_policy: str | None = None,
-                           credential_profile: str | None = None,
-                           isolation: Literal["linux-dac", "process"] | None = None) -> m.TaskView:
+        @takes(TaskChoices)
+        async def task_run(prompt: str, ctx: Context, name: Short | None = None, **choices: Any) -> m.TaskView:
             """Submit a task and block until it is terminal; returns its result."""
-            req = SubmitRequest(prompt=prompt, profile=profile, runtime=runtime, model=model, extra_args=extra_args,
-                                timeout_s=timeout_s, name=name, reasoning_effort=reasoning_effort,
-                                permission_policy=permission_policy, credential_profile=credential_profile,
-                                isolation=isolation)
-            return m.TaskView(**await guarded(lambda: tasks.run(caller_of(ctx), req)))
+            req = SubmitRequest(prompt=prompt, name=name, **choices)
+            return await guarded(lambda: tasks.run(caller_of(ctx), req))
 
         @server.tool()
         async def task_get(task_id: str, ctx: Context) -> m.TaskView:
             """Return a task's status, outcome, result, usage, changed files and error."""
-            return m.TaskView(**await guarded(lambda: tasks.get(caller_of(ctx), task_id)))
+            return await guarded(lambda: tasks.get(caller_of(ctx), task_id))
 
         @server.tool()
         async def task_wait(task_id: str, ctx: Context, cursor: int = 0, timeout_s: float = 30) -> m.EventPage:
@@ -68,6 +61,20 @@ def task_tools(tasks: TaskService, profiles: ProfileService, permissions: Permis
         async def task_events(task_id: str, ctx: Context, cursor: int = 0, limit: int = 500) -> m.EventPage:
             """Return a task's events after `cursor` without waiting."""
             return m.EventPage(**await guarded(lambda: tasks.events(caller_of(ctx), task_id, cursor, limit)))
+
+        if timeline is not None:
+            @server.tool()
+            async def task_timeline(ctx: Context, task_id: str | None = None, turn_id: str | None = None,
+                                    cursor: int = 0, limit: int = 500) -> m.TimelinePage:
+                """Return the Agent Timeline of one of your tasks (task_id) or turns (turn_id) after `cursor`: the
+                raw agent events (tool input and output, diffs, locations, text), credentials redacted."""
+                async def read() -> dict:
+                    if (task_id is None) == (turn_id is None):
+                        raise Invalid("task_timeline: pass exactly one of task_id (a task, tr_…) or turn_id "
+                                      "(a session turn, turn_…)")
+                    kind, run_id = ("task", task_id) if task_id is not None else ("turn", turn_id)
+                    return await timeline.read(caller_of(ctx), kind, str(run_id), cursor, limit)
+                return m.TimelinePage(**await guarded(read))
 
         @server.tool()
         async def task_cancel(task_id: str, ctx: Context) -> m.Cancelled:

@@ -12,15 +12,18 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 from yarl import URL
 
 from ..backoff import RECONNECT
+from ..clock import Clock, SystemClock
 from ..domain import isolation as modes
+from ..domain.durations import duration_text
 from ..domain.events import turn_usage
+from ..domain.timeline import raw_payload
 from ..domain.policy import normalize_native_args
 from ..engines.base import Engine, EngineResult, Job, PermissionReply
 from ..engines.environment import base_env
@@ -40,6 +43,7 @@ class RunnerRefused(AmuxError):
 REVOKED_CLOSE = 4401  # the hub's close code for a revoked token
 
 QUESTION_DIAGNOSTIC = p.QUESTION_DIAGNOSTIC
+STEER_TAKE_S = 3.0  # an engine confirms a correction within this (the hub waits `steer_wait_s`, 5 s, for the answer)
 
 
 def asked_question(payload: dict) -> p.Question:
@@ -60,7 +64,8 @@ class _Held:
     pending_events: list[p.Event] = field(default_factory=list)
     task: asyncio.Task | None = None
     replies: asyncio.Queue = field(default_factory=asyncio.Queue)
-    steering: asyncio.Queue | None = None
+    job: Job | None = None  # the launched engine's job (its `steer_into` takes corrections mid-turn)
+    steer_refusal: str | None = None  # why this run's engine cannot take a correction mid-turn at all
     cancel_intent: bool = False
     finished: bool = False
     # Set when the hub has committed that this attempt holds the reservation (the Ack of its Accepted): the engine
@@ -179,6 +184,55 @@ def diff_trees(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, i
     }
 
 
+class Silence:
+    """How long an engine has said nothing (read on the injected clock), and the status events that say so.
+
+    Every event the engine emits is output; the notices themselves are not. A notice goes out each time the
+    silence reaches another whole `stall_s` (5 min, 10 min, ...), so a stalled run is visible long before its
+    timeout, and a run that talks again starts over.
+    """
+
+    def __init__(self, clock: Clock, stall_s: float, engine: str) -> None:
+        self.clock = clock
+        self.stall_s = stall_s
+        self.engine = engine
+        self.last = clock.now()
+        self.noticed = 0  # whole stall periods of the current silence already announced
+
+    def heard(self) -> None:
+        """Record engine output now: the silence starts over."""
+        self.last = self.clock.now()
+        self.noticed = 0
+
+    def silent_s(self) -> float:
+        """Return the seconds since the engine's last output (or its launch)."""
+        return (self.clock.now() - self.last).total_seconds()
+
+    def stalled(self) -> bool:
+        """Say whether the engine has been silent for at least the stall time."""
+        return self.stall_s > 0 and self.silent_s() >= self.stall_s
+
+    def notice(self) -> str:
+        """Say how long the engine has been silent, in whole stall periods (`5 min`, `10 min`), readably."""
+        silent = self.silent_s()
+        if self.stall_s > 0:
+            silent = (silent // self.stall_s) * self.stall_s
+        return f"no output from {self.engine} for {duration_text(silent)}"
+
+    async def watch(self, record: Callable[[str, dict], None]) -> None:
+        """Emit a status event each time the silence reaches another whole stall period, until cancelled."""
+        if self.stall_s <= 0:
+            return
+        poll = min(max(self.stall_s / 4, 0.05), 1.0)
+        while True:
+            await asyncio.sleep(poll)
+            periods = int(self.silent_s() // self.stall_s)
+            if periods > self.noticed:
+                self.noticed = periods
+                record("status", {"text": self.notice(),
+                                  "stall": {"engine": self.engine, "silent_s": int(self.silent_s())}})
+
+
 class Runner:
     """One runner process (or the in-process runner of `amux up`): the same protocol either way."""
 
@@ -186,8 +240,11 @@ class Runner:
                  engines: dict[str, Engine], home_root: Path | None = None, authoring: bool = False,
                  dedicated: bool = False, isolation: list[str] | None = None, child_network: str = "isolated",
                  egress_allow: tuple[str, ...] = (), in_hub_process: bool = False, hide: tuple[Path, ...] = (),
-                 share_engine_login: bool = False) -> None:
+                 share_engine_login: bool = False, stall_notice_s: float = 300.0, clock: Clock | None = None) -> None:
         self.hub_url = hub_url.rstrip("/")
+        # A run whose engine has said nothing for this long gets a status event (and a timeout names the stall).
+        self.stall_notice_s = float(stall_notice_s)
+        self.clock = clock or SystemClock()
         # Execution modes (README "Execution modes"): what the operator asked this runner to offer, and how.
         self.dedicated = dedicated
         self.wanted = [m for m in (isolation or modes.MODES)]
@@ -219,6 +276,7 @@ class Runner:
         self._stop = asyncio.Event()
         self._outq: list[dict] = []
         self._revoked = False
+        self._steering: set[asyncio.Future[None]] = set()
 
     def modes(self) -> tuple[list[str], dict[str, str]]:
         """Return the execution modes this runner offers and why it offers none of the others (probed once, logged)."""
@@ -374,13 +432,10 @@ class Runner:
                 h.replies.put_nowait(PermissionReply(answer.request_id, answer.allow, answer.message))
         elif kind == "steer":
             steer = p.Steer.model_validate(msg)
-            h = self.held.get(steer.task_id)
-            delivered = h is not None and h.steering is not None and h.task is not None and not h.task.done()
-            if delivered:
-                h.steering.put_nowait(steer.text)
-            if self.ws is not None and not self.ws.closed:
-                await self.ws.send_json(p.Steered(task_id=steer.task_id, steer_id=steer.steer_id,
-                                                  delivered=delivered).model_dump())
+            # An engine may take a moment (a JSON-RPC answer); messages after it are not held up meanwhile.
+            task = asyncio.ensure_future(self._steer(steer))
+            self._steering.add(task)
+            task.add_done_callback(self._steering.discard)
         elif kind == "cancel":
             h = self.held.get(msg["task_id"])
             if h and h.task and not h.task.done():
@@ -401,6 +456,24 @@ class Runner:
             log.warning("hub: %s", msg.get("message"))
             if msg.get("code") == "token_revoked":
                 self._revoked = True
+
+    async def _steer(self, steer: p.Steer) -> None:
+        """Hand a correction to the running turn's engine and tell the hub whether it took it, or why not."""
+        h = self.held.get(steer.task_id)
+        if h is None or h.finished or h.task is None or h.task.done():
+            reason: str | None = "the run has ended; the correction waits for the next prompt"
+        elif h.job is None or h.job.steer_into is None:
+            reason = h.steer_refusal or "the engine is not yet (or no longer) in its turn; the correction waits"
+        else:
+            try:
+                reason = await asyncio.wait_for(h.job.steer_into(steer.text), STEER_TAKE_S)
+            except asyncio.TimeoutError:
+                reason = f"the engine did not confirm the correction within {STEER_TAKE_S:g} s"
+            except Exception as e:  # noqa: BLE001 — an adapter's failure is this steer's, never the runner's
+                reason = f"the engine could not take the correction ({type(e).__name__}: {e})"
+        if self.ws is not None and not self.ws.closed:
+            await self.ws.send_json(p.Steered(task_id=steer.task_id, steer_id=steer.steer_id, delivered=reason is None,
+                                              reason=reason).model_dump())
 
     def _drop(self, task_id: str) -> None:
         h = self.held.pop(task_id, None)
@@ -508,10 +581,20 @@ class Runner:
         asked: dict | None = None  # the agent's structured question, once it asked one
 
         redact = Redactor(v for k, v in d.env.items() if k not in ("AMUX_SESSION_ID", "AMUX_HUB_URL"))
+        silence = Silence(self.clock, self.stall_notice_s, str(d.snapshot.get("engine") or "the engine"))
+
+        def record(kind: str, payload: dict) -> None:
+            h.rseq += 1
+            h.pending_events.append(p.Event(rseq=h.rseq, type=kind, payload=payload))
+            if len(h.pending_events) == 1:
+                asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._flush(h)))
 
         async def emit(kind: str, payload: dict) -> None:
             nonlocal last_usage, last_status, asked
+            silence.heard()
             payload = redact.scrub(payload)
+            if kind == "tool":  # its raw input and output (the Agent Timeline's) leave bounded, tokens cut
+                payload = raw_payload(payload)
             if kind == "status" and isinstance(payload.get("text"), str):
                 last_status = payload["text"]
             if kind == "usage":
@@ -524,10 +607,7 @@ class Runner:
                 last_usage = usage
             if kind == "question":
                 asked = payload
-            h.rseq += 1
-            h.pending_events.append(p.Event(rseq=h.rseq, type=kind, payload=payload))
-            if len(h.pending_events) == 1:
-                asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._flush(h)))
+            record(kind, payload)
 
         outcome, result = "failed", EngineResult("failed")
         question: p.Question | None = None
@@ -538,21 +618,27 @@ class Runner:
                 result = EngineResult("failed", error=f"engine {d.snapshot.get('engine')!r} is not installed on "
                                                       f"runner {self.name}")
             else:
-                if getattr(engine, "accepts_steering", False):
-                    h.steering = asyncio.Queue()
+                refusal_of = getattr(engine, "steering_refusal", None)
+                h.steer_refusal = refusal_of(d.snapshot) if callable(refusal_of) else None
                 share = self.share_engine_login and boundary is None
                 job = Job(d.task_id, d.attempt, launch_prompt(d), d.snapshot, workspace,
                           env=launch_env(d, home, engine, share_login=share),
-                          permission_replies=h.replies, steering=h.steering, boundary=boundary)
-                result = await asyncio.wait_for(engine.run(job, emit),
-                                                timeout=float(d.snapshot.get("timeout_s") or 3600))
+                          permission_replies=h.replies, boundary=boundary)
+                h.job = job
+                watch = asyncio.create_task(silence.watch(record))
+                try:
+                    result = await asyncio.wait_for(engine.run(job, emit),
+                                                    timeout=float(d.snapshot.get("timeout_s") or 3600))
+                finally:
+                    watch.cancel()
             outcome = result.outcome
             if asked is not None and d.direct_session:  # its attached person answers, as the next Turn
                 outcome, result.error, question = "waiting_for_user", None, asked_question(asked)
             elif asked is not None:
                 outcome, result.error = "failed", QUESTION_DIAGNOSTIC
         except asyncio.TimeoutError:
-            error = (f"timed out after {d.snapshot.get('timeout_s')}s"
+            error = (f"timed out after {duration_text(float(d.snapshot.get('timeout_s') or 3600))}"
+                     + (f"; the engine stalled: {silence.notice()}" if silence.stalled() else "")
                      + (f"; last status: {last_status}" if last_status else ""))
             outcome, result = "timed_out", EngineResult("timed_out", error=error)
         except asyncio.CancelledError:
@@ -577,6 +663,7 @@ class Runner:
             result_json=redact.scrub(result.json), error=redact.scrub(result.error), usage=last_usage,
             changed_files=changed, resume_handle=result.resume_handle, question=question,
         )
-        h.steering = None
+        if h.job is not None:
+            h.job.steer_into = None
         h.finished = True
         await self._send(h, fin.model_dump())

@@ -140,6 +140,7 @@ class Steered(BaseModel):
     task_id: str
     steer_id: str
     delivered: bool
+    reason: str | None = None  # not delivered: why (the engine takes no input mid-turn, the run ended, …)
 
 
 class Ack(BaseModel):

@@ -8,6 +8,7 @@ from typing import Any, Awaitable, Sequence, TypeVar
 from ..clock import Clock
 from ..config import HubSettings, ProfileSettings
 from ..domain import isolation, scripted
+from ..domain.choices import check_task_choices
 from ..domain.placement import LAUNCH_PLATFORMS, platforms_text
 from ..domain.policy import DEFAULT_POLICY, POLICIES, NativeLaunch, normalize_native_args
 from ..domain.resolution import Choices, Preset, Resolved, SessionContext, resolve
@@ -19,7 +20,6 @@ from .auth import Caller
 from .credentials import CredentialService
 from .profiles import ProfileService, ResolvedProfile
 
-MAX_TIMEOUT_S = 7 * 86400
 ENGINE_CHECK_S = 2.0  # how long a passing "some runtime offers this engine" check stands (`_admit_engine`)
 T = TypeVar("T")
 
@@ -55,7 +55,8 @@ def _raise_or(value: T | Exception) -> T:
 
 @dataclass(kw_only=True)
 class SubmitRequest:
-    """What a caller asks for; omitted (None) choices are resolved at admission."""
+    """What a caller asks for: a prompt, a name and `hub.domain.choices.TaskChoices`' fields, which admission
+    validates against that model's bounds; omitted (None) choices are resolved at admission."""
 
     prompt: str
     profile: str | None = None
@@ -96,19 +97,15 @@ class Admission:
         if size > self.hub.max_prompt_bytes:
             raise Invalid(f"prompt is {size} bytes; the limit is {self.hub.max_prompt_bytes} — "
                           "put large inputs in files and reference them")
-        args = req.extra_args if req.extra_args is not None else []
-        if not isinstance(args, list) or len(args) > self.hub.max_extra_args \
-                or any(not isinstance(a, str) or len(a) > 4096 for a in args):
-            raise Invalid(f"extra_args must be a list of at most {self.hub.max_extra_args} strings "
-                          "of at most 4096 characters each")
-        for key in ("model", "runtime", "name", "profile", "reasoning_effort", "permission_policy",
-                    "credential_profile", "isolation"):
-            value = getattr(req, key)
-            if value is not None and (not isinstance(value, str) or not value.strip() or len(value) > 200):
+        choices = check_task_choices(req)  # the bounds every door publishes (hub/domain/choices.py)
+        for key in ("model", "runtime", "profile", "reasoning_effort", "permission_policy", "credential_profile"):
+            value = getattr(choices, key)
+            if value is not None and not value.strip():
                 raise Invalid(f"{key} must be a non-empty string of at most 200 characters, or omitted")
-        timeout = self.hub.default_timeout_s if req.timeout_s is None else req.timeout_s
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT_S:
-            raise Invalid(f"timeout_s must be a number of seconds between 0 and {MAX_TIMEOUT_S}")
+        if req.name is not None and (not isinstance(req.name, str) or not req.name.strip() or len(req.name) > 200):
+            raise Invalid("name must be a non-empty string of at most 200 characters, or omitted")
+        args = choices.extra_args or []
+        timeout = self.hub.default_timeout_s if choices.timeout_s is None else choices.timeout_s
         return list(args), float(timeout)
 
     async def _runtime(self, conn: Connection, ref: str) -> Row:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..clock import Clock, iso, utc
 from ..config import AlertSettings, FeishuSettings
 from ..domain import alerts as rules
+from ..domain.durations import duration_text
 from ..domain.states import DeliveryState
 from ..errors import Invalid, NotFound
 from ..ids import new_id
@@ -40,15 +41,17 @@ def _incident(row: Row) -> rules.Incident:
 
 
 
-def incident_view(inc: rules.Incident, incident_id: str, sched: Row, creator: str | None, app_id: str) -> dict:
-    """Return the card view model of an incident (what the channel renders)."""
+def incident_view(inc: rules.Incident, incident_id: str, sched: Row, creator: str | None, app_id: str,
+                  snooze_s: float = 86400.0) -> dict:
+    """Return the card view model of an incident (what the channel renders); `snooze_s` (`alerts.snooze_s`) is
+    what its Snooze button holds reminders for."""
     return {"v": 1, "kind": "incident", "incident_id": incident_id, "app_id": app_id,
             "schedule_id": sched.id, "schedule_name": sched.name, "creator": creator, "timezone": sched.timezone,
             "status": inc.state, "failures": inc.failures, "missed": inc.missed, "unknowns": inc.unknowns,
             "last_outcome": inc.last_outcome, "opened_at": iso(inc.opened_at),
             "recovering_since": iso(inc.recovering_since), "closed_at": iso(inc.closed_at),
             "acknowledged": inc.acked_at is not None, "acked_at": iso(inc.acked_at), "acked_by": inc.acked_by,
-            "ack_comment": inc.ack_comment, "snoozed_until": iso(inc.snoozed_until)}
+            "ack_comment": inc.ack_comment, "snoozed_until": iso(inc.snoozed_until), "snooze_s": snooze_s}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,7 +62,7 @@ class CenterPage:
     page: int                 # the page shown (clamped to the last one)
     pages: int
     delivery_state: str       # the application's (unconfigured when it is not known)
-    diagnostics: list[str]    # what blocks delivery for this application, in words
+    diagnostics: list[dict]   # what blocks delivery for this application (`diagnostics()` entries of this app)
 
 
 class AlertService:
@@ -125,6 +128,8 @@ class AlertService:
                           has_creator=ev.creator_id is not None and sched is not None, has_app=app_id is not None,
                           notify=(getattr(sched, "notify", None) or "failures") if sched is not None else "failures")
         row = await self.store.lock_active(conn, ev.schedule_id) if app_id is not None else None
+        if row is not None and app_id is not None and row.app_id != app_id:
+            row = await self._move(conn, row, app_id, now)
         step = rules.on_outcome(_incident(row) if row is not None else None, o, now, self.n)
         iid = row.id if row is not None else None
         changed = step.incident is not None and (row is None or step.incident != _incident(row))
@@ -165,7 +170,7 @@ class AlertService:
                            "outcome": ev.outcome or ev.admission, "firing_id": ev.firing_id,
                            "nominal_time": iso(ev.nominal_time), "task_id": ev.task_id, "turn_id": ev.turn_id}
             else:
-                payload = incident_view(inc, iid, sched, creator, app_id)
+                payload = incident_view(inc, iid, sched, creator, app_id, self.n.snooze_s)
                 payload["notice"] = kind
             out.append(await self.notices.queue(conn, now, app_id=app_id, recipient=admin, kind=kind, payload=payload,
                                                 timezone=sched.timezone, incident_id=iid, schedule_id=sched.id))
@@ -239,7 +244,7 @@ class AlertService:
         """Hold reminders for `seconds` (default `alerts.snooze_s`)."""
         secs = self.n.snooze_s if seconds is None else seconds
         return await self._control(incident_id, lambda inc, now: rules.snooze(inc, now, self.n, secs),
-                                   f"snoozed for {secs:g} s")
+                                   f"snoozed for {duration_text(secs)}")
 
     async def unsnooze(self, incident_id: str) -> dict:
         """Lift an incident's snooze (reminders resume; one already due is sent at the next round)."""
@@ -330,6 +335,60 @@ class AlertService:
                 await self._apply(conn, row, step, now,
                                   detail=f"{detail}: the active incident notifies the new administrator")
 
+    # ------------------------------------------------------------ creator delivery moving to another application
+
+    async def follow_routes(self) -> int:
+        """Move active incidents whose schedule's notice route now names another application; return how many.
+
+        One query finds the incidents whose route can have moved (frozen elsewhere, or unfrozen with a creator now
+        linked in another application); a route that now names no application leaves the incident where it is.
+        """
+        configured = [a.app_id for a in self.feishu.apps]
+        moved: list[tuple[str, str]] = []
+        async with self.db.read() as conn:
+            for c in await self.store.route_candidates(conn):
+                sched = await self.store.schedule(conn, c.schedule_id)
+                to = (await route(conn, sched, configured, self.store)).app_id if sched is not None else None
+                if to is not None and to != c.app_id:
+                    moved.append((c.id, to))
+        done = 0
+        for iid, to in moved:
+            async with self.db.write() as conn:
+                row = await self.store.lock_if_active(conn, iid)
+                if row is not None and row.app_id != to:
+                    await self._move(conn, row, to, self.clock.now())
+                    done += 1
+        return done
+
+    async def _move(self, conn: Connection, row: Row, app_id: str, now: datetime) -> Row:
+        """Migrate an active incident's delivery to `app_id`: retire the old application's pending requests for it
+        (undelivered receipts of its schedule are re-addressed), forget its card id, clear what was the old
+        recipient's (acknowledgement, snooze), and let a carded incident send a fresh card to the new route.
+        Execution state, counts, creator and the schedule's notification setting stay. Return the row as moved."""
+        detail = f"notices of schedule {row.schedule_id} moved from {row.app_id} to {app_id}"
+        admin = await self.store.admin_of(conn, app_id)
+        for r in await self.outbox.live_of_route(conn, row.app_id, row.id, row.schedule_id):
+            await self.outbox.retire_many(conn, [r.id])
+            await self.notices.log(conn, now, "retired", detail=detail, notice_id=r.id, incident_id=r.incident_id,
+                                   schedule_id=r.schedule_id)
+            if r.kind == "receipt" and r.message_id is None:
+                await self.notices.queue(conn, now, app_id=app_id, recipient=admin, kind="receipt",
+                                         payload={**r.payload, "app_id": app_id}, timezone=r.timezone,
+                                         schedule_id=r.schedule_id)
+        await self.store.move(conn, row.id, app_id, now)
+        moved = await self.store.lock(conn, row.id)
+        assert moved is not None
+        if moved.state in rules.CARDED:
+            inc = rules.retarget(_incident(moved))
+            step = rules.Step(replace(inc, last_ping_at=now), ("card",), "opened")
+            await self._apply(conn, moved, step, now, detail=f"{detail}: the active incident notifies {app_id}")
+            moved = await self.store.lock(conn, row.id)
+            assert moved is not None
+        else:
+            await self.notices.log(conn, now, "retired", detail=detail, incident_id=row.id,
+                                   schedule_id=row.schedule_id)
+        return moved
+
     # ------------------------------------------------------------ reads
 
     async def incident(self, incident_id: str) -> dict:
@@ -352,7 +411,7 @@ class AlertService:
                 raise NotFound(f"incident {incident_id!r} does not exist; list incidents with `amux alerts list`")
             sched = await self.store.schedule(conn, row.schedule_id)
             creator = await self.store.principal_name(conn, row.creator_id)
-        view = incident_view(_incident(row), row.id, sched, creator, row.app_id)
+        view = incident_view(_incident(row), row.id, sched, creator, row.app_id, self.n.snooze_s)
         view["notice"] = "update"
         return view
 
@@ -397,11 +456,10 @@ class AlertService:
             page = min(page, pages - 1)
             rows = await self.store.active_page_in_app(conn, app_id, offset=page * page_size, limit=page_size)
             app = await self.store.app(conn, app_id)
-        diags = [d.get("diagnostic") or d.get("state") or "" for d in await self.diagnostics()
-                 if d.get("app_id") == app_id]
+        diags = [d for d in await self.diagnostics() if d.get("app_id") == app_id]
         return CenterPage(incidents=rows, page=page, pages=pages,
                           delivery_state=app.delivery_state if app else DeliveryState.UNCONFIGURED,
-                          diagnostics=[d for d in diags if d])
+                          diagnostics=diags)
 
     async def in_app(self, incident_id: str, app_id: str) -> bool:
         """Say whether `incident_id` exists in `app_id` (a card's incident, checked before acting on it)."""
@@ -425,6 +483,7 @@ class AlertService:
         if not self.synced:
             await self.sync_apps()
         work = await self.catch_up()
+        work += await self.follow_routes()
         work += await self.advance()
         work += await self.worker.deliver_once()
         return work

@@ -18,6 +18,7 @@ from ..errors import Forbidden, Invalid, NotFound
 from ..ids import new_id
 from ..store.db import Connection, Database, Row
 from ..store.identities import SqlIdentityStore
+from ..store.schedules import SqlScheduleStore
 from ..store.tokens import SqlTokenStore
 from .auth import Caller
 
@@ -86,6 +87,21 @@ class IdentityService:
         self.ttl_s = ttl_s
         self.store = SqlIdentityStore(db)
         self.principals = SqlTokenStore(db)
+        self.schedules = SqlScheduleStore(db)
+
+    async def set_execution_access(self, caller: Caller, principal: str, *, revoked: bool) -> dict:
+        """Revoke or restore a principal's execution access (admin): while revoked, its Feishu personal schedule
+        views and card actions show nothing (the seed's "execution access"); operator/CLI access is unchanged."""
+        if not caller.admin:
+            raise Forbidden("changing a principal's execution access needs an admin token (amux token create --admin)")
+        now = self.clock.now()
+        async with self.db.write() as conn:
+            pid = await self.principals.principal_id(conn, principal)
+            if pid is None:
+                raise NotFound(f"principal {principal!r} does not exist; `amux token list --all` names every one")
+            await self.schedules.set_execution_revoked(conn, pid, now if revoked else None)
+        return {"principal": principal, "principal_id": pid, "execution_access": not revoked,
+                "revoked_at": iso(now) if revoked else None}
 
     async def create_link_code(self, caller: Caller) -> dict:
         """Mint a one-time code for the caller's principal (valid `ttl_s`); only its hash is stored."""

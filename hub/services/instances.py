@@ -128,14 +128,14 @@ class InstanceService:
             if inst.archived_at is not None:
                 raise Conflict(f"instance {iid} is archived and takes no corrections; create a new instance with "
                                "instance_create (instance_get shows what the archived one did)")
-            current = await self.store.current_run(conn, inst.current_task_id)
-            running = current is not None and current.status == Status.RUNNING.value
+            unfinished = await self.store.unfinished_runs(conn, iid)
+            current = next((r for r in unfinished if r.status == Status.RUNNING.value), None)
             mid = new_id("mb")
             await self.store.add_mail(conn, message_id=mid, instance_id=iid, text=text, kind="steer",
-                                      state=MailState.PENDING if running else MailState.QUEUED,
-                                      task_id=inst.current_task_id if running else None, now=self.clock.now())
-        if not running:
-            idle = current is None or is_terminal(current.status)
+                                      state=MailState.PENDING if current else MailState.QUEUED,
+                                      task_id=current.id if current else None, now=self.clock.now())
+        if current is None:
+            idle = not unfinished
             why = ("the instance is idle, so no turn could take the correction" if idle else
                    "its turn has not started yet, so it could not take the correction")
             return {"instance_id": iid, "delivery": MailState.QUEUED, "message_id": mid,
@@ -149,12 +149,15 @@ class InstanceService:
         while time.monotonic() < deadline:
             async with self.db.read() as conn:
                 state = await self.store.mail_state(conn, mid)
+                reason = await self.store.mail_note(conn, mid) if state == MailState.QUEUED else None
             if state == MailState.DELIVERED:
                 return {"instance_id": iid, "delivery": MailState.DELIVERED, "message_id": mid,
                         "note": "the running turn took the correction"}
             if state == MailState.QUEUED:
+                why = reason or "no turn could take the correction"
                 return {"instance_id": iid, "delivery": MailState.QUEUED, "message_id": mid,
-                        "note": "no turn could take the correction; it is queued in the mailbox for the next wake"}
+                        "note": f"{why}; it is queued in the mailbox for the next wake (instance_followup)",
+                        "reason": why}
             await asyncio.sleep(0.05)
         async with self.db.write() as conn:
             gave_up = await self.store.give_up_steer(conn, mid, self.clock.now())
@@ -165,13 +168,23 @@ class InstanceService:
                         "(instance_get), then steer again if needed"}
 
     async def interrupt(self, caller: Caller, iid: str) -> dict:
-        """Cancel the current owner TaskRun; the instance stays, resumable."""
+        """Cancel every unfinished owner TaskRun (the running one and those queued behind it); the instance stays.
+
+        The newest is cancelled first, so a queued run cannot start in the place of the one just cancelled.
+        """
         async with self.db.read() as conn:
             inst = await self._instance(conn, caller, iid)
-        if not inst.current_task_id:
-            raise Conflict(f"instance {iid} has no run to interrupt")
-        ans = await self.tasks.cancel(caller, inst.current_task_id)
-        return {"instance_id": iid, "task_id": inst.current_task_id, "task_status": ans["status"]}
+            unfinished = await self.store.unfinished_runs(conn, iid)
+        if not unfinished:
+            if not inst.current_task_id:
+                raise Conflict(f"instance {iid} has no run to interrupt")
+            ans = await self.tasks.cancel(caller, inst.current_task_id)
+            return {"instance_id": iid, "task_id": inst.current_task_id, "task_status": ans["status"],
+                    "cancelled": []}
+        answers = {r.id: await self.tasks.cancel(caller, r.id) for r in reversed(unfinished)}
+        first = unfinished[0].id
+        return {"instance_id": iid, "task_id": first, "task_status": answers[first]["status"],
+                "cancelled": [{"task_id": r.id, "status": answers[r.id]["status"]} for r in unfinished]}
 
     async def wait(self, caller: Caller, iid: str, timeout_s: float = 30.0) -> dict:
         """Wait for the current run; a timeout never cancels or times out the Task."""
@@ -182,17 +195,19 @@ class InstanceService:
         view = await self.tasks.wait_terminal(caller, inst.current_task_id,
                                               timeout_s=max(0.0, min(float(timeout_s), 600.0)))
         out = await self.get(caller, iid)
-        out["task"] = view
-        out["timed_out"] = not is_terminal(view["status"])
+        out["task"] = view.wire()
+        out["timed_out"] = not is_terminal(view.status)
         return out
 
     async def archive(self, caller: Caller, iid: str) -> dict:
-        """Archive an idle instance; it takes no more work."""
+        """Archive an idle instance (no unfinished owner run); it takes no more work."""
         async with self.db.write() as conn:
-            inst = await self._instance(conn, caller, iid)
-            current = await self.store.current_run(conn, inst.current_task_id)
-            if current is not None and current.status and not is_terminal(current.status):
-                raise Conflict(f"instance {iid} is active; interrupt it (instance_interrupt) or wait before archiving")
+            await self._instance(conn, caller, iid)
+            unfinished = await self.store.unfinished_runs(conn, iid)
+            if unfinished:
+                raise Conflict(f"instance {iid} is active ({len(unfinished)} unfinished run(s): "
+                               f"{', '.join(r.id for r in unfinished)}); interrupt it (instance_interrupt) or wait "
+                               "for it (instance_wait) before archiving")
             await self.store.archive(conn, iid, self.clock.now())
         return await self.get(caller, iid)
 
@@ -204,16 +219,17 @@ class InstanceService:
         return {"instances": [await self.get(caller, iid) for iid in ids]}
 
     async def get(self, caller: Caller, iid: str) -> dict:
-        """Return the instance: status (active/idle/archived), sticky runtime, refs, resume handle, policy."""
+        """Return the instance: status (active while any owner run is unfinished), sticky runtime, refs, policy."""
         async with self.db.read() as conn:
             inst = await self._instance(conn, caller, iid)
             s = await self.session_store.get(conn, inst.session_id)
             run = await self.store.current_run(conn, inst.current_task_id)
             current = run.status if run is not None else None
+            unfinished = await self.store.unfinished_runs(conn, iid)
             runtime = await self.session_store.runtime_name(conn, s.runtime_id)
             queued = await self.store.count_queued(conn, iid)
         status = (InstanceStatus.ARCHIVED if inst.archived_at else
-                  InstanceStatus.ACTIVE if current and not is_terminal(current) else InstanceStatus.IDLE)
+                  InstanceStatus.ACTIVE if unfinished else InstanceStatus.IDLE)
         snap = inst.snapshot
         return {"instance_id": iid, "name": inst.name, "status": status, "session_id": inst.session_id,
                 "profile": snap["profile"]["ref"], "engine": snap["engine"], "model": snap.get("model"),
@@ -221,5 +237,6 @@ class InstanceService:
                 "workspace_ref": f"{runtime or '?'}:{inst.session_id}",
                 "home_ref": f"{runtime or '?'}:{inst.session_id}/.home", "resume_handle": s.resume_handle,
                 "current_task_id": inst.current_task_id, "current_task_status": current,
-                "mailbox_queued": queued, "created_at": iso(inst.created_at)}
+                "unfinished_task_ids": [r.id for r in unfinished], "mailbox_queued": queued,
+                "created_at": iso(inst.created_at)}
 

@@ -14,6 +14,7 @@ from ..boxes.base import DEFAULT_EXEC_TIMEOUT_S, MAX_COMMAND_BYTES, MAX_EXEC_TIM
 from ..clock import Clock, utc
 from ..config import BoxSettings, LeaseSettings
 from ..domain import leases as rules
+from ..domain.durations import duration_text
 from ..errors import Conflict, Invalid, NotFound, TooMany
 from ..ids import short_id
 from ..store.db import Connection, Database, Row
@@ -65,13 +66,18 @@ def box_sandboxed(row: Any) -> bool:
     return row.driver != "unsandboxed" and (row.handle or {}).get("sandbox") != "none"
 
 
-def box_view(row: Any) -> dict[str, Any]:
-    """Render a box row (the driver handle stays inside the hub; only how it is isolated shows)."""
+def box_view(row: Any, *, dead: bool = False) -> dict[str, Any]:
+    """Render a box row (the driver handle stays inside the hub; only how it is isolated shows); `dead`: listed live,
+    but its driver says it no longer runs."""
     handle = row.handle or {}
     sandboxed = box_sandboxed(row)
-    return {"vm_id": row.id, "task_id": row.task_id, "name": row.name, "driver": row.driver, "state": row.state,
+    warnings = [rules.box_dead(row.id)] if dead else []
+    if not sandboxed:
+        warnings.append(rules.UNSANDBOXED)
+    return {"vm_id": row.id, "task_id": row.task_id, "name": row.name, "driver": row.driver,
+            "state": rules.DEAD if dead else row.state,
             "sandbox": handle.get("sandbox"), "sandboxed": sandboxed, "network": handle.get("network"),
-            "limits": handle.get("limits"), "warning": None if sandboxed else rules.UNSANDBOXED,
+            "limits": handle.get("limits"), "warning": ". ".join(warnings) or None,
             "created_at": _iso(row.created_at), "destroyed_at": _iso(row.destroyed_at)}
 
 
@@ -290,7 +296,18 @@ class LeaseService:
         if rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s):
             async with self.db.write() as conn:
                 await self._touch(conn, row, now)
-        return [box_view(b) for b in live]
+        return [box_view(b, dead=await self._dead(b.state, b.handle)) for b in live]
+
+    async def _dead(self, state: str, handle: dict[str, Any] | None) -> bool:
+        """Say whether a box stored as live no longer runs (its driver checks its init; unknown counts as running).
+
+        A listing only reads: the box stays live until `rift_vm_destroy`, closing its task, or the reaper."""
+        if state != "live" or not handle:
+            return False
+        try:
+            return await self.driver.alive(handle) is False
+        except BoxError:
+            return False
 
     async def _held_box(self, caller: Caller, raw: str | None, vm_id: str | None) -> tuple[Row, Box]:
         """Check a handle and find one live box of its task in one query, record the activity; return both.
@@ -400,7 +417,7 @@ class LeaseService:
         """
         now = self.clock.now()
         cutoff = rules.auto_close_cutoff(now, self.settings.auto_close_quiet_s)
-        reason = f"quiet for {self.settings.auto_close_quiet_s / 3600:g} hours"
+        reason = f"quiet for {duration_text(self.settings.auto_close_quiet_s)}"
         async with self.db.write() as conn:
             closed = await self.store.close_quiet(conn, cutoff, now, reason, REAP_BATCH)
         async with self.db.read() as conn:
@@ -438,7 +455,8 @@ class LeaseService:
             first = after_key is None
         unsandboxed = (not getattr(self.driver, "sandboxed", True)
                        or any(b.driver == "unsandboxed" for b in page.boxes))
-        return BoxesPage(tasks=tasks, boxes=page.boxes, open_tasks=page.open_tasks, unsandboxed=unsandboxed,
+        shown = [b._replace(state=rules.DEAD) if await self._dead(b.state, b.handle) else b for b in page.boxes]
+        return BoxesPage(tasks=tasks, boxes=shown, open_tasks=page.open_tasks, unsandboxed=unsandboxed,
                          newer=newer, older=older, first=first)
 
     async def overview(self, principal_id: str) -> tuple[list[Row], list[Row]]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..store.db import Connection, Row
+from ..store.records import ScheduleRecord
 from ..store.incidents import SqlIncidentStore
 
 
@@ -30,7 +31,8 @@ class Route:
         return {"notifies": self.app_id is not None, "app_id": self.app_id, "basis": self.basis, "why": self.why}
 
 
-async def route(conn: Connection, sched: Row, configured_apps: Sequence[str], store: SqlIncidentStore) -> Route:
+async def route(conn: Connection, sched: ScheduleRecord | Row, configured_apps: Sequence[str],
+                store: SqlIncidentStore) -> Route:
     """Decide where `sched`'s notices go (reads bindings and recovery results through `store`; writes nothing)."""
     if sched.app_id:
         how = ("its creator's Feishu binding frozen when it was created" if sched.creator_binding_id

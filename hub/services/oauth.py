@@ -22,13 +22,14 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Mapping
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from mcp.shared.auth import OAuthClientMetadata
 from pydantic import ValidationError
 
 from ..clock import Clock, utc
-from ..errors import Unauthorized
+from ..domain.timeline import safe_next
+from ..errors import Invalid, Unauthorized
 from ..ids import new_id
 from ..store.db import Connection, Database
 from ..store.tokens import SqlOAuthStore
@@ -389,15 +390,19 @@ class OAuthService:
 
     # ------------------------------------------------------------------ signing in on the approval page
 
-    async def issue_login_link(self, principal_id: str, base_url: str) -> str:
+    async def issue_login_link(self, principal_id: str, base_url: str, next_path: str | None = None) -> str:
         """Return a one-time sign-in link for the approval page (10 minutes); the Feishu bot sends it to a bound
-        user."""
+        user. With `next_path` (only a timeline page of this hub: `safe_next`), signing in lands there."""
+        if next_path is not None and safe_next(next_path) is None:
+            raise Invalid(f"a sign-in link can land only on a timeline page (/timeline/tasks/ID or "
+                          f"/timeline/turns/ID), not {next_path[:100]!r}")
         code = secrets.token_urlsafe(24)
         now = self.clock.now()
         async with self.db.write() as conn:
             await self.store.add_login(conn, hash_secret(code), "link", principal_id, expires_at=now + self.login_ttl,
                                        now=now)
-        return f"{base_url.rstrip('/')}/oauth/login?code={code}"
+        link = f"{base_url.rstrip('/')}/oauth/login?code={code}"
+        return f"{link}&next={quote(next_path, safe='/')}" if next_path else link
 
     async def redeem_login(self, code: str) -> tuple[str, str]:
         """Spend a login link; return (browser session secret, principal name)."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..clock import Clock
 from ..config import OAuthSettings
+from ..domain.durations import duration_text
 from ..domain.rate import WindowLimit
 from .oauth import OAuthError, OAuthService
 
@@ -49,8 +50,8 @@ class ClientRegistration:
             if wait is not None:
                 raise RegistrationLimited(
                     f"{address or 'this address'} registered {self.settings.register_per_minute} clients in the "
-                    f"last minute (oauth.register_per_minute); retry in {wait:.0f} s, or reuse a client you "
-                    "registered", wait)
+                    f"last minute (oauth.register_per_minute); retry in {duration_text(max(1, round(wait)))}, or "
+                    "reuse a client you registered", wait)
         await self.prune_if_due(now)
         return await self.oauth.register(body)
 

@@ -109,8 +109,10 @@ class OutboxWorker:
             for r in rows:
                 app = apps.get(r.app_id)
                 state = rules.AppState(app.admin_open_id, app.delivery_state) if app else None
+                # A retry's own earlier slot is not counted against it: it retakes that slot, it takes no new one.
+                taken = slots.get((r.app_id, r.recipient or (app.admin_open_id if app else None)), {})
                 g = rules.gate(r.kind, r.recipient, r.timezone, state,
-                               slots.get((r.app_id, r.recipient or (app and app.admin_open_id)), []), now, self.n)
+                               [at for nid, at in taken.items() if nid != r.id], now, self.n)
                 if g.action != "send":
                     gated.append((r, g, app))
                     continue
@@ -120,7 +122,7 @@ class OutboxWorker:
                 slot = None
                 if r.kind in rules.NEW_KINDS:
                     values["slot_at"] = slot = now
-                    slots.setdefault((r.app_id, recipient), []).append(now)
+                    slots.setdefault((r.app_id, recipient), {})[r.id] = now
                 leases.append(NoticeClaim(notice_id=r.id, recipient=recipient,
                                           first_attempt_at=values["first_attempt_at"], slot_at=slot))
                 claimed.append(_Claim(r, values))
@@ -130,14 +132,16 @@ class OutboxWorker:
                 await self._gated(conn, r, g, app, now)
         return claimed
 
-    async def _slots(self, conn: Connection, rows: list[Row], now: datetime) -> dict:
+    async def _slots(self, conn: Connection, rows: list[Row],
+                     now: datetime) -> dict[tuple[str, str | None], dict[str, datetime]]:
+        """Map (application, recipient) to the notices holding a new-message slot in the window, and when."""
         since = now - timedelta(seconds=self.n.rate_window_s)
         app_ids = {r.app_id for r in rows if r.kind in rules.NEW_KINDS}
         if not app_ids:
             return {}
-        out: dict = {}
-        for a, rcp, at in await self.outbox.slots_since(conn, app_ids, since):
-            out.setdefault((a, rcp), []).append(utc(at))
+        out: dict[tuple[str, str | None], dict[str, datetime]] = {}
+        for a, rcp, nid, at in await self.outbox.slots_since(conn, app_ids, since):
+            out.setdefault((a, rcp), {})[nid] = utc(at) or at
         return out
 
     async def _gated(self, conn: Connection, r: Row, g: rules.Gate, app: Row | None, now: datetime) -> None:

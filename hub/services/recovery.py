@@ -1,8 +1,9 @@
 """Creator recovery on upgrade (`amux db recover-creators`): bind existing schedules, record every outcome.
 
 Rules (see docs/recovery.md and `hub.domain.recovery`):
-- Idempotent: the cutoff is the time of the first real run and is reused by every later run; an outcome
-  is recorded once per schedule and never revisited, so a second run writes nothing.
+- The cutoff is the upgrade's time, recorded by migration 0024 when it ran (never later than the first real
+  run's, which every later run reuses): a schedule created after the upgrade is never recovered.
+- Idempotent: an outcome is recorded once per schedule and never revisited, so a second run writes nothing.
 - `dry_run` decides with the recorded cutoff (or now) and writes nothing.
 - Hydration only: a bound schedule gets its binding and application, its incidents get the application
   and creator, and its already-reconciled firings are marked decided so the alert catch-up never turns
@@ -50,7 +51,11 @@ class RecoveryService:
 
     async def _run(self, conn: Connection, now: datetime, *, dry_run: bool) -> dict:
         first = await self.store.first_run(conn)
-        cutoff = utc(first.cutoff) if first is not None else now
+        cutoff: datetime = (utc(first.cutoff) or now) if first is not None else now
+        source = "first_run" if first is not None else "now"
+        upgraded = utc(await self.store.upgrade_cutoff(conn))
+        if upgraded is not None and upgraded <= cutoff:
+            cutoff, source = upgraded, "upgrade"
         recorded = await self.store.results(conn)
         rows = await self.store.every_schedule(conn)
         ctx = await self._context(conn, rows)
@@ -75,7 +80,8 @@ class RecoveryService:
             await self.store.insert_run(conn, run_id, cutoff, now, counts)
             for row, v in new:
                 await self._record(conn, run_id, row, v, now)
-        return {"cutoff": iso(cutoff), "cutoff_recorded": first is not None, "dry_run": dry_run, "run_id": run_id,
+        return {"cutoff": iso(cutoff), "cutoff_recorded": first is not None,
+                "cutoff_source": source, "dry_run": dry_run, "run_id": run_id,
                 "counts": counts, "schedules": report}
 
     async def _context(self, conn: Connection, rows: list[Row]) -> dict:

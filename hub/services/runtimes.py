@@ -16,6 +16,7 @@ from ..config import ExecutionSettings
 from ..domain import isolation
 from ..domain import memory as memory_rules
 from ..domain.events import clean_usage, project
+from ..domain.timeline import raw_payload
 from ..domain.tasks import RUNTIME_LOST, Status, is_terminal
 from ..errors import AmuxError, Conflict, Forbidden, Invalid, NotFound
 from ..ids import new_id
@@ -24,6 +25,7 @@ from ..store.db import Connection, Database, Row
 from ..store.execution_uids import SqlExecutionUidStore
 from ..store.runtimes import RegistrationRace, SqlRuntimeStore
 from ..store.tasks import SqlTaskStore, event_rows
+from ..store.timeline import SqlTimelineStore, timeline_rows
 from .auth import AuthService, Caller, RunToken
 from .credentials import CredentialService
 from .dispatch import Dispatcher
@@ -48,6 +50,7 @@ class _Effects:
     # reports of one run (accepted, events, finished), and the run is read once (None: not this runtime's).
     held: dict[tuple[str, int], SimpleNamespace | None] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)  # event rows not inserted yet (`event_rows`)
+    timeline: list[dict[str, Any]] = field(default_factory=list)  # Agent Timeline rows not inserted yet
     stale: set[tuple[str, int]] = field(default_factory=set)  # reports of attempts that no longer hold their task
     # Runs the batch ended (their reservations released and run tokens revoked by `_write_pending`, one statement
     # each for the batch), and those of them whose task row it wrote terminal.
@@ -267,7 +270,8 @@ class RuntimeService:
                 replies.append(p.Ack(task_id=msg.task_id, rseq=msg.rseq, drop=not ok).model_dump())
             elif isinstance(msg, p.Steered):
                 # Taken by the running turn, or back to the mailbox for a later wake.
-                await self.store.settle_steer(conn, msg.steer_id, msg.task_id, msg.delivered, now)
+                await self.store.settle_steer(conn, msg.steer_id, msg.task_id, msg.delivered, now,
+                                              note=msg.reason)
             if isinstance(msg, (p.Events, p.Finished)) and fx.held.get((msg.task_id, msg.attempt)) is None:
                 fx.stale.add((msg.task_id, msg.attempt))
         await self._record_stale(conn, runtime_id, fx, now)
@@ -344,7 +348,8 @@ class RuntimeService:
         batch, after their task rows: the order every writer takes them in); and on runs that did not finish in it
         their start (the task row, then its reservation) and their event counters."""
         await self.tasks.insert_event_rows(conn, fx.events)
-        fx.events = []
+        await SqlTimelineStore.insert(conn, fx.timeline)
+        fx.events, fx.timeline = [], []
         await self.tasks.release_reservations(conn, fx.finished, now)
         if self.auth is not None:
             await self.auth.revoke_runs(conn, fx.ended)  # the children's AMUX_TOKENs end with their runs
@@ -383,10 +388,13 @@ class RuntimeService:
         last = row.last_rseq
         usage = row.usage_json
         new: list[tuple[str, dict[str, Any]]] = []
+        raw: list[tuple[int, str, Any]] = []
         for ev in msg.events:
             if ev.rseq <= last:
                 continue
             last = ev.rseq
+            if ev.type != "usage":  # the Agent Timeline: what the agent did, raw (secrets cut); usage is the run's
+                raw.append((ev.rseq, ev.type, raw_payload(ev.payload)))
             payload = project(ev.type, ev.payload)
             if payload is None:
                 continue
@@ -397,6 +405,7 @@ class RuntimeService:
             new.append((ev.type, payload))
         if new:
             fx.changed.add(row.id)
+        fx.timeline += timeline_rows(row.id, raw, now)
         if last != row.last_rseq:  # new events, or resends skipped up to a later runner sequence
             fx.events += event_rows(row.id, new, now, event_seq=row.event_seq)  # inserted at the end of the batch
             row.event_seq, row.last_rseq, row.usage_json = row.event_seq + len(new), last, usage

@@ -5,10 +5,11 @@ Used by every reader: REST and MCP (`ScheduleService`), the Feishu bot's persona
 
 - The frozen creator: only schedules whose `creator_id` is the caller's principal (an admin token sees
   everyone's over REST/MCP/CLI, as before; a Feishu operator never acts as admin).
-- A Feishu operator (a Caller made from an identity binding, `Viewer.caller()`) additionally needs:
-  its own binding still active (current access), the application scope (a schedule frozen to another
-  application is not shown; one frozen to no application is visible only through the creator principal's own
-  linked identities), and the schedule's creator binding, if it has one, still active.
+- A Feishu operator (a Caller made from an identity binding, `Viewer.caller()`) additionally needs, each a
+  check of its own (the seed's four): its own binding still active, the application scope (only schedules
+  frozen to this application), an active identity binding of the schedule (its creator binding, still
+  active: a schedule recovery left unbound, or made with no binding, is never shown in Feishu), and execution
+  access (the principal's execution access not revoked: `amux identity execution NAME --revoke`).
 
 The decision is a `Visibility` value; the store applies it as a filter, so lists and pages stay in the database.
 """
@@ -18,7 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import NotFound
-from ..store.db import Connection, Database, Row
+from ..store.db import Connection, Database
+from ..store.records import ScheduleRecord
+from ..store.ports import ScheduleStore
 from ..store.schedules import SqlScheduleStore, Visibility
 
 FEISHU = "feishu:"
@@ -50,7 +53,7 @@ class ScheduleAccess:
     """Decide which schedules a caller may see and act on (the one decision)."""
 
     def __init__(self, db: Database) -> None:
-        self.store = SqlScheduleStore(db)
+        self.store: ScheduleStore = SqlScheduleStore(db)
 
     async def visibility(self, conn: Connection, caller: Any, *, include_deleted: bool = False,
                          everyone: bool = False) -> Visibility:
@@ -70,11 +73,13 @@ class ScheduleAccess:
         active = {b.id: b.app_id for b in await self.store.active_bindings(conn, principal_id)}
         if active.get(scope.binding_id) != scope.app_id:  # its own binding was revoked (or is not this app's)
             return Visibility(creator_id=principal_id, nothing=True)
+        if not await self.store.execution_access(conn, principal_id):
+            return Visibility(creator_id=principal_id, nothing=True)
         return Visibility(creator_id=principal_id, app_id=scope.app_id, creator_bindings=frozenset(active),
                           include_deleted=include_deleted)
 
     async def schedule(self, conn: Connection, caller: Any, schedule_id: str, *, lock: bool = False,
-                       include_deleted: bool = False) -> Row:
+                       include_deleted: bool = False) -> ScheduleRecord:
         """Return a schedule the caller may read and control (an admin token: anyone's), or refuse with NotFound;
         `lock` holds its row until the transaction ends."""
         v = await self.visibility(conn, caller, include_deleted=include_deleted, everyone=True)

@@ -66,6 +66,7 @@ class ScheduleLine:
     paused: bool
     next_fire_at: datetime | None
     last_state: str | None
+    timezone: str = "UTC"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +108,8 @@ class ResultPage:
     firing: FiringLine | None = None
     text: str = ""
     error: str = ""
+    timezone: str = "UTC"
+    task_id: str = ""  # the firing's Task (its Agent Timeline: /timeline/tasks/{task_id})
 
 
 def failing(latest_first: list[Any]) -> int:

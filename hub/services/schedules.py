@@ -9,12 +9,14 @@ from typing import Any, Callable
 from ..clock import Clock, iso, utc
 from ..config import FeishuSettings, SchedulesSettings
 from ..domain import schedule_rules as rules
+from ..domain.choices import CHOICES
 from ..domain.states import BindingStatus
 from ..errors import Invalid
 from ..ids import new_id
 from ..store.db import Connection, Database
 from ..store.firings import SqlFiringStore
 from ..store.incidents import SqlIncidentStore
+from ..store.ports import ScheduleStore
 from ..store.schedules import SqlScheduleStore
 from .admission import Admission, SubmitRequest
 from .auth import Caller
@@ -22,11 +24,10 @@ from .delegation import delegation_parent
 from .notice_route import route
 from .schedule_access import ScheduleAccess
 from .schedule_ports import SessionPort
+from .views import ScheduleNotifications, ScheduleView
 from .schedule_views import ResultPage, ScheduleCard, ScheduleLine, SchedulePage, Summary, failing, firing_line
 
 TYPES = ("subtask", "session-prompt")
-CHOICES = ("profile", "runtime", "model", "reasoning_effort", "extra_args", "permission_policy",
-           "credential_profile", "timeout_s")
 NOTIFY = ("failures", "all", "none")
 OVERLAP = ("allow", "skip", "replace")
 OVERLAP_SESSION = ("overlap applies to subtask schedules: a session-prompt's Turns already queue in their Session one "
@@ -37,7 +38,9 @@ NO_SESSIONS = ("session-prompt schedules need Sessions, which this hub does not 
 
 @dataclass(kw_only=True)
 class ScheduleSpec:
-    """What a caller asks for; every field may be omitted on update (None = keep)."""
+    """What a caller asks for; every field may be omitted on update (None = keep). The execution choices are
+    `hub.domain.choices.ExecutionChoices`' fields, checked by admission against its bounds at create, update and
+    each fire."""
 
     name: str | None = None
     prompt: str | None = None
@@ -93,7 +96,7 @@ class ScheduleService:
         self.admission = admission
         self.sessions = sessions
         self.on_changed = on_changed or (lambda: None)
-        self.store = SqlScheduleStore(db)
+        self.store: ScheduleStore = SqlScheduleStore(db)
         self.firings = SqlFiringStore(db)
         self.access = ScheduleAccess(db)
         self.firing: Any = None  # ScheduleFiring, wired by the app (run_now fires through the same loop code)
@@ -209,11 +212,12 @@ class ScheduleService:
     # ------------------------------------------------------------ commands
 
     async def create(self, caller: Caller, spec: ScheduleSpec, *, source: str = "mcp",
-                     card_receipt: dict[str, Any] | None = None) -> dict:
+                     card_receipt: dict[str, Any] | None = None) -> ScheduleView:
         """Create a schedule; the creator and provenance are frozen from the authenticated caller (`card_receipt`:
         a Feishu schedule form's card action, whose binding becomes the frozen creator binding)."""
         spec = ScheduleSpec(**asdict(spec))
         spec.schedule_type = spec.schedule_type or "subtask"
+        zone_given = bool(spec.timezone)
         spec.timezone = spec.timezone or self.settings.default_timezone
         if spec.name is None and isinstance(spec.prompt, str):
             spec.name = " ".join(spec.prompt.split())[:60] or None
@@ -232,6 +236,8 @@ class ScheduleService:
                 binding_id, app_id = await self.turn_attribution(conn, caller, provenance)
             if binding_id is None and "turn_id" not in provenance:
                 binding_id, app_id = await self.binding_attribution(conn, caller, provenance)
+            elif app_id is not None and not zone_given:
+                first = await self._chat_timezone(conn, spec, values, provenance, app_id, now) or first
             await self.store.insert(conn, {
                 "id": sid, "creator_id": caller.principal_id, "creator_binding_id": binding_id, "app_id": app_id,
                 "provenance": provenance, "type": spec.schedule_type, "paused": False,
@@ -239,7 +245,25 @@ class ScheduleService:
         self.on_changed()
         return await self.get(caller, sid)
 
-    async def update(self, caller: Caller, schedule_id: str, spec: ScheduleSpec) -> dict:
+    async def _chat_timezone(self, conn: Connection, spec: ScheduleSpec, values: dict[str, Any],
+                             provenance: dict[str, Any], app_id: str, now: datetime) -> datetime | None:
+        """A schedule made from a Feishu chat (a Turn's or a form's receipt) naming no timezone takes its
+        application's `timezone`: rule, first fire and quiet hours follow it. Return the new first fire time."""
+        zone = next((a.timezone for a in (self.feishu.apps if self.feishu is not None else []) if a.app_id == app_id),
+                    None) or await self.store.app_timezone(conn, app_id)  # the console's own application
+        if not zone or zone == spec.timezone:
+            return None
+        rule = rules.parse(str(spec.rule), zone)
+        first = rules.first_fire(rule, now, now)
+        if first is None:
+            raise Invalid(f"rule {spec.rule!r} has no future fire time in {zone} (the application's timezone); "
+                          f"pick a later time or pass a timezone")
+        spec.timezone = values["timezone"] = zone
+        values["rule"] = rule.text
+        provenance["timezone"] = {"basis": "app", "app_id": app_id, "timezone": zone}
+        return first
+
+    async def update(self, caller: Caller, schedule_id: str, spec: ScheduleSpec) -> ScheduleView:
         """Change a definition; given fields replace the saved ones ("" clears a choice), the rule restarts from now."""
         now = self.clock.now()
         async with self.db.read() as conn:
@@ -270,15 +294,15 @@ class ScheduleService:
         self.on_changed()
         return await self.get(caller, schedule_id)
 
-    async def pause(self, caller: Caller, schedule_id: str) -> dict:
+    async def pause(self, caller: Caller, schedule_id: str) -> ScheduleView:
         """Stop future dispatch; an already admitted Task keeps running."""
         return await self._set_paused(caller, schedule_id, True)
 
-    async def resume(self, caller: Caller, schedule_id: str) -> dict:
+    async def resume(self, caller: Caller, schedule_id: str) -> ScheduleView:
         """Dispatch again from the next future fire time (times passed while paused are not missed runs)."""
         return await self._set_paused(caller, schedule_id, False)
 
-    async def _set_paused(self, caller: Caller, schedule_id: str, paused: bool) -> dict:
+    async def _set_paused(self, caller: Caller, schedule_id: str, paused: bool) -> ScheduleView:
         now = self.clock.now()
         async with self.db.write() as conn:
             row = await self.access.schedule(conn, caller, schedule_id, lock=True)
@@ -311,16 +335,16 @@ class ScheduleService:
 
     # ------------------------------------------------------------ reads
 
-    async def get(self, caller: Caller, schedule_id: str) -> dict:
+    async def get(self, caller: Caller, schedule_id: str) -> ScheduleView:
         """Return a schedule with its saved choices as given, and where its notices go (or why they do not)."""
         async with self.db.read() as conn:
             row = await self.access.schedule(conn, caller, schedule_id)
             creator = await self.store.creator_name(conn, row.creator_id)
             apps = [a.app_id for a in self.feishu.apps] if self.feishu is not None else []
             notices = (await route(conn, row, apps, SqlIncidentStore(self.db))).view()
-        return {**self._view(row, creator), "notifications": notices}
+        return self._view(row, creator).model_copy(update={"notifications": ScheduleNotifications(**notices)})
 
-    async def list(self, caller: Caller, limit: int = 100, all_principals: bool = False) -> list[dict]:
+    async def list(self, caller: Caller, limit: int = 100, all_principals: bool = False) -> list[ScheduleView]:
         """Return the caller's schedules (an admin may ask for everyone's), newest first."""
         async with self.db.read() as conn:
             v = await self.access.visibility(conn, caller, everyone=all_principals)
@@ -328,18 +352,18 @@ class ScheduleService:
         return [self._view(r, r.creator_name) for r in rows]
 
     @staticmethod
-    def _view(row: Any, creator: str | None) -> dict:
+    def _view(row: Any, creator: str | None) -> ScheduleView:
         one_shot = row.rule.lower().startswith("at ")
-        return {
-            "schedule_id": row.id, "name": row.name, "schedule_type": row.type, "session_ref": row.session_ref,
-            "prompt": row.prompt, "rule": row.rule, "timezone": row.timezone, "one_shot": one_shot,
-            "paused": row.paused, "next_fire_at": iso(row.next_fire_at), "notify": row.notify,
-            "overlap": row.overlap,
-            "consumed": one_shot and row.next_fire_at is None and not row.paused,
-            **{k: getattr(row, k) for k in CHOICES},
-            "creator": creator, "creator_id": row.creator_id, "app_id": row.app_id,
-            "created_at": iso(row.created_at), "updated_at": iso(row.updated_at),
-        }
+        return ScheduleView(
+            schedule_id=row.id, name=row.name, schedule_type=row.type, session_ref=row.session_ref,
+            prompt=row.prompt, rule=row.rule, timezone=row.timezone, one_shot=one_shot,
+            paused=row.paused, next_fire_at=iso(row.next_fire_at), notify=row.notify, overlap=row.overlap,
+            consumed=one_shot and row.next_fire_at is None and not row.paused,
+            profile=row.profile, runtime=row.runtime, model=row.model, reasoning_effort=row.reasoning_effort,
+            extra_args=row.extra_args, permission_policy=row.permission_policy,
+            credential_profile=row.credential_profile, timeout_s=row.timeout_s,
+            creator=creator, creator_id=row.creator_id, app_id=row.app_id,
+            created_at=iso(row.created_at), updated_at=iso(row.updated_at))
 
     async def history(self, caller: Caller, schedule_id: str, cursor: int = 0, limit: int = 50) -> dict:
         """Return firings newest first: nominal time, admission, Task or Turn, reconciled outcome."""
@@ -380,7 +404,7 @@ class ScheduleService:
             for r in await self.store.visible(conn, v, limit=per_page, offset=page * per_page):
                 last = await self.firings.latest(conn, r.id)
                 items.append(ScheduleLine(schedule_id=r.id, name=r.name, rule=r.rule, paused=r.paused,
-                                          next_fire_at=r.next_fire_at,
+                                          next_fire_at=r.next_fire_at, timezone=r.timezone,
                                           last_state=firing_line(last, r.name).state if last else None))
         return SchedulePage(items=tuple(items), page=page, pages=pages, total=total)
 
@@ -401,13 +425,14 @@ class ScheduleService:
             row = await self.access.schedule(conn, caller, schedule_id)
             pages = await self.firings.count_with_task(conn, row.id)
             if not pages:
-                return ResultPage(schedule_id=row.id, name=row.name, page=0, pages=0)
+                return ResultPage(schedule_id=row.id, name=row.name, page=0, pages=0, timezone=row.timezone)
             page = min(page, pages - 1)
             f = await self.firings.nth_with_task(conn, row.id, page)
             # The Task was admitted for this schedule's frozen creator, who is the caller (checked above).
             text = await self.store.task_result_text(conn, f.task_id) if f is not None else None
-        return ResultPage(schedule_id=row.id, name=row.name, page=page, pages=pages,
-                          firing=firing_line(f, row.name) if f is not None else None, text=text or "")
+        return ResultPage(schedule_id=row.id, name=row.name, page=page, pages=pages, timezone=row.timezone,
+                          firing=firing_line(f, row.name) if f is not None else None, text=text or "",
+                          task_id=(f.task_id or "") if f is not None else "")
 
 
 def firing_view(f: Any) -> dict:

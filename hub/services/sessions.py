@@ -211,7 +211,7 @@ class SessionService:
             row = await self.store.turn(conn, turn_id)
             if row is None or (row.owner_id != caller.principal_id and not caller.admin):
                 raise NotFound(f"turn {turn_id!r} does not exist or is not yours")
-            view = await self.tasks.view_of(conn, row)
+            view = (await self.tasks.view_of(conn, row)).wire()
             question = question_view(await self.questions.of_turn(conn, turn_id))
         if question is not None:
             view["question"] = question

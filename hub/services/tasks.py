@@ -12,6 +12,7 @@ from ..config import ExecutionSettings, HubSettings
 from ..domain import isolation
 from ..domain.pages import MAX_TASKS, page_limit
 from ..domain.tasks import Status, is_terminal
+from ..domain.timeline import page_path
 from ..errors import Conflict, Invalid, NotFound, TooMany
 from ..ids import new_id
 from ..store.db import Connection, Database, Row
@@ -19,11 +20,14 @@ from ..store.execution_uids import SqlExecutionUidStore
 from ..store.questions import SqlQuestionStore
 from ..store.runtimes import SqlRuntimeStore
 from ..loops import Tasks
+from ..store.ports import TaskStore
+from ..store.records import TaskRunRecord
 from ..store.tasks import QueuedTask, SqlTaskStore
 from .admission import Admission, SubmitRequest
 from .auth import Caller
 from .delegation import SESSION_LABEL, delegation_parent
 from .notify import Notifier
+from .views import ChangedFiles, TaskResult, TaskView
 
 # A coordinating parent agent is not woken for pure tool or usage updates (seed: coordination wait).
 QUIET_FOR_COORDINATION = ("tool", "usage")
@@ -45,7 +49,7 @@ class QueueAdmitter:
     per-principal queue limit, then the insert (`QueuedTask`), in the caller's transaction."""
 
     def __init__(self, db: Database, settings: HubSettings) -> None:
-        self.store = SqlTaskStore(db)
+        self.store: TaskStore = SqlTaskStore(db)
         self.settings = settings
 
     async def admit(self, conn: Connection, batch: list[Admit]) -> dict[int, TooMany]:
@@ -140,7 +144,7 @@ class TaskService:
                  execution: ExecutionSettings | None = None) -> None:
         self.db = db
         self.execution = execution or ExecutionSettings()
-        self.store = SqlTaskStore(db)
+        self.store: TaskStore = SqlTaskStore(db)
         self.runtimes = SqlRuntimeStore(db)
         self.clock = clock
         self.notifier = notifier
@@ -164,42 +168,43 @@ class TaskService:
         """Stop admitting (a submission still waiting for its commit is cancelled)."""
         await self._admitter.background.aclose()
 
-    async def _row(self, conn: Connection, caller: Caller, task_id: str) -> Row:
+    async def _row(self, conn: Connection, caller: Caller, task_id: str) -> TaskRunRecord:
         row = await self.store.get(conn, task_id)
         if row is None or (row.owner_id != caller.principal_id and not caller.admin) or row.kind != "task":
             raise NotFound(NOT_YOURS.format(task_id=task_id))
         return row
 
-    async def get(self, caller: Caller, task_id: str) -> dict:
+    async def get(self, caller: Caller, task_id: str) -> TaskView:
         """Return a task's public view."""
         async with self.db.read() as conn:
             return await self.view_of(conn, await self._row(conn, caller, task_id))
 
-    async def view_of(self, conn: Connection, row: Row) -> dict:
-        """Return the public view of a task row the caller may already see."""
+    async def view_of(self, conn: Connection, row: TaskRunRecord | Row) -> TaskView:
+        """Return the public view of a run (a Task, or a Turn's row) the caller may already see."""
         runtime_name = None
         if row.runtime_id:
             runtime_name = await self.runtimes.name_of(conn, row.runtime_id)
         done = is_terminal(row.status)
-        return {
-            "task_id": row.id,
-            "name": row.name,
-            "status": row.status,
-            "outcome": row.outcome,
-            "result": {"text": row.result_text or "", "json": row.result_json} if done else None,
-            "usage": row.usage_json,
-            "changed_files": row.changed_files or {"created": [], "modified": [], "deleted": []},
-            "error": row.error,
-            "runtime": runtime_name,
-            "snapshot": row.snapshot,
+        return TaskView(
+            task_id=row.id,
+            name=row.name,
+            status=row.status,
+            outcome=row.outcome,
+            result=TaskResult(text=row.result_text or "", json=row.result_json) if done else None,
+            usage=row.usage_json,
+            changed_files=ChangedFiles(**(row.changed_files or {})),
+            error=row.error,
+            runtime=runtime_name,
+            snapshot=row.snapshot,
             **await self._provenance(conn, row),
-            "waiting_for": await self._waiting_for(conn, row) if row.status == Status.QUEUED.value else None,
-            "created_at": _iso(row.created_at),
-            "started_at": _iso(row.started_at),
-            "finished_at": _iso(row.finished_at),
-        }
+            waiting_for=await self._waiting_for(conn, row) if row.status == Status.QUEUED.value else None,
+            created_at=_iso(row.created_at),
+            started_at=_iso(row.started_at),
+            finished_at=_iso(row.finished_at),
+            timeline_page=page_path(row.kind, row.id),
+        )
 
-    async def _provenance(self, conn: Connection, row: Row) -> dict[str, str | None]:
+    async def _provenance(self, conn: Connection, row: TaskRunRecord | Row) -> dict[str, str | None]:
         """Where the task came from: the Session and Turn that delegated it, its instance, the schedule firing."""
         firing = None
         if row.snapshot.get("origin") in (None, "schedule"):  # only a schedule's firing (or an older row) has one
@@ -212,7 +217,7 @@ class TaskService:
             "firing_id": firing.id if firing is not None else None,
         }
 
-    async def _waiting_for(self, conn: Connection, row: Row) -> str:
+    async def _waiting_for(self, conn: Connection, row: TaskRunRecord | Row) -> str:
         from .dispatch import waiting_for  # dispatch imports this module
 
         ex = self.execution
@@ -251,17 +256,17 @@ class TaskService:
                 return ans
             await self.notifier.wait(task_key(task_id), min(remaining, self.settings.poll_s * 4))
 
-    async def run(self, caller: Caller, req: SubmitRequest) -> dict:
+    async def run(self, caller: Caller, req: SubmitRequest) -> TaskView:
         """Submit and block until the task is terminal."""
         sub = await self.submit(caller, req, origin="run")
         return await self.wait_terminal(caller, sub["task_id"])
 
-    async def wait_terminal(self, caller: Caller, task_id: str, timeout_s: float | None = None) -> dict:
+    async def wait_terminal(self, caller: Caller, task_id: str, timeout_s: float | None = None) -> TaskView:
         """Block until `task_id` is terminal (or `timeout_s`), then return its view."""
         deadline = None if timeout_s is None else _monotonic() + timeout_s
         while True:
             view = await self.get(caller, task_id)
-            if is_terminal(view["status"]) or (deadline is not None and _monotonic() >= deadline):
+            if is_terminal(view.status) or (deadline is not None and _monotonic() >= deadline):
                 return view
             wait = self.settings.poll_s * 4
             if deadline is not None:
@@ -272,7 +277,7 @@ class TaskService:
         """Cancel a task: at once when not yet running, else through its runner."""
         now = self.clock.now()
 
-        async def cancel(conn: Connection) -> tuple[Row, Status | None]:
+        async def cancel(conn: Connection) -> tuple[TaskRunRecord, Status | None]:
             row = await self.store.get_for_update(conn, task_id)
             if row is None or (row.owner_id != caller.principal_id and not caller.admin):
                 raise NotFound(NOT_YOURS.format(task_id=task_id))
@@ -330,13 +335,13 @@ class PermissionService:
         self.db = db
         self.clock = clock
         self.notifier = notifier
-        self.store = SqlTaskStore(db)
+        self.store: TaskStore = SqlTaskStore(db)
 
     async def respond(self, caller: Caller, task_id: str, request_id: str, allow: bool, message: str = "") -> dict:
         """Record the answer to one request; the runner holding the task delivers it to the engine."""
         now = self.clock.now()
 
-        async def answer(conn: Connection) -> Row:
+        async def answer(conn: Connection) -> TaskRunRecord:
             row = await self.store.get_for_update(conn, task_id)
             if row is None or (row.owner_id != caller.principal_id and not caller.admin):
                 raise NotFound(NOT_YOURS.format(task_id=task_id))

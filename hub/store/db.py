@@ -642,6 +642,18 @@ def upgrade_sync(url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
+async def schema_lag(db: "Database") -> tuple[tuple[str, ...], str] | None:
+    """Return (the database's revisions, the code's head) when the schema is not at the head, else None (reads only:
+    nothing is created or upgraded)."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config(db.url)).get_current_head() or ""
+    async with db.read() as conn:
+        current = await conn.run_sync(lambda c: tuple(sorted(MigrationContext.configure(c).get_current_heads())))
+    return None if current == (head,) else (current, head)
+
+
 async def upgrade(url: str, revision: str = "head", attempts: int = 10) -> None:
     """Apply migrations without blocking the running event loop; retry while the database cannot be reached
     (a replica starting while PostgreSQL restarts waits for it instead of dying)."""

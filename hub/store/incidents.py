@@ -222,6 +222,27 @@ class SqlIncidentStore:
             card_message_id=None, card_sent_at=None, acked_at=None, acked_by=None, ack_comment=None,
             snoozed_until=None, updated_at=now))
 
+    async def route_candidates(self, conn: Connection) -> list[Row]:
+        """Return the active incidents (`id`, `schedule_id`, `app_id`) whose schedule's notice route may have moved:
+        its schedule is frozen to another application than the incident's, or is not frozen and its creator now
+        has an active binding in another application (what `notice_route.route` follows)."""
+        elsewhere = sa.exists().where(identity_bindings.c.principal_id == incidents.c.creator_id,
+                                      identity_bindings.c.status == BindingStatus.ACTIVE,
+                                      identity_bindings.c.app_id != incidents.c.app_id)
+        return list((await conn.execute(
+            sa.select(incidents.c.id, incidents.c.schedule_id, incidents.c.app_id)
+            .select_from(incidents.join(schedules, schedules.c.id == incidents.c.schedule_id))
+            .where(incidents.c.active_key.is_not(None),
+                   sa.or_(schedules.c.app_id != incidents.c.app_id,
+                          sa.and_(schedules.c.app_id.is_(None), elsewhere))))).all())
+
+    async def move(self, conn: Connection, incident_id: str, app_id: str, now: datetime) -> None:
+        """Move the incident to `app_id`, forgetting its card and what was the old recipient's (acknowledgement,
+        snooze); execution state, counts and creator stay."""
+        await conn.execute(incidents.update().where(incidents.c.id == incident_id).values(
+            app_id=app_id, card_message_id=None, card_sent_at=None, acked_at=None, acked_by=None, ack_comment=None,
+            snoozed_until=None, updated_at=now))
+
     async def in_app(self, conn: Connection, incident_id: str, app_id: str) -> bool:
         """Say whether `incident_id` exists and belongs to `app_id`."""
         return (await conn.execute(sa.select(incidents.c.id).where(
@@ -334,11 +355,14 @@ class SqlOutboxStore:
         return list((await conn.execute(self.db.for_update(stmt, skip_locked=True))).all())
 
     async def slots_since(self, conn: Connection, app_ids: Iterable[str],
-                          since: datetime) -> list[tuple[str, str | None, datetime]]:
-        """Return the new-message slots (application, recipient, when) taken after `since` in `app_ids`."""
-        rows = (await conn.execute(sa.select(outbox.c.app_id, outbox.c.recipient, outbox.c.slot_at).where(
-            outbox.c.app_id.in_(sorted(set(app_ids))), outbox.c.slot_at > since))).all()
-        return [(a, r, at) for a, r, at in rows]
+                          since: datetime) -> list[tuple[str, str | None, str, datetime]]:
+        """Return the new-message slots (application, recipient, notice id, when) taken after `since` in `app_ids`.
+
+        The notice id lets a retry leave its own earlier slot out of the count: one notice holds one slot.
+        """
+        rows = (await conn.execute(sa.select(outbox.c.app_id, outbox.c.recipient, outbox.c.id, outbox.c.slot_at)
+                                   .where(outbox.c.app_id.in_(sorted(set(app_ids))), outbox.c.slot_at > since))).all()
+        return [(a, r, nid, at) for a, r, nid, at in rows]
 
     async def claim(self, conn: Connection, notice_id: str, *, worker: str, until: datetime, recipient: str,
                     first_attempt_at: datetime, slot_at: datetime | None) -> None:
@@ -475,6 +499,21 @@ class SqlOutboxStore:
         """Retire every pending notice of the application, dropping their claims (the recipient changed)."""
         await conn.execute(outbox.update().where(outbox.c.app_id == app_id, outbox.c.state == LIVE)
                            .values(state=NoticeState.RETIRED, claimed_by=None, claimed_until=None))
+
+    async def live_of_route(self, conn: Connection, app_id: str, incident_id: str, schedule_id: str) -> list[Row]:
+        """Return the pending notices (claimed ones too) that `app_id` holds for one incident and for its schedule's
+        receipts: what a move of the schedule's notice route to another application retires."""
+        return list((await conn.execute(sa.select(outbox).where(
+            outbox.c.app_id == app_id, outbox.c.state == LIVE,
+            sa.or_(outbox.c.incident_id == incident_id,
+                   sa.and_(outbox.c.incident_id.is_(None), outbox.c.schedule_id == schedule_id,
+                           outbox.c.kind == "receipt"))))).all())
+
+    async def retire_many(self, conn: Connection, notice_ids: Sequence[str]) -> None:
+        """Retire these pending notices, dropping their claims (their recipient changed)."""
+        if notice_ids:
+            await conn.execute(outbox.update().where(outbox.c.id.in_(list(notice_ids)), outbox.c.state == LIVE)
+                               .values(state=NoticeState.RETIRED, claimed_by=None, claimed_until=None))
 
     async def of_incident(self, conn: Connection, incident_id: str) -> list[Row]:
         """Return the incident's notices (`id`, `kind`, `state`, `last_error`, `message_id`), oldest first."""

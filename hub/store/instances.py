@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import sqlalchemy as sa
 
 from ..domain.states import MailState
+from ..domain.tasks import ACTIVE
 from .db import Connection, Database, Row
 from .tables import instances, mailbox, task_runs
 
@@ -24,6 +25,15 @@ class Mail:
 class CurrentRun:
     """What an instance needs to know of its current run: its status and the runtime it is placed on."""
 
+    status: str
+    runtime_id: str | None
+
+
+@dataclass(frozen=True)
+class OwnerRun:
+    """One unfinished owner TaskRun of an instance: queued, dispatched or running."""
+
+    id: str
     status: str
     runtime_id: str | None
 
@@ -71,6 +81,17 @@ class SqlInstanceStore:
                                   .where(task_runs.c.id == task_id))).first()
         return None if row is None else CurrentRun(row.status, row.runtime_id)
 
+    async def unfinished_runs(self, conn: Connection, instance_id: str) -> list[OwnerRun]:
+        """Return every owner TaskRun of the instance not yet terminal, oldest first.
+
+        An instance can own several at once (a followup while one runs queues behind it in the child session);
+        status, interrupt and archive account for all of them, not only the newest (`current_task_id`).
+        """
+        rows = (await conn.execute(sa.select(task_runs.c.id, task_runs.c.status, task_runs.c.runtime_id).where(
+            task_runs.c.instance_id == instance_id, task_runs.c.status.in_([s.value for s in ACTIVE]))
+            .order_by(task_runs.c.turn_seq, task_runs.c.id))).all()
+        return [OwnerRun(r.id, r.status, r.runtime_id) for r in rows]
+
     async def queued_mail(self, conn: Connection, instance_id: str) -> list[Mail]:
         """Return the instance's queued mailbox input, oldest first: the order it goes ahead of the next prompt."""
         rows = (await conn.execute(sa.select(mailbox.c.id, mailbox.c.text).where(
@@ -101,6 +122,10 @@ class SqlInstanceStore:
     async def mail_state(self, conn: Connection, message_id: str) -> str | None:
         """Return the message's state (queued, pending, delivered, unknown), or None when there is no such one."""
         return (await conn.execute(sa.select(mailbox.c.state).where(mailbox.c.id == message_id))).scalar()
+
+    async def mail_note(self, conn: Connection, message_id: str) -> str | None:
+        """Return why a steer was queued rather than delivered (the runner's reason), or None."""
+        return (await conn.execute(sa.select(mailbox.c.note).where(mailbox.c.id == message_id))).scalar()
 
     async def give_up_steer(self, conn: Connection, message_id: str, now: datetime) -> bool:
         """Mark a steer that is still pending as unknown (never queued); False when its runner settled it first."""

@@ -38,7 +38,7 @@ _LEASE_WITH_BOXES = HotRead(
 def _page_of_open_tasks(direction: str) -> sa.Select:
     """Build the Boxes page's one statement: a page of an owner's open tasks (keyed on last activity, id), their
     live boxes, and the count of all the owner's open tasks (kept on a row of its own when the page is empty).
-    Its columns, in the order `open_tasks_page` unpacks them: the count, the task's six, the box's five."""
+    Its columns, in the order `open_tasks_page` unpacks them: the count, the task's six, the box's six."""
     t, b = lease_tasks.c, boxes.c
     mine = (t.owner_id == sa.bindparam("owner_id")) & (t.status == "open")
     page = sa.select(t.id, t.name, t.holder_label, t.secret_hash.is_not(None).label("held"), t.attached_at,
@@ -56,7 +56,8 @@ def _page_of_open_tasks(direction: str) -> sa.Select:
                       .label("open_tasks")).subquery("total")
     return (sa.select(total.c.open_tasks, p.c.id, p.c.name, p.c.holder_label, p.c.held, p.c.attached_at,
                       p.c.last_activity_at, b.id.label("box_id"), b.name.label("box_name"),
-                      b.driver.label("box_driver"), b.state.label("box_state"), b.created_at.label("box_created_at"))
+                      b.driver.label("box_driver"), b.state.label("box_state"), b.created_at.label("box_created_at"),
+                      b.handle.label("box_handle"))
             .select_from(total.outerjoin(p, sa.true()).outerjoin(boxes, (b.task_id == p.c.id) & _live(b.state)))
             .order_by(p.c.last_activity_at.desc(), p.c.id.desc(), b.created_at, b.id))
 
@@ -90,7 +91,7 @@ class PageTask(NamedTuple):
 
 
 class PageBox(NamedTuple):
-    """A live box as the Boxes page shows it (no driver handle)."""
+    """A live box as the Boxes page shows it; its driver handle only tells whether it still runs, and is never shown."""
 
     id: str
     task_id: str
@@ -98,6 +99,7 @@ class PageBox(NamedTuple):
     driver: str
     state: str
     created_at: datetime
+    handle: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -245,13 +247,13 @@ class SqlLeaseStore:
         rows = (await conn.execute(stmt, params)).all()
         tasks: dict[str, PageTask] = {}
         found: list[PageBox] = []
-        for _, tid, name, holder, held, attached, active, box_id, box_name, driver, state, created in rows:
+        for _, tid, name, holder, held, attached, active, box_id, box_name, driver, state, created, handle in rows:
             if tid is None:
                 continue
             if tid not in tasks:
                 tasks[tid] = PageTask(tid, name, holder, bool(held), attached, active)
             if box_id is not None:
-                found.append(PageBox(box_id, tid, box_name, driver, state, created))
+                found.append(PageBox(box_id, tid, box_name, driver, state, created, handle))
         shown = list(tasks.values())
         more = len(shown) > size
         if more:  # the extra task only says there is more: it is the one furthest from where the page was read

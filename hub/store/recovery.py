@@ -12,7 +12,9 @@ from ..domain.recovery import UNBOUND
 from .db import Connection, Database, Row
 from .schedules import Visibility, visible_clause
 from .tables import (api_tokens, decisions, firings, identity_bindings, incidents, principals, recovery_results,
-                     recovery_runs, schedules)
+                     recovery_runs, schedules, upgrade_marks)
+
+UPGRADE_CUTOFF = "creator_recovery_cutoff"  # the mark migration 0024 records with the upgrade's time
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +42,11 @@ class SqlRecoveryStore:
     async def first_run(self, conn: Connection) -> Row | None:
         """Return the first recorded run (every later run reuses its cutoff), or None before any."""
         return (await conn.execute(sa.select(recovery_runs).order_by(recovery_runs.c.started_at).limit(1))).first()
+
+    async def upgrade_cutoff(self, conn: Connection) -> datetime | None:
+        """Return the upgrade's time, as the migration recorded it when it ran (None on a schema built without it)."""
+        return (await conn.execute(sa.select(upgrade_marks.c.at)
+                                   .where(upgrade_marks.c.name == UPGRADE_CUTOFF))).scalar()
 
     async def results(self, conn: Connection) -> dict[str, Row]:
         """Return every recorded outcome by schedule id (one per schedule, never revisited)."""

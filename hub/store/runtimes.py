@@ -350,12 +350,13 @@ class SqlRuntimeStore:
         return steers
 
     async def settle_steer(self, conn: Connection, steer_id: str, task_id: str, delivered: bool,
-                           now: datetime) -> None:
-        """Settle a pending steer: taken by the running turn `task_id`, or back to the mailbox (queued, no task)
-        for a later wake; a steer settled already stays as it is."""
+                           now: datetime, note: str | None = None) -> None:
+        """Settle a pending steer: taken by the running turn `task_id`, or back to the mailbox (queued, no task,
+        `note` saying why the turn could not take it) for a later wake; a steer settled already stays as it is."""
         await conn.execute(mailbox.update().where(mailbox.c.id == steer_id, mailbox.c.state == "pending")
                            .values(state="delivered" if delivered else "queued", settled_at=now,
-                                   task_id=task_id if delivered else None))
+                                   task_id=task_id if delivered else None,
+                                   note=None if delivered or not note else note[:1000]))
 
     # --- sessions a runtime serves -----------------------------------------------------------------------------
 

@@ -9,8 +9,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..domain.states import BindingStatus
-from .db import Connection, Database, Row
-from .tables import identity_bindings, incidents, principals, schedules, task_runs
+from .db import Connection, Database
+from .records import ScheduleRecord, record, records
+from .tables import feishu_apps, identity_bindings, incidents, principals, schedules, task_runs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -18,9 +19,9 @@ class Visibility:
     """Which schedules one caller may see and act on, as `hub/services/schedule_access.py` decided it.
 
     Every field narrows: `creator_id` None means any creator's (an admin asking for everyone's);
-    `app_id` keeps schedules frozen to that application or attributed to none (no application and no creator
-    binding); `creator_bindings` keeps schedules without a creator binding or with one of these; `nothing`
-    matches no schedule; deleted schedules only with `include_deleted`.
+    `app_id` keeps only schedules frozen to that application; `creator_bindings` keeps only schedules whose
+    creator binding is one of these (a schedule without one is left out); `nothing` matches no schedule;
+    deleted schedules only with `include_deleted`.
     """
 
     creator_id: str | None
@@ -48,11 +49,9 @@ def visible_clause(v: Visibility) -> sa.ColumnElement[bool]:
     if v.creator_id is not None:
         clauses.append(schedules.c.creator_id == v.creator_id)
     if v.app_id is not None:
-        clauses.append(sa.or_(schedules.c.app_id == v.app_id,
-                              sa.and_(schedules.c.app_id.is_(None), schedules.c.creator_binding_id.is_(None))))
+        clauses.append(schedules.c.app_id == v.app_id)
     if v.creator_bindings is not None:
-        clauses.append(sa.or_(schedules.c.creator_binding_id.is_(None),
-                              schedules.c.creator_binding_id.in_(sorted(v.creator_bindings))))
+        clauses.append(schedules.c.creator_binding_id.in_(sorted(v.creator_bindings)))
     if not v.include_deleted:
         clauses.append(schedules.c.deleted_at.is_(None))
     return sa.and_(sa.true(), *clauses)
@@ -70,10 +69,12 @@ class SqlScheduleStore:
         """Insert one schedule definition with the columns given (the caller validated them)."""
         await conn.execute(schedules.insert().values(**values))
 
-    async def get(self, conn: Connection, schedule_id: str, v: Visibility, *, lock: bool = False) -> Row | None:
+    async def get(self, conn: Connection, schedule_id: str, v: Visibility, *,
+                  lock: bool = False) -> ScheduleRecord | None:
         """Return the schedule when `v` admits it, else None; with `lock`, hold its row until the transaction ends."""
         stmt = sa.select(schedules).where(schedules.c.id == schedule_id, visible_clause(v))
-        return (await conn.execute(self.db.for_update(stmt) if lock else stmt)).first()
+        result = await conn.execute(self.db.for_update(stmt) if lock else stmt)
+        return record(ScheduleRecord, result.mappings().first())
 
     async def update(self, conn: Connection, schedule_id: str, values: dict[str, Any]) -> None:
         """Write the given columns of one schedule; other columns keep their values."""
@@ -84,18 +85,30 @@ class SqlScheduleStore:
         await conn.execute(schedules.update().where(schedules.c.id == schedule_id)
                            .values(deleted_at=now, next_fire_at=None, updated_at=now))
 
-    async def visible(self, conn: Connection, v: Visibility, *, limit: int | None, offset: int = 0) -> list[Row]:
+    async def visible(self, conn: Connection, v: Visibility, *, limit: int | None,
+                      offset: int = 0) -> list[ScheduleRecord]:
         """Return up to `limit` (None: all) schedules `v` admits, newest first (ties by id), each with its
         `creator_name`."""
         stmt = (sa.select(schedules, principals.c.name.label("creator_name"))
                 .outerjoin(principals, principals.c.id == schedules.c.creator_id).where(visible_clause(v))
                 .order_by(schedules.c.created_at.desc(), schedules.c.id).offset(offset).limit(limit))
-        return list((await conn.execute(stmt)).all())
+        return records(ScheduleRecord, (await conn.execute(stmt)).mappings())
 
     async def count_visible(self, conn: Connection, v: Visibility) -> int:
         """Return how many schedules `v` admits."""
         stmt = sa.select(sa.func.count()).select_from(schedules).where(visible_clause(v))
         return int((await conn.execute(stmt)).scalar() or 0)
+
+    async def execution_access(self, conn: Connection, principal_id: str) -> bool:
+        """Return whether the principal exists and its execution access is not revoked."""
+        revoked = (await conn.execute(sa.select(principals.c.execution_revoked_at)
+                                      .where(principals.c.id == principal_id))).first()
+        return revoked is not None and revoked.execution_revoked_at is None
+
+    async def set_execution_revoked(self, conn: Connection, principal_id: str, at: datetime | None) -> None:
+        """Revoke (a time) or restore (None) a principal's execution access."""
+        await conn.execute(principals.update().where(principals.c.id == principal_id)
+                           .values(execution_revoked_at=at))
 
     async def creator_name(self, conn: Connection, principal_id: str | None) -> str | None:
         """Return the name of a schedule's creator principal (None when it has none)."""
@@ -133,6 +146,10 @@ class SqlScheduleStore:
         """Return the receipt frozen in a Turn's snapshot when it was admitted ({} when it has none)."""
         snap = (await conn.execute(sa.select(task_runs.c.snapshot).where(task_runs.c.id == turn_id))).scalar() or {}
         return snap.get("receipt") or {}
+
+    async def app_timezone(self, conn: Connection, app_id: str) -> str | None:
+        """Return the timezone recorded for a Feishu application (None when the hub does not know it)."""
+        return (await conn.execute(sa.select(feishu_apps.c.timezone).where(feishu_apps.c.app_id == app_id))).scalar()
 
     # ------------------------------------------------------------ what the personal views show
 

@@ -12,6 +12,8 @@ principals = sa.Table(
     sa.Column("kind", sa.String(16), nullable=False),
     sa.Column("name", sa.String(200), nullable=False, unique=True),
     sa.Column("created_at", TS, nullable=False),
+    # set: the principal's execution access is revoked (its Feishu schedule views and actions show nothing)
+    sa.Column("execution_revoked_at", TS),
 )
 
 api_tokens = sa.Table(
@@ -108,6 +110,20 @@ task_events = sa.Table(
     sa.Column("turn_id", sa.String(40)),
     sa.Column("created_at", TS, nullable=False),
     sa.UniqueConstraint("task_id", "seq", name="uq_task_events_task_seq"),
+)
+
+# The Agent Timeline: raw agent events of one run (a Task or a Turn), keyed by the runner's sequence; swept after
+# `timeline.retention_s` (hub/services/timeline.py).
+timeline_events = sa.Table(
+    "timeline_events", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_id", sa.String(40), nullable=False),
+    sa.Column("rseq", sa.Integer, nullable=False),
+    sa.Column("type", sa.String(32), nullable=False),
+    sa.Column("payload", sa.JSON, nullable=False),
+    sa.Column("created_at", TS, nullable=False),
+    sa.UniqueConstraint("run_id", "rseq", name="uq_timeline_events_run_rseq"),
+    sa.Index("ix_timeline_events_created", "created_at"),
 )
 
 lease_tasks = sa.Table(
@@ -243,6 +259,7 @@ mailbox = sa.Table(
     sa.Column("created_at", TS, nullable=False),
     sa.Column("sent_at", TS),
     sa.Column("settled_at", TS),
+    sa.Column("note", sa.String(1000)),  # why a steer was queued rather than delivered (the runner's reason)
     sa.Index("ix_mailbox_instance_state", "instance_id", "state"),
 )
 
@@ -466,6 +483,12 @@ legacy_submissions = sa.Table(
     sa.Column("task_id", sa.String(40)),
     sa.Column("detail", sa.JSON),
     sa.Index("ix_legacy_submissions_schedule", "schedule_id", "submitted_at"),
+)
+
+upgrade_marks = sa.Table(  # times migrations recorded when they ran (`creator_recovery_cutoff`: 0024)
+    "upgrade_marks", metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("at", TS, nullable=False),
 )
 
 recovery_runs = sa.Table(

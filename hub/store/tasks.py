@@ -8,7 +8,8 @@ from typing import Any, Collection
 import sqlalchemy as sa
 
 from ..domain.tasks import ACTIVE, Status
-from .db import Connection, Database, HotRead, Row, among, insert_many, one_of, run
+from .db import Connection, Database, HotRead, among, insert_many, one_of, run
+from .records import FiringRef, TaskEventRecord, TaskLine, TaskRunRecord, record, records
 from .tables import firings, permission_replies, principals, reservations, task_events, task_runs
 
 ACTIVE_VALUES = [s.value for s in ACTIVE]
@@ -95,35 +96,37 @@ class SqlTaskStore:
                 status=Status.QUEUED.value, attempt=0, event_seq=0, last_rseq=0, created_at=t.now,
                 parent_session_id=t.parent_session_id, parent_turn_id=t.parent_turn_id) for t in tasks])
 
-    async def get(self, conn: Connection, task_id: str) -> Row | None:
+    async def get(self, conn: Connection, task_id: str) -> TaskRunRecord | None:
         """Return the run (task or turn) with every column, or None."""
-        return (await conn.execute(sa.select(task_runs).where(task_runs.c.id == task_id))).first()
+        return record(TaskRunRecord,
+                      (await conn.execute(sa.select(task_runs).where(task_runs.c.id == task_id))).mappings().first())
 
-    async def firing_of(self, conn: Connection, task_id: str) -> Row | None:
-        """Return the schedule firing that admitted the task (`id`, `schedule_id`), or None: a firing records the
-        task it created, and creates at most one."""
-        return (await conn.execute(sa.select(firings.c.id, firings.c.schedule_id)
-                                   .where(firings.c.task_id == task_id).limit(1))).first()
+    async def firing_of(self, conn: Connection, task_id: str) -> FiringRef | None:
+        """Return the schedule firing that admitted the task, or None: a firing records the task it created, and
+        creates at most one."""
+        return record(FiringRef, (await conn.execute(sa.select(firings.c.id, firings.c.schedule_id)
+                                                     .where(firings.c.task_id == task_id).limit(1))).mappings().first())
 
-    async def get_for_update(self, conn: Connection, task_id: str) -> Row | None:
+    async def get_for_update(self, conn: Connection, task_id: str) -> TaskRunRecord | None:
         """Return the run locked until the transaction ends (PostgreSQL), or None."""
-        return (await conn.execute(self.db.for_update(sa.select(task_runs).where(task_runs.c.id == task_id)))).first()
+        stmt = self.db.for_update(sa.select(task_runs).where(task_runs.c.id == task_id))
+        return record(TaskRunRecord, (await conn.execute(stmt)).mappings().first())
 
-    async def list_tasks(self, conn: Connection, owner_id: str, limit: int) -> list[Row]:
-        """Return the owner's `limit` most recent tasks (never turns), newest first: id, name, status, created_at."""
-        return list((await conn.execute(
+    async def list_tasks(self, conn: Connection, owner_id: str, limit: int) -> list[TaskLine]:
+        """Return the owner's `limit` most recent tasks (never turns), newest first."""
+        return records(TaskLine, (await conn.execute(
             sa.select(task_runs.c.id, task_runs.c.name, task_runs.c.status, task_runs.c.created_at)
             .where(task_runs.c.owner_id == owner_id, task_runs.c.kind == "task")
             .order_by(task_runs.c.created_at.desc()).limit(limit)
-        )).all())
+        )).mappings())
 
-    async def events_after(self, conn: Connection, task_id: str, cursor: int, limit: int) -> list[Row]:
-        """Return up to `limit` events with `seq` > `cursor`, in sequence order: seq, type, payload, created_at."""
-        return list((await conn.execute(
+    async def events_after(self, conn: Connection, task_id: str, cursor: int, limit: int) -> list[TaskEventRecord]:
+        """Return up to `limit` events with `seq` > `cursor`, in sequence order."""
+        return records(TaskEventRecord, (await conn.execute(
             sa.select(task_events.c.seq, task_events.c.type, task_events.c.payload, task_events.c.created_at)
             .where(task_events.c.task_id == task_id, task_events.c.seq > cursor)
             .order_by(task_events.c.seq).limit(limit)
-        )).all())
+        )).mappings())
 
     async def append_event(self, conn: Connection, task_id: str, type_: str, payload: dict[str, Any],
                            now: datetime) -> int:

@@ -12,15 +12,16 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Awaitable, Callable, ClassVar, Literal
 
 from aiohttp import web
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
-                      ValidationInfo)
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError, to_jsonable_python
 
 from ..domain.pages import MAX_INSTANCES, MAX_SCHEDULES, MAX_SESSIONS, MAX_TASKS
+from ..domain.choices import Args, ChoiceChanges, ExecutionChoices, Seconds, TaskChoices
+from ..domain.shapes import Clearable, Model, Short, text, validate
 from ..domain.text import BadText, check_text, loads
 from ..errors import AmuxError, Forbidden, Invalid
-from ..services.admission import MAX_TIMEOUT_S
 from ..services.auth import Caller
+from ..services.views import ScheduleView, TaskView, View
 from .edge import REQUEST_ID
 
 CALLER = web.RequestKey("caller", Caller)
@@ -28,20 +29,6 @@ CALLER = web.RequestKey("caller", Caller)
 MAX_BODY = 1024 * 1024     # a body carrying a prompt or a manifest
 SMALL_BODY = 128 * 1024    # every other body (memory and credential values are at most 64 KiB)
 INT32 = 2**31 - 1
-
-
-def _storable(value: str, info: ValidationInfo) -> str:
-    try:
-        check_text(value, f"`{info.field_name}`" if info.field_name else "a field")
-    except BadText as e:
-        raise PydanticCustomError("bad_text", "{reason}", {"reason": str(e)}) from None
-    return value
-
-
-def text(max_length: int, min_length: int = 0, pattern: str | None = None, description: str = "") -> Any:
-    """A string every store can keep, of bounded length (and, optionally, a shape)."""
-    return Annotated[str, Field(min_length=min_length, max_length=max_length, pattern=pattern,
-                                description=description or None), AfterValidator(_storable)]
 
 
 def _digits(value: Any) -> Any:
@@ -73,19 +60,10 @@ def query_int(lo: int, hi: int, example: int) -> Any:
 
 Flag = Annotated[Literal["0", "1", "true", "false", "yes", "no"],
                  Field(description='"1"/"true"/"yes" or "0"/"false"/"no"')]
-Short = text(200, 1, description="1 to 200 characters")
 ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 Id = text(128, 1, ID, "an identifier such as tr_0a1b2c3d4e")
 Ref = text(200, 1, r"^[^/]+$", "an id or a name (1 to 200 characters, no slash)")
 Prompt = text(MAX_BODY, description="the text of the work")
-
-
-class Model(BaseModel):
-    """A request part: unknown keys refused, strict JSON types; `hint` is the fix shown with a refusal."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-    hint: ClassVar[str] = ""
-    what: ClassVar[str] = "this request"
 
 
 class QueryModel(Model):
@@ -155,6 +133,15 @@ class IdentityPath(Model):
     id: Id
 
 
+class PrincipalPath(Model):
+    ref: Ref
+
+
+class ExecutionAccess(Model):
+    hint: ClassVar[str] = 'send {"revoked": true} to revoke, {"revoked": false} to restore'
+    revoked: bool
+
+
 class ExplainPath(Model):
     ref: Ref
 
@@ -195,6 +182,11 @@ class CursorQuery(QueryModel):
     cursor: query_int(0, INT32, 0) = 0
 
 
+class TimelineQuery(QueryModel):
+    cursor: query_int(0, INT32, 0) = 0
+    limit: query_int(1, 1000, 500) = 500
+
+
 class WaitQuery(QueryModel):
     cursor: query_int(0, INT32, 0) = 0
     timeout_s: Annotated[float, BeforeValidator(_number), Field(ge=0, le=600, description=(
@@ -227,26 +219,13 @@ class HistoryQuery(QueryModel):
 
 # --- bodies ----------------------------------------------------------------------------------------
 
-Args = Annotated[list[text(4096)], Field(max_length=256, description="extra engine arguments")]
-Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, description=f"seconds, at most {MAX_TIMEOUT_S}, e.g. 600")]
-
-
-class TaskSubmit(Model):
+class TaskSubmit(TaskChoices):
     """A Task to run (omitted choices are resolved at admission)."""
 
     hint: ClassVar[str] = 'send {"prompt": "...", "profile": "scripted"}'
     what: ClassVar[str] = "a task"
     prompt: Prompt
-    profile: Short | None = None
-    runtime: Short | None = None
-    model: Short | None = None
-    extra_args: Args | None = None
-    timeout_s: Seconds | None = None
     name: Short | None = None
-    reasoning_effort: Short | None = None
-    permission_policy: Short | None = None
-    credential_profile: Short | None = None
-    isolation: Literal["linux-dac", "process"] | None = None
 
 
 class SessionCreate(Model):
@@ -347,8 +326,8 @@ class TokenCreate(Model):
     runner: bool = False
 
 
-class ScheduleFields(Model):
-    """The fields of a schedule; on update every field may be omitted (omitted = keep)."""
+class ScheduleFields(ExecutionChoices):
+    """The fields of a schedule: its definition and the execution choices of each Task it submits."""
 
     hint: ClassVar[str] = 'send {"name": "...", "prompt": "...", "rule": "every 1h"}'
     what: ClassVar[str] = "a schedule"
@@ -358,31 +337,14 @@ class ScheduleFields(Model):
     timezone: text(64) | None = None
     schedule_type: Literal["subtask", "session-prompt"] | None = None
     session_ref: Short | None = None
-    profile: Short | None = None
-    runtime: Short | None = None
-    model: Short | None = None
-    reasoning_effort: Short | None = None
-    extra_args: Args | None = None
-    permission_policy: Short | None = None
-    credential_profile: Short | None = None
-    timeout_s: Seconds | None = None
     notify: Literal["failures", "all", "none"] | None = None
     overlap: Literal["allow", "skip", "replace"] | None = None
 
 
-Clearable = text(200, description='1 to 200 characters, or "" to clear it back to the default resolved at each fire')
-
-
-class ScheduleUpdate(ScheduleFields):
+class ScheduleUpdate(ChoiceChanges, ScheduleFields):
     """The fields to change; omitted ones are kept, and "" clears an execution choice (as schedule_update does)."""
 
     session_ref: Clearable | None = None
-    profile: Clearable | None = None
-    runtime: Clearable | None = None
-    model: Clearable | None = None
-    reasoning_effort: Clearable | None = None
-    permission_policy: Clearable | None = None
-    credential_profile: Clearable | None = None
 
 
 class ScheduleCreate(ScheduleFields):
@@ -416,21 +378,6 @@ class TaskStatusReply(Reply):
     status: str
 
 
-class TaskReply(TaskStatusReply):
-    """A task's view: state, outcome, evidence and provenance (ids are null where they do not apply)."""
-
-    outcome: str | None
-    error: str | None
-    runtime: str | None
-    waiting_for: str | None
-    snapshot: dict[str, Any]
-    parent_session_id: str | None = Field(description="the Session whose agent delegated this task")
-    parent_turn_id: str | None = Field(description="the Turn of that Session that was active when it did")
-    instance_id: str | None = Field(description="the Agent Instance this task is a run of")
-    schedule_id: str | None = Field(description="the schedule whose firing created this task")
-    firing_id: str | None = Field(description="that firing (`GET /api/v1/schedules/{id}/history`)")
-
-
 class TaskListReply(Reply):
     tasks: list[TaskStatusReply]
 
@@ -439,6 +386,16 @@ class EventsReply(Reply):
     events: list[dict[str, Any]]
     cursor: int
     done: bool
+
+
+class TimelineReply(Reply):
+    """A run's Agent Timeline: raw agent events (tool input and output, diffs, locations, text), secrets cut."""
+
+    events: list[dict[str, Any]] = Field(description="each with `seq` (the runner's sequence), `type`, `at` and "
+                                         "the event's raw fields (`tool` with input/output/diff/locations, `text`)")
+    cursor: int
+    done: bool
+    retention_s: float = Field(description="events older than this many seconds are swept (timeline.retention_s)")
 
 
 class SessionReply(Reply):
@@ -490,17 +447,8 @@ class InterruptReply(Reply):
     task_status: str
 
 
-class ScheduleReply(Reply):
-    schedule_id: str
-    name: str | None
-    rule: str
-    paused: bool
-    next_fire_at: str | None
-    overlap: Literal["allow", "skip", "replace"]
-
-
 class ScheduleListReply(Reply):
-    schedules: list[dict[str, Any]]
+    schedules: list[ScheduleView]
 
 
 class TokenReply(Reply):
@@ -526,53 +474,6 @@ class RuntimeListReply(Reply):
 
 
 # --- parsing ---------------------------------------------------------------------------------------
-
-def refusal_message(model: type[Model], err: ValidationError, part: str) -> str:
-    """Say which field is wrong and how to mend it (all unknown keys at once)."""
-    errors = err.errors(include_url=False)
-    unknown = sorted(str(e["loc"][-1]) for e in errors if e["type"] == "extra_forbidden")
-    noun = "query parameters" if part == "query" else "fields"
-    if unknown:
-        return f"unknown {noun} {unknown}; {model.what} takes {sorted(model.model_fields)}"
-    e = errors[0]
-    name = ".".join(str(x) for x in e["loc"]) or part
-    label = {"query": f"query parameter {name}", "path": f"path parameter {name}"}.get(part, name)
-    if e["type"] == "bad_text":
-        return str(e["msg"]) if part == "body" else str(e["msg"]).replace(f"`{e['loc'][0]}`", label, 1)
-    if e["type"] == "missing":
-        return f"{label} is required; {model.hint}".rstrip("; ")
-    desc = _description(model, str(e["loc"][0])) if e["loc"] else ""
-    fix = f"it must be {desc}" if desc else model.hint
-    return f"{label} {_lower(e['msg'])}; {fix}".rstrip("; ")
-
-
-def _lower(msg: str) -> str:
-    """Pydantic's "Input should be …" reads as "<field> should be …"."""
-    for lead in ("Input ", "String ", "Value ", "List "):
-        if msg.startswith(lead + "should"):
-            return msg[len(lead):]
-    return msg[:1].lower() + msg[1:]
-
-
-def _description(model: type[Model], name: str) -> str:
-    info = model.model_fields.get(name)
-    if info is None:
-        return ""
-    if info.description:
-        return info.description
-    for meta in info.metadata:
-        if getattr(meta, "description", None):
-            return meta.description
-    return ""
-
-
-def validate(model: type[Model], data: Any, part: str) -> Any:
-    """Validate one request part, raising Invalid that names the field and the fix."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise Invalid(refusal_message(model, e, part)) from None
-
 
 def _too_large(limit: int) -> TooLarge:
     return TooLarge(f"the request body is larger than {limit} bytes, this operation's limit; send less")
@@ -618,6 +519,13 @@ class TooLarge(AmuxError):
     code = "too_large"
 
 
+def wire(result: Any) -> Any:
+    """Return a handler's answer as JSON values: a service's view as its wire form, also inside lists and objects."""
+    if isinstance(result, View):
+        return result.wire()
+    return to_jsonable_python(result, by_alias=True)
+
+
 # --- the route table -------------------------------------------------------------------------------
 
 @dataclass
@@ -654,7 +562,7 @@ class Op:
     ok: tuple[int, ...] = (200,)
     admin: str | None = None   # the 403 fix when a non-admin calls an admin-only operation
     tag: str = "tasks"
-    reply: type[Reply] | None = None   # the success answer's guaranteed keys (None: a JSON object)
+    reply: type[BaseModel] | None = None   # the success answer's keys: a Reply, or a service's View (None: an object)
 
 
 Handler = Callable[[Call], Awaitable[Any]]
@@ -687,7 +595,7 @@ def register(app: web.Application, o: Op, fn: Handler) -> None:
             return error_response(e, request)
         if isinstance(result, web.StreamResponse):
             return result
-        return web.json_response(result, status=o.ok[0])
+        return web.json_response(wire(result), status=o.ok[0])
 
     app.router.add_route(o.method, o.path, handler, name=o.id)
 
@@ -727,7 +635,7 @@ TASK_SUBMIT = op("POST", "/api/v1/tasks", "task_submit", "Submit a task", body=T
                  reply=TaskStatusReply, max_body=MAX_BODY)
 TASK_LIST = op("GET", "/api/v1/tasks", "task_list", "List your tasks", query=TaskListQuery,
                 reply=TaskListReply)
-TASK_GET = op("GET", "/api/v1/tasks/{id}", "task_get", "Show a task", TaskPath, reply=TaskReply)
+TASK_GET = op("GET", "/api/v1/tasks/{id}", "task_get", "Show a task", TaskPath, reply=TaskView)
 TASK_EVENTS = op("GET", "/api/v1/tasks/{id}/events", "task_events", "Read a task's events after a cursor", TaskPath,
                  query=CursorQuery, reply=EventsReply)
 TASK_WAIT = op("GET", "/api/v1/tasks/{id}/wait", "task_wait", "Wait for a task's events after a cursor", TaskPath,
@@ -746,17 +654,17 @@ TOKEN_CREATE = op("POST", "/api/v1/tokens", "token_create", "Create a token", bo
 TOKEN_REVOKE = op("DELETE", "/api/v1/tokens/{id}", "token_revoke",
                   "Revoke a token (and the OAuth grants it approved) or a grant (og_…)", TokenPath, tag="tokens")
 SCHEDULE_CREATE = op("POST", "/api/v1/schedules", "schedule_create", "Create a schedule", body=ScheduleCreate,
-                     ok=(201,), tag=S, reply=ScheduleReply, max_body=MAX_BODY)
+                     ok=(201,), tag=S, reply=ScheduleView, max_body=MAX_BODY)
 SCHEDULE_LIST = op("GET", "/api/v1/schedules", "schedule_list", "List schedules", query=ScheduleListQuery, tag=S,
                    reply=ScheduleListReply)
 SCHEDULE_GET = op("GET", "/api/v1/schedules/{id}", "schedule_get", "Show a schedule", SchedulePath, tag=S,
-                   reply=ScheduleReply)
+                   reply=ScheduleView)
 SCHEDULE_UPDATE = op("PATCH", "/api/v1/schedules/{id}", "schedule_update", "Change a schedule", SchedulePath,
-                     body=ScheduleUpdate, tag=S, reply=ScheduleReply, max_body=MAX_BODY)
+                     body=ScheduleUpdate, tag=S, reply=ScheduleView, max_body=MAX_BODY)
 SCHEDULE_PAUSE = op("POST", "/api/v1/schedules/{id}/pause", "schedule_pause", "Pause a schedule", SchedulePath, tag=S,
-                     reply=ScheduleReply)
+                     reply=ScheduleView)
 SCHEDULE_RESUME = op("POST", "/api/v1/schedules/{id}/resume", "schedule_resume", "Resume a schedule", SchedulePath,
-                     tag=S, reply=ScheduleReply)
+                     tag=S, reply=ScheduleView)
 SCHEDULE_RUN_NOW = op("POST", "/api/v1/schedules/{id}/run-now", "schedule_run_now",
                       "Fire a schedule once now (a manual firing; the next fire time stays)", SchedulePath, tag=S)
 SCHEDULE_DELETE = op("DELETE", "/api/v1/schedules/{id}", "schedule_delete", "Delete a schedule", SchedulePath, tag=S)
@@ -777,6 +685,9 @@ IDENTITY_LIST = op("GET", "/api/v1/identities", "identity_list", "List identity 
                    query=AllQuery, tag=IDENT)
 IDENTITY_UNLINK = op("DELETE", "/api/v1/identities/{id}", "identity_unlink", "Unlink an identity binding",
                      IdentityPath, tag=IDENT)
+EXECUTION_ACCESS = op("PUT", "/api/v1/principals/{ref}/execution", "principal_execution",
+                      "Revoke or restore a principal's execution access (admin)", PrincipalPath, body=ExecutionAccess,
+                      admin="changing execution access needs an admin token (amux token create --admin)", tag=IDENT)
 SESSION_LIST = op("GET", "/api/v1/sessions", "session_list", "List your sessions, most recently updated first",
                   query=SessionListQuery, tag="sessions", reply=SessionListReply)
 INSTANCE_CREATE = op("POST", "/api/v1/instances", "instance_create", "Create an Agent Instance (prompt: its first run)",
@@ -803,3 +714,9 @@ INSTANCE_WAIT = op("GET", "/api/v1/instances/{id}/wait", "instance_wait",
                    query=InstanceWaitQuery, tag=INST, reply=InstanceReply)
 INSTANCE_ARCHIVE = op("POST", "/api/v1/instances/{id}/archive", "instance_archive", "Archive an idle instance",
                       InstancePath, tag=INST, reply=InstanceReply)
+TASK_TIMELINE = op("GET", "/api/v1/tasks/{id}/timeline", "task_timeline",
+                   "Read a task's Agent Timeline (raw tool input/output, diffs, text; owner and admins)", TaskPath,
+                   query=TimelineQuery, reply=TimelineReply)
+TURN_TIMELINE = op("GET", "/api/v1/turns/{id}/timeline", "turn_timeline",
+                   "Read a turn's Agent Timeline (raw tool input/output, diffs, text; owner and admins)", TurnPath,
+                   query=TimelineQuery, tag="sessions", reply=TimelineReply)

@@ -9,7 +9,8 @@ from urllib.parse import quote
 from aiohttp import web
 
 from ..clock import Clock
-from ..domain.leases import UNSANDBOXED, ago
+from ..domain.durations import duration_text
+from ..domain.leases import DEAD, UNSANDBOXED, ago
 from ..errors import AmuxError
 from ..services.auth import AuthService, Caller, run_token_refusal
 from ..services.box_sessions import SESSION_TTL_S, BoxSessionService
@@ -32,7 +33,8 @@ table{border-collapse:collapse;width:100%}
 th,td{text-align:left;padding:.3rem .6rem;border-bottom:1px solid #e3e3e6;vertical-align:top}
 th{background:#f5f5f7;font-weight:600}code{font:12px ui-monospace,monospace;background:#f5f5f7;padding:0 .2rem}
 .muted{color:#6e6e73}.warn{background:#fff4e5;border:1px solid #f5c26b;padding:.5rem .8rem;border-radius:6px}
-.unsandboxed{color:#a0522d;font-weight:600}#pages{margin:.6rem 0}#pages a{margin-right:1rem}
+.unsandboxed{color:#a0522d;font-weight:600}.dead{color:#b22222;font-weight:600}
+#pages{margin:.6rem 0}#pages a{margin-right:1rem}
 .help{background:#f0f6ff;border:1px solid #c9defc;padding:.7rem 1rem;border-radius:6px}
 #signout{margin:0 0 .8rem}#signout button{font:inherit;padding:.1rem .6rem;cursor:pointer}
 """
@@ -42,6 +44,8 @@ SIGNOUT = '<form id="signout" method="post" action="/boxes/signout"><button type
 _EPOCH, _EPOCH_NAIVE = datetime(1970, 1, 1, tzinfo=timezone.utc), datetime(1970, 1, 1)
 NO_BOXES = '<span class="muted">none</span>'
 UNSANDBOXED_CELL = '<span class="unsandboxed">not sandboxed</span>'
+DEAD_CELL = ('<span class="dead">dead</span> <span class="muted">(no longer running: ask your agent to '
+             '<code>rift_vm_destroy</code> it)</span>')
 
 
 def _t(dt: datetime | None) -> str:
@@ -54,12 +58,11 @@ def _t(dt: datetime | None) -> str:
 
 
 def _help(auto_close_s: float) -> str:
-    hours = f"{auto_close_s / 3600:g}"
     return (
         '<section class="help" id="help"><p><strong>This page only shows; it changes nothing.</strong> '
         "To put away boxes an agent left behind, ask your agent to call <code>rift_task_close</code> on the task, "
         "which destroys its boxes, or <code>rift_vm_destroy</code> on one box. "
-        f"A task that is quiet for {hours} hours closes itself, and its boxes are destroyed.</p>"
+        f"A task that is quiet for {duration_text(auto_close_s)} closes itself, and its boxes are destroyed.</p>"
         "<p>To hand a task to another agent: the holder calls <code>rift_task_release</code>, the other agent calls "
         "<code>rift_task_attach</code>; a task active lately needs <code>takeover</code> (ask first).</p></section>"
     )
@@ -111,7 +114,7 @@ def _box_rows(tasks: list[Any], boxes: list[Any], box_cells: dict[str, list[str]
         bid, name = escape(b.id), escape(b.name or "")
         box_cells.setdefault(b.task_id, []).append(f"<code>{bid}</code> {name}" if name else f"<code>{bid}</code>")
         driver = known.get(b.driver) or known.setdefault(b.driver, escape(b.driver))
-        state = known.get(b.state) or known.setdefault(b.state, escape(b.state))
+        state = DEAD_CELL if b.state == DEAD else known.get(b.state) or known.setdefault(b.state, escape(b.state))
         task_cell = task_cells.get(b.task_id) or f"<code>{escape(b.task_id)}</code> "
         isolation = UNSANDBOXED_CELL if b.driver == "unsandboxed" else "sandboxed"
         rows.append(

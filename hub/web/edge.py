@@ -15,6 +15,7 @@ from aiohttp import web
 
 from .server import rearm
 from .. import logs
+from ..domain.durations import duration_text
 from ..domain.text import MAX_DEPTH, BadText, check_depth, check_text, check_value, loads
 
 log = logging.getLogger("amux.web")
@@ -83,7 +84,7 @@ def edge_middleware(body_timeout_s: float = 30.0, trusted_proxies: Collection[st
         except web.HTTPRequestEntityTooLarge:
             return refusal(413, "too_large", "the request body is too large; send less", rid)
         except asyncio.TimeoutError:
-            return refusal(408, "timeout", f"the request body did not arrive within {body_timeout_s:g}s "
+            return refusal(408, "timeout", f"the request body did not arrive within {duration_text(body_timeout_s)} "
                                            "(hub.body_timeout_s); send it at once", rid)
         try:
             response = await handler(request)

@@ -10,7 +10,8 @@ from .api_models import Call, flag, register
 
 
 def add_routes(app: web.Application, identity: IdentityService) -> None:
-    """Register `POST /api/v1/identity/link-codes`, `GET /api/v1/identities`, `DELETE /api/v1/identities/{id}`."""
+    """Register `POST /api/v1/identity/link-codes`, `GET /api/v1/identities`, `DELETE /api/v1/identities/{id}`,
+    `PUT /api/v1/principals/{ref}/execution`."""
 
     async def link_code(c: Call) -> dict:
         return await identity.create_link_code(c.caller)
@@ -21,5 +22,9 @@ def add_routes(app: web.Application, identity: IdentityService) -> None:
     async def unlink(c: Call) -> dict:
         return await identity.unlink(c.caller, c.path.id)
 
-    for o, fn in ((m.LINK_CODE, link_code), (m.IDENTITY_LIST, listing), (m.IDENTITY_UNLINK, unlink)):
+    async def execution(c: Call) -> dict:
+        return await identity.set_execution_access(c.caller, c.path.ref, revoked=c.body.revoked)
+
+    for o, fn in ((m.LINK_CODE, link_code), (m.IDENTITY_LIST, listing), (m.IDENTITY_UNLINK, unlink),
+                  (m.EXECUTION_ACCESS, execution)):
         register(app, o, fn)

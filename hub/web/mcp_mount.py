@@ -143,9 +143,14 @@ class AsgiExchange:
         if self.request.transport is not None:
             self.request.transport.close()
 
-    def _peer_left(self) -> bool:
+    def peer_left(self) -> bool:
+        """Say whether the client's connection is gone (or closing)."""
         transport = self.request.transport
         return transport is None or transport.is_closing()
+
+    def release_receivers(self) -> None:
+        """Tell every `receive()` waiting for the end that the client disconnected."""
+        self._done.set()
 
     async def run(self, app: Any) -> web.StreamResponse:
         """Run `app` for this request in the handler's own task; cancel it if the client disconnects before it is done.
@@ -167,7 +172,7 @@ class AsgiExchange:
             watch.stop()
         self._done.set()
         if self.response is None:  # the app ended without answering (cancelled): the client is gone anyway
-            return web.Response(status=499 if self._peer_left() else 500)
+            return web.Response(status=499 if self.peer_left() else 500)
         return self.response
 
 
@@ -184,8 +189,8 @@ class _Watch:
     def _look(self) -> None:
         if not self.running:
             return
-        if self.exchange._peer_left():  # noqa: SLF001
-            self.exchange._done.set()  # noqa: SLF001 — a receiver learns of the disconnect; cancel after a grace
+        if self.exchange.peer_left():
+            self.exchange.release_receivers()  # a receiver learns of the disconnect; cancel after a grace
             self.handle = self.loop.call_later(DISCONNECT_GRACE_S, self._cancel)
         else:
             self.handle = self.loop.call_later(WATCH_S, self._look)

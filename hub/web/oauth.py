@@ -16,9 +16,11 @@ from aiohttp import web
 from mcp.shared.auth import OAuthMetadata, ProtectedResourceMetadata
 
 from ..domain.rate import retry_after
+from ..domain.timeline import safe_next
 from ..errors import AmuxError
 from ..services.auth import AuthService, check_may_approve
 from ..services.oauth_registration import ClientRegistration, RegistrationLimited
+from . import timeline_page
 from .edge import CLIENT
 from ..services.oauth import SCOPE_TEXT, SCOPES, AuthorizeRequest, OAuthError, OAuthService, PageError, RedirectError
 
@@ -208,9 +210,12 @@ class OAuthWeb:
     async def login_page(self, request: web.Request) -> web.Response:
         """Show the one-time sign-in link's confirmation (a GET never spends the link: previews fetch links)."""
         code = html.escape(request.query.get("code", ""))
-        body = ('<p>Sign in to the amux hub in this browser to approve MCP clients.</p>'
+        nxt = safe_next(request.query.get("next"))
+        purpose = ("see the Agent Timeline you asked for" if nxt else "approve MCP clients")
+        landing = f'<input type="hidden" name="next" value="{html.escape(nxt)}">' if nxt else ""
+        body = (f'<p>Sign in to the amux hub in this browser to {purpose}.</p>'
                 f'<form method="post" action="/oauth/login"><input type="hidden" name="code" value="{code}">'
-                '<button>Sign in</button></form>')
+                f'{landing}<button>Sign in</button></form>')
         return _page("Sign in to amux", body)
 
     async def login(self, request: web.Request) -> web.StreamResponse:
@@ -220,14 +225,20 @@ class OAuthWeb:
             session, name = await self.oauth.redeem_login(str(form.get("code") or ""))
         except AmuxError as e:
             return _page("Sign-in failed", f'<p class="err">{html.escape(e.message)}</p>', status=401)
+        landing = safe_next(form.get("next"))
         nxt = request.cookies.get(NEXT_COOKIE, "")
-        if nxt.startswith("/oauth/authorize?"):
-            resp: web.StreamResponse = web.Response(status=303, headers={**NO_STORE, "Location": nxt})
+        secure = self.base(request).startswith("https:")
+        max_age = int(self.oauth.session_ttl.total_seconds())
+        if landing is not None:  # a timeline page (a card's Timeline button): that page's session cookie too
+            resp: web.StreamResponse = web.Response(status=303, headers={**NO_STORE, "Location": landing})
+            timeline_page.land(resp, session, max_age, secure)
+        elif nxt.startswith("/oauth/authorize?"):
+            resp = web.Response(status=303, headers={**NO_STORE, "Location": nxt})
         else:
             resp = _page("Signed in", f"<p>Signed in as <b>{html.escape(name)}</b>. Go back to the authorization page "
                                       "and reload it.</p>")
-        resp.set_cookie(SESSION_COOKIE, session, max_age=int(self.oauth.session_ttl.total_seconds()), path="/oauth",
-                        httponly=True, samesite="Lax", secure=self.base(request).startswith("https:"))
+        resp.set_cookie(SESSION_COOKIE, session, max_age=max_age, path="/oauth", httponly=True, samesite="Lax",
+                        secure=secure)
         return resp
 
 

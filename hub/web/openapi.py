@@ -9,9 +9,10 @@ import html
 import json
 import re
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
+from pydantic import BaseModel
 
 from . import api_models as m
 
@@ -49,15 +50,16 @@ class _Schemas:
     def __init__(self) -> None:
         self.components: dict[str, Any] = {"Error": ERROR_SCHEMA}
 
-    def ref(self, model: type[m.Model] | type[m.Reply]) -> dict[str, Any]:
+    def ref(self, model: type[BaseModel]) -> dict[str, Any]:
         """Return a `$ref` to `model`, adding it (and its definitions) to the components."""
         schema = self.inline(model)
         self.components[model.__name__] = schema
         return {"$ref": REF.format(model=model.__name__)}
 
-    def inline(self, model: type[m.Model] | type[m.Reply]) -> dict[str, Any]:
-        """Return `model`'s JSON schema, its nested definitions moved into the components."""
-        mode = "serialization" if issubclass(model, m.Reply) else "validation"
+    def inline(self, model: type[BaseModel]) -> dict[str, Any]:
+        """Return `model`'s JSON schema, its nested definitions moved into the components (an answer's as it is
+        serialized, a request's as it is validated)."""
+        mode: Literal["validation", "serialization"] = "validation" if issubclass(model, m.Model) else "serialization"
         schema = model.model_json_schema(ref_template=REF, mode=mode)
         self.components.update(schema.pop("$defs", {}))
         return schema

@@ -3,13 +3,13 @@ replica drives the card to the answer; outbox notices name their Turn; a steer m
 instance)
 
 Revision ID: 0025_chat_turns
-Revises: 0022_manual_firings
+Revises: 0026_agent_timeline
 """
 from alembic import op
 import sqlalchemy as sa
 
 revision = "0025_chat_turns"
-down_revision = "0022_manual_firings"
+down_revision = "0026_agent_timeline"
 branch_labels = None
 depends_on = None
 

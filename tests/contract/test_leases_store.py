@@ -163,12 +163,22 @@ async def test_a_task_quiet_for_4_hours_closes_itself_and_its_boxes_are_destroye
     clock.advance(seconds=1)
     assert await leases.reap_once() == {"closed": 1, "destroyed": 1}
     row = await row_of(db, t["task_id"])
-    assert row.status == "closed" and row.closed_reason == "quiet for 4 hours"
+    assert row.status == "closed" and row.closed_reason == "quiet for 4 h"
     async with db.read() as conn:
         state = (await conn.execute(sa.select(boxes.c.state).where(boxes.c.id == box["vm_id"]))).scalar_one()
         assert state == "destroyed"
     e = await refusal(leases.vm_list(alice, t["handle"]))
-    assert "is closed (quiet for 4 hours); its VMs are gone; `rift_task_new` opens another" in e.message
+    assert "is closed (quiet for 4 h); its VMs are gone; `rift_task_new` opens another" in e.message
+
+
+@pytest.mark.parametrize("quiet_s, reason", [(40, "quiet for 40 s"), (7500, "quiet for 2 h 5 min")])
+async def test_the_close_reason_reads_as_a_duration_under_a_scaled_clock(db, clock, tmp_path, alice, quiet_s, reason):
+    scaled = LeaseService(db, clock, LeaseSettings(auto_close_quiet_s=quiet_s),
+                          LocalBoxDriver(tmp_path / "boxes", UNSANDBOXED))
+    t = await scaled.new(alice, "work")
+    clock.advance(seconds=quiet_s)
+    assert (await scaled.reap_once())["closed"] == 1
+    assert (await row_of(db, t["task_id"])).closed_reason == reason
 
 
 async def test_a_touch_restarts_the_auto_close_timer(db, leases, alice, clock):
@@ -293,6 +303,21 @@ async def test_closing_a_task_destroys_a_box_still_being_made_through_the_driver
     closed = await leases.close(alice, t["handle"])
     assert closed["destroyed"] == [box_id]
     assert _gone(pid) and not (tmp_path / "boxes" / box_id).exists()
+
+
+async def test_a_task_holds_any_number_of_boxes_by_default_and_the_per_user_quota_is_the_limit(db, clock, alice,
+                                                                                                tmp_path):
+    assert BoxSettings().max_per_task == 0 and BoxSettings().max_live_per_principal == 8
+    unlimited = BoxSettings(driver="unsandboxed", max_live_per_principal=0)
+    many = LeaseService(db, clock, LeaseSettings(), LocalBoxDriver(tmp_path / "boxes", unlimited), unlimited)
+    t = await many.new(alice, "many")
+    for _ in range(40):  # well past any small fixed cap
+        await many.vm_new(alice, t["handle"])
+    assert len(await many.vm_list(alice, t["handle"])) == 40
+    quota = BoxSettings(driver="unsandboxed")
+    capped = LeaseService(db, clock, LeaseSettings(), LocalBoxDriver(tmp_path / "boxes", quota), quota)
+    e = await refusal(capped.vm_new(alice, t["handle"]))
+    assert isinstance(e, TooMany) and "boxes.max_live_per_principal = 8" in e.message
 
 
 async def test_the_number_of_boxes_per_task_is_the_configured_safety_cap(db, clock, alice, tmp_path):

@@ -232,15 +232,20 @@ async def test_recovered_schedules_appear_in_the_personal_view_and_reads_still_c
         open_id = (await conn.execute(sa.select(identity_bindings.c.open_id).where(
             identity_bindings.c.id == hub.binding["alice"]))).scalar()
     mine = await hub.recovery.personal("cli_a", open_id)
-    # The one schedule policy (hub/services/schedule_access.py): alice's own schedule without a creator binding
-    # (the session-prompt recovery does not bind) is visible through her linked identity too, as in the bot's view.
-    assert sorted((s["schedule_id"], s["recovered"]) for s in mine) == sorted(
-        [(hub.ids["clean"], True), (hub.ids["prompt"], False)])
+    # The one schedule policy (hub/services/schedule_access.py): the application scope and an active binding are
+    # needed, so alice's own schedule without a creator binding (the session-prompt recovery does not bind) is not
+    # shown in Feishu at all, as in the bot's view.
+    assert [(s["schedule_id"], s["recovered"]) for s in mine] == [(hub.ids["clean"], True)]
     assert await hub.recovery.personal("cli_b", open_id) == []  # another application's scope shows nothing
     # another principal still cannot read it; the creator still can (operator/CLI access is unchanged)
     with pytest.raises(NotFound):
         await hub.schedules.history(hub.callers["bob"], hub.ids["clean"])
     await hub.schedules.history(hub.callers["alice"], hub.ids["clean"])
+    admin = await hub.auth.authenticate(await hub.auth.create_token("root", admin=True))
+    await hub.identity.set_execution_access(admin, "alice", revoked=True)   # reads check current execution access
+    assert await hub.recovery.personal("cli_a", open_id) == []
+    await hub.identity.set_execution_access(admin, "alice", revoked=False)
+    assert [s["schedule_id"] for s in await hub.recovery.personal("cli_a", open_id)] == [hub.ids["clean"]]
     async with hub.db.write() as conn:  # the alias is revoked after recovery: the binding grants nothing now
         await conn.execute(identity_bindings.update().where(identity_bindings.c.id == hub.binding["alice"])
                            .values(status="revoked"))
@@ -367,3 +372,45 @@ async def test_a_schedule_left_unbound_gets_no_proactive_notice_for_later_outcom
         assert (await conn.execute(sa.select(sa.func.count()).select_from(incidents).where(
             incidents.c.schedule_id == sid))).scalar() == 0
         assert (await conn.execute(sa.select(sa.func.count()).select_from(outbox))).scalar() == 0
+
+
+async def test_the_cutoff_is_the_upgrades_time_the_migration_recorded_not_the_first_runs(seeded):
+    from hub.store.tables import upgrade_marks
+    async with seeded.db.read() as conn:   # the migration recorded its own time when it ran
+        mark = (await conn.execute(sa.select(upgrade_marks.c.at)
+                                   .where(upgrade_marks.c.name == "creator_recovery_cutoff"))).scalar()
+    assert mark is not None
+    upgraded_at = seeded.clock.now() - timedelta(days=2)   # the upgrade, in the test clock's time
+    async with seeded.db.write() as conn:
+        await conn.execute(upgrade_marks.update().where(upgrade_marks.c.name == "creator_recovery_cutoff")
+                           .values(at=upgraded_at))
+    after = await old_schedule(seeded, seeded.callers["alice"], "after-upgrade", age_days=1)  # before the first run
+    res = await seeded.recovery.recover_creators()
+    assert res["cutoff"] == upgraded_at.isoformat() and res["cutoff_source"] == "upgrade"
+    e = by_id(res)[after]
+    assert e["outcome"] == "ignored" and "after the upgrade cutoff" in e["reason"]
+    assert by_id(res)[seeded.ids["clean"]]["outcome"] == "bound"   # made before the upgrade: recovered
+    assert (await row(seeded.db, after)).creator_binding_id is None
+
+
+async def test_cli_dry_run_on_a_schema_behind_says_so_and_upgrades_nothing(tmp_path):
+    import asyncio
+    url = f"sqlite+aiosqlite:///{tmp_path / 'behind.db'}"
+    await asyncio.to_thread(upgrade_sync, url, "0022_manual_firings")
+    env = {"AMUX_HOME": str(tmp_path / "home")}
+    code, out, err = await amux("db", "recover-creators", "--dry-run", "--db", url, env=env)
+    assert code == 3, (code, out, err)
+    assert "schema is behind" in err and "0022_manual_firings" in err and "amux db upgrade" in err, err
+    db = Database(url)
+    try:
+        async with db.read() as conn:
+            assert set((await conn.execute(sa.text("select version_num from alembic_version"))).scalars()) == {
+                "0022_manual_firings"}   # a dry run upgraded nothing
+            tables = await conn.run_sync(lambda c: sa.inspect(c).get_table_names())
+        assert "upgrade_marks" not in tables
+    finally:
+        await db.close()
+    code, out, err = await amux("db", "recover-creators", "--db", url, "--json", env=env)   # a real run upgrades first
+    assert code == 0 and json.loads(out)["cutoff_source"] == "upgrade", err
+    code, out, err = await amux("db", "recover-creators", "--dry-run", "--db", url, env=env)   # now at head
+    assert code == 0 and out.startswith("dry run: nothing written"), err

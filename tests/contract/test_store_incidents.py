@@ -610,7 +610,7 @@ async def test_slots_since_lists_the_slots_taken_after_the_cutoff_in_those_appli
             await box.claim(conn, nid, worker="w", until=now, recipient="ou_admin", first_attempt_at=now, slot_at=at)
     async with db.read() as conn:
         got = await box.slots_since(conn, [APP], now - timedelta(minutes=30))
-    assert [(a, r, utc(at)) for a, r, at in got] == [(APP, "ou_admin", now)]
+    assert [(a, r, nid, utc(at)) for a, r, nid, at in got] == [(APP, "ou_admin", "ntc_new", now)]
 
 
 async def test_defer_retire_fold_and_hold_each_write_their_outcome(db, box, clock):

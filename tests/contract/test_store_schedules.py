@@ -115,11 +115,11 @@ async def test_count_visible_counts_what_the_visibility_admits(store):
     (Visibility(creator_id="p_alice"), {"frozen_a", "frozen_b", "unattributed", "old_binding"}),
     # any creator's (an admin asking for everyone's)
     (Visibility(creator_id=None), {"frozen_a", "frozen_b", "unattributed", "old_binding", "bobs"}),
-    # an application: frozen to it, or attributed to none (no application and no creator binding)
-    (Visibility(creator_id="p_alice", app_id="cli_a"), {"frozen_a", "unattributed", "old_binding"}),
-    # creator bindings: none, or one of these
+    # an application: only those frozen to it (none attributed to no application)
+    (Visibility(creator_id="p_alice", app_id="cli_a"), {"frozen_a", "old_binding"}),
+    # creator bindings: only one of these (none without a binding)
     (Visibility(creator_id="p_alice", app_id="cli_a", creator_bindings=frozenset({"ib_a", "ib_b"})),
-     {"frozen_a", "unattributed"}),
+     {"frozen_a"}),
     # nothing at all
     (Visibility(creator_id=None, nothing=True), set()),
     # deleted ones only when asked

@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from tests.helpers import PG_URL, REPO
+from tests.helpers import PG_URL, REPO, started
 
 INSTALL = REPO / "deploy" / "install.sh"
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or "python3"
@@ -127,11 +126,11 @@ async def test_the_install_script_builds_installs_migrates_and_serves_as_an_unpr
         log = open(work / "serve.log", "w")  # noqa: SIM115
         proc = subprocess.Popen(_as_user(user, [amux, "hub", "serve"], env), cwd="/", stdout=log,
                                 stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while _get(f"http://127.0.0.1:{port}/readyz") != 200:
-            assert proc.poll() is None, (work / "serve.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, (work / "serve.log").read_text()[-3000:]
-            await asyncio.sleep(0.3)
+        try:
+            await started(lambda: _get(f"http://127.0.0.1:{port}/readyz") == 200, "amux hub serve", proc=proc,
+                          interval=0.3)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{(work / 'serve.log').read_text()[-3000:]}") from None
         health = subprocess.run(_as_user(user, ["sh", str(work / "install.sh"), "healthcheck"], env),
                                 capture_output=True, text=True, cwd="/")
         assert health.returncode == 0, health.stderr

@@ -99,7 +99,7 @@ async def test_the_boxes_page_shows_open_tasks_with_holder_activity_and_boxes_an
         assert "<b>db</b>" in body and await page.locator("img, b").count() == 0  # user text is escaped
         help_text = await page.inner_text("#help")
         assert "rift_task_close" in help_text and "rift_vm_destroy" in help_text
-        assert "quiet for 4 hours closes itself" in help_text
+        assert "quiet for 4 h closes itself" in help_text
 
         # no control that changes state: the one form ends this browser's session
         assert await page.locator(f":is({ACTING}):not(#signout, #signout button)").count() == 0

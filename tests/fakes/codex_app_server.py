@@ -13,6 +13,9 @@ handshake, then replays streams/codex-app-server/$FAKE_SCENARIO.jsonl. Stage dir
     {"_fake": "await_decision", "id": N, "accept": S1, "decline": S2}  read the client's response to server
         request N; a v2 {"decision": "accept"} (or v1 "approved") plays S1, "decline"/"denied" plays S2
     {"_fake": "await_reply", "id": N}  read and record the client's response to server request N
+    {"_fake": "await_steer"}  read a `turn/steer` request (TurnSteerParams: threadId, input, expectedTurnId) and
+        answer {"turnId"} when it names the running turn, else the error codex answers
+    {"_fake": "answer_steer"}  the turn takes the correction: a userMessage item and an agentMessage naming it
 plus the shared ones (sleep, exit, …). Then it reads stdin to EOF, as the real server does.
 """
 from __future__ import annotations
@@ -134,8 +137,30 @@ def directive(d: dict) -> None:
         if reply.get("id") != d["id"] or not ("result" in reply or "error" in reply):
             fail(f"expected the reply to server request {d['id']}, got {reply}")
         fakecli.record("replies.jsonl", reply)
+    elif d["_fake"] == "await_steer":
+        steer = request("turn/steer")
+        sp = steer["params"]
+        texts = [i.get("text") for i in sp.get("input") or [] if isinstance(i, dict) and i.get("type") == "text"]
+        if sp.get("threadId") != THREAD or not texts:
+            fail(f"turn/steer needs this thread's id and text input, got {sp}")
+        if sp.get("expectedTurnId") != TURN:
+            wrong = f"expected active turn id {sp.get('expectedTurnId')} but found {TURN}"
+            send({"id": steer["id"], "error": {"code": -32600, "message": wrong}})
+            return
+        STEERED["text"] = "\n".join(texts)
+        send({"id": steer["id"], "result": {"turnId": TURN}})
+    elif d["_fake"] == "answer_steer":
+        ids = {"threadId": THREAD, "turnId": TURN}
+        user = {"type": "userMessage", "id": "item_u2", "content": [{"type": "text", "text": STEERED.get("text", ""),
+                                                                      "text_elements": []}]}
+        send({"method": "item/completed", "params": {"item": user, **ids}})
+        answer = {"type": "agentMessage", "id": "item_a2", "text": f"Changing course: {STEERED.get('text', '')}"}
+        send({"method": "item/completed", "params": {"item": answer, **ids}})
     else:
         fakecli.usage_error(f"directive {d['_fake']!r} is not known to the app-server fake")
+
+
+STEERED: dict[str, str] = {}
 
 
 def main(argv: list[str]) -> None:

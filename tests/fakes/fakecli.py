@@ -53,13 +53,16 @@ def start(engine: str) -> str:
     return scenario
 
 
-def play(engine: str, scenario: str, handle: Callable[[dict], None] | None = None) -> None:
-    """Print a recorded stream line by line, acting out its directives."""
+def play(engine: str, scenario: str, handle: Callable[[dict], None] | None = None,
+         skip: Callable[[dict], bool] | None = None) -> None:
+    """Print a recorded stream line by line, acting out its directives (lines `skip` names are not printed)."""
     for line in (STREAMS / engine / f"{scenario}.jsonl").read_text().splitlines():
         try:
             msg = json.loads(line)
         except ValueError:
             msg = None
+        if skip is not None and isinstance(msg, dict) and skip(msg):
+            continue
         if not (isinstance(msg, dict) and "_fake" in msg):
             sys.stdout.write(line + "\n")
             sys.stdout.flush()

@@ -69,6 +69,8 @@ class FakeFeishu:
         self._runner: web.AppRunner | None = None
         self.base_url = ""
         self.token_fetches = 0
+        self.users: dict[str, str] = {}          # open_id → display name the contact API gives (others: not found)
+        self.contact_lookups: list[str] = []
 
     # ------------------------------------------------------------ control
 
@@ -110,6 +112,7 @@ class FakeFeishu:
         app.router.add_post("/open-apis/im/v1/messages", self._send)
         app.router.add_post("/open-apis/im/v1/messages/{message_id}/reply", self._reply)
         app.router.add_patch("/open-apis/im/v1/messages/{message_id}", self._patch)
+        app.router.add_get("/open-apis/contact/v3/users/{user_id}", self._user)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", port)
@@ -229,6 +232,17 @@ class FakeFeishu:
     def _data(self, m: Message) -> dict:
         return {"message_id": m.message_id, "msg_type": "interactive", "create_time": str(int(m.at * 1000)),
                 "chat_id": f"oc_{m.receive_id or 'thread'}"}
+
+    async def _user(self, request: web.Request) -> web.Response:
+        """`GET /open-apis/contact/v3/users/{open_id}?user_id_type=open_id`: a known user's name, else 41050."""
+        auth = request.headers.get("Authorization", "")
+        if not auth.startswith("Bearer ") or auth[7:] not in self.tokens:
+            return self._json(99991663, "Invalid access token for authorization.")
+        open_id = request.match_info["user_id"]
+        self.contact_lookups.append(open_id)
+        if request.query.get("user_id_type") != "open_id" or open_id not in self.users:
+            return self._json(41050, "no user authority error", status=400)
+        return self._json(0, data={"user": {"open_id": open_id, "name": self.users[open_id]}})
 
     async def _send(self, request: web.Request) -> web.Response:
         if request.query.get("receive_id_type") != "open_id":

@@ -200,6 +200,34 @@ async def test_quiet_hours_defer_new_messages_to_0800(db_url, tmp_path, clock, f
     await e.hub.db.close()
 
 
+async def test_quiet_hours_follow_the_scheduling_timezone_which_a_chat_schedule_takes_from_its_app(
+        db_url, tmp_path, clock, fake):
+    clock.set(datetime(2026, 1, 5, 15, 0, tzinfo=timezone.utc))        # 23:00 in Shanghai, 15:00 in UTC
+    e = await make_env(db_url, tmp_path, clock, fake)                   # the app's timezone: Asia/Shanghai
+    await e.setup(rule="every 1d")
+    async with e.hub.db.read() as conn:
+        bid = (await conn.execute(sa.select(identity_bindings.c.id)
+                                  .where(identity_bindings.c.open_id == "ou_alice"))).scalar()
+    chat = await e.hub.schedules.create(e.alice, ScheduleSpec(prompt="say hi", rule="every 1d", name="from chat"),
+                                        source="feishu", card_receipt={"binding_id": bid, "app_id": fake.app_id,
+                                                                       "open_id": "ou_alice"})
+    plain = await e.hub.schedules.create(e.alice, ScheduleSpec(prompt="say hi", rule="every 1d", name="over mcp"))
+    assert (chat["timezone"], plain["timezone"]) == ("Asia/Shanghai", "UTC")  # no timezone given to either
+    e.sid = chat["schedule_id"]
+    await e.fire("failed", advance_s=0)
+    e.sid = plain["schedule_id"]
+    await e.fire("failed", advance_s=0)
+    await e.round(61)
+    assert [card_text(m.content).count("over mcp") for m in fake.sent] == [1]   # 15:01 UTC: not quiet in UTC
+    quiet = [n for n in await e.notices() if n.schedule_id == chat["schedule_id"]]
+    assert [n.next_attempt_at.replace(tzinfo=timezone.utc) for n in quiet] == [
+        datetime(2026, 1, 6, 0, 0, tzinfo=timezone.utc)]                # deferred to 08:00 in Shanghai
+    clock.set(datetime(2026, 1, 6, 0, 0, tzinfo=timezone.utc))
+    await e.round()
+    assert len(fake.sent) == 2 and "from chat" in card_text(fake.sent[1].content)
+    await e.hub.db.close()
+
+
 async def test_quiet_hours_allow_in_place_updates(db_url, tmp_path, clock, fake):
     clock.set(datetime(2026, 1, 5, 13, 40, tzinfo=timezone.utc))       # 21:40 local
     e = await make_env(db_url, tmp_path, clock, fake)
@@ -255,6 +283,38 @@ async def test_transient_errors_retry_with_the_same_uuid(env: Env):
     assert len(env.fake.sent) == 1                  # and Feishu's dedup kept it to one message
     n = (await env.notices())[0]
     assert n.state == "sent" and n.message_id == env.fake.sent[0].message_id
+
+
+async def test_a_retried_new_message_leaves_its_own_slot_out_of_the_rate_limit(db_url, tmp_path, clock, fake):
+    e = await make_env(db_url, tmp_path, clock, fake)
+    await e.setup(rule="every 1d", name="s0")
+    sids = [e.sid] + [(await e.hub.schedules.create(e.alice, ScheduleSpec(
+        prompt="say hi", rule="every 1d", name=f"s{i}", schedule_type="subtask", timezone="Asia/Shanghai")))
+        ["schedule_id"] for i in (1, 2)]
+    for sid in sids[:2]:                            # two new messages inside one 30-minute window
+        e.sid = sid
+        await e.fire("failed")
+        await e.round(61)
+    assert len(fake.sent) == 2
+    fake.fail("5xx", op="send")                     # the third new message fails once, transiently
+    e.sid = sids[2]
+    await e.fire("failed")
+    await e.round(61)
+    assert len(fake.sent) == 2
+    await e.round(2)                                # its retry retakes its own slot: still the third, not a fourth
+    third = [r for r in fake.requests if r[0] == "send"][2:]
+    assert len(third) == 2 and third[0][1] == third[1][1]   # retried once, with the same request uuid
+    assert len(fake.sent) == 3
+    card = fake.sent[-1]
+    assert "s2" in card_text(card.content)
+    notices = await e.notices()
+    assert not [n for n in notices if n.kind == "digest" or n.state == "folded"]
+    await e.fire("failed")                          # a later update of that incident patches its card
+    await e.round()
+    assert fake.patches and fake.patches[-1][0] == card.message_id
+    assert "Failures** 2" in card_text(fake.patches[-1][1])
+    assert not [n for n in await e.notices() if n.state == "superseded"]
+    await e.hub.db.close()
 
 
 async def test_retries_past_the_dedup_window_become_unconfirmed(env: Env):

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from hub.store.tables import reservations, runtimes, task_runs
-from tests.helpers import REPO, mcp_client, runner_command
+from tests.helpers import REPO, mcp_client, runner_command, started
 from tests.integration.test_soak import Postgres, Proxy, free_port, until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the throwaway PostgreSQL cluster is started as root here")
@@ -151,8 +151,8 @@ async def test_no_engine_runs_twice_through_a_runner_stall_a_hub_outage_and_a_da
     try:
         for i in range(2):
             await cluster.start_hub(i)
-        await until(lambda: _both(cluster), 300)
-        await until(lambda: asyncio.sleep(0, (tmp / "hub0" / "admin.token").exists()), 30)
+        await started(lambda: _both(cluster), "both hub replicas", timeout=300, interval=0.2)
+        await started(lambda: (tmp / "hub0" / "admin.token").exists(), "hub0 admin token")
         token = (tmp / "hub0" / "admin.token").read_text().strip()
         await proxy.start()
         url = f"http://127.0.0.1:{proxy.port}"
@@ -165,7 +165,7 @@ async def test_no_engine_runs_twice_through_a_runner_stall_a_hub_outage_and_a_da
                     runtimes.c.status == "online"))).scalars())
             return {"amo-0", "amo-1"} <= names
 
-        await until(online, 120)
+        await started(online, "runners amo-0 and amo-1 online", interval=0.2)
         load = asyncio.create_task(submitter(url, token, submitted, TASKS))
 
         # 1. A runner stalls past the reservation TTL, short of the hub's silence limit: dispatches sent to it
@@ -190,7 +190,7 @@ async def test_no_engine_runs_twice_through_a_runner_stall_a_hub_outage_and_a_da
         await asyncio.sleep(TTL_S + 2)
         for i in range(2):
             await cluster.start_hub(i)
-        await until(lambda: _both(cluster), 120)
+        await started(lambda: _both(cluster), "both hub replicas restarted", interval=0.2)
         # 3. The database stops for a while.
         await asyncio.sleep(1.0)
         c = pg.cluster

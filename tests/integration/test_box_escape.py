@@ -28,7 +28,7 @@ from hub.clock import ManualClock
 from hub.config import BoxSettings, LeaseSettings
 from hub.store.db import Database
 from hub.store.tables import boxes
-from tests.helpers import REPO, eventually, hub_settings, mcp_client
+from tests.helpers import REPO, hub_settings, mcp_client, started
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
                                 reason="install bubblewrap (make test does: apt-get install -y bubblewrap)")
@@ -468,7 +468,7 @@ async def test_a_hub_that_is_not_root_runs_commands_in_its_boxes_which_still_can
                 if (home / "admin.token").exists():
                     return json.loads((home / "hub.json").read_text())
             return None
-        url = (await eventually(served, timeout=60))["url"]
+        url = (await started(served, "amux up as nobody", proc=proc))["url"]
         admin = (home / "admin.token").read_text().strip()
         async with mcp_client(url, admin, name="Claude") as client:
             task = await client.call_tool("rift_task_new", {"name": "not root"})

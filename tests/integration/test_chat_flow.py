@@ -84,6 +84,10 @@ def all_text(doc: dict) -> str:
     return "\n".join(out)
 
 
+def labels(doc: dict) -> list[str]:
+    return [b["text"]["content"] for b in card_buttons(doc)]
+
+
 def stop_button(doc: dict) -> dict:
     [value] = [b["behaviors"][0]["value"] for b in card_buttons(doc) if b["text"]["content"] == "Stop"]
     return value
@@ -117,7 +121,8 @@ async def test_a_message_gets_a_progress_card_with_its_tools_that_becomes_the_an
     steer = await chat.say("also mention the date")  # steers the running Turn (wait-steer takes it)
     done = await chat.latest(mid, lambda d: "all done" in all_text(d))
     assert "also mention the date" in all_text(done) and "delivered to the running turn" in card_text(done)
-    assert card_buttons(done) == []  # the answer card has nothing left to stop
+    assert labels(done) == ["Agent Timeline"]  # nothing left to stop; the Turn's timeline is one click away
+    assert card_buttons(done)[0]["behaviors"][0]["value"]["r"] == stop_button(first.content)["t"]
     assert [m for m in chat.fake.sent if m.reply_to == steer] == []  # a steer opens no second card or Turn
     assert len(await chat.rows(task_runs, task_runs.c.kind == "turn")) == 1
     [row] = await chat.rows(chat_turns)
@@ -153,7 +158,7 @@ async def test_stop_on_the_card_interrupts_the_turn_and_refuses_a_second_stop_an
     answer = await chat.press(value, card.message_id)
     assert answer["toast"]["type"] == "info"
     stopped = await chat.latest(mid, lambda d: "Stopped" in card_text(d))
-    assert "停止" in card_text(stopped, "zh_cn") and card_buttons(stopped) == []
+    assert "停止" in card_text(stopped, "zh_cn") and labels(stopped) == ["Agent Timeline"]
     assert await chat.turn_status(value["t"]) == "cancelled"
     again = await chat.press(value, card.message_id)  # the same card's button, after the Turn ended
     assert again["toast"]["type"] == "warning" and "already finished" in again["toast"]["content"]

@@ -13,7 +13,7 @@ from hub.clock import ManualClock
 from hub.config import FeishuAppSettings
 from hub.services.schedules import ScheduleSpec
 from hub.store.tables import identity_bindings, schedules, task_runs
-from tests.helpers import eventually, start_hub
+from tests.helpers import eventually, mcp_client, start_hub
 
 
 def message(event_id: str, message_id: str, open_id: str, text: str) -> dict:
@@ -60,6 +60,48 @@ async def test_a_schedule_made_during_a_feishu_turn_is_attributed_to_that_turns_
         p = rows[plain["schedule_id"]]
         assert (p.creator_binding_id, p.app_id) == (None, None)  # no Feishu Turn behind it: unattributed
         await hub.tasks.cancel(await hub.auth.authenticate(admin), turn.id)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(work, 10)
+    finally:
+        await handle.stop()
+
+
+async def test_a_schedule_made_from_a_feishu_chat_without_a_timezone_takes_its_apps_timezone(
+        db_url: str, tmp_path: Path, clock: ManualClock):
+    app = FeishuAppSettings(app_id="cli_tz", verification_token="vt", admin_open_id="ou_boss")  # timezone: default
+    handle = await start_hub(db_url, tmp_path, clock, feishu_apps=[app])
+    hub = handle.hub
+    try:
+        await handle.start_runner(slots=4)
+        hub.bot.core.turn_wait_s = 30
+        _, work = await hub.bot.core.accept("cli_tz", message("ev1", "om_alice", "ou_alice", "wait-steer 20"),
+                                            ConsoleSink())
+        work = asyncio.ensure_future(work)
+
+        async def alice_turn():
+            async with hub.db.read() as conn:
+                return (await conn.execute(sa.select(task_runs).where(
+                    task_runs.c.kind == "turn", task_runs.c.status == "running"))).first()
+
+        turn = await eventually(alice_turn)
+        async with hub.db.write() as conn:
+            env = await hub.runtimes.coordination_env(conn, turn.owner_id, turn.session_id)
+        async with mcp_client(handle.url, env["AMUX_TOKEN"]) as c:   # her agent, during her Feishu Turn
+            made = (await c.call_tool("schedule_create", {"prompt": "say nightly", "rule": "0 9 * * *"}))
+            given = (await c.call_tool("schedule_create", {"prompt": "say nightly", "rule": "0 9 * * *",
+                                                           "timezone": "UTC"}))
+        async with mcp_client(handle.url, await hub.auth.create_token("carol")) as c:  # no Feishu chat behind it
+            plain = (await c.call_tool("schedule_create", {"prompt": "say nightly", "rule": "0 9 * * *"}))
+        made, given, plain = (r.structured_content for r in (made, given, plain))
+        # 09:00 in Shanghai is 01:00 UTC; the clock reads 2026-01-05 09:00 UTC (17:00 in Shanghai)
+        assert (made["timezone"], made["next_fire_at"]) == ("Asia/Shanghai", "2026-01-06T01:00:00+00:00"), made
+        assert (given["timezone"], given["next_fire_at"]) == ("UTC", "2026-01-06T09:00:00+00:00")  # as asked
+        assert (plain["timezone"], plain["next_fire_at"]) == ("UTC", "2026-01-06T09:00:00+00:00")  # the default
+        async with hub.db.read() as conn:
+            prov = (await conn.execute(sa.select(schedules.c.provenance)
+                                       .where(schedules.c.id == made["schedule_id"]))).scalar()
+        assert prov["timezone"] == {"basis": "app", "app_id": "cli_tz", "timezone": "Asia/Shanghai"}
+        await hub.tasks.cancel(await hub.auth.authenticate(handle.admin_token), turn.id)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(work, 10)
     finally:

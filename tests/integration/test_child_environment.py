@@ -14,7 +14,7 @@ from hub.engines.claude import ClaudeEngine
 from hub.runner.agent import Runner
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import runtimes
-from tests.helpers import PROCESS_MODE, REPO, eventually, runner_command
+from tests.helpers import PROCESS_MODE, REPO, runner_command, started
 
 BIN = Path(__file__).resolve().parent.parent / "fakes" / "bin"
 # What a runner process may hold that no task child may see.
@@ -45,7 +45,7 @@ async def test_a_scripted_subprocess_child_of_a_real_runner_process_sees_none_of
     proc = await asyncio.create_subprocess_exec(*argv, cwd=REPO, env=env, stdout=asyncio.subprocess.DEVNULL,
                                                 stderr=asyncio.subprocess.DEVNULL)
     try:
-        await eventually(lambda: runtime_online(hub.hub, "envcheck"), timeout=30)
+        await started(lambda: runtime_online(hub.hub, "envcheck"), "runner envcheck online", proc=proc)
         admin = await hub.hub.auth.authenticate(hub.admin_token)
         sub = await hub.hub.tasks.submit(admin,
                                          SubmitRequest(prompt="env *", profile="scripted", extra_args=["--subprocess"],
@@ -81,7 +81,7 @@ async def test_a_cli_child_sees_none_of_the_runners_variables_and_its_token_stop
     runner = Runner(hub.url, runner_token, name="clihost", slots=1, **PROCESS_MODE, workspace_root=tmp_path / "ws",
                     engines={"claude": ClaudeEngine()})
     hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
-    await asyncio.wait_for(runner.registered.wait(), 10)
+    await started(runner.registered.wait(), "the runner to register")
     admin = await hub.hub.auth.authenticate(hub.admin_token)
     await hub.hub.credentials.declare(admin, "fakecli", ["FAKE_RECORD_DIR"])
     await hub.hub.credentials.set_value(admin, "fakecli", "FAKE_RECORD_DIR", str(record))

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx2
 
 from hub.cli import build_parser
-from tests.helpers import REPO, eventually
+from tests.helpers import REPO, started
 from tests.integration.test_cli_discovery import Up
 from tests.integration.test_cli_rest import amux
 
@@ -110,7 +110,7 @@ async def test_amux_runner_finds_the_hub_from_amux_hub_url_or_hub_json(hub, tmp_
             "--workspace-root", str(tmp_path / name), cwd=REPO, env=env,
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
         try:
-            await eventually(lambda n=name: _has(hub, n), timeout=60)
+            await started(lambda n=name: _has(hub, n), f"runner {name}", proc=proc)
         finally:
             proc.terminate()
             await asyncio.wait_for(proc.wait(), 30)

@@ -8,10 +8,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from tests.helpers import started_sync
 
 AMUX = str(Path(sys.executable).parent / "amux")
 CLEAN = ("AMUX_HOME", "AMUX_HUB_URL", "AMUX_TOKEN", "AMUX_DATABASE_URL", "AMUX_LISTEN", "AMUX_SESSION_ID")
@@ -43,18 +43,18 @@ class Up:
                                      text=True)
         self.lines: list[str] = []
         self.url = ""
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise AssertionError(f"amux up ended: {''.join(self.lines)}")
-            self.lines.append(line)
-            m = re.search(r"listening on (http://\S+)", line)
-            if m:
-                self.url = m.group(1)
-            if "in-process runner" in line:
-                return
-        raise AssertionError(f"amux up did not start: {''.join(self.lines)}")
+        started_sync(self._runner_line, "amux up to start its in-process runner", interval=0)
+
+    def _runner_line(self) -> bool:
+        """Read one line of `amux up`; True once it says its in-process runner started."""
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"amux up ended: {''.join(self.lines)}")
+        self.lines.append(line)
+        m = re.search(r"listening on (http://\S+)", line)
+        if m:
+            self.url = m.group(1)
+        return "in-process runner" in line
 
     def stop(self) -> None:
         if self.proc.poll() is None:

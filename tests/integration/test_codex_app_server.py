@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 
+from hub.domain.events import project
+
 from hub.domain.policy import normalize_native_args
 from hub.engines.base import EngineResult, Job, PermissionReply
 from hub.engines.codex import CodexEngine
-from tests.helpers import PROCESS_MODE, REPO
+from tests.helpers import PROCESS_MODE, REPO, started
 
 BIN = REPO / "tests" / "fakes" / "bin"
 AS_ROOT = os.geteuid() == 0
@@ -110,7 +112,8 @@ async def test_a_command_approval_becomes_a_permission_event_and_the_reply_reach
     replies = [m for m in recorded(tmp_path, "stdin.jsonl") if m.get("id") == 0 and "result" in m]
     assert replies == [{"id": 0, "result": {"decision": "accept" if allow else "decline"}}]
     assert [t["tool"]["status"] for t in emit.of("tool")] == ["running", status]
-    assert "SECRET" not in json.dumps(emit.events)  # the command's arguments and output stay off task events
+    # the command's arguments and output stay off task events (the Agent Timeline keeps them)
+    assert "SECRET" not in json.dumps([project(k, p) for k, p in emit.events])
 
 
 async def test_a_file_change_approval_is_titled_with_the_files_it_touches(tmp_path):
@@ -202,7 +205,7 @@ async def codex_host(hub, tmp_path: Path, scenario: str):
                     **PROCESS_MODE, workspace_root=tmp_path / "ws",
                     engines={"codex": CodexEngine()})
     hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
-    await asyncio.wait_for(runner.registered.wait(), 10)
+    await started(runner.registered.wait(), "the runner to register")
     admin = await hub.hub.auth.authenticate(hub.admin_token)
     await hub.hub.credentials.declare(admin, "fake", ["FAKE_SCENARIO"])
     await hub.hub.credentials.set_value(admin, "fake", "FAKE_SCENARIO", scenario)
@@ -239,3 +242,19 @@ async def test_escalate_to_main_codex_waits_for_permission_respond_and_continues
     admin = await hub.hub.auth.authenticate(hub.admin_token)
     view = await hub.hub.tasks.wait_terminal(admin, task_id, timeout_s=30)
     assert (view["status"], view["result"]["text"]) == ("succeeded", "Tests pass."), view
+
+
+async def test_a_steer_reaches_the_running_codex_turn_as_turn_steer(tmp_path):
+    j = job(tmp_path, "steer")
+    emit = Recorder()
+    running = asyncio.ensure_future(run(j, emit))
+    await emit.wait_for("tool")
+    assert j.steer_into is not None
+    assert await j.steer_into("use make test instead") is None
+    result = await running
+    assert (result.outcome, result.text) == ("succeeded", "Changing course: use make test instead")
+    steer = [m for m in recorded(tmp_path, "stdin.jsonl") if m.get("method") == "turn/steer"]
+    assert steer == [{"id": steer[0]["id"], "method": "turn/steer", "params": {
+        "threadId": THREAD, "expectedTurnId": TURN,
+        "input": [{"type": "text", "text": "use make test instead", "text_elements": []}]}}]
+    assert j.steer_into is None

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from hub.domain.events import project
 from hub.domain.policy import POLICIES, normalize_native_args
 from hub.engines.base import EngineResult, Job, PermissionReply
 from hub.engines.claude import ClaudeEngine
@@ -126,8 +127,7 @@ ARGV = {
     ("codex", "escalate-to-main"): ["app-server"],
     ("codex", "deny-all"): CODEX_HEAD + ["--sandbox", "read-only", "-c", "approval_policy=never",
                                          "--skip-git-repo-check", "-"],
-    ("pi", "policy-allow"): ["--mode", "json", "--model", "m-1", "--thinking", "high", "--tools", "read,bash",
-                             "--", "say hello"],
+    ("pi", "policy-allow"): ["--mode", "rpc", "--model", "m-1", "--thinking", "high", "--tools", "read,bash"],
     ("pi", "escalate-to-main"): None,  # refused before launch
     ("pi", "deny-all"): None,
 }
@@ -251,16 +251,25 @@ TOOLS = {
 
 
 @pytest.mark.parametrize("engine", ADAPTERS)
-async def test_tool_events_carry_only_a_redacted_id_name_title_and_status(engine, tmp_path):
+async def test_tool_task_events_carry_only_a_redacted_id_name_title_and_status(engine, tmp_path):
     ln = launch(engine, "tools", tmp_path)
     result = await run(engine, ln)
-    tools = ln.emit.of("tool")
+    tools = [project("tool", p) for p in ln.emit.of("tool")]
     assert all(set(p) == {"tool"} and set(p["tool"]) == {"id", "name", "title", "status"} for p in tools)
     assert [(t["tool"]["id"], t["tool"]["name"], t["tool"]["title"],
              t["tool"]["status"]) for t in tools] == TOOLS[engine]
     # Raw input, output and diffs never reach task events, and a failed tool does not fail the task.
-    assert "SECRET" not in json.dumps(ln.emit.events)
+    assert "SECRET" not in json.dumps([project(k, p) for k, p in ln.emit.events])
     assert result.outcome == "succeeded"
+
+
+@pytest.mark.parametrize("engine", ADAPTERS)
+async def test_tool_events_bring_the_raw_input_and_output_for_the_agent_timeline(engine, tmp_path):
+    ln = launch(engine, "tools", tmp_path)
+    await run(engine, ln)
+    raw = [p["tool"] for p in ln.emit.of("tool")]
+    assert any(t.get("input") for t in raw) and any(t.get("output") for t in raw)
+    assert "SECRET" in json.dumps(raw)  # what the agent really did, for the timeline (secrets are cut further on)
 
 
 USAGE = {
@@ -445,3 +454,49 @@ async def test_stdin_is_closed_after_the_result_so_claude_exits(tmp_path):
     assert (await run("claude", ln)).outcome == "succeeded"
     assert not alive(ln.recorded("pid.json"))
     assert [m["type"] for m in ln.recorded("stdin.jsonl")] == ["control_request", "user"]
+
+
+# ---------------------------------------------------------------------------------------------- steering mid-turn
+
+STEER_SCENARIO = {"claude": "steer-mid-tool", "pi": "steer"}
+
+
+async def steer_when_running(ln: Launch, text: str) -> str | None:
+    """Wait for the turn's first tool call (the fake then waits for input), then steer through the job."""
+    await ln.emit.first("tool")
+    await until(lambda: ln.job.steer_into is not None)
+    assert ln.job.steer_into is not None
+    return await ln.job.steer_into(text)
+
+
+@pytest.mark.parametrize("engine", sorted(STEER_SCENARIO))
+async def test_a_steer_reaches_the_running_turn_through_the_engines_own_protocol(engine, tmp_path):
+    ln = launch(engine, STEER_SCENARIO[engine], tmp_path)
+    running = asyncio.ensure_future(run(engine, ln))
+    assert await steer_when_running(ln, "stop building; run make test instead") is None
+    result = await running
+    assert (result.outcome, result.text) == ("succeeded", "Changing course: stop building; run make test instead")
+    sent = ln.recorded("stdin.jsonl")
+    if engine == "claude":  # one more stream-json user line, written while the turn ran
+        assert sent[2] == {"type": "user", "session_id": "", "parent_tool_use_id": None,
+                           "message": {"role": "user", "content": "stop building; run make test instead"}}
+    else:  # pi's RPC `steer` command
+        assert {"id": "amux-steer-1", "type": "steer", "message": "stop building; run make test instead"} in sent
+    assert ln.job.steer_into is None  # the turn is over: nothing more reaches it
+
+
+async def test_a_claude_steer_after_the_last_tool_call_is_answered_as_its_own_turn_before_the_run_ends(tmp_path):
+    ln = launch("claude", "steer-after-text", tmp_path)
+    running = asyncio.ensure_future(run("claude", ln))
+    await until(lambda: ln.job.steer_into is not None)
+    assert await ln.job.steer_into("also add a summary") is None
+    result = await running
+    # Claude's first `result` came before any tool boundary took the line; the run waits for the one answering it.
+    assert (result.outcome, result.text) == ("succeeded", "Changing course: also add a summary")
+
+
+async def test_codex_exec_answers_why_it_takes_no_steering(tmp_path):
+    engine = CodexEngine()
+    assert "codex exec" in (engine.steering_refusal({"permission_policy": "policy-allow"}) or "")
+    assert engine.steering_refusal({"permission_policy": "escalate-to-main"}) is None
+    assert ClaudeEngine().steering_refusal({}) is None and PiEngine().steering_refusal({}) is None

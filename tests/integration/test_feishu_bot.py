@@ -228,13 +228,13 @@ async def test_personal_schedules_are_paginated_and_only_the_viewers_own(bot: Bo
         await bot.schedule(alice, f"alice job {i}")
         bot.clock.advance(1)
     await bot.schedule(bob, "bob secret job")
-    status, res = await bot.press("ou_alice", CardAction(op="schedules"))
+    status, res = await bot.press("ou_alice", CardAction.of("schedules"))
     assert status == 200
     page1 = res["card"]["data"]
     opened = [b for b in buttons(page1) if b["op"] == "detail"]
     assert len(opened) == 5 and "bob secret job" not in card_text(page1)
     assert {"p": "amux", "v": 1, "op": "schedules", "pg": 1} in buttons(page1)
-    status, res = await bot.press("ou_alice", CardAction(op="schedules", page=1))
+    status, res = await bot.press("ou_alice", CardAction.of("schedules", page=1))
     page2 = res["card"]["data"]
     assert len([b for b in buttons(page2) if b["op"] == "detail"]) == 2
     assert "Page 2 of 2 · 7 schedules" in card_text(page2)
@@ -246,7 +246,7 @@ async def test_a_card_action_naming_another_users_schedule_is_refused(bot: Bot):
     bob = await bot.principal("ou_bob")
     sid = await bot.schedule(bob, "bob secret job")
     for op in ("detail", "history", "results", "pause", "delete"):
-        status, res = await bot.press("ou_alice", CardAction(op=op, schedule_id=sid))
+        status, res = await bot.press("ou_alice", CardAction.of(op, schedule_id=sid))
         assert status == 200 and res["toast"]["type"] == "error" and "card" not in res, op
         assert "不是你的" in res["toast"]["i18n"]["zh_cn"]
     got = await bot.hub.schedules.get(bob, sid)
@@ -260,19 +260,19 @@ async def test_pause_resume_delete_are_idempotent_and_back_refreshes_the_overvie
     alice = await bot.principal("ou_alice")
     sid = await bot.schedule(alice, "nightly build")
     for _ in range(2):
-        status, res = await bot.press("ou_alice", CardAction(op="pause", schedule_id=sid))
+        status, res = await bot.press("ou_alice", CardAction.of("pause", schedule_id=sid))
         assert res["toast"]["type"] == "success"
         assert (await bot.hub.schedules.get(alice, sid))["paused"] is True
         assert {"p": "amux", "v": 1, "op": "resume", "s": sid} in buttons(res["card"]["data"])
-    status, res = await bot.press("ou_alice", CardAction(op="overview"))
+    status, res = await bot.press("ou_alice", CardAction.of("overview"))
     assert "**paused**: 1" in card_text(res["card"]["data"])
     for _ in range(2):
-        status, res = await bot.press("ou_alice", CardAction(op="resume", schedule_id=sid))
+        status, res = await bot.press("ou_alice", CardAction.of("resume", schedule_id=sid))
         assert (await bot.hub.schedules.get(alice, sid))["paused"] is False
     for _ in range(2):
-        status, res = await bot.press("ou_alice", CardAction(op="delete", schedule_id=sid))
+        status, res = await bot.press("ou_alice", CardAction.of("delete", schedule_id=sid))
         assert res["toast"]["type"] == "success" and "deleted" in card_text(res["card"]["data"])
-    status, res = await bot.press("ou_alice", CardAction(op="overview"))
+    status, res = await bot.press("ou_alice", CardAction.of("overview"))
     assert "**Your schedules**: 0" in card_text(res["card"]["data"])
 
 
@@ -292,8 +292,8 @@ async def test_alert_center_is_admin_only_shows_names_not_prompts_and_acknowledg
     sid = await bot.schedule(alice, "nightly build")
     iid = await _incident(bot, sid, alice.principal_id)
     await bot.hub.alerts.sync_apps()
-    for action in (CardAction(op="alerts"), CardAction(op="ack", incident_id=iid),
-                   CardAction(op="snooze", incident_id=iid), CardAction(op="recheck")):
+    for action in (CardAction.of("alerts"), CardAction.of("ack", incident_id=iid),
+                   CardAction.of("snooze", incident_id=iid), CardAction.of("recheck")):
         status, res = await bot.press("ou_alice", action)
         assert res["toast"]["type"] == "error" and "card" not in res
         assert "管理员" in res["toast"]["i18n"]["zh_cn"]
@@ -301,17 +301,17 @@ async def test_alert_center_is_admin_only_shows_names_not_prompts_and_acknowledg
         row = (await conn.execute(sa.select(incidents).where(incidents.c.id == iid))).first()
     assert row.acked_at is None and row.snoozed_until is None
     await bot.overview_card(ADMIN)
-    status, res = await bot.press(ADMIN, CardAction(op="alerts"))
+    status, res = await bot.press(ADMIN, CardAction.of("alerts"))
     center = card_text(res["card"]["data"])
     assert "nightly build" in center and f"feishu:{bot.app_id}:ou_alice" in center
     assert "secret prompt" not in center                      # never the creator's prompt
     assert not any(b["op"] in ("pause", "resume", "delete", "results", "detail") for b in buttons(res["card"]["data"]))
-    status, res = await bot.press(ADMIN, CardAction(op="ack", incident_id=iid))
+    status, res = await bot.press(ADMIN, CardAction.of("ack", incident_id=iid))
     assert res["toast"]["type"] == "success"
     async with bot.hub.db.read() as conn:
         row = (await conn.execute(sa.select(incidents).where(incidents.c.id == iid))).first()
     assert row.acked_at is not None
-    status, res = await bot.press(ADMIN, CardAction(op="overview"))
+    status, res = await bot.press(ADMIN, CardAction.of("overview"))
     assert [b["op"] for b in buttons(res["card"]["data"])] == ["schedules", "alerts", "new"]
 
 
@@ -331,13 +331,13 @@ async def test_results_are_split_across_parts_under_30kb_and_history_pages(bot: 
             await conn.execute(firings.insert().values(
                 id=new_id("fir"), schedule_id=sid, nominal_time=now + timedelta(hours=i), fired_at=now,
                 admission="ok", task_id=tid, outcome="succeeded", missed_count=0, legacy=False))
-    status, res = await bot.press("ou_alice", CardAction(op="results", schedule_id=sid))
+    status, res = await bot.press("ou_alice", CardAction.of("results", schedule_id=sid))
     card = res["card"]["data"]
     parts = int(card_text(card).split("Part 1 of ")[1].split()[0])
     assert parts > 1
     seen = []
     for part in range(parts):
-        status, res = await bot.press("ou_alice", CardAction(op="results", schedule_id=sid, sub=part))
+        status, res = await bot.press("ou_alice", CardAction.of("results", schedule_id=sid, sub=part))
         card = res["card"]["data"]
         assert size_bytes(card) <= MAX_CARD_BYTES
         seen.append(next(e["content"] for e in card["body"]["elements"]
@@ -345,7 +345,7 @@ async def test_results_are_split_across_parts_under_30kb_and_history_pages(bot: 
     joined = "".join(seen)
     assert re.search(r"(?<!\\)<at", joined) is None and "\\<at id=all\\>" in joined   # no mention sneaks in
     assert joined.replace("\\", "") == text.replace("\\", "")                             # nothing lost across parts
-    status, res = await bot.press("ou_alice", CardAction(op="history", schedule_id=sid))
+    status, res = await bot.press("ou_alice", CardAction.of("history", schedule_id=sid))
     assert {"p": "amux", "v": 1, "op": "history", "s": sid, "pg": 1} in buttons(res["card"]["data"])
-    status, res = await bot.press("ou_alice", CardAction(op="history", schedule_id=sid, page=1))
+    status, res = await bot.press("ou_alice", CardAction.of("history", schedule_id=sid, page=1))
     assert "Page 2" in card_text(res["card"]["data"])

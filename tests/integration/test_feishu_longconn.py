@@ -21,7 +21,7 @@ from hub.services.bot import BotService
 from hub.store.bot import SqlBotStore
 from hub.store.db import Database
 from tests.fakes.feishu_ws import FakeFeishuWs
-from tests.helpers import REPO, eventually, hub_settings
+from tests.helpers import REPO, eventually, hub_settings, started
 
 
 async def test_only_one_replica_holds_the_long_connection_and_another_takes_over_after_expiry(
@@ -246,7 +246,7 @@ async def test_two_long_connection_clients_in_one_replica_each_run_on_their_own_
     try:
         for app in apps:  # one after the other: the second thread's start must not take over the first's loop
             links.append(conns.start_client(app, loop))
-            await eventually(lambda app=app: _true(len(fake.open(app.app_id)) == 1), timeout=15)
+            await started(lambda app=app: _true(len(fake.open(app.app_id)) == 1), f"the {app.app_id} client thread")
         for n, app in enumerate(apps):
             (conn,) = fake.open(app.app_id)
             await fake.push_event(conn, f"m{n}", _message(app.app_id, n, clock))
@@ -300,7 +300,7 @@ base_url = "{fake.base_url}"
                 lease = await store.lease_holder(conn, "longconn:cli_lc")
             return int(lease[0].split(":")[-2]) if lease else None
 
-        await eventually(lambda: _true(len(fake.open()) == 1), timeout=40, interval=0.1)
+        await started(lambda: _true(len(fake.open()) == 1), "a hub process connected to Feishu", interval=0.1)
         first = fake.open()[0]
         pid_a = await holder_pid()
         assert pid_a in {p.pid for p in procs}

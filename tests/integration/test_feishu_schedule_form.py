@@ -49,7 +49,7 @@ async def submit(b: Bot, open_id: str, value: dict, form_value: dict) -> dict:
     return body
 
 
-NEW = CardAction(op="new")
+NEW = CardAction.of("new")
 
 
 async def open_form(b: Bot, open_id: str, action: CardAction = NEW) -> dict:
@@ -109,12 +109,12 @@ async def test_create_then_list_then_it_fires_then_its_history(bot: Bot):
     assert row.provenance["receipt"]["kind"] == "card_action" and row.provenance["receipt"]["open_id"] == USER
     assert row.provenance["attribution"]["basis"] == "card_action_receipt"
     # at once in the personal list
-    _, listing = await bot.press(USER, CardAction(op="schedules"))
+    _, listing = await bot.press(USER, CardAction.of("schedules"))
     assert "nightly" in str(listing["card"]["data"])
     # it fires (the injected clock) and shows in its history
     bot.clock.advance(3600)
     await bot.hub.schedule_firing.fire_due()
-    _, hist = await bot.press(USER, CardAction(op="history", schedule_id=row.id))
+    _, hist = await bot.press(USER, CardAction.of("history", schedule_id=row.id))
     assert await count(bot, firings) == 1 and await count(bot, task_runs) == 1
     text = str(hist["card"]["data"])
     assert "nightly" in text and "No runs yet" not in text
@@ -125,7 +125,7 @@ async def test_edit_the_time_moves_the_next_run_and_keeps_the_creator(bot: Bot):
     await submit(bot, USER, submit_value(await open_form(bot, USER)), fields(when="0 3 * * *"))
     async with bot.hub.db.read() as conn:
         before = (await conn.execute(sa.select(schedules))).one()
-    card = await open_form(bot, USER, CardAction(op="edit", schedule_id=before.id))
+    card = await open_form(bot, USER, CardAction.of("edit", schedule_id=before.id))
     assert card["header"]["title"]["content"] == "Edit schedule"
     filled = {e["name"]: e.get("default_value", e.get("initial_option")) for e in form_of(card)["elements"]
               if e.get("name") in ("name", "prompt", "when", "timezone", "profile", "notify")}
@@ -146,7 +146,7 @@ async def test_run_now_is_one_extra_manual_firing_with_its_task(bot: Bot):
     await submit(bot, USER, submit_value(await open_form(bot, USER)), fields(when="@daily"))
     async with bot.hub.db.read() as conn:
         s = (await conn.execute(sa.select(schedules))).one()
-    status, body = await bot.press(USER, CardAction(op="run", schedule_id=s.id))
+    status, body = await bot.press(USER, CardAction.of("run", schedule_id=s.id))
     assert status == 200 and body["toast"]["type"] == "success", body
     async with bot.hub.db.read() as conn:
         [f] = (await conn.execute(sa.select(firings))).all()
@@ -184,7 +184,7 @@ async def test_another_users_schedule_id_edited_into_the_callback_is_refused(bot
     body = await submit(bot, "ou_mallory", forged, fields(prompt="steal", when="every 1h"))
     assert body["toast"]["type"] == "error" and "card" not in body
     for op in ("edit", "run"):
-        _, body = await bot.press("ou_mallory", CardAction(op=op, schedule_id=theirs.id))
+        _, body = await bot.press("ou_mallory", CardAction.of(op, schedule_id=theirs.id))
         assert body["toast"]["type"] == "error" and "card" not in body
     async with bot.hub.db.read() as conn:
         still = (await conn.execute(sa.select(schedules))).one()
@@ -217,7 +217,7 @@ async def test_a_person_without_an_active_binding_is_told_to_link(bot: Bot):
         binding = (await conn.execute(sa.select(identity_bindings.c.id)
                                       .where(identity_bindings.c.open_id == USER))).scalar()
     await bot.hub.identity.unlink(viewer, binding)
-    for send in (lambda: bot.press(USER, CardAction(op="new")), None):
+    for send in (lambda: bot.press(USER, CardAction.of("new")), None):
         if send is not None:
             _, body = await send()
         else:

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from hub.app import embedded_secret_key
 from hub.store.db import Database, upgrade
-from tests.helpers import REPO, eventually
+from tests.helpers import REPO, started
 
 
 def mode(path: Path) -> int:
@@ -29,7 +29,7 @@ async def test_amux_up_creates_its_home_0700_and_its_database_wal_shm_tokens_and
     try:
         async def ready() -> bool:
             return all((home / n).exists() for n in ("admin.token", "runner.token", "amux.db-wal", "amux.db-shm"))
-        await eventually(ready, timeout=60)
+        await started(ready, "amux up", proc=proc)
         assert mode(home) == 0o700
         for name in ("amux.db", "amux.db-wal", "amux.db-shm", "admin.token", "runner.token", "secret.key"):
             assert mode(home / name) == 0o600, (name, oct(mode(home / name)))

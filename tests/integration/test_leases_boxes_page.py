@@ -152,6 +152,31 @@ async def test_sandboxed_boxes_carry_no_warning_and_report_their_isolation(h):
     assert set(box["limits"]) == {"memory", "pids", "cpu"} and listed[0]["warning"] is None
 
 
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="install bubblewrap (make test does)")
+async def test_a_box_killed_from_inside_is_listed_dead_by_rift_vm_list_and_the_boxes_page(h):
+    token = await h["hub"].auth.create_token("alice")
+    async with mcp_client(h["url"], token, name="Claude") as c:
+        t = (await c.call_tool("rift_task_new", {"name": "doomed"})).structured_content
+        doomed = (await c.call_tool("rift_vm_new", {"task": t["handle"], "name": "doomed"})).structured_content
+        fine = (await c.call_tool("rift_vm_new", {"task": t["handle"], "name": "fine"})).structured_content
+        await c.call_tool("rift_vm_exec", {"task": t["handle"], "vm_id": doomed["vm_id"], "command": "kill -9 -1"})
+        listed = {b["vm_id"]: b for b in
+                  (await c.call_tool("rift_vm_list", {"task": t["handle"]})).structured_content["boxes"]}
+        assert listed[doomed["vm_id"]]["state"] == "dead"
+        assert "no longer running" in listed[doomed["vm_id"]]["warning"]
+        assert "rift_vm_destroy" in listed[doomed["vm_id"]]["warning"]
+        assert listed[fine["vm_id"]]["state"] == "live" and listed[fine["vm_id"]]["warning"] is None
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http:
+            page = (await http.get(f"{h['url']}/boxes")).text
+        rows = {m.group(1): m.group(0) for m in re.finditer(r'<tr data-box="(vm_[0-9a-z]+)">.*?</tr>', page)}
+        assert 'class="dead">dead<' in rows[doomed["vm_id"]] and "rift_vm_destroy" in rows[doomed["vm_id"]]
+        assert "dead" not in rows[fine["vm_id"]] and "<td>live</td>" in rows[fine["vm_id"]]
+        # listing changed nothing: the dead box is still the task's until it is destroyed
+        gone = (await c.call_tool("rift_vm_destroy", {"task": t["handle"], "vm_id": doomed["vm_id"]}))
+        assert gone.structured_content["state"] == "destroyed"
+        await c.call_tool("rift_task_close", {"task": t["handle"]})
+
+
 # ---------------------------------------------------------------- pages
 
 

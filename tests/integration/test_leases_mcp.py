@@ -372,7 +372,7 @@ async def test_a_task_quiet_for_4_hours_closes_itself_and_its_processes_are_kill
         assert not any(alive(p) for p in pids)
         listed = {x["task_id"]: x for x in (await ok(claude, "rift_task_list"))["tasks"]}
         assert listed[t["task_id"]]["status"] == "closed"
-        assert listed[t["task_id"]]["closed_reason"] == "quiet for 4 hours"
+        assert listed[t["task_id"]]["closed_reason"] == "quiet for 4 h"
         assert "its VMs are gone" in await refused(claude, "rift_vm_list", {"task": t["handle"]})
 
 
@@ -432,3 +432,23 @@ async def test_the_local_driver_leaves_a_box_on_another_machine_to_the_replica_t
     assert (await driver.exec(here, "echo ok", 5)).stdout == "ok\n"
     await driver.destroy(here)
     await driver.destroy({**here, "host": driver.host})  # gone, on this machine: a no-op
+
+
+async def test_each_stored_box_is_served_by_the_driver_its_handle_names_whatever_boxes_driver_says_now(tmp_path):
+    from hub.boxes.base import BoxError
+    from hub.boxes.local import NO_SANDBOX_RECORD, LocalBoxDriver
+    from hub.config import BoxSettings
+
+    before = LocalBoxDriver(tmp_path / "boxes", BoxSettings(driver="unsandboxed"), hide=[tmp_path])
+    plain = await before.create("vm_madeplain1")
+    now = LocalBoxDriver(tmp_path / "boxes", BoxSettings(driver="local"), hide=[tmp_path])  # the operator switched
+    assert now.name == "local" and now.sandboxed and not before.sandboxed
+    assert (await now.exec(plain, "echo $AMUX_BOX_ID", 5)).stdout == "vm_madeplain1\n"
+    assert await now.alive(plain) is True and (await now.describe(plain)).alive
+    unrecorded = {k: v for k, v in plain.items() if k != "sandbox"}  # a handle without its sandbox record
+    with pytest.raises(BoxError) as e:
+        await now.exec(unrecorded, "true", 5)
+    assert str(e.value) == NO_SANDBOX_RECORD.format(box_id="vm_madeplain1")
+    assert await now.alive(unrecorded) is False
+    await now.destroy(plain)
+    assert not Path(plain["dir"]).exists() and await now.alive(plain) is False

@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.helpers import REPO
+from tests.helpers import REPO, started_sync
 
 CLEAN = ("AMUX_HOME", "AMUX_HUB_URL", "AMUX_TOKEN", "AMUX_DATABASE_URL", "AMUX_LISTEN", "AMUX_SESSION_ID",
          "AMUX_LOG_LEVEL", "AMUX_LOG__FORMAT", "AMUX_LOG__LEVEL", "AMUX_SECRET_KEY")
@@ -50,17 +50,18 @@ class Up:
                                      stderr=self.err, text=True)
         self.out: list[str] = []
         self.url = ""
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise AssertionError(f"amux up ended: {''.join(self.out)}{self.err_path.read_text()}")
-            self.out.append(line)
-            if m := re.search(r"listening on (http://\S+)", line):
-                self.url = m.group(1)
-            if "in-process runner" in line:
-                break
+        started_sync(self._runner_line, "amux up to start its in-process runner", interval=0)
         self.token = (home / "admin.token").read_text().strip()
+
+    def _runner_line(self) -> bool:
+        """Read one line of `amux up`; True once it says its in-process runner started."""
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"amux up ended: {''.join(self.out)}{self.err_path.read_text()}")
+        self.out.append(line)
+        if m := re.search(r"listening on (http://\S+)", line):
+            self.url = m.group(1)
+        return "in-process runner" in line
 
     def call(self, method: str, path: str, body: dict | None = None, *, token: str | None = None) -> tuple[int, dict]:
         req = urllib.request.Request(self.url + path, method=method, data=json.dumps(body).encode() if body else None,
@@ -98,12 +99,12 @@ def test_every_line_of_a_json_journey_is_json_with_its_fields_access_lines_and_n
         assert hub.call("GET", "/healthz")[0] == 200
         assert hub.call("GET", f"/nope?token={hub.token}")[0] == 404  # the query (a token here) is never logged
         assert hub.call("GET", "/api/v1/tasks")[0] == 401
-        for _ in range(100):  # the in-process runner registers just after `amux up` prints its line
+        def submitted() -> tuple[int, dict] | None:  # the in-process runner registers just after that line
             status, sub = hub.call("POST", "/api/v1/tasks", {"prompt": "say hi", "profile": "scripted"},
                                    token=hub.token)
-            if status != 400 or "no registered runtime" not in sub.get("message", ""):
-                break
-            time.sleep(0.2)
+            return None if status == 400 and "no registered runtime" in sub.get("message", "") else (status, sub)
+
+        status, sub = started_sync(submitted, "the in-process runner to register", proc=hub.proc, interval=0.2)
         assert status in (200, 201), sub
         done = False
         for _ in range(20):

@@ -94,7 +94,7 @@ async def test_the_creator_toggles_notify_from_the_personal_card(bot: Bot):  # n
     await bot.overview_card("ou_alice")                     # first contact binds alice
     alice = await bot.principal("ou_alice")
     sid = await bot.schedule(alice, "nightly")
-    status, res = await bot.press("ou_alice", CardAction(op="detail", schedule_id=sid))
+    status, res = await bot.press("ou_alice", CardAction.of("detail", schedule_id=sid))
     card = res["card"]["data"]
     assert "**Notifications**: failures only" in card_text(card)
     toggles = [b for b in buttons(card) if b["op"] == "notify"]
@@ -105,7 +105,7 @@ async def test_the_creator_toggles_notify_from_the_personal_card(bot: Bot):  # n
     assert "通知" in card_text(res["card"]["data"], "zh_cn")
     async with bot.hub.db.read() as conn:
         assert (await conn.execute(sa.select(schedules.c.notify).where(schedules.c.id == sid))).scalar() == "none"
-    status, res = await bot.press("ou_mallory", CardAction(op="notify", schedule_id=sid, sub=1))   # not hers: refused
+    status, res = await bot.press("ou_mallory", CardAction.of("notify", schedule_id=sid, sub=1))   # not hers: refused
     assert res["toast"]["type"] == "error"
     async with bot.hub.db.read() as conn:
         assert (await conn.execute(sa.select(schedules.c.notify).where(schedules.c.id == sid))).scalar() == "none"

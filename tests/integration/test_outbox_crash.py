@@ -15,7 +15,7 @@ from hub.ids import new_id
 from hub.store.db import Database
 from hub.store.tables import api_tokens, identity_bindings, outbox, schedules
 from tests.fakes.feishu import FakeFeishu
-from tests.helpers import REPO, eventually
+from tests.helpers import REPO, eventually, started
 
 ADMIN = "ou_admin_crash"
 
@@ -45,7 +45,7 @@ async def start_hub(home: Path, port: int) -> asyncio.subprocess.Process:
         except httpx2.TransportError:
             return False
 
-    await eventually(ready, timeout=30, interval=0.1)
+    await started(ready, "amux up to serve with its runner online", proc=proc, interval=0.1)
     return proc
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from hub.engines.scripted import ScriptedEngine
 from hub.runner.agent import Runner
-from tests.helpers import PROCESS_MODE, mcp_client, start_hub
+from tests.helpers import PROCESS_MODE, mcp_client, start_hub, started
 
 
 class ReportingRunner(Runner):
@@ -38,7 +38,7 @@ async def start(hub, name: str, **report: Any) -> Runner:  # noqa: ANN001
                              **PROCESS_MODE, workspace_root=Path(hub.hub.settings.home) / "ws" / name,
                              engines={"scripted": ScriptedEngine()})
     hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
-    await asyncio.wait_for(runner.registered.wait(), 10)
+    await started(runner.registered.wait(), "the runner to register")
     return runner
 
 

@@ -23,7 +23,7 @@ from hub.runner.agent import Runner
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import api_tokens, task_events
 from tests.fakes.model_api import RejectingModelApi
-from tests.helpers import PROCESS_MODE, REPO
+from tests.helpers import PROCESS_MODE, REPO, started
 
 BIN = REPO / "tests" / "clients" / "node_modules" / ".bin"
 
@@ -59,7 +59,7 @@ async def start(hub, tmp_path: Path, credentials: dict[str, str]):
     runner = Runner(hub.url, hub.admin_token, name="real", slots=2, **PROCESS_MODE, workspace_root=tmp_path / "ws",
                     engines={"claude": ClaudeEngine(), "codex": CodexEngine()})
     hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
-    await asyncio.wait_for(runner.registered.wait(), 10)
+    await started(runner.registered.wait(), "the runner to register")
     admin = await hub.hub.auth.authenticate(hub.admin_token)
     await hub.hub.credentials.declare(admin, "model", sorted(credentials))
     for name, value in credentials.items():

@@ -8,7 +8,7 @@ import sys
 
 import httpx2
 
-from tests.helpers import REPO, eventually, mcp_client, runner_command, start_hub
+from tests.helpers import REPO, mcp_client, runner_command, start_hub, started
 
 
 def free_port() -> int:
@@ -36,7 +36,7 @@ async def test_a_task_admitted_on_one_hub_runs_on_a_runner_connected_to_another(
             except httpx2.TransportError:
                 return False
 
-        await eventually(b_ready, timeout=30)
+        await started(b_ready, "replica b", proc=replica_b)
         token_b = (home / "admin.token").read_text().strip()
         runner = await asyncio.create_subprocess_exec(
             *runner_command(b_url, token_b, "on-b", 2, tmp_path / "ws"), cwd=REPO, env=env,
@@ -46,7 +46,7 @@ async def test_a_task_admitted_on_one_hub_runs_on_a_runner_connected_to_another(
                 res = await c.call_tool("task_submit", {"prompt": "say across replicas", "profile": "scripted"})
                 return None if res.is_error else res.structured_content
 
-            sub = await eventually(runtime_online, timeout=20, interval=0.2)
+            sub = await started(runtime_online, "runner on-b online", proc=runner, interval=0.2)
             done = (await c.call_tool("task_wait", {"task_id": sub["task_id"], "timeout_s": 20})).structured_content
             while not done["done"]:
                 done = (await c.call_tool("task_wait", {"task_id": sub["task_id"], "cursor": done["cursor"],
@@ -89,7 +89,7 @@ async def test_two_hubs_starting_at_the_same_instant_on_an_empty_postgres_both_c
             except httpx2.TransportError:
                 return False
 
-        await eventually(both_ready, timeout=40, interval=0.2)
+        await started(both_ready, "both replicas", interval=0.2)
         assert all(p.returncode is None for p in procs)
     finally:
         for p in procs:

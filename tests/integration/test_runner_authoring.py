@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from hub.errors import Invalid
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import runtimes
-from tests.helpers import REPO, eventually, runner_command
+from tests.helpers import REPO, runner_command, started
 
 AUTHOR = {"manifest_version": 2, "name": "author", "engine": "scripted", "description": "writes its own expert",
           "expert": {"authoring": "local"}}
@@ -37,14 +37,14 @@ async def test_a_runner_started_with_authoring_runs_a_local_authoring_profile_an
     plain = await spawn(hub, tmp_path, "plain")
     authoring = None
     try:
-        caps = await eventually(lambda: capabilities(hub.hub, "plain"), timeout=30)
+        caps = await started(lambda: capabilities(hub.hub, "plain"), "runner plain", proc=plain)
         assert caps["authoring"] is False
         hub.hub.settings.profiles.authoring_runtime = "plain"
         with pytest.raises(Invalid, match="authoring capability"):
             await hub.hub.tasks.submit(admin, SubmitRequest(prompt="say written", profile="author"))
 
         authoring = await spawn(hub, tmp_path, "author-box", "--authoring")
-        caps = await eventually(lambda: capabilities(hub.hub, "author-box"), timeout=30)
+        caps = await started(lambda: capabilities(hub.hub, "author-box"), "runner author-box", proc=authoring)
         assert caps["authoring"] is True
         hub.hub.settings.profiles.authoring_runtime = "author-box"
         sub = await hub.hub.tasks.submit(admin,

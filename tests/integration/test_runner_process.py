@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import reservations, runtimes
-from tests.helpers import REPO, eventually, runner_command, start_hub
+from tests.helpers import REPO, eventually, runner_command, start_hub, started
 
 
 async def spawn_runner(url: str, token: str, tmp_path: Path, name: str = "proc", slots: int = 2):
@@ -33,7 +33,7 @@ async def task_status(handle, caller, task_id):
 async def test_tasks_run_end_to_end_on_a_real_runner_process(hub, tmp_path):
     proc = await spawn_runner(hub.url, hub.admin_token, tmp_path)
     try:
-        await eventually(lambda: runtime_status(hub.hub, "proc"))
+        await started(lambda: runtime_status(hub.hub, "proc"), "runner proc", proc=proc)
         admin = await hub.hub.auth.authenticate(hub.admin_token)
         sub = await hub.hub.tasks.submit(admin,
                                          SubmitRequest(prompt="say from a process\nwrite a.txt x", profile="scripted"))
@@ -47,7 +47,7 @@ async def test_tasks_run_end_to_end_on_a_real_runner_process(hub, tmp_path):
 
 async def test_kill_9_of_a_runner_mid_task_ends_it_failed_runtime_lost_and_releases_capacity(hub, tmp_path):
     proc = await spawn_runner(hub.url, hub.admin_token, tmp_path)
-    await eventually(lambda: runtime_status(hub.hub, "proc"))
+    await started(lambda: runtime_status(hub.hub, "proc"), "runner proc", proc=proc)
     admin = await hub.hub.auth.authenticate(hub.admin_token)
     sub = await hub.hub.tasks.submit(admin, SubmitRequest(prompt="say started\nsleep 60", profile="scripted"))
     await eventually(lambda: _is(task_status(hub, admin, sub["task_id"]), "running"))
@@ -71,7 +71,7 @@ async def test_after_a_hub_restart_mid_task_the_task_completes_when_the_runner_r
     first = await start_hub(sqlite_url, tmp_path, clock, port=port)
     proc = await spawn_runner(first.url, first.admin_token, tmp_path)
     try:
-        await eventually(lambda: runtime_status(first.hub, "proc"))
+        await started(lambda: runtime_status(first.hub, "proc"), "runner proc", proc=proc)
         admin = await first.hub.auth.authenticate(first.admin_token)
         sub = await first.hub.tasks.submit(admin,
                                            SubmitRequest(prompt="say before\nsleep 1.5\nsay after", profile="scripted"))

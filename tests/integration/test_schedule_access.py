@@ -75,8 +75,8 @@ async def _recovery_view(hub, v: Viewer) -> set[str]:  # noqa: ANN001
 
 
 EXPECTED = {
-    "carol_a": {"frozen_a", "unbound"},     # not B's, not one whose creator binding was unlinked, never dave's
-    "carol_b": {"frozen_b", "unbound"},
+    "carol_a": {"frozen_a"},     # not B's, not an unbound one, not one whose creator binding was unlinked, not dave's
+    "carol_b": {"frozen_b"},
     "dave_a": {"daves"},
 }
 
@@ -94,12 +94,77 @@ async def test_personal_views_card_actions_rest_reads_and_recovery_make_the_same
             assert card == (name in EXPECTED[key]), (key, name)
 
 
-async def test_schedule_with_no_creator_binding_is_visible_only_to_its_creators_own_linked_identities(hub):
-    hub = hub.hub
+async def test_a_schedule_without_application_scope_and_creator_binding_is_shown_in_no_feishu_app(any_hub):
+    hub = any_hub.hub
     _carol, _dave, viewers = await _setup(hub)
-    assert "unbound" in await _bot_view(hub, viewers["carol_a"])
-    assert "unbound" in await _bot_view(hub, viewers["carol_b"])
-    assert "unbound" not in await _bot_view(hub, viewers["dave_a"])
+    for v in viewers.values():
+        assert "unbound" not in await _bot_view(hub, v)
+        assert "unbound" not in await _recovery_view(hub, v)
+        assert not await _readable(hub.schedules.card(v.caller(), "sch_unbound"))
+
+
+async def test_a_schedule_recovery_left_unbound_is_not_shown_in_any_app_even_to_its_linked_creator(any_hub):
+    hub = any_hub
+    h = hub.hub
+    carol = await h.auth.authenticate(await h.auth.create_token("carol"))
+    now = h.clock.now()
+    async with h.db.write() as conn:   # the pre-upgrade shape: a receipt, no binding, no application
+        for app in (APP_A, APP_B):   # two active aliases: ambiguous, left unbound
+            await conn.execute(identity_bindings.insert().values(
+                id=new_id("ib"), principal_id=carol.principal_id, app_id=app, open_id=f"ou_c_{app}",
+                status="active", created_at=now))
+        await conn.execute(schedules.insert().values(
+            id="sch_left", creator_id=carol.principal_id, provenance={"source": "cli", "token_id": carol.token_id,
+                                                                      "label": "cli", "principal": "carol"},
+            type="subtask", name="left", prompt="say hi", rule="every 1h", timezone="UTC", paused=False,
+            created_at=now, updated_at=now))
+    res = await h.recovery.recover_creators()
+    assert {e["schedule_id"]: e["outcome"] for e in res["schedules"]}["sch_left"] == "unbound"
+    for app in (APP_A, APP_B):
+        assert await h.recovery.personal(app, f"ou_c_{app}") == []
+        b = await h.identity.find_contact(app, f"ou_c_{app}")
+        v = Viewer(app_id=app, open_id=f"ou_c_{app}", principal_id=carol.principal_id, name="carol",
+                   binding_id=b.binding_id, is_admin=False)
+        assert await _bot_view(h, v) == set()
+    assert "left" in await _rest_view(h, carol)   # the operator/CLI view is unchanged
+
+
+async def test_revoking_a_principals_execution_access_makes_its_feishu_schedule_views_unreadable(any_hub):
+    hub = any_hub
+    h = hub.hub
+    _carol, _dave, viewers = await _setup(h)
+    admin = await h.auth.authenticate(hub.admin_token)
+    await h.identity.set_execution_access(admin, "carol", revoked=True)
+    for key in ("carol_a", "carol_b"):
+        v = viewers[key]
+        assert await _bot_view(h, v) == set() == await _recovery_view(h, v) == await _rest_view(h, v.caller())
+        for name in ("frozen_a", "frozen_b"):
+            assert not await _readable(h.schedules.card(v.caller(), f"sch_{name}"))
+            assert not await _readable(h.schedules.pause(v.caller(), f"sch_{name}"))   # no action either
+    assert await _bot_view(h, viewers["dave_a"]) == {"daves"}   # only that principal's
+    assert await _rest_view(h, _carol) == {"frozen_a", "frozen_b", "unbound", "old_binding"}  # operator view unchanged
+    await h.identity.set_execution_access(admin, "carol", revoked=False)
+    assert await _bot_view(h, viewers["carol_a"]) == {"frozen_a"}
+
+
+async def test_execution_access_is_changed_by_an_admin_only_over_rest_and_the_cli(hub):
+    from tests.integration.test_cli_rest import amux
+    h = hub.hub
+    _carol, _dave, viewers = await _setup(h)
+    carol_token = await h.auth.create_token("carol")
+    code, _out, err = await amux("identity", "execution", "carol", "--revoke",
+                                 env={"AMUX_HUB_URL": hub.url, "AMUX_TOKEN": carol_token})
+    assert code == 3 and "admin token" in err, err
+    assert await _bot_view(h, viewers["carol_a"]) == {"frozen_a"}
+    env = {"AMUX_HUB_URL": hub.url, "AMUX_TOKEN": hub.admin_token}
+    code, out, err = await amux("identity", "execution", "carol", "--revoke", env=env)
+    assert code == 0 and "carol: execution access revoked" in out, err
+    assert await _bot_view(h, viewers["carol_a"]) == set()
+    code, out, err = await amux("identity", "execution", "nobody", "--restore", env=env)
+    assert code == 3 and "does not exist" in err, err
+    code, out, err = await amux("identity", "execution", "carol", "--restore", env=env)
+    assert code == 0 and "restored" in out, err
+    assert await _bot_view(h, viewers["carol_a"]) == {"frozen_a"}
 
 
 async def test_a_schedule_frozen_to_another_application_is_not_shown_in_this_one(hub):

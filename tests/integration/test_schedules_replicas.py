@@ -18,7 +18,7 @@ from hub.runner import protocol as p
 from hub.services.schedules import ScheduleSpec
 from hub.store.db import Database
 from hub.store.tables import firings, runtimes, schedules, task_runs
-from tests.helpers import REPO, eventually, hub_settings
+from tests.helpers import REPO, eventually, hub_settings, started
 from tests.integration.test_replicas import free_port
 
 CAPS = {"platform": "linux", "engines": ["scripted"], "workspace_root": "/tmp", "workspace_writable": True}
@@ -63,8 +63,8 @@ async def test_two_hub_processes_on_one_postgresql_fire_each_nominal_time_of_500
     try:
         for name in ("a", "b"):  # one after the other (simultaneous first starts: test_replicas.py)
             procs.append(await serve(pg_url, tmp_path / name))
-            await eventually(lambda url=procs[-1][1]: ready(url), timeout=30)
-            await eventually(lambda h=tmp_path / name: _exists(h / "admin.token"), timeout=30)
+            await started(lambda url=procs[-1][1]: ready(url), f"hub {name}", proc=procs[-1][0])
+            await started(lambda h=tmp_path / name: _exists(h / "admin.token"), f"hub {name} admin token")
         async with hub.db.write() as conn:  # no runner: every fire is admitted as skipped:offline (no Task churn)
             await conn.execute(runtimes.update().values(status="offline"))
         for i in range(500):
@@ -133,8 +133,8 @@ async def test_kill_9_between_persisting_a_firing_and_dispatching_it_leaves_unkn
     proc, url = await serve(pg_url, tmp_path / "crash")
     lock_conn = await hub.db.engine.connect()
     try:
-        await eventually(lambda: ready(url), timeout=30)
-        await eventually(lambda: _exists(tmp_path / "crash" / "admin.token"), timeout=30)  # startup is done
+        await started(lambda: ready(url), "hub crash", proc=proc)
+        await started(lambda: _exists(tmp_path / "crash" / "admin.token"), "hub crash admin token")  # startup is done
         lock = await lock_conn.begin()
         await lock_conn.execute(sa.text("LOCK TABLE principals IN ACCESS EXCLUSIVE MODE"))
         async with hub.db.write() as conn:

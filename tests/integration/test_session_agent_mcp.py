@@ -32,7 +32,7 @@ from hub.runner.agent import Runner
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import bot_chats, identity_bindings, schedules, task_runs
 from tests.fakes.feishu import FakeFeishu, Message, clock_seconds
-from tests.helpers import PROCESS_MODE, REPO, eventually, start_hub
+from tests.helpers import PROCESS_MODE, REPO, eventually, start_hub, started
 
 BIN = REPO / "tests" / "fakes" / "bin"
 ADMIN, ALICE = "ou_admin", "ou_alice"
@@ -92,7 +92,7 @@ async def test_a_chat_turns_agent_delegates_a_task_and_a_schedule_over_mcp_attri
                         **PROCESS_MODE, workspace_root=tmp_path / "ws",
                         engines={engine: AGENTS[engine](), "scripted": ScriptedEngine()})
         handle.runners.append((runner, asyncio.create_task(runner.run_forever())))
-        await asyncio.wait_for(runner.registered.wait(), 10)
+        await started(runner.registered.wait(), "the runner to register")
 
         mid = await post_message(handle.url, fake.app_id, fake, clock, ALICE, "delegate the report and schedule it")
         reply = await eventually(lambda: _reply_to(fake, mid), timeout=60)
@@ -208,7 +208,7 @@ async def test_a_plain_tasks_child_gets_the_memory_cli_and_a_run_token_but_no_mc
     runner = Runner(hub.url, hub.admin_token, name="tasks", slots=1, **PROCESS_MODE, workspace_root=tmp_path / "ws",
                     engines={engine: ENGINES[engine]()})
     hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
-    await asyncio.wait_for(runner.registered.wait(), 10)
+    await started(runner.registered.wait(), "the runner to register")
     admin = await hub.hub.auth.authenticate(hub.admin_token)
     sub = await hub.hub.tasks.submit(admin, SubmitRequest(prompt="say hello", profile=engine))
     view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=30)

@@ -27,7 +27,7 @@ from hub.runner.protocol import QUESTION_DIAGNOSTIC
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import session_questions, task_runs
 from tests.fakes.feishu import FakeFeishu, card_buttons, card_text, clock_seconds, signed_card_callback
-from tests.helpers import PROCESS_MODE, REPO, HubHandle, eventually, mcp_client, start_hub
+from tests.helpers import PROCESS_MODE, REPO, eventually, HubHandle, mcp_client, start_hub, started
 from tests.integration.test_cli_rest import amux
 from tests.integration.test_session_agent_mcp import post_message
 
@@ -105,7 +105,7 @@ async def start_chat(db_url: str, tmp_path: Path, clock: ManualClock, monkeypatc
                     **PROCESS_MODE, workspace_root=tmp_path / "ws",
                     engines={"claude": ClaudeEngine()})
     handle.runners.append((runner, asyncio.create_task(runner.run_forever())))
-    await asyncio.wait_for(runner.registered.wait(), 10)
+    await started(runner.registered.wait(), "the runner to register")
     return Chat(handle, fake, clock, record)
 
 

@@ -279,6 +279,54 @@ async def test_interrupt_cancels_the_current_owner_taskrun_and_keeps_the_instanc
     assert final["task"]["task_id"] == again["task_id"] and final["task"]["status"] == "succeeded"
 
 
+async def test_interrupt_cancels_every_unfinished_owner_run_the_running_one_and_the_followup_queued_behind_it(any_hub):
+    hub = any_hub
+    await hub.start_runner()
+    async with mcp_client(hub.url, hub.admin_token) as c:
+        iid = (await ok(c, "instance_create", profile="scripted"))["instance_id"]
+        a = (await ok(c, "instance_followup", instance_id=iid, prompt="say a\nsleep 30"))["task_id"]
+        await eventually(lambda: is_running(hub, a))
+        b = (await ok(c, "instance_followup", instance_id=iid, prompt="say b"))["task_id"]
+        view = await ok(c, "instance_get", instance_id=iid)
+        assert view["status"] == "active" and view["unfinished_task_ids"] == [a, b]
+        ans = await ok(c, "instance_interrupt", instance_id=iid)
+        assert ans["task_id"] == a and {x["task_id"] for x in ans["cancelled"]} == {a, b}
+
+        async def both_cancelled():
+            return [await status_of(hub, a), await status_of(hub, b)] == ["cancelled", "cancelled"]
+        await eventually(both_cancelled)
+        view = await ok(c, "instance_get", instance_id=iid)
+        assert view["status"] == "idle" and view["unfinished_task_ids"] == []
+        again = (await ok(c, "instance_followup", instance_id=iid, prompt="say resumed"))["task_id"]
+        final = await ok(c, "instance_wait", instance_id=iid, timeout_s=10)
+    assert final["task"]["task_id"] == again and final["task"]["status"] == "succeeded"
+
+
+async def test_an_instance_stays_active_and_archive_is_refused_while_an_earlier_owner_run_still_runs(any_hub):
+    hub = any_hub
+    await hub.start_runner()
+    async with mcp_client(hub.url, hub.admin_token) as c:
+        iid = (await ok(c, "instance_create", profile="scripted"))["instance_id"]
+        a = (await ok(c, "instance_followup", instance_id=iid, prompt="say a\nsleep 30"))["task_id"]
+        await eventually(lambda: is_running(hub, a))
+        b = (await ok(c, "instance_followup", instance_id=iid, prompt="say b"))["task_id"]
+        await ok(c, "task_cancel", task_id=b)  # the newest run (current_task_id) ends; A still runs
+        assert await status_of(hub, b) == "cancelled" and await is_running(hub, a)
+        view = await ok(c, "instance_get", instance_id=iid)
+        assert view["current_task_id"] == b and view["status"] == "active" and view["unfinished_task_ids"] == [a]
+        why = await refused(c, "instance_archive", instance_id=iid)
+        assert a in why and "instance_interrupt" in why and "instance_wait" in why
+        assert (await ok(c, "instance_get", instance_id=iid))["status"] == "active"
+        await ok(c, "instance_interrupt", instance_id=iid)
+        await eventually(lambda: _is(hub, a, "cancelled"))
+        archived = await ok(c, "instance_archive", instance_id=iid)
+    assert archived["status"] == "archived"
+
+
+async def _is(hub, run_id, status):
+    return await status_of(hub, run_id) == status
+
+
 async def test_instance_wait_timeout_never_cancels_or_times_out_the_task(hub):
     await hub.start_runner()
     async with mcp_client(hub.url, hub.admin_token) as c:

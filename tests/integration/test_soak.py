@@ -49,7 +49,7 @@ from hub.runner.agent import Runner
 from hub.services.outbox import LIVE
 from hub.store.tables import api_tokens, firings, identity_bindings, outbox, runtimes, schedules, task_runs
 from tests.fakes.feishu import FakeFeishu
-from tests.helpers import PROCESS_MODE, REPO, runner_command
+from tests.helpers import PROCESS_MODE, REPO, runner_command, started
 
 DURATION_S = float(os.environ.get("AMUX_SOAK_DURATION_S", "30"))  # load phase; setup and drain come on top
 SIM_RUNNERS = int(os.environ.get("AMUX_SOAK_SIM_RUNNERS", "200"))
@@ -414,7 +414,7 @@ async def _record_ready(fleet: Fleet, i: int, stats: Stats) -> None:
             return False
         return await fleet.ready(i)
 
-    await until(up, 300, 0.5)
+    await started(up, f"hub replica {i} restarted", timeout=300, interval=0.5)
     took = time.monotonic() - t0
     stats.recovery.setdefault("replica restart to ready (s)", []).append(took)
     stats.note(f"hub replica {i} ready {took:.1f}s after its restart")
@@ -471,8 +471,9 @@ async def test_three_replicas_survive_kill_9_of_a_hub_and_a_runner_and_a_postgre
         # -- bring up: three replicas race the migrations on an empty database -----------------------------
         for i in range(3):
             await fleet.start_hub(i)
-        await until(lambda: _all_ready(fleet), 300)  # three interpreters importing at once on a busy machine
-        await until(lambda: asyncio.sleep(0, (tmp_path / "hub0" / "admin.token").exists()), 30)
+        # three interpreters importing at once on a busy machine
+        await started(lambda: _all_ready(fleet), "three hub replicas", timeout=300, interval=0.2)
+        await started(lambda: (tmp_path / "hub0" / "admin.token").exists(), "hub0 admin token")
         fleet.token = (tmp_path / "hub0" / "admin.token").read_text().strip()
         stats.note(f"3 replicas ready after {time.monotonic() - t_test:.1f}s")
         async with engine.begin() as conn:  # the admin is known in the Feishu app: its schedules' notices go there
@@ -491,7 +492,8 @@ async def test_three_replicas_survive_kill_9_of_a_hub_and_a_runner_and_a_postgre
 
         for r in range(2):
             await fleet.start_runner(r, url)
-        await until(lambda: _is_superset(online(), {"real-0", "real-1"}), 60)  # schedules need a scripted runtime
+        # schedules need a scripted runtime
+        await started(lambda: _is_superset(online(), {"real-0", "real-1"}), "runners real-0 and real-1", interval=0.2)
         t_sched = time.monotonic()
         sched_ids = await create_schedules(url, fleet.token, SCHEDULES)
         stats.note(f"{SCHEDULES} schedules every {INTERVAL_S}s created in {time.monotonic() - t_sched:.1f}s")
@@ -499,7 +501,9 @@ async def test_three_replicas_survive_kill_9_of_a_hub_and_a_runner_and_a_postgre
         expected = {f"real-{r}" for r in range(2)} | {f"sim-{i:03d}" for i in range(SIM_RUNNERS)}
 
         try:
-            took = await until(lambda: _is_superset(online(), expected), 90)
+            t_sims = time.monotonic()
+            await started(lambda: _is_superset(online(), expected), "every runner online", interval=0.2)
+            took = time.monotonic() - t_sims
         except AssertionError:
             async with engine.connect() as conn:
                 st = dict((await conn.execute(sa.select(runtimes.c.name, runtimes.c.status))).all())

@@ -80,7 +80,7 @@ async def test_a_card_action_with_an_unknown_key_is_refused_with_a_toast_naming_
     assert (await bot.hub.schedules.get(alice, sid))["paused"] is False
     with pytest.raises(UnknownKey, match="'force'"):
         CardAction.unpack({"p": "amux", "v": 1, "op": "pause", "s": sid, "force": 1})
-    assert CardAction.unpack(CardAction(op="pause", schedule_id=sid).pack()).op == "pause"
+    assert CardAction.unpack(CardAction.of("pause", schedule_id=sid).pack()).op == "pause"
 
 
 def path_values(model: type | None) -> dict[str, str]:

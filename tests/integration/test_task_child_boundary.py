@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from hub.domain.isolation import NO_BWRAP
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import runtimes
-from tests.helpers import REPO, eventually, start_hub
+from tests.helpers import REPO, eventually, start_hub, started
 
 SHELL_AGENT = REPO / "tests" / "fakes" / "bin" / "shell-agent"
 BWRAP = shutil.which("bwrap")
@@ -68,7 +68,7 @@ async def runner_process(hub, tmp: Path, name: str, *flags: str, uid: int | None
     log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - kept for the assertion messages
     proc = await asyncio.create_subprocess_exec(*argv, cwd=REPO, env=env, stdout=log, stderr=log, preexec_fn=preexec)
     try:
-        caps = await eventually(lambda: caps_of(hub.hub, name), timeout=120)
+        caps = await started(lambda: caps_of(hub.hub, name), f"runner {name}", proc=proc)
         yield caps
     finally:
         proc.terminate()
@@ -268,7 +268,7 @@ async def test_after_amux_up_a_claude_task_runs_under_another_uid_and_cannot_rea
     try:
         url = None
         while True:
-            line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode()
+            line = (await started(proc.stdout.readline(), "amux up to print its next line")).decode()
             assert line, "amux up ended before its runner started"
             if "listening on " in line:
                 url = line.split("listening on ", 1)[1].split()[0]

@@ -16,7 +16,7 @@ from hub.errors import NotFound
 from hub.runner.agent import Runner
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import runtimes
-from tests.helpers import PROCESS_MODE, REPO, eventually, runner_command
+from tests.helpers import PROCESS_MODE, REPO, runner_command, started
 
 FAKE_CLAUDE = Path(__file__).resolve().parent.parent / "fakes" / "bin" / "claude"
 
@@ -57,7 +57,7 @@ async def test_a_plain_tasks_child_uses_amux_memory_in_its_owners_scope_with_its
                                                 cwd=REPO, env=env, stdout=asyncio.subprocess.DEVNULL,
                                                 stderr=asyncio.subprocess.DEVNULL)
     try:
-        await eventually(lambda: online(hub.hub, "memhost"), timeout=30)
+        await started(lambda: online(hub.hub, "memhost"), "runner memhost online", proc=proc)
         alice = await hub.hub.auth.authenticate(await hub.token("alice"))
         sub = await hub.hub.tasks.submit(alice, SubmitRequest(prompt="plan the release", profile="claude"))
         view = await hub.hub.tasks.wait_terminal(alice, sub["task_id"], timeout_s=60)
@@ -97,7 +97,7 @@ async def test_a_plain_task_on_a_runtime_without_the_memory_capability_gets_a_wa
                             **PROCESS_MODE, workspace_root=tmp_path / "ws",
                             engines={"claude": ClaudeEngine()})
     hub.runners.append((runner, asyncio.create_task(runner.run_forever())))
-    await asyncio.wait_for(runner.registered.wait(), 10)
+    await started(runner.registered.wait(), "the runner to register")
     admin = await hub.hub.auth.authenticate(hub.admin_token)
     sub = await hub.hub.tasks.submit(admin, SubmitRequest(prompt="plan the release", profile="claude"))
     view = await hub.hub.tasks.wait_terminal(admin, sub["task_id"], timeout_s=60)

@@ -18,7 +18,7 @@ from hub.engines.scripted import ScriptedEngine
 from hub.runner.agent import Runner, RunnerRefused
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import api_tokens, runtimes
-from tests.helpers import REPO, eventually, mcp_client, runner_command
+from tests.helpers import REPO, eventually, mcp_client, runner_command, started
 from tests.integration.test_oauth import (approve, authorize_url, bearer_client, mcp_status, pkce, register, signed_in,
                                           token_request)
 from tests.integration.test_token_lifecycle import amux, call
@@ -150,11 +150,11 @@ async def test_a_runner_reads_its_token_from_token_file_and_a_token_on_argv_logs
         "--workspace-root", str(tmp_path / "ws2"), cwd=REPO, env={**os.environ, "AMUX_HOME": str(tmp_path)},
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     try:
-        warning = (await asyncio.wait_for(loud.stderr.readline(), 20)).decode()
+        warning = (await started(loud.stderr.readline(), "the runner's first log line")).decode()
         assert " WARNING " in warning and "`ps` shows it to every local user" in warning
         assert "--token-file" in warning and "AMUX_TOKEN" in warning
         for name in ("from-file", "from-argv"):
-            await eventually(lambda: _online(hub, name), timeout=30)
+            await started(lambda: _online(hub, name), f"runner {name} online")
     finally:
         for proc in (quiet, loud):
             proc.terminate()
@@ -235,13 +235,13 @@ async def test_amux_up_with_a_new_runner_token_file_keeps_its_in_process_runtime
 
     first = Up(home, tmp_path)
     try:
-        await eventually(lambda: _equals(local_status(first.url), "online"), timeout=30)
+        await started(lambda: _equals(local_status(first.url), "online"), "the in-process runner online")
     finally:
         first.stop()
     (home / "runner.token").unlink()  # a new token is minted: it replaces the old one, which held the name
     second = Up(home, tmp_path)
     try:
-        await eventually(lambda: _equals(local_status(second.url), "online"), timeout=30)
+        await started(lambda: _equals(local_status(second.url), "online"), "the in-process runner online")
     finally:
         second.stop()
 

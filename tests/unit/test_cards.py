@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import pytest
 
-from bot.cards.actions import BadPayload, CardAction
+from bot.cards.actions import BadPayload, CardAction, Help, Link, Login, Overview, Save, parse_text
 from bot.cards.alert_center import render_alert_center
 from bot.cards.alerts import render as render_notice
 from bot.cards.base import MAX_CARD_BYTES, MAX_ELEMENTS, count_elements, size_bytes
 from bot.cards.overview import render_overview
 from bot.cards.schedules import render_detail, render_history, render_list, render_results, split_result
-from bot.cards.views import (AlertCenterView, HistoryView, IncidentItem, Outcome, OverviewView, ResultsView,
-                             ScheduleDetailView, ScheduleItem, ScheduleListView)
+from bot.cards.views import (AlertCenterView, Diagnostic, HistoryView, IncidentItem, Outcome, OverviewView,
+                             ResultsView, ScheduleDetailView, ScheduleItem, ScheduleListView)
 from bot.i18n import Catalogs
 
 TR = Catalogs()
@@ -100,8 +100,8 @@ def test_overview_snapshot():
     assert els[1]["i18n_content"] == {
         "en_us": "**Your schedules**: 3 · **failing**: 1 · **paused**: 1",
         "zh_cn": "**你的定时任务**：3 · **失败中**：1 · **已暂停**：1"}
-    assert els[2]["i18n_content"]["en_us"] == "**Latest outcomes**\n- nightly · 2026-01-05 09:00 · failed"
-    assert els[2]["i18n_content"]["zh_cn"] == "**最新结果**\n- nightly · 2026-01-05 09:00 · 失败"
+    assert els[2]["i18n_content"]["en_us"] == "**Latest outcomes**\n- nightly · 2026-01-05 17:00 Asia/Shanghai · failed"
+    assert els[2]["i18n_content"]["zh_cn"] == "**最新结果**\n- nightly · 2026-01-05 17:00 Asia/Shanghai · 失败"
     assert els[-1]["tag"] == "column_set" and len(els[-1]["columns"]) == 2  # Personal schedules · New schedule
     assert els[-1]["columns"][1]["elements"][0]["behaviors"][0]["value"] == {"p": "amux", "v": 1, "op": "new"}
     assert els[-1]["columns"][0]["elements"][0]["behaviors"][0]["value"] == {"p": "amux", "v": 1, "op": "schedules"}
@@ -148,7 +148,7 @@ def test_user_text_is_escaped():
                                                                      acknowledged=i == 0, snoozed_until=None)
                                                         for i in range(5)),
                                         page=0, pages=2, delivery_state="suspended",
-                                        diagnostics=("230013: bot not available to the user",)), TR),
+                                        diagnostics=(Diagnostic(state="suspended", code="230013"),)), TR),
     render_notice(INCIDENT),
     render_notice({**INCIDENT, "notice": "reminder"}),
     render_notice({**INCIDENT, "acknowledged": True}),
@@ -232,7 +232,7 @@ def test_bad_payloads_are_refused(value):  # noqa: ANN001
 
 
 def test_payload_round_trip():
-    a = CardAction(op="results", schedule_id="sch_1", page=3, sub=2)
+    a = CardAction.of("results", schedule_id="sch_1", page=3, sub=2)
     assert a.pack() == {"p": "amux", "v": 1, "op": "results", "s": "sch_1", "pg": 3, "sub": 2}
     assert CardAction.unpack(a.pack()) == a
 
@@ -254,3 +254,29 @@ def test_a_session_prompt_card_shows_no_overlap_line():
     card = render_detail(ScheduleDetailView(schedule_id="sch_1", name="nudge", rule="@hourly", timezone="UTC",
                                             schedule_type="session-prompt", paused=False, next_fire_at=None), TR)
     assert "Overlap" not in card["body"]["elements"][0]["i18n_content"]["en_us"]
+
+
+def test_every_payload_class_has_exactly_one_route_and_ops_come_from_the_classes():
+    from bot.cards.actions import ACTIONS, COMMANDS
+    from bot.router import ROUTES, route
+
+    assert set(ROUTES) == set(ACTIONS.values()) | set(COMMANDS.values())
+    assert {cls.op for cls in ACTIONS.values()} == set(ACTIONS)
+    assert route(CardAction.of("overview")).handler is route(parse_text("/amux")).handler
+
+
+@pytest.mark.parametrize("text,payload", [
+    ("/amux", Overview()), ("amux", Overview()), ("  /AMUX  ", Overview()), ("/amux help", Help()),
+    ("/amux login", Login()), ("/amux link AB-CD", Link(code="AB-CD")), ("/amux link", Link(code="")),
+    ("/amux nonsense x", Help(unknown="nonsense")), ("hello", None), ("", None), ("/amuxx help", None),
+])
+def test_text_commands_parse_into_the_routers_payloads(text: str, payload: object):
+    assert parse_text(text) == payload
+
+
+def test_a_field_another_op_takes_is_refused_and_every_op_packs_what_it_unpacks():
+    with pytest.raises(BadPayload, match="overview takes no schedule_id"):
+        CardAction.unpack({"p": "amux", "v": 1, "op": "overview", "s": "sch_1"})
+    with pytest.raises(BadPayload, match="save needs the form's nonce"):
+        CardAction.unpack({"p": "amux", "v": 1, "op": "save"})
+    assert CardAction.unpack({"p": "amux", "v": 1, "op": "save", "n": "f1"}) == Save(nonce="f1")

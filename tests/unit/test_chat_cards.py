@@ -48,7 +48,7 @@ def test_a_single_line_longer_than_a_part_is_cut_at_characters_and_kept_whole():
 def test_the_final_card_says_the_outcome_and_what_to_do(status, extra, title, what):
     [card] = R.final(view(status, **extra))
     text = card_text(card) + str(card)
-    assert title in card_text(card) and what in text and card_buttons(card) == []
+    assert title in card_text(card) and what in text and [b["text"]["content"] for b in card_buttons(card)] == ["Agent Timeline"]
     assert size_bytes(card) <= MAX_CARD_BYTES
 
 
@@ -56,8 +56,9 @@ def test_the_progress_card_shows_status_tools_by_title_elapsed_time_and_stop():
     card = R.progress(view("running"))
     text = card_text(card)
     assert "Working" in text and "1 min 05 s" in text and "read the notes" in text and "(1)" in text
-    [stop] = card_buttons(card)
+    stop, timeline = card_buttons(card)
     assert stop["behaviors"][0]["value"] == {"p": "amux", "v": 1, "op": "stop", "t": "turn_1"}
+    assert timeline["behaviors"][0]["value"] == {"p": "amux", "v": 1, "op": "timeline", "r": "turn_1", "k": "turn"}
     assert "处理中" in card_text(card, "zh_cn")
 
 

@@ -24,6 +24,10 @@ def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Ite
                 needed += [value] * (action.nargs if isinstance(action.nargs, int) else 1)
             elif action.option_strings and action.required:
                 needed += [action.option_strings[0], value]
+        for group in parser._mutually_exclusive_groups:  # noqa: SLF001 — a required one-of (--revoke | --restore)
+            if group.required:
+                first = group._group_actions[0]  # noqa: SLF001
+                needed += [first.option_strings[0]] + ([] if first.nargs == 0 else ["x"])
         yield path, needed
         return
     for name, child in subs[0].choices.items():

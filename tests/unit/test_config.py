@@ -126,3 +126,18 @@ def test_precedence_is_flags_then_environment_then_file_and_each_source_is_known
     rows = {k: (v, src) for k, v, src in effective(loaded)}
     assert rows["listen"] == ("0.0.0.0:1", f"file {f}") and rows["hub.poll_s"] == (2.0, "env AMUX_HUB__POLL_S")
     assert rows["database_url"] == ("postgresql://u:***@h/db", "flag") and rows["hub.deadline_grace_s"][1] == "default"
+
+
+def test_the_stall_notice_defaults_to_300_s_and_a_negative_one_is_refused_naming_the_setting(tmp_path):
+    assert load_settings(env={"AMUX_HOME": str(tmp_path)}).runner.stall_notice_s == 300
+    with pytest.raises(Invalid, match="AMUX_RUNNER__STALL_NOTICE_S"):
+        load_settings(env={"AMUX_HOME": str(tmp_path), "AMUX_RUNNER__STALL_NOTICE_S": "-1"})
+
+
+def test_amux_runner_refuses_a_stall_notice_that_is_not_seconds_naming_an_example(capsys):
+    from hub.cli import build_parser
+
+    assert build_parser().parse_args(["runner", "--stall-notice-s", "0"]).stall_notice_s == 0
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["runner", "--stall-notice-s", "five"])
+    assert "pass e.g. 300, or 0 to turn it off" in capsys.readouterr().err

@@ -5,14 +5,13 @@ from __future__ import annotations
 import copy
 import json
 import random
-from typing import Annotated, Any
+from typing import Any
 
 from jsonschema.validators import validator_for
-from mcp.server.mcpserver import MCPServer
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 from referencing import Registry
 
-from hub.mcp.server import compact_schema
+from hub.mcp.server import AmuxMCPServer, compact_schema
 
 VALUES: list[Any] = [None, "x", 1, 1.5, True, {}, [], {"a": "b"}, ["x"]]
 
@@ -107,24 +106,16 @@ def test_a_nullable_branch_with_keywords_for_other_types_stays_an_any_of():
     assert compact_schema(schema) == schema
 
 
-def test_the_header_check_skips_only_tools_whose_input_schema_declares_no_header():
-    from hub.mcp.server import skip_unannotated_header_checks
-
-    server = MCPServer("t")
+async def test_the_published_output_schema_is_the_compact_one_and_results_still_match_the_return_model():
+    server = AmuxMCPServer("t")
 
     @server.tool()
-    def plain(task: str | None = None) -> str:
-        """A tool without header declarations."""
-        return task or ""
+    def outer(id: str) -> Outer:
+        """Return an Outer."""
+        return Outer(id=id)
 
-    @server.tool()
-    def routed(region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})]) -> str:
-        """A tool that declares an `Mcp-Param-Region` header."""
-        return region
-
-    skip_unannotated_header_checks(server)
-    lookup = server._lowlevel_server.get_tool_input_schema  # noqa: SLF001
-    assert lookup("plain") is None  # nothing to validate: the SDK skips its walk of the schema
-    assert lookup("routed") == server._tool_manager.get_tool("routed").parameters  # noqa: SLF001
-    assert lookup("routed")["properties"]["region"]["x-mcp-header"] == "Region"
-    assert lookup("unknown") is None
+    (tool,) = await server.list_tools()
+    assert tool.output_schema == compact_schema(Outer.model_json_schema())
+    result = await server.call_tool("outer", {"id": "x"})
+    assert result.structured_content["id"] == "x"
+    assert await server.list_tools() == [tool]  # built once, until the tools change

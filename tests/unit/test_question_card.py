@@ -52,5 +52,5 @@ def test_malformed_answer_payloads_are_refused(value, why):
 
 
 def test_an_answer_payload_round_trips():
-    a = CardAction(op="answer", question_id="q_9", option=3)
+    a = CardAction.of("answer", question_id="q_9", option=3)
     assert CardAction.unpack(a.pack()) == a

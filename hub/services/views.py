@@ -1,0 +1,116 @@
+"""The typed views services answer with: one definition each, served as they are by REST (the JSON body, and the
+OpenAPI document's answer schema), by MCP (structured content and the tool's output schema) and read by the bot's
+cards. Field names and types are the wire format; `wire()` is the JSON object both doors send."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class View(BaseModel):
+    """A service's answer: typed fields, serialized alike on every door."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    def wire(self) -> dict[str, Any]:
+        """Return the JSON object the doors send (aliases as field names)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+    def __getitem__(self, key: str) -> Any:
+        """Read a field by its wire name, as the JSON answer has it (`view["status"]`)."""
+        for name, info in type(self).model_fields.items():
+            if key in (name, info.alias):
+                return getattr(self, name)
+        raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Read a field by its wire name, or `default` when the view has no such field."""
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+
+class TaskResult(View):
+    """A finished task's result."""
+
+    text: str = ""
+    json_: Any = Field(default=None, alias="json", serialization_alias="json")
+
+
+class ChangedFiles(View):
+    """Paths created, modified and deleted in the run's workspace."""
+
+    created: list[str] = []
+    modified: list[str] = []
+    deleted: list[str] = []
+
+
+class TaskView(View):
+    """A task's view: state, outcome, evidence and provenance (ids are null where they do not apply)."""
+
+    task_id: str
+    name: str | None
+    status: str
+    outcome: str | None
+    result: TaskResult | None = Field(description="a terminal task's result (null until then)")
+    usage: dict[str, int] | None
+    changed_files: ChangedFiles
+    error: str | None
+    runtime: str | None
+    snapshot: dict[str, Any]
+    parent_session_id: str | None = Field(description="the Session whose agent delegated this task")
+    parent_turn_id: str | None = Field(description="the Turn of that Session that was active when it did")
+    instance_id: str | None = Field(description="the Agent Instance this task is a run of")
+    schedule_id: str | None = Field(description="the schedule whose firing created this task")
+    firing_id: str | None = Field(description="that firing (schedule_history, `GET /api/v1/schedules/{id}/history`)")
+    waiting_for: str | None = Field(description='while queued: why (e.g. "waiting for runtime gpu-box, offline '
+                                                'since …")')
+    created_at: str | None
+    started_at: str | None
+    finished_at: str | None
+    timeline_page: str = Field(description="the task's Agent Timeline page on the hub (`/timeline/tasks/{id}`; raw "
+                               "tool input and output); its data: `GET /api/v1/tasks/{id}/timeline`, MCP task_timeline")
+
+
+class ScheduleNotifications(View):
+    """Where this schedule's status notices go (the administrator of `app_id`), or why they do not."""
+
+    notifies: bool
+    app_id: str | None = None
+    basis: str
+    why: str
+
+
+class ScheduleView(View):
+    """A schedule with the runtime, model, policy and arguments saved as given (None: resolved at each fire)."""
+
+    schedule_id: str
+    name: str
+    schedule_type: Literal["subtask", "session-prompt"]
+    session_ref: str | None
+    prompt: str
+    rule: str
+    timezone: str
+    one_shot: bool
+    paused: bool
+    consumed: bool
+    next_fire_at: str | None
+    profile: str | None
+    runtime: str | None
+    model: str | None
+    reasoning_effort: str | None
+    extra_args: list[str] | None
+    permission_policy: str | None
+    credential_profile: str | None
+    timeout_s: float | None
+    notify: Literal["failures", "all", "none"]
+    overlap: Literal["allow", "skip", "replace"]
+    creator: str | None
+    creator_id: str | None
+    app_id: str | None
+    created_at: str | None
+    updated_at: str | None
+    notifications: ScheduleNotifications | None = Field(
+        default=None, description="schedule_get, schedule_create and the other single-schedule answers only")
