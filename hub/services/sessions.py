@@ -226,7 +226,7 @@ class SessionService:
         row = await self.store.turn(conn, turn_id)
         if row is None:
             return None
-        view = await self.tasks.view_of(conn, row)
+        view = (await self.tasks.view_of(conn, row)).wire()
         question = question_view(await self.questions.of_turn(conn, turn_id))
         if question is not None:
             view["question"] = question

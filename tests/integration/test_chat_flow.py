@@ -7,6 +7,7 @@ refused with a clear message and nothing changed.
 """
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from pathlib import Path
 
@@ -172,9 +173,13 @@ async def _running(chat: Chat, turn_id: str) -> bool:
 async def test_a_message_after_the_turn_ended_becomes_the_next_turn_and_its_card_says_so(chat: Chat):
     mid = await chat.say("say first")
     await chat.latest(mid, lambda d: "first" in all_text(d) and "Done" in card_text(d))
-    async with chat.hub.db.write() as conn:  # its driver has not caught up yet (its replica died, say)
-        await conn.execute(chat_turns.update().values(state="running",
-                                                      next_check_at=chat.clock.now() + timedelta(hours=1)))
+    async def behind():  # its driver has not caught up yet (its replica died, say); late wake-ups may re-drive it
+        async with chat.hub.db.write() as conn:
+            await conn.execute(chat_turns.update().values(state="running",
+                                                          next_check_at=chat.clock.now() + timedelta(hours=1)))
+        await asyncio.sleep(0.3)
+        return [r for r in await chat.rows(chat_turns) if r.state == "running"]
+    await eventually(behind, timeout=10)
     nxt = await chat.say("say second")
     card = await chat.card_under(nxt)
     assert "previous turn had already ended" in card_text(card.content)
