@@ -68,7 +68,8 @@ async def test_a_schedule_made_during_a_feishu_turn_is_attributed_to_that_turns_
 
 async def test_a_schedule_made_from_a_feishu_chat_without_a_timezone_takes_its_apps_timezone(
         db_url: str, tmp_path: Path, clock: ManualClock):
-    app = FeishuAppSettings(app_id="cli_tz", verification_token="vt", admin_open_id="ou_boss")  # timezone: default
+    app = FeishuAppSettings(app_id="cli_tz", verification_token="vt", admin_open_id="ou_boss",
+                            profile="scripted")  # timezone: default
     handle = await start_hub(db_url, tmp_path, clock, feishu_apps=[app])
     hub = handle.hub
     try:
