@@ -1,7 +1,9 @@
 """`GET /console`: try the bot without a Feishu tenant.
 
 Pick a simulated Feishu user of a configured application, type `/amux` or a message, see the cards
-rendered as HTML and click their buttons. Every request is turned into the same event envelope Feishu
+rendered as HTML and click their buttons. A message's Turn shows as its progress card, polled from the outbox
+(`/console/api/chat`) and re-rendered as it changes until it is the answer; Stop and question cards work on it.
+Every request is turned into the same event envelope Feishu
 sends (`im.message.receive_v1`, `card.action.trigger`) and goes through `FeishuBot.accept` — the same
 deduplication, identity binding, handlers and authorization; only the transport differs. Replies are
 collected instead of sent. The console's API needs an administrator token (it can act as any user),
@@ -136,6 +138,17 @@ class Console:
             await work
         return web.json_response({"replies": sink.replies}, headers=HEADERS)
 
+    async def chat(self, request: web.Request) -> web.Response:
+        """Return what the console user's chat shows: each progress card as last updated, the answer's parts and
+        refusals — the chat outputs the outbox holds (the console's own application has no channel to send them)."""
+        data = await self._json(request)
+        viewer = await self.bot.viewer_of(data["app_id"], data["open_id"])
+        if viewer is None:
+            return web.json_response({"outputs": []}, headers=HEADERS)
+        outputs = await self.services.chats.outputs(data["app_id"], f"oc_console_{data['open_id']}",
+                                                    viewer.principal_id, data["open_id"])
+        return web.json_response({"outputs": outputs}, headers=HEADERS)
+
     async def action(self, request: web.Request) -> web.Response:
         """Deliver a button click as `card.action.trigger` (a form's submit button with its `form_value`, as Feishu
         sends it); return the toast and/or the refreshed card."""
@@ -160,6 +173,7 @@ def add_routes(app: web.Application, bot: FeishuBot, services: BotServices) -> N
     app.router.add_get("/console/api/apps", c.apps)
     app.router.add_post("/console/api/message", c.message)
     app.router.add_post("/console/api/action", c.action)
+    app.router.add_post("/console/api/chat", c.chat)
 
 
 PAGE = r"""<!doctype html>
@@ -319,7 +333,16 @@ $("send").addEventListener("submit", async (e)=>{ e.preventDefault();
   say(text,"me"); $("text").value="";
   const res=await post("/console/api/message",{text:text}); if(!res) return;
   for(const r of res.replies){
-    if(r.msg_type==="interactive") cardBox(r.content, r.message_id); else say(r.content.text,"text"); } });
+    if(r.msg_type==="interactive") cardBox(r.content, r.message_id); else say(r.content.text,"text"); }
+  follow(); });
+// The chat's outputs go through the hub's outbox: poll them and show each card as last updated (progress → answer).
+const shown={}; let following=null;
+async function follow(){ if(following) clearInterval(following); let left=240;
+  following=setInterval(async ()=>{ if(--left<0){ clearInterval(following); return; }
+    const res=await post("/console/api/chat",{}); if(!res) return;
+    for(const o of res.outputs){ const key=JSON.stringify(o.card);
+      if(!shown[o.id]) shown[o.id]={box:cardBox(o.card, o.id), key:key};
+      else if(shown[o.id].key!==key){ shown[o.id].key=key; renderInto(shown[o.id].box, o.card, o.id); } } }, 700); }
 $("connect").addEventListener("click", async ()=>{
   const r=await fetch("/console/api/apps",{headers:headers()});
   if(!r.ok){ toast({type:"error",content:await r.text()}); return; }

@@ -16,13 +16,12 @@ from hub.errors import AmuxError
 
 from .cards.actions import FORM_ACTIONS, BadPayload, UnknownKey
 from .handlers.context import Answer, Ctx, Sender
-from .handlers.conversation import converse
-from .handlers.questions import post_turn, turn_reply
+from .handlers.conversation import NO_ENGINE, converse, say
 from .handlers.schedules import LINK_FIRST
 from .i18n import Catalogs, _, catalogs
 from .identity import IdentityBindings, Viewer
 from .services import BotServices
-from hub.services.bot import INBOUND_TTL
+from hub.services.bot import INBOUND_TTL, EngineRefused
 
 if TYPE_CHECKING:  # lark-oapi (thousands of modules) loads only when a Feishu app needs it
     from .feishu.messenger import Outgoing
@@ -43,7 +42,6 @@ class FeishuBot:
         self.identity = IdentityBindings(services.identity)
         self._messenger = messenger
         self.background: set[asyncio.Task] = set()
-        self.turn_wait_s = 600.0
 
     @property
     def messenger(self) -> Outgoing:
@@ -115,7 +113,8 @@ class FeishuBot:
 
     async def on_message(self, app_id: str, event: dict, out: Outgoing) -> None:
         """Answer a chat message: a text command (`/amux …`) through the router, with its card; anything else →
-        a Turn of the chat's Session."""
+        a Turn of the chat's Session on a live progress card, or a steer of the Turn the chat is running
+        (hub.services.chat_turns)."""
         sender = event.get("sender") or {}
         msg = event.get("message") or {}
         if sender.get("sender_type") not in (None, "user") or msg.get("message_type") != "text":
@@ -145,16 +144,19 @@ class FeishuBot:
             await out.reply(app_id, mid, "interactive", answer.card, f"amux-{mid}")
 
     async def chat(self, viewer: Viewer, msg: dict, text: str, out: Outgoing) -> None:
-        """Submit the message as a Turn of the chat's Session; post its answer (or its question card)."""
+        """Open a Turn for the message (its progress card goes through the outbox), or steer the running one; a
+        refusal is posted through the outbox too."""
         mid = msg["message_id"]
         try:
-            turn, reply = await converse(self.services, viewer, msg.get("chat_id") or mid, text, self.turn_wait_s,
-                                         message_id=mid)
+            await converse(self.services, viewer, msg.get("chat_id") or mid, text, mid)
+        except EngineRefused:
+            await say(self.services, self.tr, viewer, mid, NO_ENGINE)
         except AmuxError as e:
-            turn, reply = None, e.message
-        asked = await turn_reply(self.services, self.tr, viewer, turn) if turn else None  # its question card
-        msg_type, content = asked or ("text", {"text": reply})
-        await out.reply(viewer.app_id, mid, msg_type, content, f"amux-{mid}")
+            await say(self.services, self.tr, viewer, mid, e.message)
+
+    async def viewer_of(self, app_id: str, open_id: str) -> Viewer | None:
+        """Return the operator a Feishu user of `app_id` acts as (bound on first sight; None when revoked)."""
+        return await self._viewer(app_id, {"open_id": open_id})
 
     async def on_action(self, app_id: str, event: dict, out: Outgoing) -> dict:
         """Answer a card click within the budget: a toast and/or the refreshed card; finish late work by PATCH."""
@@ -195,9 +197,6 @@ class FeishuBot:
             return {"toast": {"type": "error", "content": self.tr.gettext("en_us", e.message),
                               "i18n": {lang: self.tr.gettext(lang, e.message) for lang in ("en_us", "zh_cn")}}}
         res: dict = {}
-        reply_to = (event.get("context") or {}).get("open_message_id")
-        if answer.follow_turn and reply_to:  # e.g. an answered question: the agent's reply follows in the chat
-            self.spawn(post_turn(self.services, self.tr, viewer, answer.follow_turn, reply_to, out, self.turn_wait_s))
         if answer.private:  # to the clicker alone (a sign-in link): never into the chat the card is in
             msg_type, content = answer.private
             self.spawn(out.send(app_id, viewer.open_id, msg_type, content, f"amux-{event.get('_event_id') or ''}"))

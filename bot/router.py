@@ -7,11 +7,11 @@ message into a text command's payload, or None for a message that is a Turn of t
 from __future__ import annotations
 
 from .cards.actions import CardAction, Command, parse_text
-from .handlers import alert_center, commands, overview, questions, schedules, timeline
+from .handlers import alert_center, commands, conversation, overview, questions, schedules, timeline
 from .handlers.context import ROUTES, Handler, Route
 
 # each registers its routes on import
-HANDLER_MODULES = (alert_center, commands, overview, questions, schedules, timeline)
+HANDLER_MODULES = (alert_center, commands, conversation, overview, questions, schedules, timeline)
 
 
 def route(payload: CardAction | Command) -> Route:

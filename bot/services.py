@@ -9,6 +9,7 @@ from hub.config import FeishuSettings
 from hub.services.alerts import AlertService
 from hub.services.auth import AuthService
 from hub.services.bot import BotService
+from hub.services.chat_turns import ChatTurnService
 from hub.services.identity import IdentityService
 from hub.services.oauth import OAuthService
 from hub.services.dispatch import RunnerDispatch
@@ -34,5 +35,6 @@ class BotServices:
     alerts: AlertService
     runner_dispatch: RunnerDispatch  # the address children are told (`hub_url`), for links when public_url is unset
     state: BotService              # chats' Sessions, long-connection leases, inbound dedup keys
+    chats: ChatTurnService         # chat Turns: their progress cards, steering, the answer (all through the outbox)
     directory: Any = None          # Feishu users' display names (bot.feishu.directory), for greetings; None: none
     timeline: TimelineService | None = None  # the Agent Timeline button checks the clicker owns the run

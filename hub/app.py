@@ -35,7 +35,9 @@ from .services.profiles import ProfileService
 from .services.dispatch import Dispatcher
 from .services.leases import LeaseService
 from .services.notify import Notifier
+from .services.chat_turns import ChatTurnService
 from .services.dispatch import RunnerDispatch
+from .services.outbox import OutboxWorker
 from .services.registry import RuntimeRegistry
 from .services.reports import RunnerReports
 from .services.schedule_firing import ScheduleFiring
@@ -145,11 +147,20 @@ class Hub:
         from bot.app import build_bot
         from bot.services import BotServices
         self.bot_state = BotService(self.db, self.clock, self.sessions)
+        from bot.cards.chat import ChatCardRenderer
+        from bot.i18n import catalogs
+        self.chats = ChatTurnService(self.db, self.clock, self.notifier, self.sessions, ChatCardRenderer(catalogs()),
+                                     update_s=settings.feishu.chat_update_s,
+                                     steer_wait_s=settings.feishu.chat_steer_wait_s, poll_s=hs.poll_s)
+        # Chat outputs have their own outbox worker (and loop), woken by the chat flow: the person is waiting.
+        self.chat_outbox = OutboxWorker(self.db, self.clock, settings.alerts, self.alerts.n, channel,
+                                        f"{self.alerts.worker.worker_id}:chat")
         self.bot_services = BotServices(
             clock=self.clock, feishu=settings.feishu, public_url=settings.public_url, auth=self.auth, oauth=self.oauth,
             identity=self.identity, sessions=self.sessions, schedules=self.schedules,
             results=ScheduleResults(self.db, self.schedules), alerts=self.alerts,
-            runner_dispatch=self.runner_dispatch, state=self.bot_state, directory=self._directory(settings),
+            runner_dispatch=self.runner_dispatch, state=self.bot_state, chats=self.chats,
+            directory=self._directory(settings),
             timeline=self.timeline)
         self.bot = build_bot(self.bot_services)
 
@@ -249,6 +260,12 @@ class Hub:
         async with self.mcp.lifespan(await shared_key(self.db, "mcp-session", self.clock.now())):
             yield
 
+    async def _chat_step(self) -> float:
+        """Drive the chat Turns' cards, then deliver the chat outputs that are due (one pass of the chat loop)."""
+        wait = await self.chats.step()
+        sent = await self.chat_outbox.deliver_once()
+        return 0.0 if sent else wait
+
     async def _loops_ctx(self, _app: web.Application) -> AsyncIterator[None]:
         loops, hs = self.loops, self.settings.hub
         loops.start("placement", self.dispatcher.placement_step, interval_s=hs.poll_s * 2, wake=self.dispatcher.kicked)
@@ -258,6 +275,7 @@ class Hub:
         loops.start("lease-reaper", self.leases.reaper_step, interval_s=30.0)
         loops.start("timeline-sweeper", self.timeline.sweep_step, interval_s=self.settings.timeline.sweep_s)
         loops.start("alerts", self.alerts.step, interval_s=self.settings.alerts.poll_s, wake=self.alerts.kicked)
+        loops.start("chat", self._chat_step, interval_s=hs.poll_s, wake=self.chats.kicked)
         self.schedule_firing.start_loops(loops)
         loops.start("schedule-reconciler", self.schedule_firing.reconciler_step,
                     interval_s=self.settings.schedules.reconcile_s)

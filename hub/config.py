@@ -219,6 +219,7 @@ class FeishuAppSettings(Section):
     mode: str = "webhook"                 # or "long-connection"
     base_url: str = "https://open.feishu.cn"
     timezone: str = "Asia/Shanghai"
+    profile: str | None = None            # the profile of this application's chats (None: the hub's default)
 
 
 class FeishuSettings(Section):
@@ -232,6 +233,8 @@ class FeishuSettings(Section):
     timeout_s: float = 10.0               # one Open Platform call
     channel: str = "bot.feishu.channel:build_channel"  # the outbox channel the composition root loads
     long_connection_lease_s: float = Field(default=30.0, gt=0)  # a long connection's holder renews every third of it
+    chat_update_s: float = Field(default=2.0, ge=0.2)  # a progress card's fastest update pace (5 PATCH/s per message)
+    chat_steer_wait_s: float = Field(default=5.0, gt=0)  # a steer not settled by its runner this long is unknown
 
     @model_validator(mode="after")
     def _apps_from_file(self) -> FeishuSettings:

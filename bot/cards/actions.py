@@ -23,11 +23,11 @@ MAX_PAGE = 10_000
 MAX_ID = 64
 # field → the key `pack()` writes for it
 KEY_OF = {"schedule_id": "s", "incident_id": "i", "page": "pg", "sub": "sub", "view": "vw", "question_id": "q",
-          "option": "o", "nonce": "n", "run_id": "r", "run_kind": "k"}
+          "option": "o", "nonce": "n", "run_id": "r", "run_kind": "k", "turn_id": "t"}
 FIELD_OF = {k: f for f, k in KEY_OF.items()}
 KEYS = ("p", "v", "op", *KEY_OF.values())  # every key `pack()` writes
 NEEDS = {"schedule_id": "a schedule", "incident_id": "an incident", "question_id": "a question",
-         "nonce": "the form's nonce", "run_id": "a task or turn"}
+         "nonce": "the form's nonce", "run_id": "a task or turn", "turn_id": "a chat turn"}
 RUN_KINDS = ("task", "turn")  # Timeline: whose Agent Timeline the button opens
 BOUNDS = {"page": MAX_PAGE, "sub": MAX_PAGE, "option": MAX_OPTION}
 
@@ -289,6 +289,13 @@ class Timeline(CardAction, op="timeline"):
 
     run_id: str
     run_kind: str = "task"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopTurn(CardAction, op="stop"):
+    """Stop the chat Turn a progress card shows (bot/handlers/conversation.py)."""
+
+    turn_id: str
 
 
 # ------------------------------------------------------------ text commands

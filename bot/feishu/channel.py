@@ -74,20 +74,20 @@ class FeishuChannel:
     async def send(self, app_id: str, recipient: str, view: dict[str, Any], request_uuid: str) -> Delivery:
         """Send an interactive card to `recipient` (open_id) with the notice's uuid."""
         body = (CreateMessageRequestBody.builder().receive_id(recipient).msg_type("interactive")
-                .content(to_content(render(view))).uuid(request_uuid).build())
+                .content(_content(view)).uuid(request_uuid).build())
         req = CreateMessageRequest.builder().receive_id_type("open_id").request_body(body).build()
         return await self._call(app_id, recipient, lambda app, tok: app.http.call(req, tok, CreateMessageResponse))
 
     async def reply(self, app_id: str, message_id: str, view: dict[str, Any], request_uuid: str) -> Delivery:
         """Reply under `message_id` with a card."""
-        body = (ReplyMessageRequestBody.builder().msg_type("interactive").content(to_content(render(view)))
+        body = (ReplyMessageRequestBody.builder().msg_type("interactive").content(_content(view))
                 .uuid(request_uuid).build())
         req = ReplyMessageRequest.builder().message_id(message_id).request_body(body).build()
         return await self._call(app_id, None, lambda app, tok: app.http.call(req, tok, ReplyMessageResponse))
 
     async def update(self, app_id: str, message_id: str, view: dict[str, Any]) -> Delivery:
         """PATCH the card `message_id`."""
-        body = PatchMessageRequestBody.builder().content(to_content(render(view))).build()
+        body = PatchMessageRequestBody.builder().content(_content(view)).build()
         req = PatchMessageRequest.builder().message_id(message_id).request_body(body).build()
         return await self._call(app_id, None, lambda app, tok: app.http.call(req, tok, PatchMessageResponse),
                                 update=True)
@@ -119,6 +119,11 @@ class FeishuChannel:
         """Close every application's HTTP client."""
         for app in self.apps.values():
             await app.http.aclose()
+
+
+def _content(view: dict[str, Any]) -> str:
+    """Serialize a notice's card: a chat output carries its rendered card, an alert notice its view model."""
+    return to_content(view["card"] if view.get("kind") == "chat" else render(view))
 
 
 def build_channel(settings: Any) -> FeishuChannel:

@@ -41,7 +41,6 @@ class Answer:
     toast: str | None = None            # msgid
     toast_kind: str = "success"
     toast_values: tuple[tuple[str, Any], ...] = ()
-    follow_turn: str | None = None      # a Turn the action started: its outcome is posted to the chat when it ends
     # (msg_type, content) sent to the clicker alone, in a private message (e.g. a one-time sign-in link)
     private: tuple[str, dict] | None = None
 

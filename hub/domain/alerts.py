@@ -16,6 +16,7 @@ from zoneinfo import ZoneInfo
 
 from hub.domain.states import DeliveryState, IncidentState, NoticeState
 
+CHAT_KINDS = frozenset({"chat_card", "chat_update", "chat_part"})  # a chat's outputs: to the person who asked
 NEW_KINDS = frozenset({"card", "reminder", "receipt", "digest"})  # ping the recipient: quiet hours + rate limit
 UPDATE_KINDS = frozenset({"update"})                               # in place (PATCH): allowed any time
 ACTIVE = frozenset({IncidentState.PENDING, IncidentState.OPEN, IncidentState.RECOVERING})
@@ -280,7 +281,13 @@ class Gate:
 
 def gate(kind: str, recipient: str | None, tz: str, app: AppState | None, slots: list[datetime],
          now: datetime, n: Numbers) -> Gate:
-    """Decide whether a due notice may be sent now; `slots` are the send times of recent new messages."""
+    """Decide whether a due notice may be sent now; `slots` are the send times of recent new messages.
+
+    A chat output goes to the person who is waiting for it: no administrator, quiet hours or new-message budget
+    applies (the channel paces calls within Feishu's limits); only an application the hub does not know holds it.
+    """
+    if kind in CHAT_KINDS:
+        return Gate("send", "sent") if app is not None else Gate("hold", "missing_admin")
     if app is None or not app.admin_open_id:
         return Gate("hold", "missing_admin")
     if app.delivery_state == DeliveryState.SUSPENDED:

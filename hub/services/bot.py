@@ -16,6 +16,11 @@ if TYPE_CHECKING:
 INBOUND_TTL = timedelta(days=2)  # inbound dedup keys kept: Feishu retries an event for a few hours at most
 
 
+class EngineRefused(Exception):
+    """A chat's first message would create its Session on an engine the caller refused (the scripted test engine
+    by default); nothing was created."""
+
+
 class BotService:
     """The bot's state, shared by every replica (the bot's handlers and transports call this, never the store)."""
 
@@ -25,9 +30,11 @@ class BotService:
         self.sessions = sessions
         self.store = SqlBotStore(db)
 
-    async def chat_session(self, caller: Caller, app_id: str, chat_id: str, principal_id: str) -> str:
-        """Return the Session of (application, chat, operator), creating it on the first message (two first
-        messages at once: both get the one that was created first)."""
+    async def chat_session(self, caller: Caller, app_id: str, chat_id: str, principal_id: str, *,
+                           profile: str | None = None, refuse_engine: str | None = None) -> str:
+        """Return the Session of (application, chat, operator), creating it on the first message with `profile`
+        (None: the hub's default) — two first messages at once: both get the one that was created first. A new
+        Session that would run on `refuse_engine` raises EngineRefused, nothing created."""
         if self.sessions is None:
             raise RuntimeError("BotService was built without sessions; pass the hub's SessionService")
         while True:
@@ -37,7 +44,9 @@ class BotService:
                 return sid
             try:
                 async with self.db.write() as conn:
-                    s = await self.sessions.create(caller, source="feishu", conn=conn)
+                    s = await self.sessions.create(caller, source="feishu", profile=profile, conn=conn)
+                    if refuse_engine is not None and s["engine"] == refuse_engine:
+                        raise EngineRefused(s["engine"])
                     await self.store.add_chat(conn, app_id=app_id, chat_id=chat_id, principal_id=principal_id,
                                               session_id=s["session_id"], now=self.clock.now())
                     return s["session_id"]

@@ -25,11 +25,13 @@ from ..domain.states import DeliveryState, NoticeState
 from ..ids import new_id
 from ..loops import Background
 from ..store.db import Connection, Database, Row
+from ..store.chat_turns import SqlChatTurnStore
 from ..store.incidents import NewDecision, SqlIncidentStore
 from ..store.outbox import LIVE, NoticeClaim, NoticeSent, SqlOutboxStore
 from .channel import OK, PERMANENT, SUSPEND, Channel, Delivery
 
 log = logging.getLogger(__name__)
+CHAT_WAIT_S = 0.2     # a card update waits this long for its card's message id, or for an earlier update
 PIPELINED_ROUNDS = 8  # rounds one `deliver_once` runs back to back while full ones keep coming
 __all__ = ["LIVE", "Notices", "OutboxWorker", "diagnostic_missing_admin"]
 
@@ -49,14 +51,14 @@ class Notices:
 
     async def queue(self, conn: Connection, now: datetime, *, app_id: str, recipient: str | None, kind: str,
                     payload: dict, timezone: str, incident_id: str | None = None, schedule_id: str | None = None,
-                    due: datetime | None = None) -> str:
+                    due: datetime | None = None, turn_id: str | None = None) -> str:
         """Write one notice in the caller's transaction; its id is its stable request uuid (≤ 50 characters)."""
         nid = new_id("ntc")
         if kind == "update" and incident_id:
             await self.outbox.supersede_updates(conn, incident_id)  # only the newest update of a card matters
         await self.outbox.add(conn, notice_id=nid, app_id=app_id, recipient=recipient, kind=kind, payload=payload,
                               timezone=timezone, incident_id=incident_id, schedule_id=schedule_id, due=due or now,
-                              now=now)
+                              now=now, turn_id=turn_id)
         return nid
 
 
@@ -83,6 +85,7 @@ class OutboxWorker:
         self.notices = Notices(db)
         self.outbox = self.notices.outbox
         self.incidents = self.notices.incidents
+        self.chats = SqlChatTurnStore(db)
         self.sent = 0
         self._rounds = Background("outbox rounds")  # the round in flight while the next one is claimed
 
@@ -226,6 +229,8 @@ class OutboxWorker:
         view = dict(r.payload)
         if r.kind == "update":
             return await self._deliver_update(c, view)
+        if r.kind in rules.CHAT_KINDS:
+            return await self._deliver_chat(c, view)
         card = None
         if r.kind == "reminder" and r.incident_id:
             card = await self._card(r.incident_id)
@@ -261,6 +266,25 @@ class OutboxWorker:
         # Older than Feishu allows, recalled or deleted: send a fresh card and record its new message id.
         d = await self.channel.send(r.app_id, c.recipient, view, r.request_uuid)
         return _Result(c, d, card_from_send=True)
+
+    async def _deliver_chat(self, c: "_Claim", view: dict) -> "_Result | None":
+        """Deliver a chat output: the progress card and the answer's parts reply under the person's message; a card
+        update PATCHes the progress card once it has a message id, after any earlier update still in flight."""
+        r = c.row
+        if r.kind != "chat_update":
+            return _Result(c, await self.channel.reply(r.app_id, view["reply_to"], view, r.request_uuid))
+        now = self.clock.now()
+        async with self.db.read() as conn:
+            card = await self.chats.card_message(conn, view["card_notice"])
+            earlier = await self.chats.older_update_in_flight(conn, r.turn_id, r.id, utc(r.created_at), now)
+        if card is None or card.state not in (LIVE, NoticeState.SENT):
+            await self._finish(c, NoticeState.SUPERSEDED, detail="its progress card was not delivered")
+            return None
+        if card.state == LIVE or earlier:  # the card is on its way, or an earlier update is: keep the order
+            await self._release(c, now + timedelta(seconds=CHAT_WAIT_S))
+            return None
+        d = await self.channel.update(r.app_id, card.message_id, view)
+        return _Result(c, d, message_id=card.message_id)
 
     async def _release(self, c: "_Claim", when: datetime) -> None:
         async with self.db.write() as conn:
@@ -308,6 +332,8 @@ class OutboxWorker:
         refs = {"notice_id": r.id, "incident_id": r.incident_id, "schedule_id": r.schedule_id}
         attempts = r.attempts + 1
         verdict = PERMANENT if d.result == PERMANENT else (SUSPEND if d.result == SUSPEND else "retry")
+        if verdict == SUSPEND and r.kind in rules.CHAT_KINDS:  # this person cannot be reached: not the admin's app
+            verdict = PERMANENT
         state, nxt, decision = rules.after_failure(verdict, attempts, c.values["first_attempt_at"], now,
                                                    d.retry_after_s, self.n)
         error = f"{d.code}: {d.error}" if d.code is not None else (d.error or d.result)

@@ -1,7 +1,7 @@
 """Interactive Sessions and their Turns (conversation submissions: not TaskRuns, not in Task history)."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Awaitable, Callable
 
 from ..clock import Clock, iso
 from ..domain import memory as memory_rules
@@ -131,25 +131,33 @@ class SessionService:
         `receipt` is the exact authenticated origin of this Turn (for a Feishu message: app, binding, open id,
         message id); it is frozen on the Turn and is what a schedule created during the Turn attributes to.
         """
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise Invalid("the message is empty; send some text")
         async with self.db.write() as conn:
-            s = await self._session(conn, caller, session_id)
-            self.admission.check_prompt(s.engine, prompt)
-            turn_id = await self.add_run(conn, s, prompt, kind="turn", source=source,
-                                         receipt={"source": source, **(receipt or {})})
-            waiting = await self.questions.waiting(conn, s.id)
-            if waiting is not None:  # the next Turn of a session answers the question its last Turn ended on
-                await self.questions.answer(conn, waiting.id, prompt, turn_id, self.clock.now())
+            turn_id = await self.submit_turn_in(conn, caller, session_id, prompt, source=source, receipt=receipt)
         self.on_admitted()
         return turn_id
 
+    async def submit_turn_in(self, conn: Connection, caller: Caller, session_id: str, prompt: str,
+                             source: str = "cli", receipt: dict | None = None) -> str:
+        """`submit_turn` in the caller's transaction (the caller wakes placement, `on_admitted`, after commit)."""
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise Invalid("the message is empty; send some text")
+        s = await self._session(conn, caller, session_id)
+        self.admission.check_prompt(s.engine, prompt)
+        turn_id = await self.add_run(conn, s, prompt, kind="turn", source=source,
+                                     receipt={"source": source, **(receipt or {})})
+        waiting = await self.questions.waiting(conn, s.id)
+        if waiting is not None:  # the next Turn of a session answers the question its last Turn ended on
+            await self.questions.answer(conn, waiting.id, prompt, turn_id, self.clock.now())
+        return turn_id
+
     async def answer_question(self, caller: Caller, question_id: str, *, option: int | None = None,
-                              text: str | None = None, source: str = "cli", receipt: dict | None = None) -> dict:
+                              text: str | None = None, source: str = "cli", receipt: dict | None = None,
+                              also: Callable[[Connection, str], Awaitable[None]] | None = None) -> dict:
         """Answer a waiting question (an option's index, or free text) as the next Turn of its session.
 
         The Turn resumes the provider conversation (the session's resume handle). A question takes one answer: a
-        second one, or one after its Turn was cancelled, raises QuestionClosed with nothing changed.
+        second one, or one after its Turn was cancelled, raises QuestionClosed with nothing changed. `also` runs
+        in the same transaction with the new Turn's id (the chat flow records its progress card there).
         """
         async with self.db.write() as conn:
             q = await answerable(self.questions, conn, question_id, caller.principal_id, caller.admin)
@@ -159,6 +167,8 @@ class SessionService:
             turn_id = await self.add_run(conn, s, answer, kind="turn", source=source,
                                          receipt={"source": source, **(receipt or {}), "question_id": q.id})
             await self.questions.answer(conn, q.id, answer, turn_id, self.clock.now())
+            if also is not None:
+                await also(conn, turn_id)
         self.on_admitted()
         return {"question_id": q.id, "session_id": s.id, "turn_id": turn_id, "answer": answer,
                 "question": question_view(q)}
@@ -208,6 +218,20 @@ class SessionService:
         view["turn_id"] = view.pop("task_id")
         view["session_id"] = row.session_id
         view["seq"] = row.turn_seq
+        return view
+
+    async def turn_view(self, conn: Connection, turn_id: str) -> dict | None:
+        """Return a Turn's view (as `get_turn`) in the caller's transaction, for the hub's own flows (no caller:
+        the chat flow shows its owner's Turn on the owner's card); None when there is no such Turn."""
+        row = await self.store.turn(conn, turn_id)
+        if row is None:
+            return None
+        view = (await self.tasks.view_of(conn, row)).wire()
+        question = question_view(await self.questions.of_turn(conn, turn_id))
+        if question is not None:
+            view["question"] = question
+        view["turn_id"] = view.pop("task_id")
+        view["session_id"] = row.session_id
         return view
 
     async def wait_turn(self, caller: Caller, turn_id: str, timeout_s: float | None = None) -> dict:

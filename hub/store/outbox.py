@@ -45,12 +45,12 @@ class SqlOutboxStore:
 
     async def add(self, conn: Connection, *, notice_id: str, app_id: str, recipient: str | None, kind: str,
                   payload: dict, timezone: str, incident_id: str | None, schedule_id: str | None,
-                  due: datetime, now: datetime) -> None:
+                  due: datetime, now: datetime, turn_id: str | None = None) -> None:
         """Write one pending notice due at `due`; its id is its request uuid (the same on every attempt)."""
         await conn.execute(outbox.insert().values(
             id=notice_id, app_id=app_id, recipient=recipient, kind=kind, incident_id=incident_id,
             schedule_id=schedule_id, payload=payload, request_uuid=notice_id, timezone=timezone, state=LIVE,
-            attempts=0, next_attempt_at=due, created_at=now))
+            attempts=0, next_attempt_at=due, created_at=now, turn_id=turn_id))
 
     async def supersede_updates(self, conn: Connection, incident_id: str) -> None:
         """Supersede the incident's pending card updates no worker has claimed (only the newest one matters)."""

@@ -251,7 +251,7 @@ instances = sa.Table(
 mailbox = sa.Table(
     "mailbox", metadata,
     sa.Column("id", sa.String(40), primary_key=True),
-    sa.Column("instance_id", sa.String(40), sa.ForeignKey("instances.id"), nullable=False),
+    sa.Column("instance_id", sa.String(40), sa.ForeignKey("instances.id")),  # None: a steer of a Session's Turn
     sa.Column("text", sa.Text, nullable=False),
     sa.Column("kind", sa.String(16), nullable=False),
     sa.Column("state", sa.String(16), nullable=False),
@@ -404,9 +404,31 @@ outbox = sa.Table(
     sa.Column("last_error", sa.Text),
     sa.Column("created_at", TS, nullable=False),
     sa.Column("sent_at", TS),
+    sa.Column("turn_id", sa.String(40)),  # a chat output: the Turn it is about
     sa.Index("ix_outbox_state_next", "state", "next_attempt_at"),
     sa.Index("ix_outbox_recipient_slot", "app_id", "recipient", "slot_at"),
     sa.Index("ix_outbox_incident", "incident_id"),
+    sa.Index("ix_outbox_turn", "turn_id"),
+)
+
+chat_turns = sa.Table(
+    "chat_turns", metadata,
+    sa.Column("turn_id", sa.String(40), primary_key=True),
+    sa.Column("app_id", sa.String(64), nullable=False),
+    sa.Column("chat_id", sa.String(100), nullable=False),
+    sa.Column("open_id", sa.String(100), nullable=False),
+    sa.Column("principal_id", sa.String(40), nullable=False),
+    sa.Column("session_id", sa.String(40), nullable=False),
+    sa.Column("reply_to", sa.String(100), nullable=False),      # the message the progress card answers
+    sa.Column("card_notice_id", sa.String(40), nullable=False),  # the outbox notice that is the progress card
+    sa.Column("state", sa.String(16), nullable=False),           # running | done
+    sa.Column("rendered", sa.String(64)),                        # digest of the card last queued
+    sa.Column("notes", sa.JSON, nullable=False),                 # what became of messages sent during the Turn
+    sa.Column("updated_at", TS),                                 # when the last card update was queued
+    sa.Column("next_check_at", TS, nullable=False),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Index("ix_chat_turns_state_next", "state", "next_check_at"),
+    sa.Index("ix_chat_turns_chat", "app_id", "chat_id", "principal_id", "state"),
 )
 
 decisions = sa.Table(

@@ -270,3 +270,22 @@ async def test_recheck_in_the_console_answers_for_the_consoles_own_application(l
         assert "Delivery: ok" in await center.inner_text()
     answer = await hub.alerts.recheck("cli_console")               # the same real answer the button got
     assert answer["delivery_state"] == "ok" and answer["diagnostic"] is None
+
+
+async def test_the_console_shows_a_chat_turns_progress_card_and_its_stop_until_it_is_stopped(local_console):
+    hub, url, admin, _user = local_console
+    async with chromium() as browser:
+        page = await browser.new_page()
+        await connect(page, url, admin, "ou_console_user")
+        await page.select_option("#app", "cli_console")
+        await send(page, "tool Read 'the notes'\nsleep 30\nsay late")  # the progress card, read from the outbox
+        card = page.locator(".card").last
+        await card.locator("header", has_text="The agent is on it").wait_for()
+        assert "Waiting to start" in await card.inner_text()
+        await card.locator("button", has_text="Stop").click()
+        await page.locator("#toast", has_text="Stopping").wait_for()
+        await hub.chats.step()  # this hub runs no loops: drive its chat Turns once
+        await card.locator("header", has_text="Stopped").wait_for(timeout=10_000)
+        assert await card.locator("button").all_inner_texts() == ["Agent Timeline"]
+        await page.select_option("#lang", "zh_cn")
+        assert "已停止" in await card.inner_text()

@@ -25,12 +25,11 @@ def message(event_id: str, message_id: str, open_id: str, text: str) -> dict:
 
 async def test_a_schedule_made_during_a_feishu_turn_is_attributed_to_that_turns_receipt_only(
         sqlite_url: str, tmp_path: Path, clock: ManualClock):
-    app = FeishuAppSettings(app_id="cli_prov", verification_token="vt", admin_open_id="ou_boss")
+    app = FeishuAppSettings(app_id="cli_prov", verification_token="vt", admin_open_id="ou_boss", profile="scripted")
     handle = await start_hub(sqlite_url, tmp_path, clock, feishu_apps=[app])
     hub, admin = handle.hub, handle.admin_token
     try:
         await handle.start_runner(slots=4)
-        hub.bot.core.turn_wait_s = 30
         # alice's message starts a Turn that stays open while "her agent" creates a schedule
         _, work = await hub.bot.core.accept("cli_prov", message("ev1", "om_alice", "ou_alice", "wait-steer 20"),
                                             ConsoleSink())
@@ -69,7 +68,8 @@ async def test_a_schedule_made_during_a_feishu_turn_is_attributed_to_that_turns_
 
 async def test_a_schedule_made_from_a_feishu_chat_without_a_timezone_takes_its_apps_timezone(
         db_url: str, tmp_path: Path, clock: ManualClock):
-    app = FeishuAppSettings(app_id="cli_tz", verification_token="vt", admin_open_id="ou_boss")  # timezone: default
+    app = FeishuAppSettings(app_id="cli_tz", verification_token="vt", admin_open_id="ou_boss",
+                            profile="scripted")  # timezone: default
     handle = await start_hub(db_url, tmp_path, clock, feishu_apps=[app])
     hub = handle.hub
     try:

@@ -144,10 +144,11 @@ async def test_a_chat_turns_agent_delegates_a_task_and_a_schedule_over_mcp_attri
 
 
 async def _reply_to(fake: FakeFeishu, mid: str) -> str | None:
+    """The progress card under `mid` once it became the answer (its Stop button gone)."""
     for m in fake.sent:
         if m.reply_to == mid:
-            content = json.loads(m.content) if isinstance(m.content, str) else m.content
-            return content.get("text") or json.dumps(content)
+            shown = json.dumps(m.updates[-1] if m.updates else m.content)
+            return None if '"op": "stop"' in shown else shown
     return None
 
 

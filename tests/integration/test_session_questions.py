@@ -48,12 +48,16 @@ class Chat:
         return await post_message(self.handle.url, self.fake.app_id, self.fake, self.clock, ALICE, text)
 
     async def reply_to(self, mid: str, n: int = 1) -> dict:
-        """Wait for the bot's `n`-th reply under message `mid`; return its content (a card or {"text": …})."""
+        """Wait for the bot's `n`-th reply under message `mid` to be final (a progress card becomes the answer or
+        the question card: no Stop left); return its message id and that card."""
         async def found() -> dict | None:
             got = [m for m in self.fake.sent if m.reply_to == mid]
-            return got[n - 1] if len(got) >= n else None
-        m = await eventually(found, timeout=60)
-        return {"message_id": m.message_id, "content": m.content}
+            if len(got) < n:
+                return None
+            doc = got[n - 1].updates[-1] if got[n - 1].updates else got[n - 1].content
+            return None if '"op": "stop"' in json.dumps(doc) else {"message_id": got[n - 1].message_id,
+                                                                    "content": doc}
+        return await eventually(found, timeout=60)
 
     async def press(self, value: dict, message_id: str) -> dict:
         """POST a signed, encrypted card callback as Feishu builds it; return the JSON answer."""
@@ -113,6 +117,12 @@ async def chat(db_url: str, tmp_path: Path, clock: ManualClock, monkeypatch):
     await c.fake.stop()
 
 
+def answer_of(card: dict) -> str:
+    """The agent's answer on a final card (its one language-neutral markdown element)."""
+    [text] = [e["content"] for e in card["body"]["elements"] if e.get("tag") == "markdown" and "i18n_content" not in e]
+    return text
+
+
 def buttons(card: dict) -> dict[str, dict]:
     """Return the card's buttons: English label → callback value."""
     return {b["text"]["content"]: b["behaviors"][0]["value"] for b in card_buttons(card)}
@@ -141,7 +151,7 @@ async def test_a_chat_question_becomes_a_card_whose_button_answers_as_the_resume
     assert "Answered: SQLite" in card_text(answer["card"]["data"]).replace("*", "")
     assert buttons(answer["card"]["data"]) == {}  # the receipt has nothing left to press
     follow = await chat.reply_to(card_id)
-    assert follow["content"] == {"text": "Going ahead with: SQLite"}
+    assert answer_of(follow["content"]) == "Going ahead with: SQLite"
 
     first, second = await chat.turns()
     assert second.status == "succeeded" and second.prompt == "SQLite" and second.session_id == first.session_id
@@ -162,7 +172,7 @@ async def test_a_chat_reply_answers_the_question_in_free_text_and_the_card_then_
     card_id, card = await ask(chat)
     mid = await chat.say("MySQL, actually")
     follow = await chat.reply_to(mid)
-    assert follow["content"] == {"text": "Going ahead with: MySQL, actually"}
+    assert answer_of(follow["content"]) == "Going ahead with: MySQL, actually"
     first, second = await chat.turns()
     assert second.snapshot["resume_handle"] == CLAUDE_SESSION and second.status == "succeeded"
     [q] = await chat.questions()
