@@ -200,7 +200,8 @@ class AppServerRun:
     async def _dispatch(self, msg: dict[str, Any]) -> EngineResult | None:
         method = msg.get("method")
         if not isinstance(method, str):
-            answer = self._answers.get(msg.get("id")) if isinstance(msg.get("id"), int) else None
+            msg_id = msg.get("id")
+            answer = self._answers.get(msg_id) if isinstance(msg_id, int) else None
             if answer is not None and not answer.done():
                 answer.set_result(msg)  # the answer to a steer
             return None  # else a response to nothing we wait for

@@ -72,8 +72,9 @@ def task_tools(tasks: TaskService, profiles: ProfileService, permissions: Permis
                     if (task_id is None) == (turn_id is None):
                         raise Invalid("task_timeline: pass exactly one of task_id (a task, tr_…) or turn_id "
                                       "(a session turn, turn_…)")
-                    kind, run_id = ("task", task_id) if task_id is not None else ("turn", turn_id)
-                    return await timeline.read(caller_of(ctx), kind, str(run_id), cursor, limit)
+                    if task_id is not None:
+                        return await timeline.read(caller_of(ctx), "task", task_id, cursor, limit)
+                    return await timeline.read(caller_of(ctx), "turn", str(turn_id), cursor, limit)
                 return m.TimelinePage(**await guarded(read))
 
         @server.tool()

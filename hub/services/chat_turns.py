@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from ..clock import Clock, utc
 from ..domain.tasks import Status, is_terminal
+from ..errors import NotFound
 from ..ids import new_id
 from ..store.chat_turns import DONE, RUNNING, NewChatTurn, SqlChatTurnStore
 from ..store.db import Connection, Database, Row
@@ -129,6 +130,8 @@ class ChatTurnService:
         question card (`origin.reply_to`), in one transaction; return SessionService.answer_question's view."""
         async def record(conn: Connection, turn_id: str) -> None:
             run = await self.store.run(conn, turn_id)
+            if run is None:
+                raise NotFound(f"turn {turn_id} is gone; send your message again")
             await self._record(conn, replace(origin, session_id=run.session_id), turn_id, [])
 
         sent = await self.sessions.answer_question(caller, question_id, option=option, source="feishu",

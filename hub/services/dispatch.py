@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import SimpleNamespace
@@ -499,7 +500,7 @@ class RunnerDispatch:
         served = 0
         for i, link in enumerate(links):
             try:
-                one, gone = await self.db.transaction(lambda conn, link=link: self._outgoing(conn, [link], now))
+                one, gone = await self.db.transaction(partial(self._outgoing, links=[link], now=now))
             except Exception:
                 if i == 1 and served == 0:
                     raise

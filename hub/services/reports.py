@@ -161,7 +161,7 @@ class RunnerReports:
         for task_id, attempt in keys:
             row = rows.get(task_id)
             ours = row is not None and row.runtime_id == runtime_id and row.attempt == attempt
-            fx.held[(task_id, attempt)] = _pending(row) if ours else None
+            fx.held[(task_id, attempt)] = _pending(row) if row is not None and ours else None
 
     async def _write_pending(self, conn: Connection, fx: _Effects, now: datetime) -> None:
         """Write what the batch's reports left pending: their events (one statement for the batch); for the runs it

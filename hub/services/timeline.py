@@ -1,6 +1,7 @@
 """The Agent Timeline (docs/timeline.md): read a run's raw agent events (owner and admins only); sweep old ones."""
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 from ..clock import Clock, utc
@@ -58,5 +59,5 @@ class TimelineService:
 
 
 def _iso(dt: object) -> str | None:
-    value = utc(dt)  # type: ignore[arg-type]
+    value = utc(dt) if isinstance(dt, datetime) else None
     return value.isoformat() if value else None

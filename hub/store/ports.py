@@ -96,6 +96,9 @@ class ScheduleStore(Protocol):
     async def active_bindings(self, conn: Connection, principal_id: str) -> list[Binding]:
         """Return the principal's active identity bindings."""
 
+    async def execution_access(self, conn: Connection, principal_id: str) -> bool:
+        """Return whether the principal exists and its execution access is not revoked."""
+
     async def binding(self, conn: Connection, binding_id: str) -> Binding | None:
         """Return one identity binding, or None."""
 

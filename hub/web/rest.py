@@ -19,6 +19,7 @@ from ..services.profiles import ProfileService
 from ..services.registry import RuntimeRegistry
 from ..services.sessions import SessionService
 from ..services.tasks import PermissionService, SubmitRequest, TaskService
+from ..services.views import TaskView
 from . import api_models as m
 from .api_models import CALLER, Call, error_response, flag, register
 
@@ -132,7 +133,7 @@ def add_routes(app: web.Application, hub: RestServices) -> None:
     async def task_list(c: Call) -> dict:
         return {"tasks": await tasks.list(c.caller, c.query.limit)}
 
-    async def get(c: Call) -> dict:
+    async def get(c: Call) -> TaskView:
         return await tasks.get(c.caller, c.path.id)
 
     async def events(c: Call) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..services.schedules import ScheduleService, ScheduleSpec
+from ..services.views import ScheduleView
 from . import api_models as m
 from .api_models import Call, flag, register
 
@@ -12,7 +13,7 @@ def add_routes(app: web.Application, schedules: ScheduleService) -> None:
     """Register the schedule endpoints."""
     service = schedules
 
-    async def create(c: Call) -> dict:
+    async def create(c: Call) -> ScheduleView:
         data = c.body.model_dump(exclude_unset=True)
         source = data.pop("source", "rest")
         return await service.create(c.caller, ScheduleSpec.from_dict(data), source=source)
@@ -20,16 +21,16 @@ def add_routes(app: web.Application, schedules: ScheduleService) -> None:
     async def listing(c: Call) -> dict:
         return {"schedules": await service.list(c.caller, c.query.limit, flag(c.query.all))}
 
-    async def get(c: Call) -> dict:
+    async def get(c: Call) -> ScheduleView:
         return await service.get(c.caller, c.path.id)
 
-    async def update(c: Call) -> dict:
+    async def update(c: Call) -> ScheduleView:
         return await service.update(c.caller, c.path.id, ScheduleSpec.from_dict(c.body.model_dump(exclude_unset=True)))
 
-    async def pause(c: Call) -> dict:
+    async def pause(c: Call) -> ScheduleView:
         return await service.pause(c.caller, c.path.id)
 
-    async def resume(c: Call) -> dict:
+    async def resume(c: Call) -> ScheduleView:
         return await service.resume(c.caller, c.path.id)
 
     async def run_now(c: Call) -> dict:

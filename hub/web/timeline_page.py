@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from html import escape
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -100,18 +100,18 @@ def add_routes(app: web.Application, auth: AuthService, oauth: OAuthService, tim
             refusal = run_token_refusal(caller, "tasks", read=True, what="the Agent Timeline page")
             return _message("Sign in", refusal, 401) if refusal else caller
         cookie = request.cookies.get(COOKIE) or ""
-        caller = await sessions.resolve(cookie)
-        if caller is None and cookie:
+        session = await sessions.resolve(cookie)
+        if session is None and cookie:
             signed_in = await oauth.session_principal(cookie)  # a Feishu user's one-time login link
             if signed_in is not None:
-                caller = Caller(signed_in[0], signed_in[1], "", "feishu-login", False)
-        if caller is None:
+                session = Caller(signed_in[0], signed_in[1], "", "feishu-login", False)
+        if session is None:
             return _message("Sign in", "Your timeline session ended (expired or revoked); sign in again."
                             if cookie else "Sign in to see this timeline.", 401)
-        return caller
+        return session
 
     async def page(request: web.Request) -> web.StreamResponse:
-        kind = "task" if request.match_info["kind"] == "tasks" else "turn"
+        kind: Literal["task", "turn"] = "task" if request.match_info["kind"] == "tasks" else "turn"
         caller = await caller_of(request)
         if isinstance(caller, web.Response):
             return caller

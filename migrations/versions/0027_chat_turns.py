@@ -2,13 +2,13 @@
 replica drives the card to the answer; outbox notices name their Turn; a steer may target a Session's Turn (no
 instance)
 
-Revision ID: 0025_chat_turns
+Revision ID: 0027_chat_turns
 Revises: 0026_agent_timeline
 """
 from alembic import op
 import sqlalchemy as sa
 
-revision = "0025_chat_turns"
+revision = "0027_chat_turns"
 down_revision = "0026_agent_timeline"
 branch_labels = None
 depends_on = None
@@ -45,7 +45,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     with op.batch_alter_table("mailbox") as batch:
-        batch.execute("DELETE FROM mailbox WHERE instance_id IS NULL")  # pre-0025 mailboxes belong to instances
+        batch.execute("DELETE FROM mailbox WHERE instance_id IS NULL")  # pre-0027 mailboxes belong to instances
         batch.alter_column("instance_id", existing_type=sa.String(40), nullable=False)
     with op.batch_alter_table("outbox") as batch:
         batch.drop_index("ix_outbox_turn")
