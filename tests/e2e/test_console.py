@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import shutil
 from pathlib import Path
 from typing import AsyncIterator
+from zoneinfo import ZoneInfo
 
 import pytest
 import sqlalchemy as sa
@@ -183,7 +185,8 @@ async def test_the_console_creates_and_edits_a_schedule_with_the_form_in_both_la
         async with hub.db.read() as conn:
             row = (await conn.execute(sa.select(schedules))).one()
         assert (row.rule, row.timezone) == ("30 4 * * *", "Asia/Shanghai")  # the application's timezone
-        assert row.next_fire_at.strftime("%H:%M") in await card.inner_text()  # the recomputed next run
+        shown = row.next_fire_at.replace(tzinfo=dt.timezone.utc).astimezone(ZoneInfo(row.timezone))
+        assert shown.strftime("%H:%M") in await card.inner_text()  # the recomputed next run, in its own zone
 
 
 async def principal_of(hub: Hub, open_id: str, app_id: str = "cli_demo") -> Caller:
