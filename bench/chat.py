@@ -103,9 +103,12 @@ async def bare_floor(fake: Any, app_id: str, chats: int) -> list[float]:
 
         async def handler(request: web.Request) -> web.Response:
             from bot.feishu.webhook import decrypt
+            from tests.fakes.feishu import Message
 
             env = json.loads(decrypt((await request.json())["encrypt"], EK))
             mid = env["event"]["message"]["message_id"]
+            fake.messages.setdefault(mid, Message(message_id=mid, receive_id=None, uuid=None, content={},
+                                                  at=time.time()))
             await feishu.post(f"{fake.base_url}/open-apis/im/v1/messages/{mid}/reply",
                               headers={"Authorization": f"Bearer {token}"},
                               json={"msg_type": "text", "content": json.dumps({"text": "ok"}), "uuid": mid})
