@@ -215,3 +215,32 @@ async def test_a_chat_without_an_agent_engine_says_so_with_the_fix(sqlite_url: s
     finally:
         await c.handle.stop()
         await c.fake.stop()
+
+
+async def test_the_progress_cards_timeline_button_lands_its_owner_on_the_turns_timeline_page(chat: Chat):
+    import re
+
+    import httpx2
+
+    chat.hub.runner_dispatch.hub_url = chat.handle.url  # the links' base, as `amux up` sets it
+    mid = await chat.say("tool Read 'read the release notes'\nsay all done")
+    done = await chat.latest(mid, lambda d: "all done" in all_text(d))
+    [value] = [b["behaviors"][0]["value"] for b in card_buttons(done) if b["text"]["content"] == "Agent Timeline"]
+    card = await chat.card_under(mid)
+    refused = await chat.press(value, card.message_id, who=BOB)  # another person's click sends nothing
+    assert refused["toast"]["type"] == "error", refused
+    before = len(chat.fake.sent)
+    answer = await chat.press(value, card.message_id)
+    assert answer["toast"]["type"] == "success", answer
+
+    async def private():
+        return next((m for m in chat.fake.sent[before:] if m.receive_id == ALICE and m.reply_to is None), None)
+    sent = await eventually(private)
+    link = re.search(r"\((http://[^)]+/oauth/login\?code=[^)&]+&next=[^)]+)\)", card_text(sent.content)).group(1)
+    code, nxt = link.split("code=", 1)[1].split("&next=")
+    assert nxt == f"/timeline/turns/{value['r']}" and "amux." not in link  # a one-time code, never a token
+    async with httpx2.AsyncClient(timeout=10, follow_redirects=False) as browser:
+        login = await browser.post(f"{chat.handle.url}/oauth/login", data={"code": code, "next": nxt})
+        assert login.status_code == 303 and login.headers["location"] == nxt
+        page = await browser.get(f"{chat.handle.url}{nxt}")
+        assert page.status_code == 200 and "read the release notes" in page.text  # what the agent did, raw
