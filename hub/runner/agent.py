@@ -66,6 +66,7 @@ class _Held:
     replies: asyncio.Queue = field(default_factory=asyncio.Queue)
     job: Job | None = None  # the launched engine's job (its `steer_into` takes corrections mid-turn)
     steer_refusal: str | None = None  # why this run's engine cannot take a correction mid-turn at all
+    steers_taken: set[str] = field(default_factory=set)  # steer ids its engine took: a resent one is not fed again
     cancel_intent: bool = False
     finished: bool = False
     # Set when the hub has committed that this attempt holds the reservation (the Ack of its Accepted): the engine
@@ -460,13 +461,18 @@ class Runner:
     async def _steer(self, steer: p.Steer) -> None:
         """Hand a correction to the running turn's engine and tell the hub whether it took it, or why not."""
         h = self.held.get(steer.task_id)
-        if h is None or h.finished or h.task is None or h.task.done():
-            reason: str | None = "the run has ended; the correction waits for the next prompt"
+        if h is not None and steer.steer_id in h.steers_taken:
+            reason: str | None = None  # the hub sent it again (a lost Steered): the engine has it already
+        elif h is None or h.finished or h.task is None or h.task.done():
+            reason = "the run has ended; the correction waits for the next prompt"
         elif h.job is None or h.job.steer_into is None:
             reason = h.steer_refusal or "the engine is not yet (or no longer) in its turn; the correction waits"
         else:
             try:
+                h.steers_taken.add(steer.steer_id)  # before the await: a copy arriving meanwhile is not fed too
                 reason = await asyncio.wait_for(h.job.steer_into(steer.text), STEER_TAKE_S)
+                if reason is not None:
+                    h.steers_taken.discard(steer.steer_id)
             except asyncio.TimeoutError:
                 reason = f"the engine did not confirm the correction within {STEER_TAKE_S:g} s"
             except Exception as e:  # noqa: BLE001 — an adapter's failure is this steer's, never the runner's
