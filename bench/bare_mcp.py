@@ -1,6 +1,6 @@
 """A bare MCP SDK server with one echo tool (stateless, JSON responses, logging at WARNING): the peer for ratios.
 
-At INFO the SDK writes a line per stateless request, which slows the peer and flatters every ratio (issue 16).
+At INFO the SDK writes a line per stateless request, which slows the peer and flatters every ratio.
 Given a PostgreSQL URL, the echo reads its text back from PostgreSQL first (one asyncpg `SELECT $1` on a pooled
 connection): the floor of any call that reads the database once, which the bare echo is not.
 """

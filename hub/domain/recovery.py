@@ -14,7 +14,7 @@ from typing import Any, Iterable
 from .states import BindingStatus
 
 BOUND, UNBOUND, IGNORED = "bound", "unbound", "ignored"
-# Token labels an agent or child session acts under (`mcp:<client>` is claimed by MCP clients,
+# Token labels an agent or child session acts under (`mcp:<client>` names an OAuth-granted MCP client,
 # `amux-session:<id>` is minted for child sessions); alone they name no human origin actor.
 AGENT_LABEL_PREFIXES = ("mcp:", "amux-session:", "runtime:", "agent:")
 RECEIPT_FIELDS = ("source", "token_id", "principal")

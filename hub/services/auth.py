@@ -204,16 +204,6 @@ class AuthService:
         self._verified[digest] = (time.monotonic() + self.cache_s, caller)
         return caller
 
-    async def claim_label(self, caller: Caller, client_name: str) -> str | None:
-        """Label an unlabeled token `mcp:<client name>`; the first client wins, an explicit label is kept."""
-        name = "".join(ch for ch in client_name.strip() if ch.isprintable())[:120]
-        if caller.label or not name:
-            return caller.label
-        async with self.db.write() as conn:
-            label = await self.store.claim_label(conn, caller.token_id, f"mcp:{name}")
-        self.forget(caller.token_id)
-        return label
-
     def forget(self, token_id: str) -> None:
         """Drop a token from this replica's verified-token cache (it was revoked here)."""
         for digest, (_, cached) in list(self._verified.items()):

@@ -20,8 +20,6 @@ from ..domain import recovery as rules
 from ..ids import new_id
 from ..store.db import Connection, Database, Row
 from ..store.recovery import RecoveryResult, SqlRecoveryStore
-from ..store.schedules import SqlScheduleStore
-from .schedule_access import FeishuScope, ScheduleAccess
 
 HYDRATED = "recovered_history"
 HYDRATED_DETAIL = "historical outcome hydrated by creator recovery: never notified"
@@ -29,14 +27,12 @@ HYDRATED_DETAIL = "historical outcome hydrated by creator recovery: never notifi
 
 
 class RecoveryService:
-    """Recover schedule creators once, and answer the diagnostics and personal-view reads that follow."""
+    """Recover schedule creators once, and report every schedule's outcome with its reason."""
 
     def __init__(self, db: Database, clock: Clock) -> None:
         self.db = db
         self.clock = clock
         self.store = SqlRecoveryStore(db)
-        self.schedule_store = SqlScheduleStore(db)
-        self.access = ScheduleAccess(db)
 
     # ------------------------------------------------------------ the operation
 
@@ -116,40 +112,3 @@ class RecoveryService:
                 {"id": new_id("dec"), "at": now, "ingest_key": f"{f.id}:{f.missed_count}", "firing_id": f.id,
                  "schedule_id": schedule_id, "incident_id": None, "notice_id": None,
                  "outcome": f.outcome or f.admission, "decision": HYDRATED, "detail": HYDRATED_DETAIL} for f in rows])
-
-    # ------------------------------------------------------------ reads
-
-    async def unbound(self, app_id: str | None = None) -> list[dict]:
-        """List schedules recovery left unbound, with the reason (the administrator's diagnostics).
-
-        With `app_id`, only those whose creator has (or had) an alias in that application, or none anywhere.
-        """
-        async with self.db.read() as conn:
-            rows = await self.store.unbound(conn, app_id)
-        return [{"schedule_id": r.schedule_id, "name": r.name, "creator": r.creator, "creator_id": r.creator_id,
-                 "reason": r.reason, "recorded_at": iso(r.recorded_at)} for r in rows]
-
-    async def unbound_for_app(self, app_id: str) -> list[dict]:
-        """List the unbound schedules an application's administrator can attribute (see `unbound`)."""
-        return await self.unbound(app_id)
-
-    async def is_unbound(self, schedule_id: str) -> bool:
-        """Return whether recovery left this schedule unbound (it then gets no proactive notifications)."""
-        async with self.db.read() as conn:
-            return await self.store.outcome(conn, schedule_id) == rules.UNBOUND
-
-    async def personal(self, app_id: str, open_id: str) -> list[dict]:
-        """Return this Feishu user's personal view: the hub's one schedule policy (`schedule_access`), checked now.
-
-        Nothing is returned when the alias is revoked or unknown, and a schedule whose creator is no longer
-        the alias's principal is not shown: a past binding grants nothing by itself.
-        """
-        async with self.db.read() as conn:
-            b = await self.schedule_store.active_binding_of(conn, app_id, open_id)
-            if b is None:
-                return []
-            v = await self.access.for_identity(conn, b.principal_id, FeishuScope(app_id, b.id))
-            rows = await self.store.visible_with_outcome(conn, v)
-        return [{"schedule_id": r.id, "name": r.name, "rule": r.rule, "timezone": r.timezone, "paused": r.paused,
-                 "next_fire_at": iso(r.next_fire_at), "app_id": r.app_id, "recovered": r.recovery == rules.BOUND}
-                for r in rows]

@@ -1,7 +1,7 @@
 """One authorization policy for schedules: who may read and control which schedule.
 
-Used by every reader: REST and MCP (`ScheduleService`), the Feishu bot's personal views and card actions
-(through `ScheduleService`), and upgrade recovery's personal view — none of them keeps visibility rules of its own.
+Used by every reader: REST and MCP (`ScheduleService`) and the Feishu bot's personal views and card actions
+(through `ScheduleService`) — none of them keeps visibility rules of its own.
 
 - The frozen creator: only schedules whose `creator_id` is the caller's principal (an admin token sees
   everyone's over REST/MCP/CLI, as before; a Feishu operator never acts as admin).

@@ -8,9 +8,7 @@ from typing import Any, Collection, Sequence
 
 import sqlalchemy as sa
 
-from ..domain.recovery import UNBOUND
 from .db import Connection, Database, Row
-from .schedules import Visibility, visible_clause
 from .tables import (api_tokens, decisions, firings, identity_bindings, incidents, principals, recovery_results,
                      recovery_runs, schedules, upgrade_marks)
 
@@ -120,33 +118,3 @@ class SqlRecoveryStore:
         """Insert alert decisions for past outcomes, so the alert catch-up never turns them into notices."""
         if rows:
             await conn.execute(decisions.insert(), list(rows))
-
-    # ------------------------------------------------------------ reads after a run
-
-    async def unbound(self, conn: Connection, app_id: str | None = None) -> list[Row]:
-        """Return the schedules recovery left unbound and not deleted since, oldest record first, with the schedule
-        and creator names; with `app_id`, only those whose creator has (or had) an alias there, or none anywhere."""
-        stmt = (sa.select(recovery_results, schedules.c.name, schedules.c.deleted_at,
-                          principals.c.name.label("creator"))
-                .join(schedules, schedules.c.id == recovery_results.c.schedule_id)
-                .outerjoin(principals, principals.c.id == recovery_results.c.creator_id)
-                .where(recovery_results.c.outcome == UNBOUND, schedules.c.deleted_at.is_(None))
-                .order_by(recovery_results.c.recorded_at, recovery_results.c.schedule_id))
-        if app_id is not None:
-            any_alias = sa.select(identity_bindings.c.id).where(
-                identity_bindings.c.principal_id == recovery_results.c.creator_id)
-            stmt = stmt.where(sa.or_(sa.exists(any_alias.where(identity_bindings.c.app_id == app_id)),
-                                     ~sa.exists(any_alias)))
-        return list((await conn.execute(stmt)).all())
-
-    async def outcome(self, conn: Connection, schedule_id: str) -> str | None:
-        """Return the recorded outcome of one schedule (bound / unbound / ignored), None when never recorded."""
-        return (await conn.execute(sa.select(recovery_results.c.outcome).where(
-            recovery_results.c.schedule_id == schedule_id))).scalar()
-
-    async def visible_with_outcome(self, conn: Connection, v: Visibility) -> list[Row]:
-        """Return the schedules `v` admits, newest first, each with its recorded outcome as `recovery`."""
-        stmt = (sa.select(schedules, recovery_results.c.outcome.label("recovery"))
-                .outerjoin(recovery_results, recovery_results.c.schedule_id == schedules.c.id)
-                .where(visible_clause(v)).order_by(schedules.c.created_at.desc()))
-        return list((await conn.execute(stmt)).all())

@@ -42,7 +42,7 @@ class Binding:
 
 
 def visible_clause(v: Visibility) -> sa.ColumnElement[bool]:
-    """Return the WHERE clause of the schedules `v` admits (shared with the recovery store's personal view)."""
+    """Return the WHERE clause of the schedules `v` admits."""
     if v.nothing:
         return sa.false()
     clauses: list[sa.ColumnElement[bool]] = []

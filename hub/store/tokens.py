@@ -87,12 +87,6 @@ class SqlTokenStore:
         """Record that the token was used at `now` (the caller decides how often that is worth a write)."""
         await conn.execute(api_tokens.update().where(api_tokens.c.id == token_id).values(last_used_at=now))
 
-    async def claim_label(self, conn: Connection, token_id: str, label: str) -> str | None:
-        """Give an unlabeled token `label` (the first claim wins; a label once set stays); return its label now."""
-        await conn.execute(api_tokens.update().where(api_tokens.c.id == token_id, api_tokens.c.label.is_(None))
-                           .values(label=label))
-        return (await conn.execute(sa.select(api_tokens.c.label).where(api_tokens.c.id == token_id))).scalar()
-
     async def token(self, conn: Connection, token_id: str) -> Row | None:
         """Return one token row (its hash included: for checks only, never for a view), or None."""
         return (await conn.execute(sa.select(api_tokens).where(api_tokens.c.id == token_id))).first()

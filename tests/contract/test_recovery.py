@@ -16,6 +16,8 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.script import ScriptDirectory
 
+from bot.handlers.schedules import PAGE
+from bot.identity import IdentityBindings
 from hub.app import Hub
 from hub.errors import NotFound
 from hub.ids import new_id
@@ -102,6 +104,14 @@ async def seeded(db, clock, tmp_path: Path):
     return hub
 
 
+async def feishu_view(hub: Hub, app_id: str, open_id: str) -> list[str]:
+    """The schedules the bot's personal list shows this Feishu user (none without an active alias)."""
+    v = await IdentityBindings(hub.identity).find(app_id, open_id, None)
+    if v is None:
+        return []
+    return [i.schedule_id for i in (await hub.schedules.page(v.caller(), 0, PAGE)).items]
+
+
 def by_id(res: dict) -> dict:
     return {e["schedule_id"]: e for e in res["schedules"]}
 
@@ -132,8 +142,8 @@ async def test_ambiguous_or_missing_provenance_is_left_unbound_with_the_reason(s
     assert e["outcome"] == "unbound" and reason in e["reason"] and e["binding_id"] is None
     r = await row(seeded.db, seeded.ids[case])
     assert r.creator_binding_id is None and r.app_id is None
-    listed = {u["schedule_id"]: u["reason"] for u in await seeded.recovery.unbound()}
-    assert reason in listed[seeded.ids[case]]  # the administrator's diagnostics show it, with the reason
+    again = by_id(await seeded.recovery.recover_creators())[seeded.ids[case]]
+    assert again["recorded"] and again["outcome"] == "unbound" and reason in again["reason"]  # reported again
 
 
 async def test_session_prompt_schedules_are_out_of_scope(seeded):
@@ -215,14 +225,11 @@ async def test_recovery_hydrates_execution_state_without_replaying_tasks_or_noti
 async def test_unbound_schedules_get_no_notifications_for_their_history(seeded):
     hub, sid = seeded, seeded.ids["two_apps"]
     await firing(hub, sid, 10, "tr_b", "failed")
-    await hub.recovery.recover_creators()
-    assert await hub.recovery.is_unbound(sid) and not await hub.recovery.is_unbound(seeded.ids["clean"])
+    res = by_id(await hub.recovery.recover_creators())
+    assert (res[sid]["outcome"], res[seeded.ids["clean"]]["outcome"]) == ("unbound", "bound")
     await hub.alerts.catch_up()
     async with hub.db.read() as conn:
         assert (await conn.execute(sa.select(sa.func.count()).select_from(outbox))).scalar() == 0
-    for_a = {u["schedule_id"] for u in await hub.recovery.unbound_for_app("cli_a")}
-    assert sid in for_a and seeded.ids["clean"] not in for_a
-    assert sid not in {u["schedule_id"] for u in await hub.recovery.unbound_for_app("cli_other")}
 
 
 async def test_recovered_schedules_appear_in_the_personal_view_and_reads_still_check_current_access(seeded):
@@ -231,25 +238,24 @@ async def test_recovered_schedules_appear_in_the_personal_view_and_reads_still_c
     async with hub.db.read() as conn:
         open_id = (await conn.execute(sa.select(identity_bindings.c.open_id).where(
             identity_bindings.c.id == hub.binding["alice"]))).scalar()
-    mine = await hub.recovery.personal("cli_a", open_id)
     # The one schedule policy (hub/services/schedule_access.py): the application scope and an active binding are
     # needed, so alice's own schedule without a creator binding (the session-prompt recovery does not bind) is not
-    # shown in Feishu at all, as in the bot's view.
-    assert [(s["schedule_id"], s["recovered"]) for s in mine] == [(hub.ids["clean"], True)]
-    assert await hub.recovery.personal("cli_b", open_id) == []  # another application's scope shows nothing
+    # shown in Feishu at all.
+    assert await feishu_view(hub, "cli_a", open_id) == [hub.ids["clean"]]
+    assert await feishu_view(hub, "cli_b", open_id) == []  # another application's scope shows nothing
     # another principal still cannot read it; the creator still can (operator/CLI access is unchanged)
     with pytest.raises(NotFound):
         await hub.schedules.history(hub.callers["bob"], hub.ids["clean"])
     await hub.schedules.history(hub.callers["alice"], hub.ids["clean"])
     admin = await hub.auth.authenticate(await hub.auth.create_token("root", admin=True))
     await hub.identity.set_execution_access(admin, "alice", revoked=True)   # reads check current execution access
-    assert await hub.recovery.personal("cli_a", open_id) == []
+    assert await feishu_view(hub, "cli_a", open_id) == []
     await hub.identity.set_execution_access(admin, "alice", revoked=False)
-    assert [s["schedule_id"] for s in await hub.recovery.personal("cli_a", open_id)] == [hub.ids["clean"]]
+    assert await feishu_view(hub, "cli_a", open_id) == [hub.ids["clean"]]
     async with hub.db.write() as conn:  # the alias is revoked after recovery: the binding grants nothing now
         await conn.execute(identity_bindings.update().where(identity_bindings.c.id == hub.binding["alice"])
                            .values(status="revoked"))
-    assert await hub.recovery.personal("cli_a", open_id) == []
+    assert await feishu_view(hub, "cli_a", open_id) == []
 
 
 async def test_legacy_history_overlapping_ledger_firings_is_shown_once(db_url, tmp_path, clock):
@@ -361,8 +367,7 @@ async def test_upgrade_heads_applies_recovery_on_a_database_already_at_the_previ
 
 async def test_a_schedule_left_unbound_gets_no_proactive_notice_for_later_outcomes_either(seeded):
     hub, sid = seeded, seeded.ids["owner"]  # its creator has exactly one active alias, but the owner did not match
-    await hub.recovery.recover_creators()
-    assert await hub.recovery.is_unbound(sid)
+    assert by_id(await hub.recovery.recover_creators())[sid]["outcome"] == "unbound"
     hub.clock.advance(minutes=5)
     await firing(hub, sid, 1, "tr_later", "failed")  # an outcome after the upgrade
     assert await hub.alerts.catch_up() == 1

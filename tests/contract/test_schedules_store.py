@@ -338,7 +338,7 @@ async def queued_of(hub: Hub, owner_id: str) -> int:
 
 async def test_the_queue_limit_holds_for_schedule_made_tasks_and_a_refused_firing_records_the_limit_and_advances(
         core):
-    """The reproduction of issue 27: four per-second schedules of one user under `max_queued_per_principal = 2`
+    """Four per-second schedules of one user under `max_queued_per_principal = 2`
     queue 2 Tasks, not one per fire; the other firings record the refusal `task_submit` gives, and every rule
     advances."""
     core.settings.hub.max_queued_per_principal = 2

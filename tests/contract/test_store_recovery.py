@@ -1,14 +1,12 @@
 """SqlRecoveryStore: one test per rule its methods state — the same suite on SQLite and PostgreSQL."""
 from __future__ import annotations
 
-from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
 
 from hub.store.db import Database
 from hub.store.recovery import RecoveryResult, SqlRecoveryStore
-from hub.store.schedules import Visibility
 from hub.store.tables import api_tokens, decisions, incidents, recovery_runs, schedules
 from tests.contract import store_rows as r
 
@@ -142,56 +140,3 @@ async def test_insert_decisions_writes_the_rows_given(store):
     async with store.db.read() as conn:
         assert [(x.ingest_key, x.decision) for x in (await conn.execute(sa.select(decisions))).all()] == [
             ("f1:0", "recovered_history")]
-
-
-async def test_unbound_lists_schedules_left_unbound_and_not_deleted_with_names_filtered_by_application(store):
-    await run(store)
-    async with store.db.write() as conn:
-        await r.schedule(conn, "s_alice", "p_alice", name="alice job")
-        await r.schedule(conn, "s_bob", "p_bob", name="bob job")
-        await r.schedule(conn, "s_carol", "p_carol", name="carol job")
-        await r.schedule(conn, "s_deleted", "p_alice", deleted_at=r.at(3))
-        await r.schedule(conn, "s_bound", "p_alice")
-        await store.insert_result(conn, result("s_alice", recorded_at=r.at(2)))
-        await store.insert_result(conn, result("s_bob", creator_id="p_bob", recorded_at=r.at(1)))
-        await store.insert_result(conn, result("s_carol", creator_id="p_carol", recorded_at=r.at(3)))
-        await store.insert_result(conn, result("s_deleted"))
-        await store.insert_result(conn, result("s_bound", "bound"))
-    async with store.db.read() as conn:
-        every = await store.unbound(conn)
-        in_b = [x.schedule_id for x in await store.unbound(conn, "cli_b")]
-    assert [(x.schedule_id, x.name, x.creator) for x in every] == [
-        ("s_bob", "bob job", "bob"), ("s_alice", "alice job", "alice"), ("s_carol", "carol job", "carol")]
-    assert in_b == ["s_bob", "s_alice", "s_carol"]  # bob: no alias anywhere; alice: a (revoked) alias there
-
-
-async def test_unbound_for_an_application_leaves_out_creators_whose_aliases_are_all_elsewhere(store):
-    await run(store)
-    async with store.db.write() as conn:
-        await r.schedule(conn, "s_carol", "p_carol")
-        await store.insert_result(conn, result("s_carol", creator_id="p_carol"))
-    async with store.db.read() as conn:
-        assert await store.unbound(conn, "cli_a") == []
-
-
-async def test_outcome_is_the_recorded_outcome_or_none(store):
-    await run(store)
-    async with store.db.write() as conn:
-        await r.schedule(conn, "s1", "p_alice")
-        await r.schedule(conn, "s2", "p_alice")
-        await store.insert_result(conn, result("s1"))
-    async with store.db.read() as conn:
-        assert (await store.outcome(conn, "s1"), await store.outcome(conn, "s2")) == ("unbound", None)
-
-
-async def test_visible_with_outcome_lists_admitted_schedules_newest_first_with_their_recorded_outcome(store):
-    await run(store)
-    async with store.db.write() as conn:
-        await r.schedule(conn, "s_old", "p_alice", created=0)
-        await r.schedule(conn, "s_new", "p_alice", created=1)
-        await r.schedule(conn, "s_bob", "p_bob", created=2)
-        await r.schedule(conn, "s_gone", "p_alice", created=3, deleted_at=r.at(4))
-        await store.insert_result(conn, result("s_old", "bound", recorded_at=r.at(0) + timedelta(seconds=1)))
-    async with store.db.read() as conn:
-        rows = await store.visible_with_outcome(conn, Visibility(creator_id="p_alice"))
-    assert [(x.id, x.recovery) for x in rows] == [("s_new", None), ("s_old", "bound")]

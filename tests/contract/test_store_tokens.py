@@ -102,16 +102,6 @@ async def test_record_use_sets_last_used(db, tokens, clock):
         assert utc((await tokens.token(conn, "tok_a")).last_used_at) == clock.now()
 
 
-async def test_claim_label_the_first_claim_wins_and_a_label_once_set_stays(db, tokens, clock):
-    async with db.write() as conn:
-        await token(tokens, conn, clock, "tok_a")
-        await token(tokens, conn, clock, "tok_b", label="laptop")
-        assert await tokens.claim_label(conn, "tok_a", "mcp:Claude") == "mcp:Claude"
-        assert await tokens.claim_label(conn, "tok_a", "mcp:Codex") == "mcp:Claude"
-        assert await tokens.claim_label(conn, "tok_b", "mcp:Codex") == "laptop"
-        assert await tokens.claim_label(conn, "tok_missing", "mcp:Codex") is None
-
-
 async def test_list_tokens_is_oldest_first_per_principal_or_everyones_and_shows_no_hash(db, tokens, clock):
     async with db.write() as conn:
         await token(tokens, conn, clock, "tok_1", "alice")

@@ -1,4 +1,4 @@
-"""The bot's words over the real doors (issue 30 "Language and rendering"): signed webhooks and card callbacks
+"""The bot's words over the real doors: signed webhooks and card callbacks
 against the fake Feishu Open Platform with the real lark-oapi SDK — the greeting uses the name Feishu's contact
 API gives, the Recheck toast and the alert center speak zh-CN from the catalog, Snooze follows `alerts.snooze_s`,
 and legacy history reads unconfirmed on the personal history card."""

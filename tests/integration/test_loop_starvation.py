@@ -1,6 +1,6 @@
 """No store call blocks the event loop: while the firing loop works through thousands of due schedules, the same
-hub's /healthz keeps answering at once (issue 12: on SQLite every statement once ran on the event loop and a backlog
-starved every timer and HTTP handler of the embedded hub)."""
+hub's /healthz keeps answering at once (on SQLite a statement run on the event loop would starve every timer and
+HTTP handler of the embedded hub)."""
 from __future__ import annotations
 
 import asyncio

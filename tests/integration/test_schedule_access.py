@@ -1,5 +1,5 @@
-"""One authorization policy (hub/services/schedule_access.py): the bot's personal views and card actions, the
-REST/MCP schedule reads and recovery's personal view make the same decision, table-driven over one set of schedules.
+"""One authorization policy (hub/services/schedule_access.py): the bot's personal views and card actions and the
+REST/MCP schedule reads make the same decision, table-driven over one set of schedules.
 """
 from __future__ import annotations
 
@@ -70,10 +70,6 @@ async def _rest_view(hub, caller: Caller) -> set[str]:
     return {s["name"] for s in await hub.schedules.list(caller)}
 
 
-async def _recovery_view(hub, v: Viewer) -> set[str]:
-    return {s["name"] for s in await hub.recovery.personal(v.app_id, v.open_id)}
-
-
 EXPECTED = {
     "carol_a": {"frozen_a"},     # not B's, not an unbound one, not one whose creator binding was unlinked, not dave's
     "carol_b": {"frozen_b"},
@@ -81,12 +77,12 @@ EXPECTED = {
 }
 
 
-async def test_personal_views_card_actions_rest_reads_and_recovery_make_the_same_decision(hub):
+async def test_personal_views_card_actions_and_rest_reads_make_the_same_decision(hub):
     hub = hub.hub
     _carol, _dave, viewers = await _setup(hub)
     for key, v in viewers.items():
-        bot, rest, recovery = await _bot_view(hub, v), await _rest_view(hub, v.caller()), await _recovery_view(hub, v)
-        assert bot == rest == recovery == EXPECTED[key], key
+        bot, rest = await _bot_view(hub, v), await _rest_view(hub, v.caller())
+        assert bot == rest == EXPECTED[key], key
         for name in {"frozen_a", "frozen_b", "unbound", "old_binding", "daves"}:   # single reads agree with lists
             readable = await _readable(hub.schedules.get(v.caller(), f"sch_{name}"))
             assert readable == (name in EXPECTED[key]), (key, name)
@@ -99,7 +95,6 @@ async def test_a_schedule_without_application_scope_and_creator_binding_is_shown
     _carol, _dave, viewers = await _setup(hub)
     for v in viewers.values():
         assert "unbound" not in await _bot_view(hub, v)
-        assert "unbound" not in await _recovery_view(hub, v)
         assert not await _readable(hub.schedules.card(v.caller(), "sch_unbound"))
 
 
@@ -121,7 +116,6 @@ async def test_a_schedule_recovery_left_unbound_is_not_shown_in_any_app_even_to_
     res = await h.recovery.recover_creators()
     assert {e["schedule_id"]: e["outcome"] for e in res["schedules"]}["sch_left"] == "unbound"
     for app in (APP_A, APP_B):
-        assert await h.recovery.personal(app, f"ou_c_{app}") == []
         b = await h.identity.find_contact(app, f"ou_c_{app}")
         v = Viewer(app_id=app, open_id=f"ou_c_{app}", principal_id=carol.principal_id, name="carol",
                    binding_id=b.binding_id, is_admin=False)
@@ -137,7 +131,7 @@ async def test_revoking_a_principals_execution_access_makes_its_feishu_schedule_
     await h.identity.set_execution_access(admin, "carol", revoked=True)
     for key in ("carol_a", "carol_b"):
         v = viewers[key]
-        assert await _bot_view(h, v) == set() == await _recovery_view(h, v) == await _rest_view(h, v.caller())
+        assert await _bot_view(h, v) == set() == await _rest_view(h, v.caller())
         for name in ("frozen_a", "frozen_b"):
             assert not await _readable(h.schedules.card(v.caller(), f"sch_{name}"))
             assert not await _readable(h.schedules.pause(v.caller(), f"sch_{name}"))   # no action either

@@ -13,7 +13,7 @@ from hub.web import api_models as m
 from tests.helpers import mcp_client
 from tests.integration.test_feishu_bot import Bot, bot  # noqa: F401 — the Feishu webhook client and its fixture
 
-UNKNOWN = "permision_policy"  # the typo of issue 34: the SDK would have dropped it and applied policy-allow
+UNKNOWN = "permision_policy"  # a misspelt key: a lax door would drop it and apply policy-allow
 
 
 def dummy(schema: dict[str, Any]) -> Any:

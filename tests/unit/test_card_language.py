@@ -1,4 +1,4 @@
-"""The words and times on every card (issue 30 "Language and rendering"): user text escaped on every card kind,
+"""The words and times on every card: user text escaped on every card kind,
 no English inside the zh-CN alert cards, the Snooze label from `alerts.snooze_s`, legacy history as unconfirmed,
 and every time with its zone."""
 from __future__ import annotations
