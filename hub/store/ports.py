@@ -1,8 +1,9 @@
-"""The interfaces of the task and schedule stores, over the records they return (hub/store/records.py).
+"""The interfaces of the task, schedule, instance and session stores, over the records they return
+(hub/store/records.py).
 
 Services hold a store through these Protocols (`TaskService.store: TaskStore`), so what a service may ask of the
-store, and what shape it gets back, is written in one place; `SqlTaskStore` and `SqlScheduleStore` implement them on
-SQLite and PostgreSQL (mypy checks that they do)."""
+store, and what shape it gets back, is written in one place; `SqlTaskStore`, `SqlScheduleStore`,
+`SqlInstanceStore` and `SqlSessionStore` implement them on SQLite and PostgreSQL (mypy checks that they do)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
