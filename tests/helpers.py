@@ -102,6 +102,9 @@ def hub_settings(db_url: str, home: Path, **hub_overrides: Any) -> Settings:
     return s
 
 
+STOP_S = 120.0  # a runner not stopped by then is stuck: the teardown fails, naming it, instead of hanging
+
+
 @dataclass
 class HubHandle:
     """A hub serving on a real port."""
@@ -134,10 +137,14 @@ class HubHandle:
     async def stop(self) -> None:
         """Stop runners, the site and the database pool."""
         for runner, task in self.runners:
-            await runner.stop()
+            await asyncio.wait_for(runner.stop(), STOP_S)
             task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=STOP_S)  # not `await task`: a task that ignores its
+            if not done:                                           # cancellation would hang the suite
+                raise AssertionError(f"runner {runner.name} did not stop within {STOP_S:.0f} s of being cancelled "
+                                     f"(held: {sorted(runner.held)})")
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+                task.result()
         await self.site_runner.cleanup()
         await self.hub.db.close()
 

@@ -11,6 +11,7 @@ from ..clock import Clock, utc
 from ..ids import short_id
 from ..store.db import Database
 from ..store.leases import SqlLeaseStore
+from ..store.ports import LeaseStore
 from .auth import Caller
 
 SESSION_TTL_S = 12 * 3600
@@ -33,7 +34,7 @@ class BoxSessionService:
         self.db = db
         self.clock = clock
         self.ttl_s = ttl_s
-        self.store = SqlLeaseStore(db)
+        self.store: LeaseStore = SqlLeaseStore(db)
 
     async def open(self, caller: Caller) -> str | None:
         """Open a session for a caller that signed in with a user or admin token; return the cookie value (shown

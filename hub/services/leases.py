@@ -9,7 +9,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from ..boxes.base import DEFAULT_EXEC_TIMEOUT_S, MAX_COMMAND_BYTES, MAX_EXEC_TIMEOUT_S, BoxDriver, BoxError
 from ..clock import Clock, utc
@@ -18,14 +18,17 @@ from ..domain import leases as rules
 from ..domain.durations import duration_text
 from ..errors import Conflict, Invalid, NotFound, TooMany
 from ..ids import short_id
-from ..store.db import Connection, Database, Row
-from ..store.leases import Box, PageBox, PageTask, SqlLeaseStore
+from ..store.db import Connection, Database
+from ..store.leases import Box, BoxLine, LeaseGate, LeaseTask, PageBox, PageTask, SqlLeaseStore
+from ..store.ports import LeaseStore
 from .auth import Caller
 
 log = logging.getLogger(__name__)
 
 RECENT_CLOSED = 10
 REAP_BATCH = 100
+
+G = TypeVar("G", bound=LeaseGate)
 
 
 def _hash(secret: str) -> str:
@@ -127,7 +130,7 @@ class LeaseService:
         self.settings = settings
         self.driver = driver
         self.boxes = boxes or BoxSettings()
-        self.store = SqlLeaseStore(db)
+        self.store: LeaseStore = SqlLeaseStore(db)
         if not getattr(driver, "sandboxed", True):
             log.warning("boxes are NOT sandboxed (boxes.driver = %r): a box's commands run as plain processes of "
                         "this machine and can read the hub's files; set boxes.driver = \"local\" to sandbox them",
@@ -135,13 +138,13 @@ class LeaseService:
 
     # --- the lease gate ------------------------------------------------------------------------
 
-    async def _gate(self, conn: Connection, caller: Caller, raw: str | None, *, lock: bool) -> Row:
+    async def _gate(self, conn: Connection, caller: Caller, raw: str | None, *, lock: bool) -> LeaseTask:
         """Return the task row a handle holds, or raise the refusal that names the mending tool."""
         handle: rules.Handle = _parse(rules.parse_handle, raw)
         row = await self.store.task(conn, handle.task_id, lock=lock)
         return self._check(row, caller, handle)
 
-    def _check(self, row: Row | None, caller: Caller, handle: rules.Handle) -> Row:
+    def _check(self, row: G | None, caller: Caller, handle: rules.Handle) -> G:
         """Apply the lease rules to a task row read for `handle`."""
         if row is None or row.owner_id != caller.principal_id:
             raise NotFound(rules.not_yours(handle.task_id))
@@ -154,9 +157,10 @@ class LeaseService:
                                          utc(row.attached_at) or utc(row.created_at)))
         return row
 
-    async def _touch(self, conn: Connection, row: Row, now: datetime) -> None:
+    async def _touch(self, conn: Connection, row: LeaseGate, now: datetime) -> None:
         """Record activity under the current handle, at most once per granularity."""
-        if rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s):
+        due = rules.activity_due(utc(row.last_activity_at), now, self.settings.activity_granularity_s)
+        if due and row.secret_hash is not None:  # always held here: `_check` passed it
             await self.store.touch(conn, row.id, row.secret_hash, now)
 
     # --- lease tasks ---------------------------------------------------------------------------
@@ -311,7 +315,7 @@ class LeaseService:
         except BoxError:
             return False
 
-    async def _held_box(self, caller: Caller, raw: str | None, vm_id: str | None) -> tuple[Row, Box]:
+    async def _held_box(self, caller: Caller, raw: str | None, vm_id: str | None) -> tuple[LeaseTask, Box]:
         """Check a handle and find one live box of its task in one query, record the activity; return both.
 
         The lease refusals come first, then a malformed or unknown box.
@@ -390,7 +394,7 @@ class LeaseService:
             rows = await self.store.live_boxes_of(conn, task_ids)
         return await self._destroy_rows(rows)
 
-    async def _destroy_rows(self, rows: builtins.list[Row]) -> builtins.list[str]:
+    async def _destroy_rows(self, rows: builtins.list[Box]) -> builtins.list[str]:
         """Destroy boxes through the driver, whatever their state, and mark the ones destroyed.
 
         A box still being made holds its provisional handle: destroying it removes what its maker made so
@@ -462,7 +466,7 @@ class LeaseService:
         return BoxesPage(tasks=tasks, boxes=shown, open_tasks=page.open_tasks, unsandboxed=unsandboxed,
                          newer=newer, older=older, first=first)
 
-    async def overview(self, principal_id: str) -> tuple[builtins.list[Row], builtins.list[Row]]:
+    async def overview(self, principal_id: str) -> tuple[builtins.list[LeaseTask], builtins.list[BoxLine]]:
         """Return a user's open tasks and their live boxes: one query per table."""
         async with self.db.read() as conn:
             tasks = await self.store.open_tasks(conn, principal_id)

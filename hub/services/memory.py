@@ -7,6 +7,7 @@ from ..domain import memory as rules
 from ..errors import Conflict, Invalid, NotFound
 from ..store.db import Connection, Database
 from ..store.memory import SqlMemoryStore
+from ..store.ports import MemoryStore
 from .auth import Caller
 from .delegation import SESSION_LABEL
 
@@ -18,7 +19,7 @@ class MemoryService:
 
     def __init__(self, db: Database, clock: Clock, settings: MemorySettings) -> None:
         self.db = db
-        self.store = SqlMemoryStore(db)
+        self.store: MemoryStore = SqlMemoryStore(db)
         self.clock = clock
         self.settings = settings
 

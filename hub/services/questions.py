@@ -13,8 +13,9 @@ from typing import Any
 from ..errors import Conflict, Invalid, NotFound
 from ..ids import new_id
 from ..runner import protocol as p
-from ..store.db import Connection, Row
-from ..store.questions import ANSWERED, NewQuestion, SqlQuestionStore
+from ..store.db import Connection
+from ..store.ports import QuestionStore
+from ..store.questions import ANSWERED, NewQuestion, QuestionRecord, SqlQuestionStore
 
 
 class QuestionClosed(Conflict):
@@ -33,7 +34,7 @@ async def record_question(conn: Connection, run: Any, question: p.Question, now:
         options=list(question.options), free_text=question.free_text), now)
 
 
-def question_view(q: Row | None) -> dict | None:
+def question_view(q: QuestionRecord | None) -> dict | None:
     """Return what clients show of a question (None for none): id, Turn, text, options, whether free text answers,
     its state and, once answered, the answer and the Turn that carried it."""
     if q is None:
@@ -42,7 +43,7 @@ def question_view(q: Row | None) -> dict | None:
             "free_text": bool(q.free_text), "state": q.state, "answer": q.answer, "answer_turn_id": q.answer_turn_id}
 
 
-def closed(q: Row) -> QuestionClosed | None:
+def closed(q: QuestionRecord) -> QuestionClosed | None:
     """Return why the question takes no answer, or None while it still waits for one."""
     if q.state == ANSWERED:
         return QuestionClosed(
@@ -55,7 +56,7 @@ def closed(q: Row) -> QuestionClosed | None:
     return None
 
 
-def chosen_answer(q: Row, option: int | None, text: str | None) -> str:
+def chosen_answer(q: QuestionRecord, option: int | None, text: str | None) -> str:
     """Return the answer text: the option at index `option`, or free `text` when the question allows it."""
     if option is not None:
         options = list(q.options or [])
@@ -69,8 +70,8 @@ def chosen_answer(q: Row, option: int | None, text: str | None) -> str:
     return text.strip()
 
 
-async def answerable(store: SqlQuestionStore, conn: Connection, question_id: str, owner_id: str,
-                     admin: bool = False) -> Row:
+async def answerable(store: QuestionStore, conn: Connection, question_id: str, owner_id: str,
+                     admin: bool = False) -> QuestionRecord:
     """Return the caller's question that still waits for an answer; refuse one that is gone, another's or closed."""
     q = await store.get(conn, question_id)
     if q is None or (q.owner_id != owner_id and not admin):

@@ -5,14 +5,15 @@ how a lease changes hands, and dropping it (release, close) leaves the task unhe
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from operator import attrgetter
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
-from .db import Connection, Database, Row
+from .db import Connection, Database
+from .records import record, records
 from .tables import api_tokens, box_sessions, boxes, lease_tasks, principals
 
 LIVE = ("creating", "live")  # box states that still hold resources
@@ -113,8 +114,64 @@ class TaskPage:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LeaseGate:
+    """What the lease gate reads of a task (hub/services/leases.py `_check`): who owns it, whether it is open and
+    held, and by which secret's hash."""
+
+    id: str
+    owner_id: str
+    status: str
+    closed_reason: str | None
+    secret_hash: str | None
+    holder_label: str | None
+    attached_at: datetime | None
+    last_activity_at: datetime
+    created_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseTask(LeaseGate):
+    """One lease task with every column of `lease_tasks`."""
+
+    name: str
+    holder_token_id: str | None
+    released_at: datetime | None
+    closed_at: datetime | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BoxLine:
+    """A live box of an owner's open task as a listing shows it (no driver handle)."""
+
+    id: str
+    task_id: str
+    name: str | None
+    driver: str
+    state: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class BoxSessionRecord:
+    """A Boxes page session with its principal's name and what its API token says (revoking the token ends it)."""
+
+    id: str
+    principal_id: str
+    token_id: str
+    session_hash: str
+    created_at: datetime
+    expires_at: datetime
+    revoked_at: datetime | None
+    name: str
+    label: str | None
+    admin: bool
+    kind: str
+    token_revoked_at: datetime | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Box:
-    """One box row, read together with its task."""
+    """One box with every column of `boxes`."""
 
     id: str
     task_id: str
@@ -126,6 +183,9 @@ class Box:
     destroyed_at: datetime | None
 
 
+_TASK_FIELDS = tuple(f.name for f in fields(LeaseTask))
+
+
 class SqlLeaseStore:
     """Lease tasks and boxes; box sessions of the Boxes page."""
 
@@ -134,36 +194,42 @@ class SqlLeaseStore:
 
     # --- lease tasks -----------------------------------------------------------------------------
 
-    async def task(self, conn: Connection, task_id: str, *, lock: bool = False) -> Row | None:
+    async def task(self, conn: Connection, task_id: str, *, lock: bool = False) -> LeaseTask | None:
         """Return a lease task; `lock` holds it for this transaction, so attaches, releases and closes of one task
         run one after the other."""
         stmt = sa.select(lease_tasks).where(lease_tasks.c.id == task_id)
-        return (await conn.execute(self.db.for_update(stmt) if lock else stmt)).first()
+        return record(LeaseTask, (await conn.execute(self.db.for_update(stmt) if lock else stmt)).mappings().first())
 
-    async def task_with_live_boxes(self, conn: Connection, task_id: str) -> tuple[Row | None, list[Box]]:
-        """Return what the lease gate reads of a task (id, owner_id, status, closed_reason, secret_hash, holder_label,
-        attached_at, last_activity_at, created_at) and its live boxes, oldest first, in one query (the hot path of
+    async def _written(self, conn: Connection, task_id: str) -> LeaseTask:
+        """Return a task this transaction has just written."""
+        row = (await conn.execute(sa.select(lease_tasks).where(lease_tasks.c.id == task_id))).mappings().one()
+        return LeaseTask(**{name: row[name] for name in _TASK_FIELDS})
+
+    async def task_with_live_boxes(self, conn: Connection, task_id: str) -> tuple[LeaseGate | None, list[Box]]:
+        """Return what the lease gate reads of a task and its live boxes, oldest first, in one query (the hot path of
         `rift_vm_list`)."""
-        rows = (await conn.execute(_LEASE_WITH_BOXES, {"task_id": task_id})).all()
-        found = [Box(**{k: getattr(r, label) for k, label in _BOX_KEYS}) for r in rows if r.box_id is not None]
-        return (rows[0] if rows else None), found
+        rows = (await conn.execute(_LEASE_WITH_BOXES, {"task_id": task_id})).mappings().all()
+        found = [Box(**{k: r[label] for k, label in _BOX_KEYS}) for r in rows if r["box_id"] is not None]
+        return record(LeaseGate, rows[0] if rows else None), found
 
-    async def task_with_box(self, conn: Connection, task_id: str, box_id: str) -> tuple[Row | None, Box | None]:
+    async def task_with_box(self, conn: Connection, task_id: str,
+                            box_id: str) -> tuple[LeaseTask | None, Box | None]:
         """Return a lease task and one of its boxes (in any state; None when the task has no such box), in one query
         (the hot path of every call on one box)."""
-        row = (await conn.execute(_LEASE_WITH_BOX, {"task_id": task_id, "box_id": box_id})).first()
-        if row is None or row.box_id is None:
-            return row, None
-        return row, Box(**{k: getattr(row, label) for k, label in _BOX_KEYS})
+        row = (await conn.execute(_LEASE_WITH_BOX, {"task_id": task_id, "box_id": box_id})).mappings().first()
+        task = record(LeaseTask, row)
+        if row is None or row["box_id"] is None:
+            return task, None
+        return task, Box(**{k: row[label] for k, label in _BOX_KEYS})
 
     async def open_task(self, conn: Connection, *, task_id: str, owner_id: str, name: str, holder_label: str,
-                        holder_token_id: str, secret_hash: str, now: datetime) -> Row:
+                        holder_token_id: str, secret_hash: str, now: datetime) -> LeaseTask:
         """Open a task held by the handle whose secret hashes to `secret_hash`; its clocks start at `now`."""
         await conn.execute(lease_tasks.insert().values(
             id=task_id, owner_id=owner_id, name=name, status="open", holder_label=holder_label,
             holder_token_id=holder_token_id, secret_hash=secret_hash, attached_at=now, last_activity_at=now,
             created_at=now))
-        return (await conn.execute(sa.select(lease_tasks).where(lease_tasks.c.id == task_id))).one()
+        return await self._written(conn, task_id)
 
     async def touch(self, conn: Connection, task_id: str, secret_hash: str, now: datetime) -> None:
         """Move the task's activity clock to `now`, only while it is open and still held by the handle hashing to
@@ -173,20 +239,20 @@ class SqlLeaseStore:
             lease_tasks.c.status == "open").values(last_activity_at=now))
 
     async def attach(self, conn: Connection, task_id: str, *, secret_hash: str, holder_label: str,
-                     holder_token_id: str, now: datetime) -> Row:
+                     holder_token_id: str, now: datetime) -> LeaseTask:
         """Mint a new secret hash for the task, so the previous handle stops working; the new holder's clocks
         start at `now` and a release is forgotten."""
         await conn.execute(lease_tasks.update().where(lease_tasks.c.id == task_id).values(
             secret_hash=secret_hash, holder_label=holder_label, holder_token_id=holder_token_id,
             attached_at=now, last_activity_at=now, released_at=None))
-        return (await conn.execute(sa.select(lease_tasks).where(lease_tasks.c.id == task_id))).one()
+        return await self._written(conn, task_id)
 
-    async def release(self, conn: Connection, task_id: str, now: datetime) -> Row:
+    async def release(self, conn: Connection, task_id: str, now: datetime) -> LeaseTask:
         """Drop the task's secret hash: its handle stops working and any of the owner's agents may attach without
         takeover; a release counts as activity."""
         await conn.execute(lease_tasks.update().where(lease_tasks.c.id == task_id).values(
             secret_hash=None, released_at=now, last_activity_at=now))
-        return (await conn.execute(sa.select(lease_tasks).where(lease_tasks.c.id == task_id))).one()
+        return await self._written(conn, task_id)
 
     async def close(self, conn: Connection, task_id: str, now: datetime, reason: str) -> None:
         """Close the task for good and drop its secret hash (its boxes are destroyed after, by the caller or the
@@ -223,11 +289,11 @@ class SqlLeaseStore:
             boxes.join(lease_tasks, lease_tasks.c.id == boxes.c.task_id)).where(
             lease_tasks.c.owner_id == owner_id, _live(boxes.c.state)))).scalar_one()
 
-    async def open_tasks(self, conn: Connection, owner_id: str) -> list[Row]:
+    async def open_tasks(self, conn: Connection, owner_id: str) -> list[LeaseTask]:
         """Return an owner's open tasks, most recently active first."""
-        return list((await conn.execute(
+        return records(LeaseTask, (await conn.execute(
             sa.select(lease_tasks).where(lease_tasks.c.owner_id == owner_id, lease_tasks.c.status == "open")
-            .order_by(lease_tasks.c.last_activity_at.desc(), lease_tasks.c.id))).all())
+            .order_by(lease_tasks.c.last_activity_at.desc(), lease_tasks.c.id))).mappings())
 
     async def open_tasks_page(self, conn: Connection, owner_id: str, size: int, *,
                               after: tuple[datetime, str] | None = None,
@@ -261,22 +327,21 @@ class SqlLeaseStore:
         found.sort(key=attrgetter("created_at", "id"))
         return TaskPage(tasks=shown, boxes=found, more=more, open_tasks=rows[0][0])
 
-    async def recently_closed(self, conn: Connection, owner_id: str, limit: int) -> list[Row]:
+    async def recently_closed(self, conn: Connection, owner_id: str, limit: int) -> list[LeaseTask]:
         """Return an owner's `limit` most recently closed tasks, newest first."""
-        return list((await conn.execute(
+        return records(LeaseTask, (await conn.execute(
             sa.select(lease_tasks).where(lease_tasks.c.owner_id == owner_id, lease_tasks.c.status == "closed")
-            .order_by(lease_tasks.c.closed_at.desc()).limit(limit))).all())
+            .order_by(lease_tasks.c.closed_at.desc()).limit(limit))).mappings())
 
     # --- boxes -----------------------------------------------------------------------------------
 
-    async def live_boxes_of_open_tasks(self, conn: Connection, owner_id: str) -> list[Row]:
-        """Return the live boxes (`id`, `task_id`, `name`, `driver`, `state`, `created_at`) of an owner's open tasks,
-        oldest first."""
-        return list((await conn.execute(
+    async def live_boxes_of_open_tasks(self, conn: Connection, owner_id: str) -> list[BoxLine]:
+        """Return the live boxes of an owner's open tasks, oldest first."""
+        return records(BoxLine, (await conn.execute(
             sa.select(boxes.c.id, boxes.c.task_id, boxes.c.name, boxes.c.driver, boxes.c.state, boxes.c.created_at)
             .join(lease_tasks, lease_tasks.c.id == boxes.c.task_id)
             .where(lease_tasks.c.owner_id == owner_id, lease_tasks.c.status == "open", _live(boxes.c.state))
-            .order_by(boxes.c.created_at, boxes.c.id))).all())
+            .order_by(boxes.c.created_at, boxes.c.id))).mappings())
 
     async def live_box_ids(self, conn: Connection, task_id: str) -> list[str]:
         """Return the ids of a task's live boxes, oldest first."""
@@ -312,23 +377,24 @@ class SqlLeaseStore:
                                  .values(state="destroyed", destroyed_at=now))
         return res.rowcount == 1
 
-    async def box(self, conn: Connection, box_id: str, task_id: str | None = None) -> Row | None:
+    async def box(self, conn: Connection, box_id: str, task_id: str | None = None) -> Box | None:
         """Return a box, in any state; with `task_id`, only when it belongs to that task."""
         stmt = sa.select(boxes).where(boxes.c.id == box_id)
         if task_id is not None:
             stmt = stmt.where(boxes.c.task_id == task_id)
-        return (await conn.execute(stmt)).first()
+        return record(Box, (await conn.execute(stmt)).mappings().first())
 
-    async def live_boxes_of(self, conn: Connection, task_ids: list[str]) -> list[Row]:
+    async def live_boxes_of(self, conn: Connection, task_ids: list[str]) -> list[Box]:
         """Return the boxes of these tasks that still hold resources, oldest first."""
-        return list((await conn.execute(sa.select(boxes).where(boxes.c.task_id.in_(task_ids), _live(boxes.c.state))
-                                        .order_by(boxes.c.created_at))).all())
+        return records(Box, (await conn.execute(sa.select(boxes).where(boxes.c.task_id.in_(task_ids),
+                                                                       _live(boxes.c.state))
+                                                .order_by(boxes.c.created_at))).mappings())
 
-    async def stuck_boxes(self, conn: Connection, cutoff: datetime, limit: int) -> list[Row]:
+    async def stuck_boxes(self, conn: Connection, cutoff: datetime, limit: int) -> list[Box]:
         """Return up to `limit` boxes left `creating` since `cutoff` or before (their maker is gone), oldest first."""
-        return list((await conn.execute(
+        return records(Box, (await conn.execute(
             sa.select(boxes).where(boxes.c.state == "creating", boxes.c.created_at <= cutoff)
-            .order_by(boxes.c.created_at).limit(limit))).all())
+            .order_by(boxes.c.created_at).limit(limit))).mappings())
 
     async def closed_tasks_with_live_boxes(self, conn: Connection, limit: int) -> list[str]:
         """Return up to `limit` closed tasks that still have boxes holding resources (a closer died before
@@ -346,10 +412,11 @@ class SqlLeaseStore:
             id=session_id, principal_id=principal_id, token_id=token_id, session_hash=session_hash,
             created_at=now, expires_at=expires_at))
 
-    async def box_session(self, conn: Connection, session_id: str) -> Row | None:
+    async def box_session(self, conn: Connection, session_id: str) -> BoxSessionRecord | None:
         """Return a session with its principal's `name` and its token's `label`, `admin`, `kind` and
         `token_revoked_at` (revoking the token ends the session); hash included, for a constant-time compare."""
-        return (await conn.execute(_BOX_SESSION, {"session_id": session_id})).first()
+        row = (await conn.execute(_BOX_SESSION, {"session_id": session_id})).mappings().first()
+        return record(BoxSessionRecord, row)
 
     async def revoke_box_session(self, conn: Connection, session_id: str, session_hash: str, now: datetime) -> bool:
         """End a session when the secret's hash matches and it is still open; return whether it ended now."""

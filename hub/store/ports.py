@@ -1,9 +1,10 @@
-"""The interfaces of the task, schedule, instance and session stores, over the records they return
-(hub/store/records.py).
+"""The interfaces of the stores, over the records they return (hub/store/records.py, and the records defined beside
+a store: hub/store/leases.py, questions.py).
 
 Services hold a store through these Protocols (`TaskService.store: TaskStore`), so what a service may ask of the
-store, and what shape it gets back, is written in one place; `SqlTaskStore`, `SqlScheduleStore`,
-`SqlInstanceStore` and `SqlSessionStore` implement them on SQLite and PostgreSQL (mypy checks that they do)."""
+store, and what shape it gets back, is written in one place; `SqlTaskStore`, `SqlScheduleStore`, `SqlLeaseStore`,
+`SqlMemoryStore`, `SqlQuestionStore`, `SqlInstanceStore` and `SqlSessionStore` implement them on SQLite and
+PostgreSQL (mypy checks that they do)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -12,6 +13,8 @@ from typing import Any, Protocol
 
 from ..domain.tasks import Status
 from .db import Connection
+from .leases import Box, BoxLine, BoxSessionRecord, LeaseGate, LeaseTask, TaskPage
+from .questions import NewQuestion, QuestionRecord
 from .records import FiringRef, ScheduleRecord, TaskEventRecord, TaskLine, TaskRunRecord
 from .records import CurrentRun, InstanceRecord, Mail, OwnerRun, SessionLine, SessionRecord, SessionRun
 from .schedules import Binding, Visibility
@@ -212,3 +215,147 @@ class SessionStore(Protocol):
     @staticmethod
     async def delegation_parent(conn: Connection, session_id: str, owner_id: str) -> DelegationParent | None:
         """Return the owner's session with its running run of highest seq; None when it is not the owner's."""
+
+
+class LeaseStore(Protocol):
+    """Lease tasks, the boxes inside them, and the Boxes page's sign-in sessions."""
+
+    async def task(self, conn: Connection, task_id: str, *, lock: bool = False) -> LeaseTask | None:
+        """Return a lease task; `lock` holds it until the transaction ends."""
+
+    async def task_with_live_boxes(self, conn: Connection, task_id: str) -> tuple[LeaseGate | None, list[Box]]:
+        """Return what the lease gate reads of a task and its live boxes, oldest first, in one query."""
+
+    async def task_with_box(self, conn: Connection, task_id: str,
+                            box_id: str) -> tuple[LeaseTask | None, Box | None]:
+        """Return a lease task and one of its boxes in any state (None when it has no such box), in one query."""
+
+    async def open_task(self, conn: Connection, *, task_id: str, owner_id: str, name: str, holder_label: str,
+                        holder_token_id: str, secret_hash: str, now: datetime) -> LeaseTask:
+        """Open a task held by the handle whose secret hashes to `secret_hash`."""
+
+    async def touch(self, conn: Connection, task_id: str, secret_hash: str, now: datetime) -> None:
+        """Move the activity clock of an open task still held by the handle hashing to `secret_hash`."""
+
+    async def attach(self, conn: Connection, task_id: str, *, secret_hash: str, holder_label: str,
+                     holder_token_id: str, now: datetime) -> LeaseTask:
+        """Mint a new secret hash for the task, so the previous handle stops working."""
+
+    async def release(self, conn: Connection, task_id: str, now: datetime) -> LeaseTask:
+        """Drop the task's secret hash; a release counts as activity."""
+
+    async def close(self, conn: Connection, task_id: str, now: datetime, reason: str) -> None:
+        """Close the task for good and drop its secret hash."""
+
+    async def close_quiet(self, conn: Connection, cutoff: datetime, now: datetime, reason: str, limit: int) -> int:
+        """Close up to `limit` open tasks quiet since `cutoff`; return how many closed."""
+
+    async def lock_owner(self, conn: Connection, owner_id: str) -> None:
+        """Hold the owner's principal row until the transaction ends."""
+
+    async def count_open_tasks(self, conn: Connection, owner_id: str) -> int:
+        """Return how many of an owner's tasks are open."""
+
+    async def count_owner_live_boxes(self, conn: Connection, owner_id: str) -> int:
+        """Return how many boxes of an owner's tasks still hold resources."""
+
+    async def open_tasks(self, conn: Connection, owner_id: str) -> list[LeaseTask]:
+        """Return an owner's open tasks, most recently active first."""
+
+    async def open_tasks_page(self, conn: Connection, owner_id: str, size: int, *,
+                              after: tuple[datetime, str] | None = None,
+                              before: tuple[datetime, str] | None = None) -> TaskPage:
+        """Return one page of an owner's open tasks with their live boxes and the count of all of them."""
+
+    async def recently_closed(self, conn: Connection, owner_id: str, limit: int) -> list[LeaseTask]:
+        """Return an owner's `limit` most recently closed tasks, newest first."""
+
+    async def live_boxes_of_open_tasks(self, conn: Connection, owner_id: str) -> list[BoxLine]:
+        """Return the live boxes of an owner's open tasks, oldest first."""
+
+    async def live_box_ids(self, conn: Connection, task_id: str) -> list[str]:
+        """Return the ids of a task's live boxes, oldest first."""
+
+    async def count_live_boxes(self, conn: Connection, task_id: str) -> int:
+        """Return how many boxes of a task still hold resources."""
+
+    async def add_box(self, conn: Connection, *, box_id: str, task_id: str, name: str | None, driver: str,
+                      provisional: dict[str, Any], now: datetime) -> None:
+        """Record a box as `creating` with its provisional handle."""
+
+    async def box_made(self, conn: Connection, box_id: str, handle: dict[str, Any]) -> bool:
+        """Mark a `creating` box live with the driver's handle; False when it stopped being."""
+
+    async def box_failed(self, conn: Connection, box_id: str, now: datetime) -> None:
+        """Mark a box the driver could not make as failed."""
+
+    async def mark_destroyed(self, conn: Connection, box_id: str, now: datetime) -> bool:
+        """Mark a box being made or live destroyed; False when it was not."""
+
+    async def box(self, conn: Connection, box_id: str, task_id: str | None = None) -> Box | None:
+        """Return a box in any state; with `task_id`, only when it belongs to that task."""
+
+    async def live_boxes_of(self, conn: Connection, task_ids: list[str]) -> list[Box]:
+        """Return the boxes of these tasks that still hold resources, oldest first."""
+
+    async def stuck_boxes(self, conn: Connection, cutoff: datetime, limit: int) -> list[Box]:
+        """Return up to `limit` boxes left `creating` since `cutoff` or before, oldest first."""
+
+    async def closed_tasks_with_live_boxes(self, conn: Connection, limit: int) -> list[str]:
+        """Return up to `limit` closed tasks that still have boxes holding resources."""
+
+    async def open_box_session(self, conn: Connection, *, session_id: str, principal_id: str, token_id: str,
+                               session_hash: str, now: datetime, expires_at: datetime) -> None:
+        """Store a Boxes page session by the hash of its secret."""
+
+    async def box_session(self, conn: Connection, session_id: str) -> BoxSessionRecord | None:
+        """Return a session with its principal's name and its token's label, admin, kind and revocation."""
+
+    async def revoke_box_session(self, conn: Connection, session_id: str, session_hash: str, now: datetime) -> bool:
+        """End a session when the secret's hash matches and it is still open; return whether it ended now."""
+
+
+class MemoryStore(Protocol):
+    """Memory entries by (scope, key) and the scope a session is bound to."""
+
+    async def session_scope(self, conn: Connection, session_id: str) -> str | None:
+        """Return the scope stored on the session as it is, or None."""
+
+    async def run_has_memory(self, conn: Connection, task_id: str) -> bool:
+        """Say whether the runtime holding the run reported the memory capability."""
+
+    async def get(self, conn: Connection, scope: str, key: str) -> str | None:
+        """Return the value of `key` in `scope`, or None."""
+
+    async def put(self, conn: Connection, scope: str, key: str, value: str, now: datetime) -> None:
+        """Create `key` in `scope`, or replace its value."""
+
+    async def delete(self, conn: Connection, scope: str, key: str) -> bool:
+        """Delete `key` from `scope`; False when it was not there."""
+
+    async def keys(self, conn: Connection, scope: str) -> list[str]:
+        """Return the keys of `scope`, in order."""
+
+
+class QuestionStore(Protocol):
+    """Session questions and the one answer each may get."""
+
+    @staticmethod
+    async def record(conn: Connection, new: NewQuestion, now: datetime) -> None:
+        """Store the question of a Turn that ended waiting for the person, open; a Turn's second report adds none."""
+
+    async def get(self, conn: Connection, question_id: str) -> QuestionRecord | None:
+        """Return the question with its Turn's status, or None."""
+
+    async def of_turn(self, conn: Connection, turn_id: str) -> QuestionRecord | None:
+        """Return the question a Turn ended on, in any state, or None."""
+
+    async def waiting(self, conn: Connection, session_id: str) -> QuestionRecord | None:
+        """Return the session's open question whose Turn still waits for the person, or None."""
+
+    async def answer(self, conn: Connection, question_id: str, answer: str, answer_turn_id: str,
+                     now: datetime) -> bool:
+        """Mark an open question answered by a Turn; False, with nothing written, when it is not open."""
+
+    async def cancel_waiting_turn(self, conn: Connection, turn_id: str, now: datetime) -> bool:
+        """Cancel a Turn that waits for the person and withdraw its open question; False when it does not wait."""

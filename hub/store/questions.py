@@ -7,7 +7,8 @@ from datetime import datetime
 import sqlalchemy as sa
 
 from ..domain.tasks import Status
-from .db import Connection, Database, Row
+from .db import Connection, Database
+from .records import record as read_record
 from .tables import session_questions, task_runs
 
 OPEN, ANSWERED, WITHDRAWN = "open", "answered", "withdrawn"
@@ -24,6 +25,25 @@ class NewQuestion:
     text: str
     options: list[str]
     free_text: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuestionRecord:
+    """A question with every column of `session_questions` (and, read by id, its Turn's status)."""
+
+    id: str
+    turn_id: str
+    session_id: str
+    owner_id: str
+    text: str
+    options: list[str]
+    free_text: bool
+    state: str
+    answer: str | None
+    answer_turn_id: str | None
+    created_at: datetime
+    closed_at: datetime | None
+    turn_status: str | None = None
 
 
 class SqlQuestionStore:
@@ -45,26 +65,27 @@ class SqlQuestionStore:
                 id=new.id, turn_id=new.turn_id, session_id=new.session_id, owner_id=new.owner_id, text=new.text,
                 options=list(new.options), free_text=new.free_text, state=OPEN, created_at=now))
 
-    async def get(self, conn: Connection, question_id: str) -> Row | None:
+    async def get(self, conn: Connection, question_id: str) -> QuestionRecord | None:
         """Return the question with its Turn's status (`turn_status`), or None when there is no such question."""
-        return (await conn.execute(
+        return read_record(QuestionRecord, (await conn.execute(
             sa.select(session_questions, task_runs.c.status.label("turn_status"))
             .join(task_runs, task_runs.c.id == session_questions.c.turn_id)
-            .where(session_questions.c.id == question_id))).first()
+            .where(session_questions.c.id == question_id))).mappings().first())
 
-    async def of_turn(self, conn: Connection, turn_id: str) -> Row | None:
+    async def of_turn(self, conn: Connection, turn_id: str) -> QuestionRecord | None:
         """Return the question the Turn `turn_id` ended on, in any state, or None when it asked none."""
-        return (await conn.execute(sa.select(session_questions).where(
-            session_questions.c.turn_id == turn_id))).first()
+        return read_record(QuestionRecord, (await conn.execute(sa.select(session_questions).where(
+            session_questions.c.turn_id == turn_id))).mappings().first())
 
-    async def waiting(self, conn: Connection, session_id: str) -> Row | None:
+    async def waiting(self, conn: Connection, session_id: str) -> QuestionRecord | None:
         """Return the session's open question whose Turn still waits for the person (the latest), or None."""
-        return (await conn.execute(
+        return read_record(QuestionRecord, (await conn.execute(
             sa.select(session_questions)
             .join(task_runs, task_runs.c.id == session_questions.c.turn_id)
             .where(session_questions.c.session_id == session_id, session_questions.c.state == OPEN,
                    task_runs.c.status == Status.WAITING_FOR_USER.value)
-            .order_by(session_questions.c.created_at.desc(), session_questions.c.id.desc()).limit(1))).first()
+            .order_by(session_questions.c.created_at.desc(), session_questions.c.id.desc()).limit(1))).mappings()
+            .first())
 
     async def answer(self, conn: Connection, question_id: str, answer: str, answer_turn_id: str,
                      now: datetime) -> bool:
