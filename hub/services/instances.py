@@ -11,13 +11,17 @@ from ..domain.tasks import Status, is_terminal
 from ..domain.pages import MAX_INSTANCES, page_limit
 from ..errors import Conflict, Invalid, NotFound
 from ..ids import new_id
-from ..store.db import Connection, Database, Row
+from ..store.db import Connection, Database
 from ..store.instances import SqlInstanceStore
+from ..store.ports import InstanceStore, SessionStore
+from ..store.records import InstanceRecord, SessionRecord
 from ..store.sessions import SqlSessionStore
 from .auth import Caller
 from .notify import Notifier
 from .sessions import SessionService
 from .tasks import TaskService
+from .views import (CancelledRun, FollowupView, InstanceCreatedView, InstanceListView, InstanceView, InstanceWaitView,
+                    InterruptView, MailView, SteerView)
 
 IDENTITY = ("profile", "engine", "model", "runtime", "reasoning_effort")
 
@@ -28,8 +32,8 @@ class InstanceService:
     def __init__(self, db: Database, clock: Clock, notifier: Notifier, sessions_: SessionService, tasks: TaskService,
                  steer_wait_s: float = 5.0, on_admitted: Callable[[], None] | None = None) -> None:
         self.db = db
-        self.store = SqlInstanceStore(db)
-        self.session_store = SqlSessionStore(db)
+        self.store: InstanceStore = SqlInstanceStore(db)
+        self.session_store: SessionStore = SqlSessionStore(db)
         self.clock = clock
         self.notifier = notifier
         self.sessions = sessions_
@@ -40,7 +44,7 @@ class InstanceService:
     async def create(self, caller: Caller, *, name: str | None = None, profile: str | None = None,
                      model: str | None = None, reasoning_effort: str | None = None, runtime: str | None = None,
                      permission_policy: str | None = None, extra_args: list[str] | None = None,
-                     prompt: str | None = None, timeout_s: float | None = None) -> dict:
+                     prompt: str | None = None, timeout_s: float | None = None) -> InstanceCreatedView:
         """Freeze the instance's identity and policy in a child session; optionally start its first run."""
         now = self.clock.now()
         async with self.db.write() as conn:
@@ -52,24 +56,23 @@ class InstanceService:
             await self.store.create(conn, instance_id=iid, owner_id=caller.principal_id, name=name,
                                     session_id=ses["session_id"], snapshot=child.snapshot, now=now)
         view = await self.get(caller, iid)
-        if prompt:
-            view["task_id"] = (await self.followup(caller, iid, prompt, timeout_s=timeout_s))["task_id"]
-        return view
+        task_id = (await self.followup(caller, iid, prompt, timeout_s=timeout_s)).task_id if prompt else None
+        return InstanceCreatedView(**dict(view), task_id=task_id)
 
-    async def _session(self, conn: Connection, session_id: str) -> Row:
+    async def _session(self, conn: Connection, session_id: str) -> SessionRecord:
         row = await self.session_store.get(conn, session_id)
         if row is None:  # an instance's Session is never deleted
             raise NotFound(f"session {session_id!r} of this instance does not exist")
         return row
 
-    async def _instance(self, conn: Connection, caller: Caller, iid: str) -> Row:
+    async def _instance(self, conn: Connection, caller: Caller, iid: str) -> InstanceRecord:
         row = await self.store.get(conn, iid)
         if row is None or (row.owner_id != caller.principal_id and not caller.admin):
             raise NotFound(f"instance {iid!r} does not exist or is not yours; instance_create makes one")
         return row
 
     async def followup(self, caller: Caller, iid: str, prompt: str, *, timeout_s: float | None = None,
-                       **identity: str | None) -> dict:
+                       **identity: str | None) -> FollowupView:
         """Submit work as a new owner TaskRun on the saved identity; queued mailbox input goes first."""
         async with self.db.write() as conn:
             inst = await self._instance(conn, caller, iid)
@@ -96,7 +99,7 @@ class InstanceService:
             await self.store.deliver(conn, [m.id for m in queued], task_id, self.clock.now())
             await self.store.set_current_run(conn, iid, task_id, self.clock.now())
         self.on_admitted()
-        return {"instance_id": iid, "task_id": task_id, "status": Status.QUEUED.value, "mailbox_delivered": len(queued)}
+        return FollowupView(instance_id=iid, task_id=task_id, status=Status.QUEUED.value, mailbox_delivered=len(queued))
 
     @staticmethod
     def _no_switch(iid: str, snap: dict, identity: dict[str, str | None]) -> None:
@@ -112,7 +115,7 @@ class InstanceService:
                 raise Conflict(f"instance {iid} is bound to {key} {saved[key]!r}; it cannot switch to {asked!r} — "
                                "omit it to keep the saved identity, or create a new instance")
 
-    async def send(self, caller: Caller, iid: str, text: str) -> dict:
+    async def send(self, caller: Caller, iid: str, text: str) -> MailView:
         """Queue mailbox input; it is delivered ahead of the next prompt on a later wake."""
         if not isinstance(text, str) or not text.strip():
             raise Invalid("the message is empty")
@@ -123,9 +126,9 @@ class InstanceService:
             mid = new_id("mb")
             await self.store.add_mail(conn, message_id=mid, instance_id=iid, text=text, kind="queued",
                                       state=MailState.QUEUED, now=self.clock.now())
-        return {"instance_id": iid, "message_id": mid, "state": MailState.QUEUED}
+        return MailView(instance_id=iid, message_id=mid, state=MailState.QUEUED.value)
 
-    async def steer(self, caller: Caller, iid: str, text: str) -> dict:
+    async def steer(self, caller: Caller, iid: str, text: str) -> SteerView:
         """Correct the running Turn, else queue it in the mailbox (idle too); `delivery`: delivered|queued|unknown."""
         if not isinstance(text, str) or not text.strip():
             raise Invalid("the correction is empty; pass the text the running turn should take")
@@ -144,36 +147,36 @@ class InstanceService:
             idle = not unfinished
             why = ("the instance is idle, so no turn could take the correction" if idle else
                    "its turn has not started yet, so it could not take the correction")
-            return {"instance_id": iid, "delivery": MailState.QUEUED, "message_id": mid,
-                    "note": f"{why}; it is queued in the mailbox and goes ahead of the next prompt "
-                            "(instance_followup)"}
+            return SteerView(instance_id=iid, delivery=MailState.QUEUED.value, message_id=mid,
+                             note=f"{why}; it is queued in the mailbox and goes ahead of the next prompt "
+                                  "(instance_followup)")
         self.notifier.notify(f"runtime:{current.runtime_id}")
         return await self._settle(iid, mid)
 
-    async def _settle(self, iid: str, mid: str) -> dict:
+    async def _settle(self, iid: str, mid: str) -> SteerView:
         deadline = time.monotonic() + self.steer_wait_s
         while time.monotonic() < deadline:
             async with self.db.read() as conn:
                 state = await self.store.mail_state(conn, mid)
                 reason = await self.store.mail_note(conn, mid) if state == MailState.QUEUED else None
             if state == MailState.DELIVERED:
-                return {"instance_id": iid, "delivery": MailState.DELIVERED, "message_id": mid,
-                        "note": "the running turn took the correction"}
+                return SteerView(instance_id=iid, delivery=MailState.DELIVERED.value, message_id=mid,
+                                 note="the running turn took the correction")
             if state == MailState.QUEUED:
                 why = reason or "no turn could take the correction"
-                return {"instance_id": iid, "delivery": MailState.QUEUED, "message_id": mid,
-                        "note": f"{why}; it is queued in the mailbox for the next wake (instance_followup)",
-                        "reason": why}
+                return SteerView(instance_id=iid, delivery=MailState.QUEUED.value, message_id=mid,
+                                 note=f"{why}; it is queued in the mailbox for the next wake (instance_followup)",
+                                 reason=why)
             await asyncio.sleep(0.05)
         async with self.db.write() as conn:
             gave_up = await self.store.give_up_steer(conn, mid, self.clock.now())
         if not gave_up:
             return await self._settle(iid, mid)
-        return {"instance_id": iid, "delivery": MailState.UNKNOWN, "message_id": mid,
-                "note": "the runner did not confirm delivery; the correction was not queued — check the turn "
-                        "(instance_get), then steer again if needed"}
+        return SteerView(instance_id=iid, delivery=MailState.UNKNOWN.value, message_id=mid,
+                         note="the runner did not confirm delivery; the correction was not queued — check the turn "
+                              "(instance_get), then steer again if needed")
 
-    async def interrupt(self, caller: Caller, iid: str) -> dict:
+    async def interrupt(self, caller: Caller, iid: str) -> InterruptView:
         """Cancel every unfinished owner TaskRun (the running one and those queued behind it); the instance stays.
 
         The newest is cancelled first, so a queued run cannot start in the place of the one just cancelled.
@@ -185,27 +188,25 @@ class InstanceService:
             if not inst.current_task_id:
                 raise Conflict(f"instance {iid} has no run to interrupt")
             ans = await self.tasks.cancel(caller, inst.current_task_id)
-            return {"instance_id": iid, "task_id": inst.current_task_id, "task_status": ans["status"],
-                    "cancelled": []}
+            return InterruptView(instance_id=iid, task_id=inst.current_task_id, task_status=ans["status"],
+                                 cancelled=[])
         answers = {r.id: await self.tasks.cancel(caller, r.id) for r in reversed(unfinished)}
         first = unfinished[0].id
-        return {"instance_id": iid, "task_id": first, "task_status": answers[first]["status"],
-                "cancelled": [{"task_id": r.id, "status": answers[r.id]["status"]} for r in unfinished]}
+        return InterruptView(instance_id=iid, task_id=first, task_status=answers[first]["status"],
+                             cancelled=[CancelledRun(task_id=r.id, status=answers[r.id]["status"])
+                                        for r in unfinished])
 
-    async def wait(self, caller: Caller, iid: str, timeout_s: float = 30.0) -> dict:
+    async def wait(self, caller: Caller, iid: str, timeout_s: float = 30.0) -> InstanceWaitView:
         """Wait for the current run; a timeout never cancels or times out the Task."""
         async with self.db.read() as conn:
             inst = await self._instance(conn, caller, iid)
         if not inst.current_task_id:
-            return await self.get(caller, iid)
+            return InstanceWaitView(**dict(await self.get(caller, iid)))
         view = await self.tasks.wait_terminal(caller, inst.current_task_id,
                                               timeout_s=max(0.0, min(float(timeout_s), 600.0)))
-        out = await self.get(caller, iid)
-        out["task"] = view.wire()
-        out["timed_out"] = not is_terminal(view.status)
-        return out
+        return InstanceWaitView(**dict(await self.get(caller, iid)), task=view, timed_out=not is_terminal(view.status))
 
-    async def archive(self, caller: Caller, iid: str) -> dict:
+    async def archive(self, caller: Caller, iid: str) -> InstanceView:
         """Archive an idle instance (no unfinished owner run); it takes no more work."""
         async with self.db.write() as conn:
             await self._instance(conn, caller, iid)
@@ -217,14 +218,14 @@ class InstanceService:
             await self.store.archive(conn, iid, self.clock.now())
         return await self.get(caller, iid)
 
-    async def list(self, caller: Caller, *, archived: bool = False, limit: int = 50) -> dict:
+    async def list(self, caller: Caller, *, archived: bool = False, limit: int = 50) -> InstanceListView:
         """Return the caller's instances, newest first, each as `get` shows it (archived ones only when asked)."""
         limit = page_limit(limit, MAX_INSTANCES, "instances")
         async with self.db.read() as conn:
             ids = await self.store.ids_of_owner(conn, caller.principal_id, archived=archived, limit=limit)
-        return {"instances": [await self.get(caller, iid) for iid in ids]}
+        return InstanceListView(instances=[await self.get(caller, iid) for iid in ids])
 
-    async def get(self, caller: Caller, iid: str) -> dict:
+    async def get(self, caller: Caller, iid: str) -> InstanceView:
         """Return the instance: status (active while any owner run is unfinished), sticky runtime, refs, policy."""
         async with self.db.read() as conn:
             inst = await self._instance(conn, caller, iid)
@@ -237,12 +238,12 @@ class InstanceService:
         status = (InstanceStatus.ARCHIVED if inst.archived_at else
                   InstanceStatus.ACTIVE if unfinished else InstanceStatus.IDLE)
         snap = inst.snapshot
-        return {"instance_id": iid, "name": inst.name, "status": status, "session_id": inst.session_id,
-                "profile": snap["profile"]["ref"], "engine": snap["engine"], "model": snap.get("model"),
-                "permission_policy": snap.get("permission_policy"), "runtime": runtime,
-                "workspace_ref": f"{runtime or '?'}:{inst.session_id}",
-                "home_ref": f"{runtime or '?'}:{inst.session_id}/.home", "resume_handle": s.resume_handle,
-                "current_task_id": inst.current_task_id, "current_task_status": current,
-                "unfinished_task_ids": [r.id for r in unfinished], "mailbox_queued": queued,
-                "created_at": iso(inst.created_at)}
+        return InstanceView(instance_id=iid, name=inst.name, status=status.value, session_id=inst.session_id,
+                            profile=snap["profile"]["ref"], engine=snap["engine"], model=snap.get("model"),
+                            permission_policy=snap.get("permission_policy"), runtime=runtime,
+                            workspace_ref=f"{runtime or '?'}:{inst.session_id}",
+                            home_ref=f"{runtime or '?'}:{inst.session_id}/.home", resume_handle=s.resume_handle,
+                            current_task_id=inst.current_task_id, current_task_status=current,
+                            unfinished_task_ids=[r.id for r in unfinished], mailbox_queued=queued,
+                            created_at=iso(inst.created_at))
 

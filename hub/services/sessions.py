@@ -9,8 +9,10 @@ from ..domain.pages import MAX_SESSIONS, page_limit
 from ..domain.tasks import Status, is_terminal
 from ..errors import Invalid, NotFound
 from ..ids import new_id
-from ..store.db import Connection, Database, Row
+from ..store.db import Connection, Database
 from ..store.questions import SqlQuestionStore
+from ..store.ports import SessionStore
+from ..store.records import SessionRecord
 from ..store.sessions import NewRun, NewSession, SqlSessionStore
 from .admission import Admission, SubmitRequest
 from .auth import Caller
@@ -25,7 +27,7 @@ class SessionService:
     def __init__(self, db: Database, clock: Clock, notifier: Notifier, admission: Admission, tasks: TaskService,
                  on_admitted: Callable[[], None] | None = None, user_isolation: bool = True) -> None:
         self.db = db
-        self.store = SqlSessionStore(db)
+        self.store: SessionStore = SqlSessionStore(db)
         self.questions = SqlQuestionStore(db)
         self.clock = clock
         self.notifier = notifier
@@ -118,7 +120,7 @@ class SessionService:
             return {"session_id": sid, "turn_id": turn_id, "status": "queued"}
         return await self.wait_turn(caller, turn_id, wait_s)
 
-    async def _session(self, conn: Connection, caller: Caller, session_id: str) -> Row:
+    async def _session(self, conn: Connection, caller: Caller, session_id: str) -> SessionRecord:
         row = await self.store.get(conn, session_id, lock=True)
         if row is None or (row.owner_id != caller.principal_id and not caller.admin):
             raise NotFound(f"no session {session_id!r} of yours; `amux session create` makes one")
@@ -173,7 +175,7 @@ class SessionService:
         return {"question_id": q.id, "session_id": s.id, "turn_id": turn_id, "answer": answer,
                 "question": question_view(q)}
 
-    async def add_run(self, conn: Connection, s: Row, prompt: str, *, kind: str, source: str,
+    async def add_run(self, conn: Connection, s: SessionRecord, prompt: str, *, kind: str, source: str,
                       instance_id: str | None = None, snapshot: dict | None = None, name: str | None = None,
                       receipt: dict | None = None) -> str:
         """Queue a run in session `s` (a Turn, or an instance's TaskRun) on its frozen identity and sticky runtime.

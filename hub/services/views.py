@@ -114,3 +114,96 @@ class ScheduleView(View):
     updated_at: str | None
     notifications: ScheduleNotifications | None = Field(
         default=None, description="schedule_get, schedule_create and the other single-schedule answers only")
+
+
+def _absent(value: Any) -> bool:
+    return value is None
+
+
+class InstanceView(View):
+    """An Agent Instance: status active/idle/archived, kept apart from Session state and TaskRun status."""
+
+    instance_id: str
+    name: str | None
+    status: Literal["active", "idle", "archived"] = Field(description="active while any owner TaskRun is unfinished")
+    session_id: str = Field(description="the child Session its runs share")
+    profile: str
+    engine: str
+    model: str | None
+    permission_policy: str | None
+    runtime: str | None = Field(description="the sticky runtime's name (null until placed, or when it is gone)")
+    workspace_ref: str
+    home_ref: str
+    resume_handle: str | None
+    current_task_id: str | None
+    current_task_status: str | None
+    unfinished_task_ids: list[str] = Field(description=(
+        "every owner TaskRun not yet terminal, oldest first; the instance is active while there is one"))
+    mailbox_queued: int
+    created_at: str | None
+
+
+class InstanceCreatedView(InstanceView):
+    """A new Agent Instance, with its first run when `prompt` started one."""
+
+    task_id: str | None = Field(default=None, exclude_if=_absent, description="the first run (present with `prompt`)")
+
+
+class InstanceWaitView(InstanceView):
+    """An Agent Instance after waiting for its current run (`task` and `timed_out` absent when it has none)."""
+
+    task: TaskView | None = Field(default=None, exclude_if=_absent, description="the current run as task_get shows it")
+    timed_out: bool | None = Field(default=None, exclude_if=_absent,
+                                   description="the wait ended before the run was terminal (the run goes on)")
+
+
+class InstanceListView(View):
+    """The caller's Agent Instances, newest first."""
+
+    instances: list[InstanceView]
+
+
+class FollowupView(View):
+    """A followup admitted as a new owner TaskRun."""
+
+    instance_id: str
+    task_id: str
+    status: str
+    mailbox_delivered: int = Field(description="queued mailbox messages that went ahead of the prompt")
+
+
+class MailView(View):
+    """Mailbox input queued for the instance's next run."""
+
+    instance_id: str
+    message_id: str
+    state: Literal["queued"]
+
+
+class SteerView(View):
+    """Where a correction went: taken by the running turn, queued in the mailbox, or unknown (not queued)."""
+
+    instance_id: str
+    delivery: Literal["delivered", "queued", "unknown"] = Field(description=(
+        "delivered: the running turn took it; queued: no turn could take it (idle, not started, or the engine "
+        "takes no steering), so it goes ahead of the next prompt; unknown: the runner never confirmed — not queued"))
+    message_id: str
+    note: str
+    reason: str | None = Field(default=None, description=(
+        "queued: why no turn took it (e.g. the engine's protocol takes no input mid-turn, the turn had ended)"))
+
+
+class CancelledRun(View):
+    """One owner TaskRun an interrupt cancelled, and its status after."""
+
+    task_id: str
+    status: str
+
+
+class InterruptView(View):
+    """What an interrupt cancelled: the oldest unfinished run's status, and every run it reached."""
+
+    instance_id: str
+    task_id: str
+    task_status: str
+    cancelled: list[CancelledRun]

@@ -1,7 +1,6 @@
 """Persistent Agent Instances and their mailbox (queued input and steering corrections)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Sequence
 
@@ -9,33 +8,9 @@ import sqlalchemy as sa
 
 from ..domain.states import MailState
 from ..domain.tasks import ACTIVE
-from .db import Connection, Database, Row
+from .db import Connection, Database
+from .records import CurrentRun, InstanceRecord, Mail, OwnerRun, record
 from .tables import instances, mailbox, task_runs
-
-
-@dataclass(frozen=True)
-class Mail:
-    """One mailbox message waiting for the instance's next run."""
-
-    id: str
-    text: str
-
-
-@dataclass(frozen=True)
-class CurrentRun:
-    """What an instance needs to know of its current run: its status and the runtime it is placed on."""
-
-    status: str
-    runtime_id: str | None
-
-
-@dataclass(frozen=True)
-class OwnerRun:
-    """One unfinished owner TaskRun of an instance: queued, dispatched or running."""
-
-    id: str
-    status: str
-    runtime_id: str | None
 
 
 class SqlInstanceStore:
@@ -51,10 +26,10 @@ class SqlInstanceStore:
                                                      session_id=session_id, snapshot=snapshot,
                                                      created_at=now, updated_at=now))
 
-    async def get(self, conn: Connection, instance_id: str) -> Row | None:
+    async def get(self, conn: Connection, instance_id: str) -> InstanceRecord | None:
         """Return the instance, or None, its row held to the transaction's end: writers of one instance queue up."""
         stmt = sa.select(instances).where(instances.c.id == instance_id)
-        return (await conn.execute(self.db.for_update(stmt))).first()
+        return record(InstanceRecord, (await conn.execute(self.db.for_update(stmt))).mappings().first())
 
     async def ids_of_owner(self, conn: Connection, owner_id: str, *, archived: bool, limit: int) -> list[str]:
         """Return the ids of the owner's instances, newest first (archived ones only when `archived`)."""
@@ -133,3 +108,6 @@ class SqlInstanceStore:
                                   .where(mailbox.c.id == message_id, mailbox.c.state == MailState.PENDING)
                                   .values(state=MailState.UNKNOWN, settled_at=now))
         return done.rowcount > 0
+
+
+__all__ = ["CurrentRun", "Mail", "OwnerRun", "SqlInstanceStore"]

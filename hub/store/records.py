@@ -1,5 +1,5 @@
-"""The records the task and schedule stores return: plain dataclasses, one per shape a query reads, so a service
-never holds a database row (`hub/store/ports.py` declares the stores' interfaces over them)."""
+"""The records the task, schedule, instance and session stores return: plain dataclasses, one per shape a query
+reads, so a service never holds a database row (`hub/store/ports.py` declares the stores' interfaces over them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -116,3 +116,94 @@ class ScheduleRecord:
     created_at: datetime
     updated_at: datetime
     creator_name: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstanceRecord:
+    """One Agent Instance with every column of `instances`."""
+
+    id: str
+    owner_id: str
+    name: str | None
+    session_id: str
+    snapshot: dict[str, Any]
+    archived_at: datetime | None
+    current_task_id: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class Mail:
+    """One mailbox message waiting for the instance's next run."""
+
+    id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class CurrentRun:
+    """What an instance needs to know of its current run: its status and the runtime it is placed on."""
+
+    status: str
+    runtime_id: str | None
+
+
+@dataclass(frozen=True)
+class OwnerRun:
+    """One unfinished owner TaskRun of an instance: queued, dispatched or running."""
+
+    id: str
+    status: str
+    runtime_id: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionRecord:
+    """One Session with every column of `sessions`."""
+
+    id: str
+    name: str | None
+    owner_id: str
+    kind: str
+    source: str
+    engine: str
+    model: str | None
+    reasoning_effort: str | None
+    snapshot: dict[str, Any]
+    runtime_id: str | None
+    resume_handle: str | None
+    parent_session_id: str | None
+    turns: int
+    memory_scope: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionLine:
+    """A Session as its owner's list shows it: its columns but the snapshot, and its sticky runtime's name."""
+
+    id: str
+    name: str | None
+    kind: str
+    source: str
+    engine: str
+    model: str | None
+    reasoning_effort: str | None
+    turns: int
+    resume_handle: str | None
+    created_at: datetime
+    updated_at: datetime
+    runtime: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionRun:
+    """One run of a Session as its recent runs show it."""
+
+    id: str
+    turn_seq: int
+    kind: str
+    status: str
+    result_text: str | None

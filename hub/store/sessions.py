@@ -8,7 +8,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..domain.tasks import Status
-from .db import Connection, Database, Row
+from .db import Connection, Database
+from .records import SessionLine, SessionRecord, SessionRun, TaskRunRecord, record, records
 from .tables import runtimes, sessions, task_runs
 
 
@@ -87,15 +88,16 @@ class SqlSessionStore:
             model=new.model, reasoning_effort=new.reasoning_effort, snapshot=new.snapshot, runtime_id=new.runtime_id,
             turns=0, created_at=now, updated_at=now, memory_scope=new.memory_scope))
 
-    async def get(self, conn: Connection, session_id: str, *, lock: bool = False) -> Row | None:
+    async def get(self, conn: Connection, session_id: str, *, lock: bool = False) -> SessionRecord | None:
         """Return the session, or None; with `lock`, hold its row to the transaction's end (writers queue up)."""
         stmt = sa.select(sessions).where(sessions.c.id == session_id)
-        return (await conn.execute(self.db.for_update(stmt) if lock else stmt)).first()
+        result = await conn.execute(self.db.for_update(stmt) if lock else stmt)
+        return record(SessionRecord, result.mappings().first())
 
-    async def owned(self, conn: Connection, owner_id: str, limit: int) -> list[Row]:
+    async def owned(self, conn: Connection, owner_id: str, limit: int) -> list[SessionLine]:
         """Return up to `limit` of the owner's sessions (never another owner's), most recently updated first.
 
-        Each row carries the session's columns but its snapshot, and `runtime`, its sticky runtime's name (None
+        Each line carries the session's columns but its snapshot, and `runtime`, its sticky runtime's name (None
         when it has none or it is gone); ties in `updated_at` go newest id first, so pages are stable.
         """
         stmt: sa.Select[Any] = (
@@ -105,12 +107,12 @@ class SqlSessionStore:
             .select_from(sessions.outerjoin(runtimes, runtimes.c.id == sessions.c.runtime_id))
             .where(sessions.c.owner_id == owner_id)
             .order_by(sessions.c.updated_at.desc(), sessions.c.id.desc()).limit(limit))
-        return list((await conn.execute(stmt)).all())
+        return records(SessionLine, (await conn.execute(stmt)).mappings())
 
-    async def queue_run(self, conn: Connection, session: Row, run: NewRun, now: datetime) -> int:
+    async def queue_run(self, conn: Connection, session: SessionRecord, run: NewRun, now: datetime) -> int:
         """Queue `run` as the session's next run (seq `turns + 1`, the session's owner and parent); return the seq.
 
-        `session` is the row read with `lock` in this transaction, so the seqs of one session never repeat or skip.
+        `session` is the one read with `lock` in this transaction, so the seqs of one session never repeat or skip.
         """
         seq: int = session.turns + 1
         await conn.execute(task_runs.insert().values(
@@ -125,18 +127,18 @@ class SqlSessionStore:
         """Return the status of the run `run_id` (a Turn or a TaskRun), or None when there is no such run."""
         return (await conn.execute(sa.select(task_runs.c.status).where(task_runs.c.id == run_id))).scalar()
 
-    async def turn(self, conn: Connection, turn_id: str) -> Row | None:
-        """Return the Turn's run row, or None: a TaskRun's id names no Turn."""
-        return (await conn.execute(sa.select(task_runs).where(
-            task_runs.c.id == turn_id, task_runs.c.kind == "turn"))).first()
+    async def turn(self, conn: Connection, turn_id: str) -> TaskRunRecord | None:
+        """Return the Turn's run, or None: a TaskRun's id names no Turn."""
+        return record(TaskRunRecord, (await conn.execute(sa.select(task_runs).where(
+            task_runs.c.id == turn_id, task_runs.c.kind == "turn"))).mappings().first())
 
-    async def recent_runs(self, conn: Connection, session_id: str, limit: int) -> list[Row]:
+    async def recent_runs(self, conn: Connection, session_id: str, limit: int) -> list[SessionRun]:
         """Return the session's last `limit` runs (id, seq, kind, status, result text), newest seq first."""
         stmt: sa.Select[Any] = (
             sa.select(task_runs.c.id, task_runs.c.turn_seq, task_runs.c.status, task_runs.c.result_text,
                       task_runs.c.kind)
             .where(task_runs.c.session_id == session_id).order_by(task_runs.c.turn_seq.desc()).limit(limit))
-        return list((await conn.execute(stmt)).all())
+        return records(SessionRun, (await conn.execute(stmt)).mappings())
 
     @staticmethod
     async def delegation_parent(conn: Connection, session_id: str, owner_id: str) -> DelegationParent | None:

@@ -21,7 +21,8 @@ from ..domain.shapes import Clearable, Model, Short, text, validate
 from ..domain.text import BadText, check_text, loads
 from ..errors import AmuxError, Forbidden, Invalid
 from ..services.auth import Caller
-from ..services.views import ScheduleView, TaskView, View
+from ..services.views import (FollowupView, InstanceCreatedView, InstanceListView, InstanceView, InstanceWaitView,
+                              InterruptView, MailView, ScheduleView, SteerView, TaskView, View)
 from .edge import REQUEST_ID
 
 CALLER = web.RequestKey("caller", Caller)
@@ -414,39 +415,6 @@ class SessionListReply(Reply):
     sessions: list[SessionSummaryReply]
 
 
-class InstanceReply(Reply):
-    instance_id: str
-    status: str
-
-
-class InstanceListReply(Reply):
-    instances: list[InstanceReply]
-
-
-class FollowupReply(Reply):
-    instance_id: str
-    task_id: str
-    status: str
-
-
-class MailReply(Reply):
-    instance_id: str
-    message_id: str
-    state: str
-
-
-class SteerReply(Reply):
-    instance_id: str
-    delivery: Literal["delivered", "queued", "unknown"]
-    message_id: str
-
-
-class InterruptReply(Reply):
-    instance_id: str
-    task_id: str
-    task_status: str
-
-
 class ScheduleListReply(Reply):
     schedules: list[ScheduleView]
 
@@ -691,29 +659,29 @@ EXECUTION_ACCESS = op("PUT", "/api/v1/principals/{ref}/execution", "principal_ex
 SESSION_LIST = op("GET", "/api/v1/sessions", "session_list", "List your sessions, most recently updated first",
                   query=SessionListQuery, tag="sessions", reply=SessionListReply)
 INSTANCE_CREATE = op("POST", "/api/v1/instances", "instance_create", "Create an Agent Instance (prompt: its first run)",
-                     body=InstanceCreate, ok=(201,), tag=INST, reply=InstanceReply, max_body=MAX_BODY)
+                     body=InstanceCreate, ok=(201,), tag=INST, reply=InstanceCreatedView, max_body=MAX_BODY)
 INSTANCE_LIST = op("GET", "/api/v1/instances", "instance_list",
                    "List your Agent Instances, newest first (archived=1: archived ones too)", query=InstanceListQuery,
-                   tag=INST, reply=InstanceListReply)
+                   tag=INST, reply=InstanceListView)
 INSTANCE_GET = op("GET", "/api/v1/instances/{id}", "instance_get", "Show an instance", InstancePath, tag=INST,
-                  reply=InstanceReply)
+                  reply=InstanceView)
 INSTANCE_FOLLOWUP = op("POST", "/api/v1/instances/{id}/followups", "instance_followup",
                        "Submit work as the instance's next owner TaskRun", InstancePath, body=InstanceFollowup,
-                       ok=(201,), tag=INST, reply=FollowupReply, max_body=MAX_BODY)
+                       ok=(201,), tag=INST, reply=FollowupView, max_body=MAX_BODY)
 INSTANCE_SEND = op("POST", "/api/v1/instances/{id}/messages", "instance_send",
                    "Queue mailbox input for the instance's next run", InstancePath, body=InstanceText, ok=(201,),
-                   tag=INST, reply=MailReply, max_body=MAX_BODY)
+                   tag=INST, reply=MailView, max_body=MAX_BODY)
 INSTANCE_STEER = op("POST", "/api/v1/instances/{id}/steer", "instance_steer",
                     "Correct the running turn (delivered), else queue it (queued); unknown delivery queues nothing",
-                    InstancePath, body=InstanceText, tag=INST, reply=SteerReply, max_body=MAX_BODY)
+                    InstancePath, body=InstanceText, tag=INST, reply=SteerView, max_body=MAX_BODY)
 INSTANCE_INTERRUPT = op("POST", "/api/v1/instances/{id}/interrupt", "instance_interrupt",
                         "Cancel the instance's current run; the instance stays", InstancePath, tag=INST,
-                        reply=InterruptReply)
+                        reply=InterruptView)
 INSTANCE_WAIT = op("GET", "/api/v1/instances/{id}/wait", "instance_wait",
                    "Wait for the instance's current run (a timeout never cancels it)", InstancePath,
-                   query=InstanceWaitQuery, tag=INST, reply=InstanceReply)
+                   query=InstanceWaitQuery, tag=INST, reply=InstanceWaitView)
 INSTANCE_ARCHIVE = op("POST", "/api/v1/instances/{id}/archive", "instance_archive", "Archive an idle instance",
-                      InstancePath, tag=INST, reply=InstanceReply)
+                      InstancePath, tag=INST, reply=InstanceView)
 TASK_TIMELINE = op("GET", "/api/v1/tasks/{id}/timeline", "task_timeline",
                    "Read a task's Agent Timeline (raw tool input/output, diffs, text; owner and admins)", TaskPath,
                    query=TimelineQuery, reply=TimelineReply)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 import sqlalchemy as sa
@@ -205,7 +206,7 @@ async def test_owned_sessions_are_the_owners_alone_most_recently_updated_first_a
     assert [r.id for r in rows] == ["ses_a", "ses_c", "ses_b"]  # ses_b and ses_bob tie in time; bob's never shows
     assert [r.id for r in two] == ["ses_a", "ses_c"]
     assert (rows[0].turns, rows[0].kind, rows[0].engine, rows[0].model) == (1, "interactive", "scripted", "m1")
-    assert utc(rows[0].updated_at) == clock.now() and "snapshot" not in rows[0]._fields
+    assert utc(rows[0].updated_at) == clock.now() and "snapshot" not in {f.name for f in dataclasses.fields(rows[0])}
 
 
 async def test_owned_sessions_tied_in_update_time_list_the_newest_id_first(store, clock):
