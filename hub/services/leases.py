@@ -19,7 +19,7 @@ from ..domain.durations import duration_text
 from ..errors import Conflict, Invalid, NotFound, TooMany
 from ..ids import short_id
 from ..store.db import Connection, Database
-from ..store.leases import Box, BoxLine, LeaseGate, LeaseTask, PageBox, PageTask, SqlLeaseStore
+from ..store.leases import Box, LeaseGate, LeaseTask, PageBox, PageTask, SqlLeaseStore
 from ..store.ports import LeaseStore
 from .auth import Caller
 
@@ -465,11 +465,4 @@ class LeaseService:
         shown = [b._replace(state=rules.DEAD) if await self._dead(b.state, b.handle) else b for b in page.boxes]
         return BoxesPage(tasks=tasks, boxes=shown, open_tasks=page.open_tasks, unsandboxed=unsandboxed,
                          newer=newer, older=older, first=first)
-
-    async def overview(self, principal_id: str) -> tuple[builtins.list[LeaseTask], builtins.list[BoxLine]]:
-        """Return a user's open tasks and their live boxes: one query per table."""
-        async with self.db.read() as conn:
-            tasks = await self.store.open_tasks(conn, principal_id)
-            box_rows = await self.store.live_boxes_of_open_tasks(conn, principal_id)
-        return tasks, box_rows
 
