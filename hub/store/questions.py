@@ -28,16 +28,9 @@ class NewQuestion:
 
 
 @dataclass(frozen=True, kw_only=True)
-class QuestionRecord:
+class QuestionRecord(NewQuestion):
     """A question with every column of `session_questions` (and, read by id, its Turn's status)."""
 
-    id: str
-    turn_id: str
-    session_id: str
-    owner_id: str
-    text: str
-    options: list[str]
-    free_text: bool
     state: str
     answer: str | None
     answer_turn_id: str | None
