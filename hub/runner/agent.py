@@ -444,15 +444,16 @@ class Runner:
                 h.task.cancel()
         elif kind == "ack":
             ack = p.Ack.model_validate(msg)
+            h = self.held.get(ack.task_id)
+            if h is None or (ack.attempt is not None and ack.attempt != h.attempt):
+                return  # about an attempt this runner no longer runs: the one it runs now is not touched
             if ack.drop:
                 self._drop(ack.task_id)
                 return
-            h = self.held.get(ack.task_id)
-            if h:
-                h.confirmed.set()  # any acknowledgement of this attempt covers its Accepted (rseq 0)
-                h.unacked = [m for m in h.unacked if m.get("rseq", m.get("last_rseq", 0)) > ack.rseq]
-                if h.finished and not h.unacked:
-                    self.held.pop(ack.task_id, None)
+            h.confirmed.set()  # any acknowledgement of this attempt covers its Accepted (rseq 0)
+            h.unacked = [m for m in h.unacked if m.get("rseq", m.get("last_rseq", 0)) > ack.rseq]
+            if h.finished and not h.unacked:
+                self.held.pop(ack.task_id, None)
         elif kind == "error":
             log.warning("hub: %s", msg.get("message"))
             if msg.get("code") == "token_revoked":

@@ -151,12 +151,15 @@ class Steered(BaseModel):
 
 
 class Ack(BaseModel):
-    """Hub → runner: everything up to `rseq` of this task is stored (or the task is not yours: `drop`)."""
+    """Hub → runner: everything up to `rseq` of this attempt of the task is stored (or the attempt is not yours:
+    `drop`). A runner applies it only to the attempt it names: a refusal of an earlier attempt must not stop the
+    attempt the hub placed on it since (None, from an older hub, means the attempt the runner holds)."""
 
     type: Literal["ack"] = "ack"
     task_id: str
     rseq: int
     drop: bool = False
+    attempt: int | None = None
 
 
 class Heartbeat(BaseModel):

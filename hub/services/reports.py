@@ -49,6 +49,11 @@ class _Effects:
     finished: set[str] = field(default_factory=set)
 
 
+def _ack(msg: p.Accepted | p.Events | p.Finished, rseq: int, *, drop: bool) -> dict:
+    """The reply to one report: it names the attempt, so a runner never applies it to a later attempt of the task."""
+    return p.Ack(task_id=msg.task_id, attempt=msg.attempt, rseq=rseq, drop=drop).model_dump()
+
+
 def _pending(row: Row) -> SimpleNamespace:
     """A held run as a batch changes it: `start_pending` / `seen_dirty` are the run's start and event counters the
     batch has yet to write (with its outcome if it also finishes in this batch, else by `_write_pending`)."""
@@ -104,15 +109,15 @@ class RunnerReports:
                 await self.registry_store.heartbeat(conn, runtime_id, conn_id, now)
             elif isinstance(msg, p.Accepted):
                 verdict = await self._accepted(conn, runtime_id, msg, now, fx)
-                replies.append(p.Ack(task_id=msg.task_id, rseq=0, drop=verdict == "drop").model_dump())
+                replies.append(_ack(msg, 0, drop=verdict == "drop"))
                 if verdict == "cancel":
                     replies.append(p.Cancel(task_id=msg.task_id).model_dump())
             elif isinstance(msg, p.Events):
                 last = await self._events(conn, runtime_id, msg, now, fx)
-                replies.append(p.Ack(task_id=msg.task_id, rseq=last or 0, drop=last is None).model_dump())
+                replies.append(_ack(msg, last or 0, drop=last is None))
             elif isinstance(msg, p.Finished):
                 ok = await self._finished(conn, runtime_id, msg, now, fx)
-                replies.append(p.Ack(task_id=msg.task_id, rseq=msg.rseq, drop=not ok).model_dump())
+                replies.append(_ack(msg, msg.rseq, drop=not ok))
             elif isinstance(msg, p.Steered):
                 # Taken by the running turn, or back to the mailbox for a later wake.
                 await self.store.settle_steer(conn, msg.steer_id, msg.task_id, msg.delivered, now,

@@ -4,9 +4,11 @@ from __future__ import annotations
 import asyncio
 import sys
 
+import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError
 
 from hub.services.admission import SubmitRequest
+from hub.store.tables import task_runs
 from tests.helpers import PROCESS_MODE, REPO
 
 
@@ -132,3 +134,39 @@ async def test_an_unreachable_hub_is_retried_from_0_1_s_doubling_with_jitter_and
     assert len(got) == 4, got
     for d, base in zip(got, (0.1, 0.2, 0.4, 0.8)):
         assert base <= d <= base * 1.5, got
+
+
+async def test_a_refusal_of_an_earlier_attempt_does_not_stop_the_attempt_the_runner_holds_now(any_hub):
+    """Attempt 1's Accepted reaches the hub only after its reservation expired and attempt 2 went to the same runner:
+    the hub refuses attempt 1 (drop) and confirms attempt 2 in one reply. The refusal names attempt 1, so the runner
+    runs attempt 2 to its end, instead of dropping it and leaving the task `running` with nothing running it."""
+    from hub.runner import protocol as p
+    from tests.helpers import eventually
+
+    runner = await any_hub.start_runner()
+    caller = await any_hub.hub.auth.authenticate(any_hub.admin_token)
+    real, gate, held_back = any_hub.hub.reports.apply, asyncio.Event(), asyncio.Event()
+
+    async def late_first_accept(runtime_id, conn_id, messages):
+        if any(isinstance(m, p.Accepted) and m.attempt == 1 for m in messages):
+            held_back.set()
+            await gate.wait()  # the runner's first Accepted is in flight past the reservation's TTL
+        return await real(runtime_id, conn_id, messages)
+
+    any_hub.hub.reports.apply = late_first_accept
+    task_id = (await any_hub.hub.tasks.submit(caller, SubmitRequest(prompt="say survived",
+                                                                    profile="scripted")))["task_id"]
+    await asyncio.wait_for(held_back.wait(), 30)
+    any_hub.clock.advance(any_hub.hub.settings.hub.reservation_ttl_s + 1)  # the reaper expires attempt 1
+
+    async def second_attempt_on_the_runner() -> bool:
+        h = runner.held.get(task_id)
+        return h is not None and h.attempt == 2
+
+    await eventually(second_attempt_on_the_runner, timeout=30, interval=0.05)
+    gate.set()  # attempt 1's Accepted, then attempt 2's, reach the hub
+    view = await any_hub.hub.tasks.wait_terminal(caller, task_id, 30)
+    assert view["status"] == "succeeded" and view["result"]["text"] == "survived"
+    async with any_hub.hub.db.read() as conn:
+        attempt = (await conn.execute(sa.select(task_runs.c.attempt).where(task_runs.c.id == task_id))).scalar()
+    assert attempt == 2
