@@ -273,9 +273,10 @@ class ChatTurnService:
         if status is None or is_terminal(status):
             cards = self.cards.final(view)
             await self._queue_update(conn, ct, cards[0], now)
-            for part in cards[1:]:
+            for i, part in enumerate(cards[1:], 1):
                 await self.notices.queue(conn, now, app_id=ct.app_id, recipient=ct.open_id, kind="chat_part",
-                                         payload={"v": 1, "kind": "chat", "card": part, "reply_to": ct.reply_to},
+                                         payload={"v": 1, "kind": "chat", "card": part, "reply_to": ct.reply_to,
+                                                  "part": i},
                                          timezone=CHAT_TZ, turn_id=ct.turn_id)
             await self.store.save(conn, ct.turn_id, state=DONE, notes=notes, rendered=_digest(cards[0]),
                                   updated_at=now, next_check_at=now)

@@ -216,7 +216,17 @@ class OutboxWorker:
                     log.exception("delivering notice %s failed", c.row.id)
                     return None
 
-        results = [x for x in await asyncio.gather(*(one(c) for c in claims)) if x is not None]
+        async def in_order(turn: list["_Claim"]) -> list["_Result | None"]:
+            return [await one(c) for c in turn]
+
+        # One Turn's outputs go one after another, its answer's parts in their order: a reader sees part 1 first.
+        turns: dict[str, list[_Claim]] = {}
+        for c in claims:
+            turns.setdefault(c.row.turn_id or c.row.id, []).append(c)
+        for turn in turns.values():
+            turn.sort(key=lambda c: (c.row.payload or {}).get("part", 0))
+        sent = await asyncio.gather(*(in_order(turn) for turn in turns.values()))
+        results = [x for turn in sent for x in turn if x is not None]
         if not results:
             return
         try:
