@@ -32,6 +32,7 @@ from .sessions import SessionService
 
 CHAT_TZ = "UTC"        # chat outputs ignore quiet hours: the person is waiting for them
 CLAIM_BATCH = 50
+WATCH_MAX = 10_000  # chat Turns a replica wakes for at once; older ones fall back to the poll
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,12 +94,22 @@ class ChatTurnService:
         self.store = SqlChatTurnStore(db)
         self.notices = Notices(db)
         self.kicked = asyncio.Event()
-        self._hints: set[str] = set()  # Turns this replica heard change: made due at once (others poll)
+        self._hints: set[str] = set()  # tasks this replica heard change: the chat Turns among them are made due
+        # Chat Turns this replica opened or drove: a change of one wakes the driver at once. Any other task's change
+        # waits for the next poll (most tasks are not chat Turns; other replicas' Turns are found by polling).
+        self._watching: dict[str, None] = {}
         notifier.listen("task:", self._heard)
 
     def _heard(self, key: str) -> None:
-        self._hints.add(key[len("task:"):])
-        self.kicked.set()
+        task_id = key[len("task:"):]
+        self._hints.add(task_id)
+        if task_id in self._watching:
+            self.kicked.set()
+
+    def _watch(self, turn_id: str) -> None:
+        self._watching[turn_id] = None
+        while len(self._watching) > WATCH_MAX:
+            del self._watching[next(iter(self._watching))]
 
     def kick(self) -> None:
         """Run the driver and the chat outbox now."""
@@ -140,6 +151,7 @@ class ChatTurnService:
         return sent
 
     async def _record(self, conn: Connection, origin: ChatOrigin, turn_id: str, notes: list[dict[str, Any]]) -> None:
+        self._watch(turn_id)
         now = self.clock.now()
         view = await self._view(conn, turn_id, notes, now)
         card = self.cards.progress(view)
@@ -213,7 +225,7 @@ class ChatTurnService:
     async def touched(self, turn_id: str) -> None:
         """Make the chat Turn's card due for a check now (its Turn was stopped, say)."""
         async with self.db.write() as conn:
-            await self.store.due_now(conn, turn_id, self.clock.now())
+            await self.store.due_now(conn, [turn_id], self.clock.now())
         self.kick()
 
     async def recent(self, app_id: str, limit: int = 20) -> list[dict[str, Any]]:
@@ -253,16 +265,19 @@ class ChatTurnService:
         """Drive due chat Turns once; again at once while a full batch came, else after `poll_s`."""
         now = self.clock.now()
         hints, self._hints = self._hints, set()
-        if hints:
-            async with self.db.write() as conn:
-                for turn_id in hints:
-                    await self.store.due_now(conn, turn_id, now)
+        if hints:  # every task's change is heard: take the write lock only for the chat Turns among them
+            async with self.db.read() as conn:
+                turns = await self.store.running_among(conn, hints)
+            if turns:
+                async with self.db.write() as conn:
+                    await self.store.due_now(conn, turns, now)
         async with self.db.read() as conn:
             if not await self.store.any_due(conn, now):
                 return self.poll_s
         async with self.db.write() as conn:
             rows = await self.store.lock_due(conn, now, CLAIM_BATCH)
             for ct in rows:
+                self._watch(ct.turn_id)
                 await self._drive(conn, ct, now)
         return 0.0 if len(rows) >= CLAIM_BATCH else self.poll_s
 
@@ -280,6 +295,7 @@ class ChatTurnService:
                                          timezone=CHAT_TZ, turn_id=ct.turn_id)
             await self.store.save(conn, ct.turn_id, state=DONE, notes=notes, rendered=_digest(cards[0]),
                                   updated_at=now, next_check_at=now)
+            self._watching.pop(ct.turn_id, None)
             return
         card = self.cards.progress(view)
         digest = _digest(card)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Collection
 
 import sqlalchemy as sa
 
-from .db import Connection, Database, Row
+from .db import Connection, Database, Row, one_of
 from .tables import chat_turns, mailbox, outbox, task_events, task_runs
 
 RUNNING, DONE = "running", "done"
@@ -72,10 +72,18 @@ class SqlChatTurnStore:
         """Write a chat Turn's fields (`state`, `rendered`, `notes`, `updated_at`, `next_check_at`)."""
         await conn.execute(chat_turns.update().where(chat_turns.c.turn_id == turn_id).values(**values))
 
-    async def due_now(self, conn: Connection, turn_id: str, now: datetime) -> None:
-        """Make a running chat Turn due at `now` (something it shows changed)."""
-        await conn.execute(chat_turns.update().where(chat_turns.c.turn_id == turn_id, chat_turns.c.state == RUNNING)
-                           .values(next_check_at=now))
+    async def due_now(self, conn: Connection, turn_ids: Collection[str], now: datetime) -> None:
+        """Make these running chat Turns due at `now` (something they show changed), in one statement."""
+        if turn_ids:
+            await conn.execute(chat_turns.update().where(one_of(chat_turns.c.turn_id, turn_ids),
+                                                         chat_turns.c.state == RUNNING).values(next_check_at=now))
+
+    async def running_among(self, conn: Connection, task_ids: Collection[str]) -> list[str]:
+        """Return which of these task ids are running chat Turns (most tasks are not chat Turns at all)."""
+        if not task_ids:
+            return []
+        return list((await conn.execute(sa.select(chat_turns.c.turn_id).where(
+            one_of(chat_turns.c.turn_id, task_ids), chat_turns.c.state == RUNNING))).scalars())
 
     async def recent(self, conn: Connection, app_id: str, limit: int = 20) -> list[Row]:
         """Return the application's newest chat Turns (the console lists them)."""
