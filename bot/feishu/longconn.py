@@ -34,6 +34,20 @@ if TYPE_CHECKING:
     from bot.services import BotServices
 
 log = logging.getLogger(__name__)
+
+
+def closable_client(lark: Any) -> type:
+    """`lark.ws.Client` with a `close()`: the SDK offers `start()` and nothing to stop it, so this subclass closes
+    the websocket through the client's own `_disconnect` (a known limit, in docs/bot.md; an upgrade that renames it
+    fails `tests/integration/test_feishu_longconn.py`, which checks that a stopped client's connection closes)."""
+
+    class ClosableClient(lark.ws.Client):
+        async def close(self) -> None:
+            await self._disconnect()
+
+    return ClosableClient
+
+
 LEASE_S = 30.0
 STOP_WAIT_S = 5.0  # how long `stop` waits for a client thread (an event handler may block it for up to 3 s)
 INSTALL = threading.Lock()
@@ -132,8 +146,8 @@ class ClientThread:
         loops.bind(loop)
         client = None
         try:
-            client = lark.ws.Client(self.app.app_id, self.app.app_secret, event_handler=self.handler,
-                                    domain=self.app.base_url.rstrip("/"), log_level=lark.LogLevel.WARNING)
+            client = closable_client(lark)(self.app.app_id, self.app.app_secret, event_handler=self.handler,
+                                           domain=self.app.base_url.rstrip("/"), log_level=lark.LogLevel.WARNING)
             client.start()
         except asyncio.CancelledError:
             log.info("long connection of %s stopped", self.app.app_id)
@@ -149,7 +163,7 @@ class ClientThread:
     def _close(loop: asyncio.AbstractEventLoop, client: Any) -> None:
         if client is not None:
             with contextlib.suppress(BaseException):
-                loop.run_until_complete(asyncio.wait_for(client._disconnect(), 2.0))  # noqa: SLF001 — known limit
+                loop.run_until_complete(asyncio.wait_for(client.close(), 2.0))
         pending = asyncio.all_tasks(loop)
         for task in pending:
             task.cancel()
