@@ -22,6 +22,7 @@ import secrets
 import socket
 import threading
 from datetime import datetime, timedelta
+import functools
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+@functools.cache
 def closable_client(lark: Any) -> type:
     """`lark.ws.Client` with a `close()`: the SDK offers `start()` and nothing to stop it, so this subclass closes
     the websocket through the client's own `_disconnect` (a known limit, in docs/bot.md; an upgrade that renames it

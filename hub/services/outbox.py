@@ -217,7 +217,12 @@ class OutboxWorker:
                     return None
 
         async def in_order(turn: list["_Claim"]) -> list["_Result | None"]:
-            return [await one(c) for c in turn]
+            done: list[_Result | None] = []
+            for c in turn:
+                done.append(await one(c))
+                if done[-1] is None or done[-1].d.result != OK:
+                    break  # the rest keep their claims until they expire: none overtakes the one that failed
+            return done
 
         # One Turn's outputs go one after another, its answer's parts in their order: a reader sees part 1 first.
         turns: dict[str, list[_Claim]] = {}

@@ -188,6 +188,21 @@ async def test_a_message_after_the_turn_ended_becomes_the_next_turn_and_its_card
     assert await chat.rows(mailbox) == []  # no steer was offered to the ended Turn
 
 
+async def test_a_part_that_feishu_refuses_once_is_not_overtaken_by_the_parts_after_it(chat: Chat):
+    lines = [f"line {i:05d} " + "x" * 90 for i in range(400)]
+    mid = await chat.say("\n".join(f"say {line}" for line in lines))
+    await chat.card_under(mid)  # the progress card is out: the next reply is the answer's first part
+    chat.fake.fail("5xx", times=1, op="reply")
+    n = len(split_answer("\n".join(lines)))
+
+    async def parts():
+        chat.clock.advance(30)  # the failed part's backoff and the held parts' claims pass on the injected clock
+        got = [m for m in chat.fake.sent if m.reply_to == mid][1:]
+        return got if len(got) == n else None
+    got = await eventually(parts, timeout=40, interval=0.2)
+    assert [f"part {i} of {n}" in card_text(m.content) for i, m in enumerate(got, 1)] == [True] * n
+
+
 async def test_a_card_survives_feishu_5xx_and_is_delivered_once(chat: Chat):
     chat.fake.fail("5xx", times=2, op="reply")
     mid = await chat.say("say through the errors")
