@@ -154,7 +154,9 @@ class _ClaudeStream:
         if session_endpoint(self.job.env) is None:
             return
         servers = {s.get("name"): s.get("status") for s in msg.get("mcp_servers") or [] if isinstance(s, dict)}
-        if servers.get(SERVER) != "connected":  # say so now: the agent will not find its task and schedule tools
+        # "pending": Claude Code is still connecting it in the background and its tools arrive when it has. Any other
+        # state (failed, needs-auth, absent) means the agent will not find its task and schedule tools: say so now.
+        if servers.get(SERVER) not in ("connected", "pending"):
             await self.emit("warning",
                             {"text": f"the hub's MCP endpoint did not connect ({servers.get(SERVER) or 'absent'}); "
                                                 "this turn's agent cannot delegate tasks or create schedules"})
