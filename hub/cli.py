@@ -358,13 +358,29 @@ def event_line(ev: dict) -> str:
     return f"  [{ev.get('seq')}] {kind}: {body}".rstrip()
 
 
+WAIT_REASON_POLL_S = 2.0  # a task still queued after this is said to wait, and why; reread as often
+
+
 async def _wait(args: argparse.Namespace, api: ApiClient) -> None:
     """Follow a task's events until it ends or `--timeout` elapses (each long poll asks for no more than is left)."""
     cursor = 0
     loop = asyncio.get_running_loop()
     deadline = None if args.timeout is None else loop.time() + args.timeout
+    waiting: str | None = None  # the reason last printed while the task was queued
+    polls = 0
     while True:
-        left = 25.0 if deadline is None else max(0.0, min(25.0, deadline - loop.time()))
+        poll = 25.0 if polls else WAIT_REASON_POLL_S
+        polls += 1
+        if waiting is not None or (cursor == 0 and polls > 1):  # still queued: why it waits, and when that changes
+            t = await api.call("GET", f"tasks/{args.id}")
+            if t["status"] == "queued":
+                reason = t.get("waiting_for") or "waiting to be placed"
+                if reason != waiting:
+                    print(f"queued: {reason}", file=sys.stderr if args.json else sys.stdout, flush=True)
+                waiting, poll = reason, WAIT_REASON_POLL_S
+            else:
+                waiting = None
+        left = poll if deadline is None else max(0.0, min(poll, deadline - loop.time()))
         page = await api.call("GET", f"tasks/{args.id}/wait", params={"cursor": cursor, "timeout_s": round(left, 3)})
         for ev in page["events"]:
             if not args.json:
@@ -510,12 +526,14 @@ def _add_server_commands(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--authoring", action="store_true",
                      help="offer the authoring capability: profiles with local expert authoring may run here")
     run.add_argument("--isolation", help="execution modes to offer, comma-separated: linux-dac (each principal's "
-                     "children under a uid of their own, as root with bubblewrap) and/or process (this runner's own "
-                     "uid, with --dedicated); default: every mode this machine can provide")
+                     "children under a uid of their own, as root with bubblewrap), userns (the rootless sandbox of a "
+                     "runner that is not root, with bubblewrap) and/or process (this runner's own uid, with "
+                     "--dedicated); default: every mode this machine can provide")
     run.add_argument("--dedicated", action="store_true",
                      help="declare this machine and user dedicated to task children: process mode may be offered")
     run.add_argument("--child-network", choices=("isolated", "host"), default="isolated",
-                     help="linux-dac children's network: isolated (the hub and public egress only; default) or host")
+                     help="sandboxed (linux-dac, userns) children's network: isolated (the hub and public egress "
+                     "only; default) or host")
     run.add_argument("--egress-allow", action="append", default=[], metavar="HOST[:PORT]",
                      help="a non-public destination isolated children may reach (repeatable)")
     run.add_argument("--share-engine-login", action="store_true",
@@ -570,7 +588,7 @@ def _add_task_commands(sub: argparse._SubParsersAction) -> None:
     ts.add_argument("--effort", help="reasoning effort (minimal|low|medium|high|xhigh)")
     ts.add_argument("--policy", help="permission policy (policy-allow|escalate-to-main|deny-all)")
     ts.add_argument("--credential", help="credential profile to materialize at launch")
-    ts.add_argument("--isolation", choices=("linux-dac", "process"),
+    ts.add_argument("--isolation", choices=("linux-dac", "userns", "process"),
                     help="execution mode (default: the strongest one a runtime offers)")
     for name, text in (("get", "show a task"), ("wait", "follow a task's events until it ends"),
                        ("cancel", "cancel a task")):

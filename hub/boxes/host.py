@@ -47,7 +47,7 @@ class HostBoxes:
     @property
     def limits(self) -> Limits:
         """Return the per-box limits of the settings."""
-        return Limits(self.settings.memory_mb, self.settings.pids_max, self.settings.cpus)
+        return Limits(self.settings.memory_mb << 20, self.settings.pids_max, self.settings.cpus)
 
     def _dir(self, handle: dict[str, Any]) -> tuple[str, Path]:
         box_id = str(handle.get("box_id", ""))

@@ -1,4 +1,7 @@
-"""Per-box resource limits: a cgroup per box (v2, else v1) under the hub's cgroup, rlimits where none is writable."""
+"""Resource limits of a box or a task run: a cgroup of its own (v2, else v1) nested under this process's own, made
+before its first process starts and removed when it ends; rlimits where no cgroup can be made (README "Resource
+limits"). Only groups this module made are ever written, limited, emptied or removed: a box's under `amux-boxes`,
+a run's under `amux-runs`, and nothing but their first process is ever moved into them."""
 from __future__ import annotations
 
 import contextlib
@@ -11,23 +14,20 @@ from pathlib import Path
 from typing import Any
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-GROUP = "amux-boxes"
+GROUP = "amux-boxes"     # boxes' groups
+RUNS = "amux-runs"       # task runs' groups
+GROUPS = (GROUP, RUNS)
 _CONTROLLERS = ("memory", "pids", "cpu")
 _CPU_PERIOD_US = 100_000
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one box may use."""
+    """What one box or run may use."""
 
-    memory_mb: int
+    memory_bytes: int
     pids_max: int
     cpus: float
-
-    @property
-    def memory_bytes(self) -> int:
-        """Return the memory limit in bytes."""
-        return self.memory_mb * 1024 * 1024
 
 
 def _self_paths() -> dict[str, str]:
@@ -58,11 +58,11 @@ def _write(path: Path, value: str) -> None:
     path.write_text(value)
 
 
-def _v2_setup(box_id: str, limits: Limits) -> dict[str, str] | None:
+def _v2_setup(box_id: str, limits: Limits, parent: str, parent_root: Path | None) -> dict[str, str] | None:
     """Make a v2 cgroup for the box with every controller limited; None when v2 cannot do it here."""
     if not (CGROUP_ROOT / "cgroup.controllers").exists():
         return None
-    base = CGROUP_ROOT / _self_paths().get("", "/").lstrip("/") / GROUP
+    base = (parent_root or CGROUP_ROOT / _self_paths().get("", "/").lstrip("/")) / parent
     try:
         base.mkdir(parents=True, exist_ok=True)
         have = set((base / "cgroup.controllers").read_text().split())
@@ -76,16 +76,19 @@ def _v2_setup(box_id: str, limits: Limits) -> dict[str, str] | None:
             _write(group / "memory.swap.max", "0")
         _write(group / "pids.max", str(limits.pids_max))
         _write(group / "cpu.max", f"{int(limits.cpus * _CPU_PERIOD_US)} {_CPU_PERIOD_US}")
+        with contextlib.suppress(OSError):
+            _write(group / "memory.oom.group", "1")  # the kernel kills the whole group at the limit
     except OSError:
         return None
     return {"memory": str(group), "pids": str(group), "cpu": str(group)}
 
 
-def _v1_setup(box_id: str, limits: Limits) -> dict[str, str]:
+def _v1_setup(box_id: str, limits: Limits, parent: str, parent_root: Path | None) -> dict[str, str]:
     """Make a v1 cgroup per controller that is mounted and writable; return the ones made."""
     own, made = _self_paths(), {}
     for ctrl, mount in _v1_mounts().items():
-        group = mount / own.get(ctrl, "/").lstrip("/") / GROUP / box_id
+        base = mount / (str(parent_root).lstrip("/") if parent_root else own.get(ctrl, "/").lstrip("/"))
+        group = base / parent / box_id
         try:
             group.mkdir(parents=True, exist_ok=True)
             if ctrl == "memory":
@@ -105,9 +108,13 @@ def _v1_setup(box_id: str, limits: Limits) -> dict[str, str]:
     return made
 
 
-def setup_cgroups(box_id: str, limits: Limits) -> dict[str, str]:
-    """Create the box's cgroups and return {controller: directory}; controllers missing here are left out."""
-    return _v2_setup(box_id, limits) or _v1_setup(box_id, limits)
+def setup_cgroups(box_id: str, limits: Limits, parent: str = GROUP, parent_root: Path | None = None) -> dict[str, str]:
+    """Create the cgroups of a box (or run, `parent=RUNS`) and return {controller: directory}; controllers missing
+    here are left out. They nest under this process's own groups, or under `parent_root` (a delegated group: an
+    absolute v2 directory, or a path relative to each v1 controller's mount)."""
+    if parent not in GROUPS:
+        raise ValueError(f"not a group of amux's: {parent}")
+    return _v2_setup(box_id, limits, parent, parent_root) or _v1_setup(box_id, limits, parent, parent_root)
 
 
 def enforcement(cgroups: dict[str, str]) -> dict[str, str]:
@@ -148,7 +155,7 @@ def remove_cgroups(cgroups: dict[str, Any]) -> None:
     """Kill what is left in the box's cgroups and remove them (a no-op for ones already gone)."""
     for path in dict.fromkeys(cgroups.values()):
         group = Path(path)
-        if GROUP not in group.parts:  # only ever a directory this module made
+        if not any(g in group.parts for g in GROUPS):  # only ever a directory this module made
             continue
         for _ in range(100):
             pids = cgroup_pids({"g": str(group)})
@@ -162,6 +169,9 @@ def remove_cgroups(cgroups: dict[str, Any]) -> None:
                 break
             except OSError:
                 time.sleep(0.01)
+        if group.parent.name in GROUPS:  # the last one out removes the parent group too (busy: others remain)
+            with contextlib.suppress(OSError):
+                group.parent.rmdir()
 
 
 def existing_cgroups(box_id: str) -> dict[str, str]:
@@ -176,3 +186,47 @@ def existing_cgroups(box_id: str) -> dict[str, str]:
         if group.is_dir():
             found[ctrl] = str(group)
     return found
+
+
+def limit_files(cgroups: dict[str, str]) -> dict[str, str]:
+    """Read back the limits a group holds, {file: value} (what a test checks before a payload runs)."""
+    out: dict[str, str] = {}
+    for ctrl, path in cgroups.items():
+        names = {"memory": ("memory.max", "memory.limit_in_bytes"), "pids": ("pids.max",),
+                 "cpu": ("cpu.max", "cpu.cfs_quota_us")}.get(ctrl, ())
+        for name in names:
+            with contextlib.suppress(OSError):
+                out[name] = Path(path, name).read_text().strip()
+    return out
+
+
+def _counter(path: Path, key: str) -> int:
+    with contextlib.suppress(OSError, ValueError):
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    return 0
+
+
+def oom_kills(cgroups: dict[str, str]) -> int:
+    """How many processes the kernel killed at the group's memory limit (v2 memory.events, v1 memory.oom_control)."""
+    path = cgroups.get("memory")
+    if path is None:
+        return 0
+    if Path(path, "memory.events").exists():
+        return _counter(Path(path, "memory.events"), "oom_kill")
+    return _counter(Path(path, "memory.oom_control"), "oom_kill")
+
+
+def fork_refusals(cgroups: dict[str, str]) -> int:
+    """How many forks the group's process limit refused (pids.events `max`)."""
+    path = cgroups.get("pids")
+    return 0 if path is None else _counter(Path(path, "pids.events"), "max")
+
+
+def kill_all(cgroups: dict[str, str]) -> None:
+    """SIGKILL every process in the groups (a run at its memory limit loses its whole tree, as with oom.group)."""
+    for pid in cgroup_pids(cgroups):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)

@@ -21,7 +21,7 @@ Args = Annotated[list[Annotated[str, Field(max_length=MAX_ARG_CHARS), AfterValid
     max_length=MAX_EXTRA_ARGS,
     description=f"extra engine arguments: at most {MAX_EXTRA_ARGS}, each of at most {MAX_ARG_CHARS} characters")]
 Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, description=f"seconds, at most {MAX_TIMEOUT_S}, e.g. 600")]
-Isolation = Literal["linux-dac", "process"]
+Isolation = Literal["linux-dac", "userns", "process"]
 
 
 class ExecutionChoices(Model):
@@ -40,10 +40,23 @@ class ExecutionChoices(Model):
     timeout_s: Seconds | None = None
 
 
+class LimitChoices(Model):
+    """Resource limits a Task asks for: each may only lower the runner's (and the profile's); omitted: theirs."""
+
+    hint: ClassVar[str] = 'e.g. {"memory_max": "2GiB", "pids_max": 256, "cpu_max": 1.5}'
+    what: ClassVar[str] = "limits"
+    memory_max: Annotated[str, Field(max_length=32, description='bytes with a unit, e.g. "2GiB" or "512MiB"')] | \
+        Annotated[int, Field(ge=16 << 20, description="bytes")] | None = None
+    pids_max: Annotated[int, Field(ge=1, le=4_194_304, description="processes and threads, e.g. 256")] | None = None
+    cpu_max: Annotated[float, Field(ge=0.01, le=4096, description="cores, e.g. 1.5")] | None = None
+
+
 class TaskChoices(ExecutionChoices):
-    """A Task's choices: a schedule's plus the isolation mode (omitted: the strongest an eligible runtime offers)."""
+    """A Task's choices: a schedule's plus the isolation mode (omitted: the strongest an eligible runtime offers)
+    and resource limits (omitted: the profile's, else the runner's)."""
 
     isolation: Isolation | None = None
+    limits: LimitChoices | None = None
 
 
 class ChoiceChanges(ExecutionChoices):

@@ -1,7 +1,9 @@
 """Execution modes (DESIGN §8): how a task child is separated from the runner, the hub and other principals (pure).
 
 `linux-dac`: each principal's children run under a uid of their own, in mount and PID namespaces that show the
-run's workspace, the principal's private home and the system read-only. `process`: the runner's own uid, only on a
+run's workspace, the principal's private home and the system read-only (a root runner). `userns`: the same view in
+new user, mount, PID, IPC, UTS and network namespaces, as the runner's own uid outside (a runner that is not root:
+the principals are kept apart by the mount and PID namespaces alone). `process`: the runner's own uid, only on a
 runner the operator declared dedicated. A runtime advertises the modes it offers (`capabilities.isolation`) and,
 for each mode it does not offer, why (`capabilities.isolation_unavailable`); admission freezes one mode in the
 snapshot (`isolation`) and placement matches it.
@@ -11,13 +13,16 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 LINUX_DAC = "linux-dac"
+USERNS = "userns"
 PROCESS = "process"
-MODES = (LINUX_DAC, PROCESS)
-DEFAULT_ORDER = (LINUX_DAC, PROCESS)  # an omitted mode takes the first one a runtime offers, in this order
+MODES = (LINUX_DAC, USERNS, PROCESS)
+CONTAINED = (LINUX_DAC, USERNS)  # the modes that keep a child from the runner's files and processes
+DEFAULT_ORDER = (LINUX_DAC, USERNS, PROCESS)  # an omitted mode takes the first one a runtime offers, in this order
 
 NO_BWRAP = "bubblewrap is not installed on the runner (`apt-get install bubblewrap`)"
-NOT_ROOT = ("the runner is not root, so it cannot run children under uids of their own (run `amux runner` as root, "
-            "or declare a dedicated runner with `--dedicated` for process mode)")
+NOT_ROOT = ("the runner is not root, so it cannot run children under uids of their own (it offers the rootless "
+            "mode userns instead; run `amux runner` as root for linux-dac)")
+ROOT_HAS_DAC = "the runner is root: it runs children under uids of their own (linux-dac) instead"
 NOT_DEDICATED = ("the operator has not declared this runner dedicated (`amux runner --dedicated`, or "
                  "`runner.dedicated = true` for the runner of `amux up`)")
 SHARES_HUB = ("the runner shares the hub's {what}, so its children could read the hub's secrets; run the runner "
@@ -59,8 +64,8 @@ def frozen_mode(snapshot: Mapping[str, Any]) -> str:
 
 def default_mode(runtimes_caps: Iterable[Mapping[str, Any] | None]) -> str:
     """Choose the mode for a submission that names none: the strongest one some eligible runtime offers
-    (`linux-dac` wherever a runner can provide it); `linux-dac` when none offers any (the run then waits, naming
-    the fix)."""
+    (`linux-dac` wherever a runner can provide it, else `userns`); `linux-dac` when none offers any (admission
+    refuses it when a runtime says why it cannot, see `no_mode_text`; with no runtime at all, the run waits)."""
     offers = {m for caps in runtimes_caps for m in offered(caps)}
     return next((m for m in DEFAULT_ORDER if m in offers), LINUX_DAC)
 
@@ -90,3 +95,16 @@ def uid_exhausted_text(base: int, count: int) -> str:
     """The waiting reason of a linux-dac run whose owner has no uid left in the range."""
     return (f"waiting for a linux-dac uid: the range {base}-{base + count - 1} (execution.uid_base, "
             f"execution.uid_count) is exhausted; the operator widens it")
+
+
+def no_mode_text(engine: str, capabilities: Iterable[Mapping[str, Any] | None]) -> str:
+    """Say why no runtime that runs `engine` can contain a child, from what the runtimes reported, with the fix."""
+    reasons: list[str] = []
+    for caps in capabilities:
+        why = (caps or {}).get("isolation_unavailable") or {}
+        for mode in MODES:
+            text = f"{mode}: {why.get(mode) or 'not offered'}"
+            if text not in reasons:
+                reasons.append(text)
+    return (f"no runtime that runs engine {engine} can run its child in any execution mode ({'; '.join(reasons)}); "
+            "fix the runner as named, or run it as root for linux-dac")

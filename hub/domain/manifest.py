@@ -30,6 +30,16 @@ class ProfilePolicy(BaseModel):
     permission_policies: list[PolicyName] = Field(default_factory=lambda: list(POLICIES))
 
 
+class ProfileLimits(BaseModel):
+    """A profile's resource limits (hub.domain.limits): each may only lower the runner's."""
+
+    model_config = {"extra": "forbid"}
+
+    memory_max: str | int | None = None
+    pids_max: int | None = Field(default=None, ge=1, le=4_194_304)
+    cpu_max: float | None = Field(default=None, ge=0.01, le=4096)
+
+
 class ManifestV2(BaseModel):
     """A v2 profile manifest."""
 
@@ -42,10 +52,14 @@ class ManifestV2(BaseModel):
     expert: Expert = Field(default_factory=Expert)
     policy: ProfilePolicy = Field(default_factory=ProfilePolicy)
     credential_profile: str | None = None
+    # Resource limits the profile's runs get, below the runner's (e.g. {"memory_max": "2GiB", "pids_max": 256});
+    # a task request may lower them further, nobody may raise them past the runner's.
+    limits: ProfileLimits | None = None
 
     def digest(self) -> str:
-        """Return the content digest frozen into snapshots."""
-        body = json.dumps(self.model_dump(), sort_keys=True).encode()
+        """Return the content digest frozen into snapshots (a manifest without limits digests as it did before)."""
+        body = json.dumps(self.model_dump(exclude={"limits"} if self.limits is None else None),
+                          sort_keys=True).encode()
         return "sha256:" + hashlib.sha256(body).hexdigest()[:32]
 
 

@@ -29,8 +29,10 @@ class Job:
     # Where a correction for the running turn goes (instance_steer): set by the engine while its protocol can take
     # input mid-turn, None before and after (and always, for an engine that cannot). See `Engine.steering_refusal`.
     steer_into: SteerInto | None = None
-    # The linux-dac boundary the child runs inside (hub.runner.boundary.Boundary); None: the runner's own uid.
+    # The sandbox the child runs inside (hub.runner.boundary.Boundary: linux-dac, userns); None: the runner's own uid.
     boundary: Any = None
+    # The run's resource limits (hub.runner.confine.Confinement), entered by the child before it execs; None: none.
+    confine: Any = None
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ class ClaudeEngine(CliEngine):
 
     async def _launch(self, argv: list[str], job: Job, emit: Emit) -> EngineResult:
         return await run_child(argv, cwd=job.workspace, env=job.env, stdin=True, name=self.name,
-                               boundary=job.boundary,
+                               boundary=job.boundary, confine=job.confine,
                                consume=lambda child: _ClaudeStream(job, emit, child).consume())
 
 

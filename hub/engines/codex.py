@@ -101,7 +101,7 @@ class CodexEngine(CliEngine):
         except ValueError as e:
             return EngineResult("failed", error=str(e))
         return await run_child(argv, cwd=job.workspace, env=job.env, stdin=True, name=self.name,
-                               boundary=job.boundary,
+                               boundary=job.boundary, confine=job.confine,
                                consume=lambda child: _CodexStream(job, emit, child).consume())
 
     async def _run_app_server(self, job: Job, emit: Emit) -> EngineResult:
@@ -113,7 +113,7 @@ class CodexEngine(CliEngine):
         if not await has_app_server(self.binary(), job.env):
             return EngineResult("failed", error=NO_APP_SERVER.format(binary=self.binary()))
         return await run_child(argv, cwd=job.workspace, env=job.env, stdin=True, name=self.name,
-                               boundary=job.boundary,
+                               boundary=job.boundary, confine=job.confine,
                                consume=lambda child: AppServerRun(job, emit, child, thread, Retries()).consume())
 
 

@@ -65,7 +65,7 @@ class PiEngine(CliEngine):
         except ValueError as e:
             return EngineResult("failed", error=str(e))
         return await run_child(argv, cwd=job.workspace, env=job.env, stdin=True, name=self.name,
-                               boundary=job.boundary,
+                               boundary=job.boundary, confine=job.confine,
                                consume=lambda child: _PiStream(job, emit, child).consume())
 
 

@@ -29,6 +29,18 @@ def die_with_runner() -> None:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def before_exec(confine: Any = None) -> Callable[[], None]:
+    """What the forked child does before it execs anything: die with the runner, and enter the run's limits
+    (`hub.runner.confine.Confinement`: its cgroups, or rlimits), so that it never runs unlimited."""
+    if confine is None:
+        return die_with_runner
+
+    def prepare() -> None:
+        die_with_runner()
+        confine.enter()
+    return prepare
+
+
 class ChildProcess:
     """One launched CLI: JSON lines out, optional JSON lines in, stderr kept as a short tail."""
 
@@ -41,12 +53,12 @@ class ChildProcess:
 
     @classmethod
     async def start(cls, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], stdin: bool,
-                    name: str, boundary: Any = None) -> "ChildProcess":
+                    name: str, boundary: Any = None, confine: Any = None) -> "ChildProcess":
         """Launch `argv` in a new session (its own process group) with `env` over the allowlisted environment,
-        inside `boundary` when the run has one (linux-dac)."""
+        inside `boundary` when the run has one (linux-dac, userns), within `confine`'s limits when it has them."""
         argv, full_env = wrap(boundary, argv, child_env(env))
         proc = await asyncio.create_subprocess_exec(
-            *argv, cwd=cwd, env=full_env, start_new_session=True, limit=LINE_LIMIT, preexec_fn=die_with_runner,
+            *argv, cwd=cwd, env=full_env, start_new_session=True, limit=LINE_LIMIT, preexec_fn=before_exec(confine),
             stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
@@ -141,7 +153,7 @@ class ChildProcess:
 
 async def run_child(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], stdin: bool, name: str,
                     consume: Callable[[ChildProcess], Awaitable[EngineResult | None]],
-                    boundary: Any = None) -> EngineResult:
+                    boundary: Any = None, confine: Any = None) -> EngineResult:
     """Launch a CLI, let `consume` read its stream, and always leave its process group dead.
 
     `consume` returns the EngineResult the stream produced, or None when the stream ended without
@@ -149,7 +161,8 @@ async def run_child(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], s
     Cancellation kills the process group before it propagates.
     """
     try:
-        child = await ChildProcess.start(argv, cwd=cwd, env=env, stdin=stdin, name=name, boundary=boundary)
+        child = await ChildProcess.start(argv, cwd=cwd, env=env, stdin=stdin, name=name, boundary=boundary,
+                                         confine=confine)
     except OSError as e:
         return EngineResult("failed", error=f"could not launch {name} ({argv[0]}): {e}")
     try:

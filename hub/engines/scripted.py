@@ -14,7 +14,7 @@ from ..errors import AmuxError
 from ..runner.boundary import wrap
 from .base import EngineResult, Emit, Job
 from .environment import child_env
-from .process import die_with_runner
+from .process import before_exec
 
 
 async def _interpret(prompt: str, workspace: Path, emit: Emit, job: Job | None = None) -> EngineResult:
@@ -141,7 +141,7 @@ async def run_subprocess(job: Job, emit: Emit) -> EngineResult:
                      child_env(job.env))
     proc = await asyncio.create_subprocess_exec(
         *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        cwd=job.workspace, env=env, start_new_session=True, preexec_fn=die_with_runner,
+        cwd=job.workspace, env=env, start_new_session=True, preexec_fn=before_exec(job.confine),
     )
     try:
         assert proc.stdin and proc.stdout

@@ -28,7 +28,9 @@ from ..domain.policy import normalize_native_args
 from ..engines.base import Engine, EngineResult, Job, PermissionReply
 from ..engines.environment import base_env
 from ..errors import AmuxError
+from ..domain.limits import Limits, default_limits
 from . import boundary as dac
+from . import confine
 from . import protocol as p
 from .egress import Egress
 
@@ -241,7 +243,8 @@ class Runner:
                  engines: dict[str, Engine], home_root: Path | None = None, authoring: bool = False,
                  dedicated: bool = False, isolation: list[str] | None = None, child_network: str = "isolated",
                  egress_allow: tuple[str, ...] = (), in_hub_process: bool = False, hide: tuple[Path, ...] = (),
-                 share_engine_login: bool = False, stall_notice_s: float = 300.0, clock: Clock | None = None) -> None:
+                 share_engine_login: bool = False, stall_notice_s: float = 300.0, clock: Clock | None = None,
+                 limits: Limits | None = None, cgroup_parent: Path | None = None) -> None:
         self.hub_url = hub_url.rstrip("/")
         # A run whose engine has said nothing for this long gets a status event (and a timeout names the stall).
         self.stall_notice_s = float(stall_notice_s)
@@ -257,6 +260,11 @@ class Runner:
         self.in_hub_process = in_hub_process
         self.share_engine_login = share_engine_login
         self._modes: tuple[list[str], dict[str, str]] | None = None
+        self._unusable: dict[str, dict[str, str]] = {}  # engine -> mode -> why its CLI cannot run in that sandbox
+        # Each child's ceilings (README "Resource limits"); a profile or request may only lower them.
+        self.limits = (limits or Limits()).otherwise(default_limits())
+        self.cgroup_parent = cgroup_parent  # a group delegated to this (non-root) runner's user
+        self._how: dict[str, str] | None = None  # how each limit is enforced here (probed once)
         # The operator's opt-in (`amux runner --authoring`): profiles with local expert authoring may run here.
         self.authoring = authoring
         self.token = token
@@ -288,7 +296,7 @@ class Runner:
                 if mode not in self.wanted:
                     unavailable[mode] = f"the operator did not offer {mode} on this runner (--isolation)"
                     continue
-                why = (dac.unavailable() if mode == modes.LINUX_DAC
+                why = (dac.unavailable(mode) if mode in modes.CONTAINED
                        else None if self.dedicated else modes.NOT_DEDICATED)
                 if why is None:
                     offered.append(mode)
@@ -297,15 +305,44 @@ class Runner:
             self._modes = (offered, unavailable)
             log.info("runner %s offers isolation %s%s", self.name, ", ".join(offered) or "none",
                      "".join(f"; not {m}: {why}" for m, why in unavailable.items()))
+            if not offered:  # said once, at start: every task that needs a mode is refused at admission
+                log.warning("runner %s can run no task child: %s", self.name,
+                            "; ".join(f"{m}: {why}" for m, why in unavailable.items()))
+            self._unusable = self._probe_engines(offered)
             if modes.PROCESS in offered:
                 log.warning("runner %s is declared dedicated: process-mode children run as this runner's own uid "
                             "(%d) and can read whatever it can", self.name, os.geteuid())
         return self._modes
 
+    def _probe_engines(self, offered: list[str]) -> dict[str, dict[str, str]]:
+        """Check, once at start, that each CLI engine can be launched inside each sandbox mode offered; say what
+        cannot (its path and the fix), so that such a run fails naming it instead of a raw "Permission denied"."""
+        out: dict[str, dict[str, str]] = {}
+        path_env = os.environ.get("PATH", os.defpath)
+        for name, engine in sorted(self.engines.items()):
+            binary = getattr(engine, "binary", None)
+            if not callable(binary):
+                continue  # the scripted engine runs the runner's own interpreter
+            for mode in (m for m in offered if m in modes.CONTAINED):
+                why = dac.cannot_launch(name, binary(), path_env, mode, self.hide)
+                if why is not None:
+                    log.error("runner %s: %s", self.name, why)
+                    out.setdefault(name, {})[mode] = why
+        return out
+
+    def enforcement(self) -> dict[str, str]:
+        """Say how this runner enforces each limit (a cgroup per run, or rlimits), probed once and logged."""
+        if self._how is None:
+            self._how = confine.mechanism(self.limits, self.cgroup_parent)
+            log.info("runner %s limits each child to %s (%s)", self.name, self.limits.text(),
+                     ", ".join(f"{k}: {v}" for k, v in self._how.items()))
+        return self._how
+
     def capabilities(self) -> dict[str, Any]:
         """Describe what this runner can do."""
         self.workspace_root.mkdir(parents=True, exist_ok=True)
         offered, unavailable = self.modes()
+        limits = {**(self.limits.snapshot() or {}), "mechanism": self.enforcement()}
         return {
             "platform": platform.system().lower(),
             "arch": platform.machine(),
@@ -314,6 +351,8 @@ class Runner:
             "workspace_writable": os.access(self.workspace_root, os.W_OK),
             "isolation": offered,
             "isolation_unavailable": unavailable,
+            "engines_unusable": self._unusable,  # {engine: {mode: why}}: found at start, named to each run
+            "limits": limits,  # each child's ceilings and how they are enforced
             "uid": os.geteuid(),
             "host": socket.gethostname(),
             "in_hub_process": self.in_hub_process,
@@ -510,23 +549,42 @@ class Runner:
                     "resubmit the task for a runtime that offers it")
         if mode == modes.LINUX_DAC and d.uid is None:
             return "the hub sent a linux-dac run without its owner's uid; upgrade the hub to the runner's version"
+        if mode in modes.CONTAINED and not d.principal:
+            return f"the hub sent a {mode} run without its owner; upgrade the hub to the runner's version"
         return None
 
-    async def _boundary(self, d: p.Dispatch, workspace: Path, home: Path) -> tuple[dac.Boundary, Egress | None]:
-        """Build the run's linux-dac boundary and, on an isolated network, start its bridges."""
-        assert d.uid is not None
+    def _sandbox_home(self, d: p.Dispatch, mode: str) -> Path:
+        """The principal's own persistent home of a sandboxed run: by uid (linux-dac), else by principal id."""
+        if mode == modes.LINUX_DAC:
+            return self.home_root / f"uid-{d.uid}"
+        return self.home_root / ("principal-" + "".join(c if c.isalnum() or c in "_-" else "_"
+                                                        for c in str(d.principal)))
+
+    async def _boundary(self, d: p.Dispatch, uid: int | None, workspace: Path,
+                        home: Path) -> tuple[dac.Boundary, Egress | None]:
+        """Build the run's sandbox boundary (linux-dac: `uid`; userns: None) and, on an isolated network, start
+        its bridges."""
         reveal = tuple(dac.runner_roots())
         if self.child_network != "isolated":
-            return dac.Boundary(d.uid, workspace, home, reveal, self.hide, network="host"), None
+            return dac.Boundary(uid, workspace, home, reveal, self.hide, network="host"), None
         url = URL(d.env.get("AMUX_HUB_URL") or self.hub_url)
         hub = (url.host, url.port) if url.scheme == "http" and url.host is not None and url.port is not None else None
         plain = hub is not None
         allow = self.egress_allow + (() if plain else (f"{url.host}:{url.port}",))
         egress = Egress(Path(tempfile.mkdtemp(prefix="amux-b-")), hub, allow)
         await egress.start()
-        extra = {"AMUX_HUB_URL": str(url.with_host("127.0.0.1"))} if plain else {}
-        return dac.Boundary(d.uid, workspace, home, reveal, self.hide, network="isolated", bridge=egress.folder,
-                            hub_port=url.port if plain else None, extra_env=extra), egress
+        port = dac.inside_port(url.port, uid) if url.port is not None else None
+        extra = {"AMUX_HUB_URL": str(url.with_host("127.0.0.1").with_port(port))} if plain else {}
+        return dac.Boundary(uid, workspace, home, reveal, self.hide, network="isolated", bridge=egress.folder,
+                            hub_port=port if plain else None, extra_env=extra), egress
+
+    async def _confine(self, d: p.Dispatch, record: Callable[[str, dict], None]) -> confine.Watch:
+        """Make the run's limits (the lower of the snapshot's and this runner's, as the task view shows them:
+        `hub.domain.limits.applied_limits`) before its child starts."""
+        applied = self.limits.lowest(Limits.parse(d.snapshot.get("limits"), "the snapshot's limits"))
+        c = await asyncio.to_thread(confine.start, f"{d.task_id}.{d.attempt}", applied, self.enforcement(),
+                                    float(d.snapshot.get("timeout_s") or 3600), self.cgroup_parent)
+        return confine.Watch(c, record)
 
     async def _send(self, h: _Held, msg: dict) -> None:
         """Queue a message for the hub; everything queued in one loop turn goes out as one batch."""
@@ -573,11 +631,12 @@ class Runner:
         refusal = self._refusal(d, mode)
         boundary: dac.Boundary | None = None
         egress: Egress | None = None
-        if mode == modes.LINUX_DAC and refusal is None and d.uid is not None:
-            home, own_home = self.home_root / f"uid-{d.uid}", False  # the principal's own, kept between runs
-            await asyncio.to_thread(dac.prepare, workspace, d.uid)
-            await asyncio.to_thread(dac.prepare, home, d.uid)
-            boundary, egress = await self._boundary(d, workspace, home)
+        if mode in modes.CONTAINED and refusal is None:
+            uid = d.uid if mode == modes.LINUX_DAC else None
+            home, own_home = self._sandbox_home(d, mode), False  # the principal's own, kept between runs
+            await asyncio.to_thread(dac.prepare, workspace, uid)
+            await asyncio.to_thread(dac.prepare, home, uid)
+            boundary, egress = await self._boundary(d, uid, workspace, home)
         else:
             workspace.mkdir(parents=True, exist_ok=True)
             home, own_home = run_home(self.home_root, d)
@@ -618,26 +677,39 @@ class Runner:
 
         outcome, result = "failed", EngineResult("failed")
         question: p.Question | None = None
+        limited: confine.Watch | None = None  # the run's limits as applied (a run with a child)
         try:
             if refusal is not None:
                 result = EngineResult("failed", error=refusal)
             elif engine is None:
                 result = EngineResult("failed", error=f"engine {d.snapshot.get('engine')!r} is not installed on "
                                                       f"runner {self.name}")
+            elif mode is not None and (unusable := self._unusable.get(d.snapshot.get("engine", ""), {}).get(mode)):
+                result = EngineResult("failed", error=f"runner {self.name}: {unusable}")
             else:
                 refusal_of = getattr(engine, "steering_refusal", None)
                 h.steer_refusal = refusal_of(d.snapshot) if callable(refusal_of) else None
                 share = self.share_engine_login and boundary is None
+                if mode is not None:
+                    limited = await self._confine(d, record)
                 job = Job(d.task_id, d.attempt, launch_prompt(d), d.snapshot, workspace,
                           env=launch_env(d, home, engine, share_login=share),
-                          permission_replies=h.replies, boundary=boundary)
+                          permission_replies=h.replies, boundary=boundary,
+                          confine=limited.c if limited is not None else None)
                 h.job = job
-                watch = asyncio.create_task(silence.watch(record))
+                watches = [asyncio.create_task(silence.watch(record))]
+                if limited is not None:
+                    watches.append(asyncio.create_task(limited.run()))
                 try:
                     result = await asyncio.wait_for(engine.run(job, emit),
                                                     timeout=float(d.snapshot.get("timeout_s") or 3600))
                 finally:
-                    watch.cancel()
+                    for watch in watches:
+                        watch.cancel()
+                    if limited is not None:
+                        limited.check()
+                if limited is not None and (killed := limited.error()) is not None:
+                    result = EngineResult("failed", error=killed)
             outcome = result.outcome
             if asked is not None and d.direct_session:  # its attached person answers, as the next Turn
                 outcome, result.error, question = "waiting_for_user", None, asked_question(asked)
@@ -652,6 +724,8 @@ class Runner:
             if not h.cancel_intent:
                 if egress is not None:  # dropped: its bridge sockets go with it
                     await egress.close()
+                if limited is not None:
+                    await asyncio.to_thread(confine.end, limited.c)
                 raise
             outcome, result = "cancelled", EngineResult("cancelled", error="cancelled on request")
         except Exception as e:  # an adapter crash fails the task, never the runner
@@ -659,6 +733,8 @@ class Runner:
             outcome, result = "failed", EngineResult("failed", error=f"engine crashed: {type(e).__name__}: {e}")
         if egress is not None:
             await egress.close()
+        if limited is not None:  # whatever the run left in its groups dies with them
+            await asyncio.to_thread(confine.end, limited.c)
         if own_home:
             await remove_tree(home)
         await self._flush(h)

@@ -1,15 +1,19 @@
-"""The linux-dac boundary of a task child: its own uid, its own mount, PID (and network) namespaces (README
-"Execution modes").
+"""The sandboxed boundaries of a task child (README "Execution modes"): linux-dac (a root runner) and userns (a
+runner that is not root).
 
-The runner (root) starts bubblewrap, which builds a root of nothing but: the system read-only (`/usr`, `/etc` with
-its secrets masked, ...), the engine CLI's install roots and the runner's interpreter read-only, the run's workspace
-and the principal's private home read-write, private `/proc`, `/dev` and `/tmp`. Inside, `setpriv` drops to the
-principal's uid with no capabilities and no_new_privs before the engine starts. With `network = "isolated"` the child
-has its own network namespace: the in-namespace init (`hub.runner.childinit`) forwards the hub's port and an egress
-proxy port on its loopback to sockets the runner serves; nothing else of the runner's loopback is there.
+Both start bubblewrap, which builds a root of nothing but: the system read-only (`/usr`, `/etc` with its secrets
+masked, ...), the engine CLI's install roots and the runner's interpreter read-only, the run's workspace and the
+principal's private home read-write, private `/proc`, `/dev` and `/tmp`, in new mount, PID, IPC and UTS namespaces.
+linux-dac: inside, `setpriv` drops to the principal's uid with no capabilities and no_new_privs before the engine
+starts. userns: bubblewrap also makes a new user namespace, so it needs no root; the child keeps the runner's uid
+outside (no capabilities, no_new_privs, no nested user namespaces), and principals are kept apart by the mount
+and PID namespaces alone. With `network = "isolated"` the child has its own network namespace: the in-namespace
+init (`hub.runner.childinit`) forwards the hub's port and an egress proxy port on its loopback to sockets the
+runner serves; nothing else of the runner's loopback is there.
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -19,7 +23,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from ..boxes import bwrap as bw
-from ..domain.isolation import NO_BWRAP, NOT_ROOT
+from ..domain.isolation import LINUX_DAC, NO_BWRAP, NOT_ROOT, ROOT_HAS_DAC, USERNS
 
 BRIDGE_DIR = "/run/amux"      # where the runner's bridge sockets appear inside (isolated network)
 PROXY_PORT = 3128             # the egress proxy's port on the child's loopback
@@ -27,13 +31,14 @@ TMP_BYTES = 1 << 30           # the child's private /tmp (memory-backed)
 DEV_BYTES = 16 << 20          # the child's private /dev
 # Run folders stay 0700 and owned by the child's uid; the folders above them are the runner's (root, 0700).
 PRIVATE = 0o700
+SYSCTL = Path("/proc/sys")   # read to name why user namespaces are unavailable (tests point it elsewhere)
 
 
 @dataclass(frozen=True)
 class Boundary:
-    """What one linux-dac child may see and be."""
+    """What one sandboxed child may see and be."""
 
-    uid: int
+    uid: int | None                    # linux-dac: the principal's uid; None: userns (the runner's uid outside)
     workspace: Path
     home: Path
     reveal: tuple[Path, ...] = ()      # read-only, at their own paths: engine installs, the runner's interpreter
@@ -44,28 +49,77 @@ class Boundary:
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
-def unavailable() -> str | None:
-    """Say why this machine cannot provide linux-dac, or None when it can (a real sandbox is started once)."""
+def inside_port(port: int, uid: int | None) -> int:
+    """The port the hub's forward listens on in the child's loopback: the hub's own, except that a userns child's
+    init has no capability to bind a port below 1024 (a hub on :80 is reached on :20080 there)."""
+    return port + 20000 if uid is None and port < 1024 else port
+
+
+def unavailable(mode: str = LINUX_DAC) -> str | None:
+    """Say why this machine cannot provide `mode` (linux-dac or userns), or None when it can (a real sandbox is
+    started once)."""
     if sys.platform != "linux":
-        return "linux-dac needs Linux namespaces; this runner is not on Linux"
-    if os.geteuid() != 0:
+        return f"{mode} needs Linux namespaces; this runner is not on Linux"
+    root = os.geteuid() == 0
+    if mode == LINUX_DAC and not root:
         return NOT_ROOT
+    if mode == USERNS and root:
+        return ROOT_HAS_DAC
     bwrap = shutil.which("bwrap")
     if not bwrap:
         return NO_BWRAP
-    if not shutil.which("setpriv"):
+    if mode == LINUX_DAC and not shutil.which("setpriv"):
         return "`setpriv` is missing on the runner (`apt-get install util-linux`)"
-    argv = [bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--die-with-parent",
-            *bw.system_binds([]), "--proc", "/proc", "--dev", "/dev", "--",
-            "setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "--no-new-privs", "--", "true"]
+    spaces = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--die-with-parent"]
+    if mode == USERNS:
+        spaces = ["--unshare-user", *spaces]
+    argv = [bwrap, *spaces, *bw.system_binds([]), "--proc", "/proc", "--dev", "/dev", "--"]
+    argv += (["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "--no-new-privs", "--", "true"]
+             if mode == LINUX_DAC else ["true"])
     try:
         probe = subprocess.run(argv, capture_output=True, timeout=20, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"bubblewrap could not start a sandbox on the runner ({e})"
     if probe.returncode != 0:
-        detail = probe.stderr.decode(errors="replace").strip()[-300:]
-        return f"bubblewrap could not start a sandbox on the runner ({detail or probe.returncode})"
+        detail = probe.stderr.decode(errors="replace").strip()[-300:] or f"exit status {probe.returncode}"
+        if mode == USERNS:
+            return f"bubblewrap could not make a user namespace on the runner ({detail}); {userns_fix()}"
+        return f"bubblewrap could not start a sandbox on the runner ({detail})"
     return None
+
+
+def _sysctl(name: str) -> str | None:
+    try:
+        return (SYSCTL / name.replace(".", "/")).read_text().strip()
+    except OSError:
+        return None
+
+
+def userns_fix() -> str:
+    """Name what keeps an ordinary user from making user namespaces here, and the fix."""
+    if _sysctl("kernel.unprivileged_userns_clone") == "0":
+        return ("the kernel forbids user namespaces to ordinary users: `sysctl -w kernel.unprivileged_userns_clone=1` "
+                "(and the same line in /etc/sysctl.d/ to keep it)")
+    if _sysctl("user.max_user_namespaces") == "0":
+        return ("the kernel allows no user namespaces: `sysctl -w user.max_user_namespaces=15000` (and the same line "
+                "in /etc/sysctl.d/ to keep it)")
+    if _sysctl("kernel.apparmor_restrict_unprivileged_userns") == "1":
+        return ("AppArmor forbids unprivileged user namespaces: allow bubblewrap with an AppArmor profile (Ubuntu "
+                "ships /etc/apparmor.d/bwrap-userns-restrict) or `sysctl -w "
+                "kernel.apparmor_restrict_unprivileged_userns=0`")
+    return ("user namespaces are unavailable to this user: check `sysctl kernel.unprivileged_userns_clone "
+            "user.max_user_namespaces` (both must allow them) and any AppArmor or seccomp rule; or run the runner "
+            "as root for linux-dac")
+
+
+@functools.lru_cache(maxsize=8)
+def bwrap_takes(bwrap: str, flag: str) -> bool:
+    """Say whether this bubblewrap knows `flag` (`--disable-userns` came in 0.8)."""
+    try:
+        out = subprocess.run([bwrap, "--help"], capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return flag.encode() in out.stdout + out.stderr
 
 
 def _venv_of(path: Path) -> Path | None:
@@ -152,6 +206,71 @@ def install_roots(executable: str | os.PathLike[str], path_env: str, home: Path 
     return {r for r in roots if not _visible(r)}
 
 
+def launch_chain(executable: str | os.PathLike[str], path_env: str) -> list[Path]:
+    """Return the real file a CLI runs from and, after it, each `#!` interpreter it needs, in order."""
+    out: list[Path] = []
+    todo: Path | None = Path(executable)
+    while todo is not None and len(out) < 8:
+        real = todo.resolve()
+        if real in out:
+            break
+        out.append(real)
+        todo = _interpreter(real, path_env)
+    return out
+
+
+def cannot_launch(engine: str, executable: str, path_env: str, mode: str,
+                  hide: tuple[Path, ...] = ()) -> str | None:
+    """Say why a child in `mode` (linux-dac or userns) could not run `executable`, with its path and the fix, or
+    None when it can. Probed once inside a sandbox built as a run's is: each file of its launch chain must be
+    executable there, and a script readable too."""
+    import tempfile
+
+    bwrap = shutil.which("bwrap")
+    found = executable if os.sep in executable else shutil.which(executable, path=path_env)
+    if not bwrap or not found:
+        return None  # said elsewhere (no bubblewrap; the engine is not available)
+    chain = launch_chain(found, path_env)
+    checks = [("rx:" if _is_script(f) else "x:") + str(f) for f in chain]
+    uid = 65534 if mode == LINUX_DAC else None
+    script = ('for c; do f=${c#*:}; [ -x "$f" ] || { echo "run:$f"; exit 1; }; '
+              'case $c in rx:*) [ -r "$f" ] || { echo "read:$f"; exit 1; };; esac; done')
+    with tempfile.TemporaryDirectory(prefix="amux-probe-") as tmp:
+        work, home = Path(tmp, "w"), Path(tmp, "h")
+        for folder in (work, home):
+            prepare(folder, uid)
+        b = Boundary(uid, work, home, tuple(install_roots(found, path_env)) + tuple(runner_roots()), hide,
+                     network="host")
+        disable = uid is None and bwrap_takes(bwrap, "--disable-userns")
+        command = argv(bwrap, b, ["/bin/sh", "-c", script, "sh", *checks], disable_userns=disable)
+        try:
+            probe = subprocess.run(command, capture_output=True, timeout=20, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"{engine} could not be checked inside a {mode} sandbox ({e})"
+    if probe.returncode == 0:
+        return None
+    what, _, path = probe.stdout.decode(errors="replace").strip().partition(":")
+    if not path:
+        return (f"{engine} ({chain[0]}) could not be checked inside a {mode} sandbox "
+                f"({probe.stderr.decode(errors='replace').strip()[-200:]})")
+    verb = "read" if what == "read" else "executed"
+    if mode == LINUX_DAC:
+        return (f"{engine}: {path} cannot be {verb} by a linux-dac child, which runs under a uid of its own; install "
+                f"the CLI where every user can read and run it (under /usr/local, or `chmod -R o+rX` its install "
+                f"folder and `chmod o+x` the folders above it)")
+    return (f"{engine}: {path} cannot be {verb} inside the userns sandbox, which binds only the system, the CLI's "
+            f"install folder and the runner's interpreter; install the CLI and its interpreter under /usr/local or "
+            f"a prefix of their own, outside the runner's workspaces and the hub's home")
+
+
+def _is_script(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"#!"
+    except OSError:
+        return True  # unreadable here: the probe inside says so
+
+
 def runner_roots() -> set[Path]:
     """The runner's own interpreter and packages (the `amux` memory CLI and the scripted engine run on them)."""
     import bot
@@ -191,12 +310,17 @@ def dev_argv() -> list[str]:
     return out
 
 
-def argv(bwrap: str, b: Boundary, command: Sequence[str]) -> list[str]:
-    """Return the bubblewrap command line that runs `command` inside `b` as its uid (pure)."""
+def argv(bwrap: str, b: Boundary, command: Sequence[str], *, disable_userns: bool = False) -> list[str]:
+    """Return the bubblewrap command line that runs `command` inside `b` as its uid (pure). A userns boundary
+    (`uid` None) adds a user namespace with every capability dropped and, where bubblewrap can
+    (`disable_userns`), no nested user namespaces."""
     binds = sorted(set(b.reveal), key=lambda p: (len(p.parts), str(p)))
     rw = [b.workspace, b.home]
-    out = [bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
-           "--new-session"]
+    out = [bwrap]
+    if b.uid is None:
+        out += ["--unshare-user", *(["--disable-userns"] if disable_userns else []), "--cap-drop", "ALL"]
+    out += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
+            "--new-session"]
     if b.network == "isolated":
         out.append("--unshare-net")
     out += bw.system_binds(list(b.hide))
@@ -215,13 +339,15 @@ def argv(bwrap: str, b: Boundary, command: Sequence[str]) -> list[str]:
     if b.bridge is not None:
         out += ["--ro-bind", str(b.bridge), BRIDGE_DIR]
     out += ["--remount-ro", "/", "--chdir", str(b.workspace), "--"]
-    drop = ["setpriv", "--reuid", str(b.uid), "--regid", str(b.uid), "--clear-groups", "--bounding-set=-all",
-            "--inh-caps=-all", "--no-new-privs", "--"]
+    drop = [] if b.uid is None else [
+        "setpriv", "--reuid", str(b.uid), "--regid", str(b.uid), "--clear-groups", "--bounding-set=-all",
+        "--inh-caps=-all", "--no-new-privs", "--"]
     if b.network == "isolated" and b.bridge is not None:
         forward = ["--forward", f"{PROXY_PORT}={BRIDGE_DIR}/proxy.sock"]
         if b.hub_port is not None:
             forward += ["--forward", f"{b.hub_port}={BRIDGE_DIR}/hub.sock"]
-        return [*out, sys.executable, "-m", "hub.runner.childinit", *forward, "--", *drop, *command]
+        return [*out, sys.executable, "-I", str(Path(__file__).with_name("childinit.py")), *forward, "--", *drop,
+                *command]
     return [*out, *drop, *command]
 
 
@@ -236,12 +362,12 @@ def child_env(b: Boundary, env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def prepare(folder: Path, uid: int) -> None:
-    """Make `folder` (and its parents, the runner's) and give it to `uid`, 0700."""
+def prepare(folder: Path, uid: int | None) -> None:
+    """Make `folder` (and its parents, the runner's) and give it to `uid` (None: the runner's own), 0700."""
     folder.parent.mkdir(mode=PRIVATE, parents=True, exist_ok=True)
     folder.mkdir(mode=PRIVATE, exist_ok=True)
     st = folder.stat()
-    if st.st_uid != uid or st.st_gid != uid:
+    if uid is not None and (st.st_uid != uid or st.st_gid != uid):
         os.chown(folder, uid, uid)
     os.chmod(folder, PRIVATE)
 
@@ -261,4 +387,5 @@ def wrap(b: Boundary | None, command: Sequence[str], env: Mapping[str, str],
         raise FileNotFoundError(f"{exe} is not on the runner's PATH")
     real = Path(found).resolve()
     reveal = (*b.reveal, *install_roots(real, path_env or env.get("PATH", os.defpath)))
-    return argv(bwrap, replace(b, reveal=reveal), [str(real), *command[1:]]), child_env(b, env)
+    disable = b.uid is None and bwrap_takes(bwrap, "--disable-userns")
+    return argv(bwrap, replace(b, reveal=reveal), [str(real), *command[1:]], disable_userns=disable), child_env(b, env)

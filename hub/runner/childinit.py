@@ -1,16 +1,30 @@
-"""The init of an isolated linux-dac child (`python -m hub.runner.childinit --forward PORT=SOCKET ... -- COMMAND`).
+"""The init of an isolated sandboxed child (`python -I …/childinit.py --forward PORT=SOCKET ... -- COMMAND`).
 
 It runs first inside the child's own network namespace, where only loopback exists: it listens on 127.0.0.1:PORT
 for each `--forward` and carries each connection to the runner's socket bound in the sandbox (the hub, the egress
-proxy), then runs COMMAND (which drops to the child's uid) and exits with its code. Nothing else is reachable.
+proxy), then runs COMMAND (which drops to the child's uid in linux-dac) and exits with its code. Nothing else is
+reachable. It imports the standard library alone: it runs by its path, in isolated mode, wherever the runner's
+packages come from (a virtualenv, an editable checkout, PYTHONPATH).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from typing import Awaitable, Callable
 
-from hub.runner.egress import pipe
+
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy `reader` to `writer` until either side ends; close the writer."""
+    try:
+        while chunk := await reader.read(1 << 16):
+            writer.write(chunk)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            writer.close()
 
 
 def _forwarder(socket_path: str) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:

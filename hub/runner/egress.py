@@ -16,21 +16,10 @@ import socket
 from pathlib import Path
 from typing import Iterable
 
+from .childinit import pipe
+
 log = logging.getLogger("amux.runner.egress")
 HEAD_LIMIT = 16 * 1024
-
-
-async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Copy `reader` to `writer` until either side ends; close the writer."""
-    try:
-        while chunk := await reader.read(1 << 16):
-            writer.write(chunk)
-            await writer.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        with contextlib.suppress(Exception):
-            writer.close()
 
 
 def public(address: str) -> bool:

@@ -55,6 +55,8 @@ class Dispatch(BaseModel):
     direct_session: bool = False
     # A linux-dac run: the uid its owner's children run under (allocated by the hub, one per principal).
     uid: int | None = None
+    # The run's owner: a sandboxed (linux-dac, userns) run's persistent home is its principal's own.
+    principal: str | None = None
 
 
 class Cancel(BaseModel):

@@ -9,6 +9,7 @@ from ..clock import Clock
 from ..config import HubSettings, ProfileSettings
 from ..domain import isolation, scripted
 from ..domain.choices import check_task_choices
+from ..domain.limits import Limits
 from ..domain.placement import LAUNCH_PLATFORMS, platforms_text
 from ..domain.policy import DEFAULT_POLICY, POLICIES, NativeLaunch, normalize_native_args
 from ..domain.resolution import Choices, Preset, Resolved, SessionContext, resolve
@@ -34,6 +35,12 @@ class _Choice:
     resolved: Resolved
     runtime: Row | None
     isolation: str | None = None
+    limits: dict[str, Any] | None = None  # the profile's and the request's, the lower of each (hub.domain.limits)
+
+
+def _plain(value: Any) -> Any:
+    """A request part as plain data (an MCP argument arrives as its model)."""
+    return value.model_dump(exclude_none=True) if hasattr(value, "model_dump") else value
 
 
 async def _outcome(step: Awaitable[T]) -> T | Exception:
@@ -68,7 +75,8 @@ class SubmitRequest:
     reasoning_effort: str | None = None
     permission_policy: str | None = None
     credential_profile: str | None = None
-    isolation: str | None = None  # linux-dac | process; omitted: the strongest mode an eligible runtime offers
+    isolation: str | None = None  # linux-dac | userns | process; omitted: the strongest mode an eligible runtime offers
+    limits: Any = None  # {memory_max, pids_max, cpu_max}: may only lower the profile's and the runner's
 
 
 class Admission:
@@ -138,7 +146,7 @@ class Admission:
             try:
                 args, timeout = self._shape(req, origin)
                 key = (req.profile, req.runtime, req.model, req.reasoning_effort, req.permission_policy, tuple(args),
-                       req.isolation)
+                       req.isolation, repr(_plain(req.limits)))
                 if key not in choices:
                     choices[key] = await _outcome(self._choose(conn, req, args, origin, None))
                 choice = _raise_or(choices[key])
@@ -181,12 +189,17 @@ class Admission:
             await self._require_authoring(conn, profile.name)
         mode = await self._isolation(conn, req.isolation, profile.engine, runtime,
                                      subprocess=profile.engine == "scripted" and "--subprocess" in args)
-        return _Choice(profile, policy, native, resolved, runtime, mode)
+        asked = Limits.parse(_plain(req.limits))
+        if profile.manifest and profile.manifest.limits is not None:
+            asked = asked.lowest(Limits.parse(profile.manifest.limits.model_dump(exclude_none=True),
+                                              f"profile {profile.name!r} limits"))
+        return _Choice(profile, policy, native, resolved, runtime, mode, asked.snapshot())
 
     async def _isolation(self, conn: Connection, asked: str | None, engine: str, runtime: Row | None, *,
                          subprocess: bool) -> str | None:
         """Resolve the execution mode: the one asked for, if some runtime that runs the engine offers it; else the
-        strongest one offered (`linux-dac` wherever a runner can provide it). None for the in-process scripted
+        strongest one offered (`linux-dac` wherever a runner can provide it, else `userns`); refused, naming the
+        fix, when the runtimes that run the engine offer no mode at all. None for the in-process scripted
         engine, which launches no child."""
         if asked is not None and asked not in isolation.MODES:
             raise Invalid(f"isolation {asked!r} is unknown; use one of {', '.join(isolation.MODES)}, or omit it")
@@ -195,6 +208,8 @@ class Admission:
         offers = ({runtime.name: runtime.capabilities} if runtime is not None
                   else await self.runtimes.capabilities_offering(conn, engine))
         if asked is None:
+            if offers and not any(isolation.offered(caps) for caps in offers.values()):
+                raise Invalid(isolation.no_mode_text(engine, offers.values()))  # queued, it would wait for ever
             return isolation.default_mode(offers.values())
         if offers and not any(asked in isolation.offered(caps) for caps in offers.values()):
             others = sorted({f"{name} ({', '.join(isolation.offered(caps)) or 'no mode'})"
@@ -232,7 +247,9 @@ class Admission:
             "credential_profile": None if cred is None else {"name": cred["name"], "env": list(cred["env"])},
             "timeout_s": timeout,
             "platforms": list(LAUNCH_PLATFORMS),  # placement launches it only there, named runtime or not
-            "isolation": c.isolation,  # linux-dac | process (None: the in-process scripted engine, no child)
+            "isolation": c.isolation,  # linux-dac | userns | process (None: the in-process scripted engine, no child)
+            # asked for by the profile and the request; the runner applies the lower of these and its own
+            "limits": None if c.limits is None else dict(c.limits),
             "origin": origin,  # submit | run | schedule | session: which door admitted it (provenance)
             "subprocess": c.profile.engine == "scripted" and "--subprocess" in args,
             "resume_handle": None,

@@ -474,7 +474,8 @@ class RunnerDispatch:
         uids = await self.uids.of(conn, dac)
         return [(r.runtime_id, p.Dispatch(task_id=r.task_id, attempt=r.attempt, prompt=r.prompt, snapshot=r.snapshot,
                                           env=env, direct_session=r.kind == "turn",
-                                          uid=uids.get(r.owner_id) if r.owner_id in dac else None).model_dump())
+                                          uid=uids.get(r.owner_id) if r.owner_id in dac else None,
+                                          principal=r.owner_id).model_dump())
                 for r, env in ready]
 
     @staticmethod

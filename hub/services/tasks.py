@@ -10,6 +10,7 @@ from typing import Any, Awaitable, Callable
 from ..clock import Clock, utc
 from ..config import ExecutionSettings, HubSettings
 from ..domain import isolation
+from ..domain.limits import applied_limits
 from ..domain.pages import MAX_TASKS, page_limit
 from ..domain.tasks import Status, is_terminal
 from ..domain.timeline import page_path
@@ -186,9 +187,9 @@ class TaskService:
 
     async def view_of(self, conn: Connection, row: TaskRunRecord | Row) -> TaskView:
         """Return the public view of a run (a Task, or a Turn's row) the caller may already see."""
-        runtime_name = None
+        runtime_name, caps = None, dict[str, Any]()
         if row.runtime_id:
-            runtime_name = await self.runtimes.name_of(conn, row.runtime_id)
+            runtime_name, caps = await self.runtimes.name_of(conn, row.runtime_id)
         done = is_terminal(row.status)
         return TaskView(
             task_id=row.id,
@@ -201,6 +202,7 @@ class TaskService:
             error=row.error,
             runtime=runtime_name,
             snapshot=row.snapshot,
+            limits=applied_limits(row.snapshot, caps),
             **await self._provenance(conn, row),
             waiting_for=await self._waiting_for(conn, row) if row.status == Status.QUEUED.value else None,
             created_at=_iso(row.created_at),

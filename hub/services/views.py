@@ -60,6 +60,11 @@ class TaskView(View):
     error: str | None
     runtime: str | None
     snapshot: dict[str, Any]
+    limits: dict[str, Any] | None = Field(
+        default=None, description="the resource limits its child runs under on its runtime: the lower of the "
+                                  "snapshot's `limits` (profile, request) and the runtime's; memory_max bytes, "
+                                  "pids_max, cpu_max cores, and how each is enforced (`mechanism`); null before "
+                                  "placement or with no child")
     parent_session_id: str | None = Field(description="the Session whose agent delegated this task")
     parent_turn_id: str | None = Field(description="the Turn of that Session that was active when it did")
     instance_id: str | None = Field(description="the Agent Instance this task is a run of")

@@ -47,9 +47,12 @@ class SqlRegistryStore:
         stmt = sa.select(runtimes).where(runtimes.c.name == name)
         return (await conn.execute(self.db.for_update(stmt) if lock else stmt)).first()
 
-    async def name_of(self, conn: Connection, runtime_id: str) -> str | None:
-        """Return the runtime's name, or None when it is unknown (deregistered)."""
-        return (await conn.execute(sa.select(runtimes.c.name).where(runtimes.c.id == runtime_id))).scalar()
+    async def name_of(self, conn: Connection, runtime_id: str) -> tuple[str | None, dict[str, Any]]:
+        """Return the runtime's name and the capabilities it reported, or (None, {}) when it is unknown
+        (deregistered)."""
+        row = (await conn.execute(sa.select(runtimes.c.name, runtimes.c.capabilities)
+                                  .where(runtimes.c.id == runtime_id))).first()
+        return (None, {}) if row is None else (row.name, dict(row.capabilities or {}))
 
     async def names(self, conn: Connection, limit: int = 20) -> list[str]:
         """Return up to `limit` runtime names, sorted (to list in a refusal)."""

@@ -16,7 +16,8 @@ from typing import Any, AsyncIterator
 import pytest
 import sqlalchemy as sa
 
-from hub.domain.isolation import NO_BWRAP
+from hub.domain.isolation import NO_BWRAP, ROOT_HAS_DAC
+from hub.errors import Invalid
 from hub.services.tasks import SubmitRequest
 from hub.store.tables import runtimes
 from tests.helpers import REPO, eventually, start_hub, started
@@ -40,11 +41,12 @@ async def caps_of(hub, name: str) -> dict | None:
 
 @contextlib.asynccontextmanager
 async def runner_process(hub, tmp: Path, name: str, *flags: str, uid: int | None = None,
-                         path: str | None = None) -> AsyncIterator[dict]:
-    """A real `amux runner` subprocess with the stand-in agent as its `claude`; yields its capabilities."""
+                         path: str | None = None, claude: Path = SHELL_AGENT) -> AsyncIterator[dict]:
+    """A real `amux runner` subprocess with the stand-in agent as its `claude`; yields its capabilities (and its
+    pid, as `runner_pid`)."""
     token = await hub.hub.auth.create_token(f"ops-{name}", admin=True, runner=True)
     ws = tmp / f"{name}-ws"
-    env = {**os.environ, "AMUX_TOKEN": token, "AMUX_CLAUDE_BIN": str(SHELL_AGENT),
+    env = {**os.environ, "AMUX_TOKEN": token, "AMUX_CLAUDE_BIN": str(claude),
            "HOME": str(tmp / f"{name}-home")}
     if path is not None:
         env["PATH"] = path
@@ -69,7 +71,7 @@ async def runner_process(hub, tmp: Path, name: str, *flags: str, uid: int | None
     proc = await asyncio.create_subprocess_exec(*argv, cwd=REPO, env=env, stdout=log, stderr=log, preexec_fn=preexec)
     try:
         caps = await started(lambda: caps_of(hub.hub, name), f"runner {name}", proc=proc)
-        yield caps
+        yield {**caps, "runner_pid": proc.pid}
     finally:
         proc.terminate()
         await proc.wait()
@@ -187,7 +189,7 @@ async def test_a_linux_dac_child_leaves_no_process_behind_after_its_task_ends(da
         await eventually(gone, timeout=10)
 
 
-async def test_without_bubblewrap_linux_dac_is_not_offered_and_a_task_waits_naming_apt_get_install_bubblewrap(
+async def test_without_bubblewrap_no_mode_is_offered_and_a_task_is_refused_at_admission_naming_the_fix(
         dac_hub, tmp_path):
     hub = dac_hub
     bindir = tmp_path / "bin-without-bwrap"
@@ -197,13 +199,12 @@ async def test_without_bubblewrap_linux_dac_is_not_offered_and_a_task_waits_nami
     async with runner_process(hub, tmp_path, "nobwrap", path=f"{Path(sys.executable).parent}:{bindir}") as caps:
         assert caps["isolation"] == []
         assert caps["isolation_unavailable"]["linux-dac"] == NO_BWRAP
-        token = await hub.token("carol")
-        caller = await hub.hub.auth.authenticate(token)
-        sub = await hub.hub.tasks.submit(caller, SubmitRequest(prompt="id", profile="claude"))
-        view = await hub.hub.tasks.get(caller, sub["task_id"])
-        assert view["status"] == "queued" and view["snapshot"]["isolation"] == "linux-dac"
-        assert "apt-get install bubblewrap" in view["waiting_for"], view["waiting_for"]
-        await hub.hub.tasks.cancel(caller, sub["task_id"])
+        assert caps["isolation_unavailable"]["userns"] == ROOT_HAS_DAC  # a root runner's contained mode is linux-dac
+        caller = await hub.hub.auth.authenticate(await hub.token("carol"))
+        with pytest.raises(Invalid) as refused:  # queued, it would wait for ever
+            await hub.hub.tasks.submit(caller, SubmitRequest(prompt="id", profile="claude"))
+        assert "apt-get install bubblewrap" in str(refused.value), refused.value
+        assert not await hub.hub.tasks.list(caller), "a refused submission stores no task"
 
 
 async def test_process_mode_is_refused_on_a_runner_that_shares_the_hubs_uid_and_admission_names_the_runtimes(
@@ -218,20 +219,20 @@ async def test_process_mode_is_refused_on_a_runner_that_shares_the_hubs_uid_and_
         assert "offers isolation process" in str(refused.value) and "shared (no mode)" in str(refused.value)
         with pytest.raises(Exception) as unknown:
             await hub.hub.tasks.submit(caller, SubmitRequest(prompt="id", profile="claude", isolation="vm"))
-        assert "isolation should be 'linux-dac' or 'process'" in str(unknown.value)  # the modes, named
+        assert "isolation should be 'linux-dac', 'userns' or 'process'" in str(unknown.value)  # the modes, named
 
 
-async def test_an_unprivileged_runner_offers_no_linux_dac_and_its_dedicated_process_children_cannot_read_the_hub(
+async def test_an_unprivileged_runner_offers_userns_not_linux_dac_and_its_process_children_cannot_read_the_hub(
         dac_hub, tmp_path):
     hub = dac_hub
     home = Path(hub.hub.settings.home)
     shared = Path(tempfile.mkdtemp(prefix="amux-unprivileged-"))  # pytest's own folders are root's alone (0700)
     shared.chmod(0o755)
     async with runner_process(hub, shared, "nobody", "--dedicated", uid=65534) as caps:
-        assert caps["isolation"] == ["process"]
+        assert caps["isolation"] == ["userns", "process"]
         assert "not root" in caps["isolation_unavailable"]["linux-dac"]
         view = await run_as(hub, "erin", f"id -u; cat {home}/admin.token; echo rc=$?; kill -0 {os.getpid()}; "
-                                         "echo rc=$?")
+                                         "echo rc=$?", isolation="process")
         text = out(view)
         assert view["status"] == "succeeded", view
         assert text.splitlines()[0] == "65534" and SECRET not in text and "rc=0" not in text, text
@@ -352,3 +353,21 @@ async def test_the_runner_users_own_engine_login_reaches_a_child_only_with_share
             assert line == f"CCD={runner_home / '.claude'}", line
         else:
             assert line == "CCD=none", line
+
+
+async def test_an_engine_cli_a_linux_dac_child_cannot_run_is_named_at_runner_start_and_each_run_fails_naming_it(
+        dac_hub, tmp_path):
+    hub = dac_hub
+    private = tmp_path / "private-bin"  # the runner's (root's) alone: a linux-dac child's uid cannot run it
+    private.mkdir()
+    claude = private / "claude"
+    shutil.copy(SHELL_AGENT, claude)
+    claude.chmod(0o700)
+    async with runner_process(hub, tmp_path, "unusable", "--isolation", "linux-dac", claude=claude) as caps:
+        why = caps["engines_unusable"]["claude"]["linux-dac"]
+        assert str(claude) in why and "cannot be executed by a linux-dac child" in why and "chmod" in why, why
+        view = await run_as(hub, "ivan", "echo hi")
+    assert view["status"] == "failed" and str(claude) in view["error"], view
+    assert "Permission denied" not in view["error"], view
+    log = (tmp_path / "unusable.log").read_text()
+    assert log.count(f"{claude} cannot be executed") == 1, log  # said once, at start

@@ -23,7 +23,9 @@ def runtime(modes: list[str] | None, **unavailable: str) -> SimpleNamespace:
     ([["linux-dac", "process"]], "linux-dac"),   # linux-dac wherever a runner can provide it
     ([["process"], ["linux-dac"]], "linux-dac"),
     ([["process"]], "process"),
-    ([[]], "linux-dac"),                          # nothing offered: the strongest, so the run waits naming the fix
+    ([["userns", "process"]], "userns"),          # a runner that is not root: the rootless sandbox, not process
+    ([["userns"], ["linux-dac"]], "linux-dac"),
+    ([[]], "linux-dac"),                          # nothing offered: the strongest (admission refuses it, see below)
 ])
 def test_an_omitted_mode_is_the_strongest_one_some_runtime_offers(offers, chosen):
     assert m.default_mode({"isolation": o} for o in offers) == chosen
@@ -128,3 +130,36 @@ def test_an_isolated_child_reaches_the_hub_on_its_loopback_and_everything_else_t
     env = dac.child_env(b, {"AMUX_HUB_URL": "http://10.0.0.5:9", "HOME": "/runner-home"})
     assert env["HOME"] == "/h" and env["AMUX_HUB_URL"] == "http://127.0.0.1:9"
     assert env["HTTPS_PROXY"] == f"http://127.0.0.1:{dac.PROXY_PORT}" and "127.0.0.1" in env["NO_PROXY"]
+
+
+def test_a_userns_boundary_adds_a_user_namespace_drops_every_capability_and_never_switches_uid(tmp_path):
+    ws, home = tmp_path / "ws" / "tr_1", tmp_path / "homes" / "principal-pr_1"
+    b = dac.Boundary(None, ws, home, network="isolated", bridge=tmp_path / "bridge", hub_port=8787)
+    argv = dac.argv("/usr/bin/bwrap", b, ["/bin/agent", "-p"], disable_userns=True)
+    assert argv[1:6] == ["--unshare-user", "--disable-userns", "--cap-drop", "ALL", "--unshare-pid"]
+    assert "setpriv" not in argv and "--unshare-net" in argv and argv[-2:] == ["/bin/agent", "-p"]
+    joined = " ".join(argv)
+    assert f"--bind {ws} {ws}" in joined and f"--bind {home} {home}" in joined
+    assert "--disable-userns" not in dac.argv("/usr/bin/bwrap", b, ["/bin/agent"])  # a bubblewrap before 0.8
+
+
+def test_a_userns_childs_init_cannot_bind_a_low_port_so_a_hub_on_one_is_reached_on_a_high_one():
+    assert dac.inside_port(80, None) == 20080 and dac.inside_port(8787, None) == 8787
+    assert dac.inside_port(80, 300000) == 80  # linux-dac's init is root inside: the hub's own port
+
+
+def test_when_no_runtime_offers_any_mode_the_refusal_names_each_modes_reason_and_fix():
+    text = m.no_mode_text("claude", [{"isolation": [], "isolation_unavailable": {
+        "linux-dac": m.NOT_ROOT, "userns": m.NO_BWRAP, "process": m.NOT_DEDICATED}}])
+    assert "engine claude" in text and "apt-get install bubblewrap" in text and "--dedicated" in text
+    assert text.count("userns:") == 1
+
+
+def test_the_launch_chain_of_a_script_names_its_interpreter_after_it(tmp_path):
+    interp = tmp_path / "bin" / "node"
+    interp.parent.mkdir()
+    interp.write_text("")
+    interp.chmod(0o755)
+    cli = tmp_path / "cli.js"
+    cli.write_text("#!/usr/bin/env node\n")
+    assert dac.launch_chain(cli, str(interp.parent)) == [cli, interp]
