@@ -13,11 +13,12 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .cli_discovery import DEFAULT_HUB, check_home, listen_address, url_of
 from .cli_exit import HubRefused, HubUnreachable, UsageError, exit_code, outcome
-from .errors import AmuxError
+from .domain.limits import Limits, limits_text, parse_size
+from .errors import AmuxError, Invalid
 
 if TYPE_CHECKING:  # the server side loads only for the commands that run it
     from .app import Hub
@@ -134,7 +135,8 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
                        workspace_root=(settings.home / "workspaces").resolve(), engines=engines,
                        dedicated=rs.dedicated, isolation=rs.isolation, child_network=rs.child_network,
                        egress_allow=tuple(rs.egress_allow), in_hub_process=True, hide=(settings.home.resolve(),),
-                       stall_notice_s=rs.stall_notice_s, clock=hub.clock)
+                       stall_notice_s=rs.stall_notice_s, clock=hub.clock, limits=rs.limits(),
+                       cgroup_parent=Path(rs.cgroup_parent) if rs.cgroup_parent else None)
         tasks.append(asyncio.create_task(local.run_forever()))
         print(f"in-process runner {local.name} with {args.slots} slots, engines: {', '.join(sorted(local.engines))}",
               flush=True)
@@ -197,7 +199,9 @@ async def _runner(args: argparse.Namespace) -> None:
                     workspace_root=root, engines=default_engines(), authoring=args.authoring,
                     dedicated=args.dedicated, child_network=args.child_network, egress_allow=tuple(args.egress_allow),
                     isolation=[m.strip() for m in args.isolation.split(",") if m.strip()] if args.isolation else None,
-                    share_engine_login=args.share_engine_login, stall_notice_s=args.stall_notice_s)
+                    share_engine_login=args.share_engine_login, stall_notice_s=args.stall_notice_s,
+                    limits=Limits(args.memory_max, args.pids_max, args.cpu_max),
+                    cgroup_parent=Path(args.cgroup_parent) if args.cgroup_parent else None)
     loop = asyncio.get_running_loop()
     stopper = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -446,6 +450,8 @@ def _human(t: dict) -> str:
             lines.append(f"  {kind}: {path}")
     if t.get("waiting_for"):
         lines.append(f"  {t['waiting_for']}")
+    if t.get("limits"):
+        lines.append(f"  limits: {limits_text(t['limits'])}")
     origin = [f"{label} {t[key]}" for key, label in (("parent_session_id", "session"), ("parent_turn_id", "turn"),
                                                        ("instance_id", "instance"), ("schedule_id", "schedule"),
                                                        ("firing_id", "firing")) if t.get(key)]
@@ -488,6 +494,28 @@ def client_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--home", default=argparse.SUPPRESS, help=HOME_HELP)
     p.add_argument("--token", default=argparse.SUPPRESS, help=TOKEN_HELP)
     p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _argument(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type from a parser that refuses with Invalid (its message names the fix)."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except Invalid as e:
+            raise argparse.ArgumentTypeError(e.message) from None
+    return convert
+
+
+def _pids(text: str) -> int:
+    return Limits.parse({"pids_max": int(text) if text.isdigit() else text}, "--pids-max").pids_max or 0
+
+
+def _cores(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise Invalid(f"--cpu-max {text!r} is not a number of cores; pass e.g. 1.5") from None
+    return Limits.parse({"cpu_max": value}, "--cpu-max").cpu_max or 0.0
 
 
 def _stall_seconds(text: str) -> float:
@@ -540,6 +568,16 @@ def _add_server_commands(sub: argparse._SubParsersAction) -> None:
                      help="let process-mode children use this runner user's own engine login (~/.claude, ~/.codex)")
     run.add_argument("--stall-notice-s", type=_stall_seconds, default=300.0, metavar="SECONDS",
                      help="a run whose engine says nothing this long gets a status event (default 300; 0 = off)")
+    run.add_argument("--memory-max", type=_argument(parse_size), metavar="SIZE",
+                     help="each task child's memory, its whole process tree (default 4GiB); a profile or task may "
+                     "only lower it")
+    run.add_argument("--pids-max", type=_argument(_pids), metavar="N",
+                     help="each task child's processes and threads (default 1024)")
+    run.add_argument("--cpu-max", type=_argument(_cores), metavar="CORES",
+                     help="each task child's CPU in cores, e.g. 1.5 (default: this machine's cores less one)")
+    run.add_argument("--cgroup-parent", metavar="DIR",
+                     help="a cgroup delegated to this runner's user (not root), under which each run gets its own "
+                     "group: a cgroup v2 directory, or a path relative to each v1 controller's mount")
 
     db = sub.add_parser("db", help="database commands")
     db_sub = db.add_subparsers(dest="db_cmd", required=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
+from .domain.limits import limits_text
+
 
 def add_parser(subparsers: argparse._SubParsersAction, client_opts: Callable[..., Any]) -> None:
     """Add `amux runtime …`; `client_opts` adds --hub/--token/--json."""
@@ -20,8 +22,14 @@ async def run(args: argparse.Namespace, api: Any, emit: Callable[..., Any]) -> N
     """Run one `amux runtime` command with the REST client `api`; `emit(args, data, human)` prints."""
     if args.runtime_cmd == "list":
         res = await api.call("GET", "runtimes")
-        emit(args, res, "\n".join(f"{r['name']:<24} {r['status']:<8} slots {r['slots']}" for r in res["runtimes"])
-             or "no runtimes; start one with `amux runner`")
+        emit(args, res, "\n".join(_line(r) for r in res["runtimes"]) or "no runtimes; start one with `amux runner`")
     else:
         res = await api.call("DELETE", f"runtimes/{args.name}")
         emit(args, res, f"{res['name']}: deregistered")
+
+
+def _line(r: dict) -> str:
+    """One runtime: name, status, slots and, where its runner says, each child's limits."""
+    limits = (r.get("capabilities") or {}).get("limits")
+    line = f"{r['name']:<24} {r['status']:<8} slots {r['slots']}"
+    return f"{line}  limits {limits_text(limits)}" if limits else line

@@ -12,6 +12,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from .domain.limits import Limits, default_cpus, parse_size
+from .errors import Invalid
+
 
 class Section(BaseModel):
     """A settings table: an unknown key is an error, never silently ignored."""
@@ -158,11 +161,29 @@ class RunnerSettings(Section):
     egress_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # a run whose engine says nothing this long gets a status event, and a timeout names the stall; 0 = off
     stall_notice_s: float = Field(default=300.0, ge=0)
+    # each task child's ceilings (README "Resource limits"); a profile or a request may only lower them
+    memory_max: str = "4GiB"            # bytes with a unit: 4GiB, 512MiB
+    pids_max: int = Field(default=1024, ge=1, le=4_194_304)   # processes and threads
+    cpu_max: float | None = Field(default=None, ge=0.01, le=4096)   # cores; default: the machine's less one
+    cgroup_parent: str | None = None    # a cgroup delegated to a runner that is not root (see the README)
 
     @field_validator("isolation", "egress_allow", mode="before")
     @classmethod
     def _comma_list(cls, v: Any) -> Any:
         return _comma_or_json_list(v)
+
+    @field_validator("memory_max")
+    @classmethod
+    def _size(cls, v: str) -> str:
+        try:
+            parse_size(v, "runner.memory_max")
+        except Invalid as e:
+            raise ValueError(f"{e.message}, e.g. AMUX_RUNNER__MEMORY_MAX=4GiB") from None
+        return v
+
+    def limits(self) -> Limits:
+        """The runner's limits from these settings (the machine's cores less one where cpu_max is unset)."""
+        return Limits(parse_size(self.memory_max), self.pids_max, self.cpu_max or default_cpus())
 
     @field_validator("child_network")
     @classmethod

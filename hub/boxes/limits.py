@@ -58,11 +58,21 @@ def _write(path: Path, value: str) -> None:
     path.write_text(value)
 
 
+def _under(mount: Path, own: str, parent_root: Path | None) -> Path:
+    """Where groups are made in one hierarchy: this process's own group, or the delegated `parent_root` (relative:
+    under this process's own group; absolute: a directory of the hierarchy, with or without its mount)."""
+    if parent_root is None:
+        return mount / own.lstrip("/")
+    if not parent_root.is_absolute():
+        return mount / own.lstrip("/") / parent_root
+    return parent_root if mount in parent_root.parents else mount / str(parent_root).lstrip("/")
+
+
 def _v2_setup(box_id: str, limits: Limits, parent: str, parent_root: Path | None) -> dict[str, str] | None:
     """Make a v2 cgroup for the box with every controller limited; None when v2 cannot do it here."""
     if not (CGROUP_ROOT / "cgroup.controllers").exists():
         return None
-    base = (parent_root or CGROUP_ROOT / _self_paths().get("", "/").lstrip("/")) / parent
+    base = _under(CGROUP_ROOT, _self_paths().get("", "/"), parent_root) / parent
     try:
         base.mkdir(parents=True, exist_ok=True)
         have = set((base / "cgroup.controllers").read_text().split())
@@ -87,8 +97,7 @@ def _v1_setup(box_id: str, limits: Limits, parent: str, parent_root: Path | None
     """Make a v1 cgroup per controller that is mounted and writable; return the ones made."""
     own, made = _self_paths(), {}
     for ctrl, mount in _v1_mounts().items():
-        base = mount / (str(parent_root).lstrip("/") if parent_root else own.get(ctrl, "/").lstrip("/"))
-        group = base / parent / box_id
+        group = _under(mount, own.get(ctrl, "/"), parent_root) / parent / box_id
         try:
             group.mkdir(parents=True, exist_ok=True)
             if ctrl == "memory":
@@ -110,8 +119,9 @@ def _v1_setup(box_id: str, limits: Limits, parent: str, parent_root: Path | None
 
 def setup_cgroups(box_id: str, limits: Limits, parent: str = GROUP, parent_root: Path | None = None) -> dict[str, str]:
     """Create the cgroups of a box (or run, `parent=RUNS`) and return {controller: directory}; controllers missing
-    here are left out. They nest under this process's own groups, or under `parent_root` (a delegated group: an
-    absolute v2 directory, or a path relative to each v1 controller's mount)."""
+    here are left out. They nest under this process's own groups, or under `parent_root`, a group delegated to
+    this user: relative, under this process's own group in each hierarchy; absolute, a directory of the hierarchy
+    (`/sys/fs/cgroup/…` on v2)."""
     if parent not in GROUPS:
         raise ValueError(f"not a group of amux's: {parent}")
     return _v2_setup(box_id, limits, parent, parent_root) or _v1_setup(box_id, limits, parent, parent_root)

@@ -136,3 +136,10 @@ def applied_limits(snapshot: Mapping[str, Any], capabilities: Mapping[str, Any])
     ceiling = Limits.parse({k: offered[k] for k in ("memory_max", "pids_max", "cpu_max") if k in offered})
     applied = ceiling.lowest(Limits.parse(snapshot.get("limits")))
     return {**(applied.snapshot() or {}), "mechanism": dict(offered.get("mechanism") or {})}
+
+
+def limits_text(view: Mapping[str, Any]) -> str:
+    """Say a view's limits (`applied_limits`) for a person, with how each is enforced."""
+    text = Limits.parse({k: view[k] for k in ("memory_max", "pids_max", "cpu_max") if view.get(k) is not None}).text()
+    how = view.get("mechanism") or {}
+    return text + (f" ({', '.join(f'{k}: {v}' for k, v in how.items())})" if how else "")

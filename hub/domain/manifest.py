@@ -6,9 +6,10 @@ import json
 import tomllib
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from ..errors import Invalid
+from .limits import parse_size
 from .policy import POLICIES, PolicyName
 
 ENGINES = ("claude", "codex", "pi", "scripted")
@@ -38,6 +39,16 @@ class ProfileLimits(BaseModel):
     memory_max: str | int | None = None
     pids_max: int | None = Field(default=None, ge=1, le=4_194_304)
     cpu_max: float | None = Field(default=None, ge=0.01, le=4096)
+
+    @field_validator("memory_max")
+    @classmethod
+    def _size(cls, v: str | int | None) -> str | int | None:
+        if v is not None:
+            try:
+                parse_size(v, "limits.memory_max")
+            except Invalid as e:
+                raise ValueError(e.message) from None
+        return v
 
 
 class ManifestV2(BaseModel):

@@ -5,7 +5,7 @@ limit keeps running and says so once).
 
 The mechanism is chosen once per runner (`mechanism`): as root, a cgroup per run nested under the runner's own (v2
 where the machine runs it, else v1); as another user, a cgroup under a delegated group the operator named
-(`--cgroup-parent`) when it is writable; else rlimits on each child (`RLIMIT_AS` per process, `RLIMIT_NPROC`
+(`--cgroup-parent`) when it is writable; else rlimits on each child (`RLIMIT_DATA` per process, `RLIMIT_NPROC`
 counted per uid in the child's user namespace, `RLIMIT_CPU` as a backstop), which bound one process's memory, not
 the tree's, and cannot throttle CPU.
 """
@@ -30,22 +30,21 @@ def _cgroup_limits(limits: Limits) -> cg.Limits:
     return cg.Limits(limits.memory_max, limits.pids_max, limits.cpu_max)
 
 
+# What stands in for a controller no cgroup provides. RLIMIT_DATA, not RLIMIT_AS: Node's V8 (Claude Code, Pi)
+# and Go reserve far more address space than they use, and fail to start under an address-space limit.
+RLIMITS = {"memory": "rlimit-data (per process)", "pids": "rlimit-nproc (per uid in the child's user namespace)",
+           "cpu": "rlimit-cpu (a backstop: CPU seconds, no throttling)"}
+
+
 def mechanism(limits: Limits, parent_root: Path | None = None) -> dict[str, str]:
     """Say how this runner enforces each limit ({memory, pids, cpu}: cgroup-v2 | cgroup-v1 | an rlimit), by making
     (and removing) a probe group once."""
-    if os.geteuid() != 0 and parent_root is None:
-        return rlimit_mechanism()
-    name = f"probe-{os.getpid()}"
-    groups = cg.setup_cgroups(name, _cgroup_limits(limits), cg.RUNS, parent_root)
-    try:
-        return cg.enforcement(groups) if groups else rlimit_mechanism()
-    finally:
+    groups: dict[str, str] = {}
+    if os.geteuid() == 0 or parent_root is not None:
+        groups = cg.setup_cgroups(f"probe-{os.getpid()}", _cgroup_limits(limits), cg.RUNS, parent_root)
         cg.remove_cgroups(groups)
-
-
-def rlimit_mechanism() -> dict[str, str]:
-    """The rlimits that stand in where no cgroup can be made."""
-    return cg.enforcement({})
+    kind = cg.enforcement(groups)
+    return {c: kind[c] if c in groups else RLIMITS[c] for c in ("memory", "pids", "cpu")}
 
 
 @dataclass
@@ -64,7 +63,7 @@ class Confinement:
             if not missing:
                 return
         if self.limits.memory_max is not None and "memory" not in self.cgroups:
-            resource.setrlimit(resource.RLIMIT_AS, (self.limits.memory_max, self.limits.memory_max))
+            resource.setrlimit(resource.RLIMIT_DATA, (self.limits.memory_max, self.limits.memory_max))
         if self.limits.pids_max is not None and "pids" not in self.cgroups:
             resource.setrlimit(resource.RLIMIT_NPROC, (self.limits.pids_max, self.limits.pids_max))
         if self.cpu_seconds is not None and "cpu" not in self.cgroups:

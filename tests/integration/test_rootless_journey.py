@@ -75,7 +75,8 @@ async def test_an_ordinary_user_pip_installs_amux_runs_amux_up_and_a_claude_task
         return text
 
     await run("/usr/bin/python3", "-m", "venv", str(home / "venv"))
-    await run(str(home / "venv" / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check", str(home / "src"))
+    pip = str(home / "venv" / "bin" / "pip")
+    await run(pip, "install", "--quiet", "--disable-pip-version-check", str(home / "src"))
     up = await asyncio.create_subprocess_exec(str(home / "venv" / "bin" / "amux"), "up", "--listen", "127.0.0.1:0",
                                               "--slots", "1", cwd=home / "work", env=env, preexec_fn=as_user,
                                               stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
