@@ -5,6 +5,7 @@ Run: `.venv/bin/python -m bench.launch [--runs 40]`. Prints figures; asserts not
 Each mode launches the same child, `/bin/sh -c true`, the way the runner does (`hub.runner.boundary.wrap` on the
 run's boundary, with the isolated network's bridges and init for the sandboxed modes), and times spawn → exit:
 - process: the plain child (the floor);
+- process in a run's cgroup (as root): the group made, the child placed in it before exec, the group removed;
 - linux-dac: as root, bubblewrap + `setpriv` to a principal's uid (skipped when this is not root);
 - userns: bubblewrap with a user namespace, as an ordinary user (when this is root, a worker runs as `nobody`).
 Each sandboxed figure's ratio is against process mode measured in the same run; the line says the added p50.
@@ -28,9 +29,13 @@ NOBODY = 65534
 DAC_UID = 300000  # execution.uid_base: the first principal's uid
 
 
-async def _launch_times(mode: str, runs: int) -> list[float]:
-    """Launch the child `runs` times in `mode`; return each spawn → exit in ms."""
+async def _launch_times(mode: str, runs: int, cgroup: bool = False) -> list[float]:
+    """Launch the child `runs` times in `mode` (with `cgroup`: in a run's cgroup, made before and removed after
+    each launch, as the runner does); return each launch in ms."""
+    from hub.domain.limits import Limits
+    from hub.engines.process import before_exec
     from hub.runner import boundary as b
+    from hub.runner import confine
     from hub.runner.egress import Egress
 
     tmp = Path(tempfile.mkdtemp(prefix="amux-launch-"))
@@ -48,12 +53,18 @@ async def _launch_times(mode: str, runs: int) -> list[float]:
             box = b.Boundary(uid, work, home, tuple(b.runner_roots()), (), network="isolated", bridge=egress.folder,
                              hub_port=8787)
         times = []
-        for _ in range(runs):
+        limits = Limits(1 << 30, 256, 1.0)
+        how = confine.mechanism(limits) if cgroup else {}
+        for i in range(runs):
             argv, env = b.wrap(box, ["/bin/sh", "-c", "true"], {"PATH": "/usr/bin:/bin"})
             t0 = time.perf_counter()
-            proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=tmp, stdin=subprocess.DEVNULL)
+            cage = confine.start(f"bench-{os.getpid()}-{i}", limits, how, 60) if cgroup else None
+            proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=tmp, stdin=subprocess.DEVNULL,
+                                                        preexec_fn=before_exec(cage))
             if await proc.wait() != 0:
                 raise SystemExit(f"{mode}: the child failed ({argv[:6]} …)")
+            if cage is not None:
+                confine.end(cage)
             times.append((time.perf_counter() - t0) * 1000)
         return times
     finally:
@@ -94,6 +105,13 @@ def main() -> None:
     floor = pct(base, 50)
     figure("launch.process.p50", f"process mode: spawn → exit p50 {floor:.1f} ms, p90 {pct(base, 90):.1f} ms",
            value=round(floor, 2), unit="ms")
+    if os.geteuid() == 0:
+        caged = asyncio.run(_launch_times("process", args.runs, cgroup=True))
+        p50 = pct(caged, 50)
+        figure("launch.cgroup.p50", f"process mode in a run's cgroup (made, entered before exec, removed): p50 "
+               f"{p50:.1f} ms, p90 {pct(caged, 90):.1f} ms (the cgroup adds {p50 - floor:.1f} ms)",
+               value=round(p50, 2), unit="ms", ratio=p50 / floor if floor else None, floor=round(floor, 2),
+               added_ms=round(p50 - floor, 2))
     for mode in ("linux-dac", "userns"):
         if mode == "userns" and os.geteuid() == 0 and b.unavailable("userns") is not None:
             times = _as_nobody(args.runs)  # root offers linux-dac instead: measure as an ordinary user would run
