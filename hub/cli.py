@@ -323,6 +323,10 @@ async def _task(args: argparse.Namespace) -> None:
                                   "permission_policy": args.policy, "credential_profile": args.credential,
                                   "isolation": args.isolation}.items()
                 if v is not None}
+        limits = {k: v for k, v in (("memory_max", args.memory_max), ("pids_max", args.pids_max),
+                                    ("cpu_max", args.cpu_max)) if v is not None}
+        if limits:
+            body["limits"] = limits
         sub = await api.call("POST", "tasks", body)
         if not args.wait:
             _print(args, sub, sub["task_id"])
@@ -628,6 +632,9 @@ def _add_task_commands(sub: argparse._SubParsersAction) -> None:
     ts.add_argument("--credential", help="credential profile to materialize at launch")
     ts.add_argument("--isolation", choices=("linux-dac", "userns", "process"),
                     help="execution mode (default: the strongest one a runtime offers)")
+    ts.add_argument("--memory-max", metavar="SIZE", help="a lower memory limit than the runner's, e.g. 2GiB")
+    ts.add_argument("--pids-max", type=int, metavar="N", help="a lower process and thread limit than the runner's")
+    ts.add_argument("--cpu-max", type=float, metavar="CORES", help="a lower CPU limit than the runner's, in cores")
     for name, text in (("get", "show a task"), ("wait", "follow a task's events until it ends"),
                        ("cancel", "cancel a task")):
         p = task_sub.add_parser(name, help=text)
