@@ -135,10 +135,17 @@ class ScriptedEngine:
         return await run_subprocess(job, emit)
 
 
+# `python -c RUN_OWN_MODULE ROOT MODULE ARGS…`: run the runner's own MODULE from ROOT, wherever the runner's package
+# comes from (a virtualenv, a checkout on PYTHONPATH); a sandbox shows ROOT read-only (boundary.runner_roots) and the
+# child's scrubbed environment names no PYTHONPATH.
+RUN_OWN_MODULE = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
+                  "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
+
+
 async def run_subprocess(job: Job, emit: Emit) -> EngineResult:
     """Launch the scripted CLI as a child process and translate its JSON lines."""
-    argv, env = wrap(job.boundary, [sys.executable, "-m", "hub.engines.scripted", str(job.workspace)],
-                     child_env(job.env))
+    argv, env = wrap(job.boundary, [sys.executable, "-c", RUN_OWN_MODULE, str(Path(__file__).resolve().parents[2]),
+                                    "hub.engines.scripted", str(job.workspace)], child_env(job.env))
     proc = await asyncio.create_subprocess_exec(
         *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         cwd=job.workspace, env=env, start_new_session=True, preexec_fn=before_exec(job.confine),

@@ -32,6 +32,17 @@ pytestmark = [
 SECRET = "sentinel-admin-token-value"
 
 
+# A child's ordinary work, one answer a line: its workspace (work), its uid, its folder, python3 (42), /usr, the
+# hub's /healthz (200) and its run token's principal over the bridged hub port.
+ORDINARY_WORK = ("echo work > out.txt && cat out.txt && id -u && pwd && "
+                 "python3 -c 'print(6 * 7)' && ls /usr/bin | grep -c . && "
+                 "python3 -c \"import os, urllib.request; print(urllib.request.urlopen("
+                 "os.environ['AMUX_HUB_URL'] + '/healthz').status)\" && "
+                 "python3 -c \"import json, os, urllib.request; print(json.load(urllib.request.urlopen("
+                 "urllib.request.Request(os.environ['AMUX_HUB_URL'] + '/api/v1/whoami', headers={"
+                 "'Authorization': 'Bearer ' + os.environ['AMUX_TOKEN']})))['principal'])\"")
+
+
 async def caps_of(hub, name: str) -> dict | None:
     async with hub.db.read() as conn:
         row = (await conn.execute(sa.select(runtimes.c.status, runtimes.c.capabilities)
@@ -137,13 +148,7 @@ async def test_a_linux_dac_child_reaches_neither_the_hub_its_secrets_its_databas
             assert "rc=0" not in text, (what, text)
         assert not (home / "escaped").exists() and not Path("/usr/escaped").exists()
         # The same child still does ordinary work: its workspace, python3, /usr, the hub's MCP endpoint.
-        view = await run_as(hub, "mallory", "echo work > out.txt && cat out.txt && id -u && pwd && "
-                            "python3 -c 'print(6 * 7)' && ls /usr/bin | grep -c . && "
-                            "python3 -c \"import os, urllib.request; print(urllib.request.urlopen("
-                            "os.environ['AMUX_HUB_URL'] + '/healthz').status)\" && "
-                            "python3 -c \"import json, os, urllib.request; print(json.load(urllib.request.urlopen("
-                            "urllib.request.Request(os.environ['AMUX_HUB_URL'] + '/api/v1/whoami', headers={"
-                            "'Authorization': 'Bearer ' + os.environ['AMUX_TOKEN']})))['principal'])\"")
+        view = await run_as(hub, "mallory", ORDINARY_WORK)
         text = out(view)
         assert view["status"] == "succeeded", view
         lines = text.splitlines()

@@ -19,7 +19,7 @@ from hub.errors import Invalid
 from hub.runner import boundary
 from hub.services.tasks import SubmitRequest
 from tests.helpers import eventually, start_hub
-from tests.integration.test_task_child_boundary import BWRAP, SECRET, out, run_as, runner_process
+from tests.integration.test_task_child_boundary import BWRAP, ORDINARY_WORK, SECRET, out, run_as, runner_process
 
 NOBODY = 65534
 
@@ -112,13 +112,7 @@ async def test_a_userns_child_of_an_unprivileged_runner_reaches_neither_the_hub_
             assert not (home / "escaped").exists() and not Path("/usr/escaped").exists()
             # An omitted mode is userns on this runner, and the child still does ordinary work: its workspace,
             # python3, /usr, the hub's MCP endpoint through the bridged port.
-            view = await run_as(hub, "mallory", "echo work > out.txt && cat out.txt && id -u && pwd && "
-                                "python3 -c 'print(6 * 7)' && ls /usr/bin | grep -c . && "
-                                "python3 -c \"import os, urllib.request; print(urllib.request.urlopen("
-                                "os.environ['AMUX_HUB_URL'] + '/healthz').status)\" && "
-                                "python3 -c \"import json, os, urllib.request; print(json.load(urllib.request.urlopen("
-                                "urllib.request.Request(os.environ['AMUX_HUB_URL'] + '/api/v1/whoami', headers={"
-                                "'Authorization': 'Bearer ' + os.environ['AMUX_TOKEN']})))['principal'])\"")
+            view = await run_as(hub, "mallory", ORDINARY_WORK)
         text = out(view)
         assert view["status"] == "succeeded" and view["snapshot"]["isolation"] == "userns", view
         lines = text.splitlines()
@@ -223,3 +217,20 @@ def test_a_refused_user_namespace_names_the_sysctl_or_apparmor_rule_that_refused
     (tmp_path / sysctl).write_text(value + "\n")
     monkeypatch.setattr(boundary, "SYSCTL", tmp_path)
     assert fix in boundary.userns_fix()
+
+
+async def test_codex_pi_and_the_scripted_subprocess_run_in_userns_on_an_unprivileged_runner_with_no_flag(
+        userns_hub, monkeypatch):
+    hub, shared = userns_hub
+    fakes = Path(__file__).resolve().parent.parent / "fakes" / "bin"
+    monkeypatch.setenv("AMUX_CODEX_BIN", str(fakes / "codex"))  # the recorded-stream stand-ins of the real CLIs
+    monkeypatch.setenv("AMUX_PI_BIN", str(fakes / "pi"))
+    async with runner_process(hub, shared, "engines", uid=NOBODY) as caps:
+        assert {"codex", "pi", "scripted"} <= set(caps["engines"]) and not caps["engines_unusable"], caps
+        caller = await hub.hub.auth.authenticate(await hub.token("ursula"))
+        for profile, args in (("codex", None), ("pi", None), ("scripted", ["--subprocess"])):
+            sub = await hub.hub.tasks.submit(caller, SubmitRequest(prompt="say hi", profile=profile,
+                                                                   extra_args=args))
+            view = await hub.hub.tasks.wait_terminal(caller, sub["task_id"], timeout_s=60)
+            assert view["status"] == "succeeded", (profile, view["error"])
+            assert view["snapshot"]["isolation"] == "userns", (profile, view["snapshot"])
