@@ -280,7 +280,9 @@ class ApiClient:
         """Call `/api/v1/<path>` and return JSON, raising AmuxError on refusals."""
         import aiohttp
 
-        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"}) as http:
+        # trust_env: HTTPS_PROXY / HTTP_PROXY / NO_PROXY, as curl does (a sandboxed child reaches an https hub only
+        # through the runner's egress proxy).
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"}, trust_env=True) as http:
             try:
                 async with http.request(method, f"{self.hub}/api/v1/{path}", json=body, params=params,
                                         data=data) as resp:
