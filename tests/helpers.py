@@ -262,7 +262,7 @@ def started_sync(ready: Callable[[], Any], what: str, *, proc: Any = None, timeo
 # The runner protocol's production doors, as the runner endpoint uses them: one batch of reports through
 # `RunnerReports.apply`, and what a connection sends through `outgoing_many`. Each helper reads its reply.
 
-async def runner_outgoing(dispatch: Any, runtime_id: str, conn_id: str, cancels_sent: set[str],
+async def runner_outgoing(dispatch: Any, runtime_id: str, conn_id: str, cancels_sent: set[tuple[str, int]],
                           token_id: str | None = None) -> list[dict]:
     """What this connection sends now (dispatches marked sent); the connection must not be one to close."""
     from hub.services.dispatch import Link

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from ..services.views import ChangedFiles, TaskResult, TaskView
 
@@ -78,6 +78,7 @@ class PermissionAnswered(BaseModel):
     request_id: str
     allow: bool
     status: str
+    attempt: int | None = Field(default=None, description="the attempt of the task that asked and gets the answer")
 
 
 class Cancelled(BaseModel):
@@ -87,3 +88,4 @@ class Cancelled(BaseModel):
     status: str
     outcome: str | None = None
     note: str | None = None
+    attempt: int | None = Field(default=None, description="the attempt it acted on (null: none had started)")

@@ -467,7 +467,7 @@ class Runner:
             self._start(p.Dispatch.model_validate(msg))
         elif kind == "permission":
             answer = p.PermissionAnswer.model_validate(msg)
-            h = self.held.get(answer.task_id)
+            h = self._holding(answer.task_id, answer.attempt)
             if h is not None:
                 h.replies.put_nowait(PermissionReply(answer.request_id, answer.allow, answer.message))
         elif kind == "steer":
@@ -477,7 +477,8 @@ class Runner:
             self._steering.add(task)
             task.add_done_callback(self._steering.discard)
         elif kind == "cancel":
-            h = self.held.get(msg["task_id"])
+            cancel = p.Cancel.model_validate(msg)
+            h = self._holding(cancel.task_id, cancel.attempt)
             if h and h.task and not h.task.done():
                 h.cancel_intent = True  # recorded first: the run finishes cancelled whatever the engine says
                 h.task.cancel()
@@ -498,9 +499,17 @@ class Runner:
             if msg.get("code") == "token_revoked":
                 self._revoked = True
 
+    def _holding(self, task_id: str, attempt: int | None) -> _Held | None:
+        """The attempt this runner holds that a message names (a message for another attempt acts on nothing)."""
+        h = self.held.get(task_id)
+        if h is not None and attempt is not None and attempt != h.attempt:
+            log.info("task %s: a message for attempt %d left attempt %d alone", task_id, attempt, h.attempt)
+            return None
+        return h
+
     async def _steer(self, steer: p.Steer) -> None:
         """Hand a correction to the running turn's engine and tell the hub whether it took it, or why not."""
-        h = self.held.get(steer.task_id)
+        h = self._holding(steer.task_id, steer.attempt)
         if h is not None and steer.steer_id in h.steers_taken:
             reason: str | None = None  # the hub sent it again (a lost Steered): the engine has it already
         elif h is None or h.finished or h.task is None or h.task.done():

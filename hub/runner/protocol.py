@@ -60,10 +60,13 @@ class Dispatch(BaseModel):
 
 
 class Cancel(BaseModel):
-    """Hub → runner: cancel this task (idempotent)."""
+    """Hub → runner: cancel this attempt of this task (idempotent)."""
 
     type: Literal["cancel"] = "cancel"
     task_id: str
+    # The attempt it acts on: a runner running another attempt of the task leaves that one alone. None (an older
+    # hub): whichever attempt the runner holds.
+    attempt: int | None = None
 
 
 class PermissionAnswer(BaseModel):
@@ -74,6 +77,7 @@ class PermissionAnswer(BaseModel):
     request_id: str
     allow: bool
     message: str = ""
+    attempt: int | None = None  # the attempt that asked (None: an older hub's answer, for the attempt held)
 
 
 class Accepted(BaseModel):
@@ -140,6 +144,7 @@ class Steer(BaseModel):
     task_id: str
     steer_id: str
     text: str
+    attempt: int | None = None  # the attempt whose turn it is for (None: an older hub's, for the attempt held)
 
 
 class Steered(BaseModel):

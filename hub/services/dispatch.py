@@ -349,7 +349,7 @@ class _Due:
     """What one connection is due this round: messages in sending order, and the runs to cancel."""
 
     messages: list[dict] = field(default_factory=list)
-    cancels: list[str] = field(default_factory=list)
+    cancels: list[tuple[str, int]] = field(default_factory=list)  # (task id, attempt)
 
 
 @dataclass(kw_only=True)
@@ -359,7 +359,7 @@ class Link:
     runtime_id: str
     conn_id: str
     token_id: str | None = None
-    cancels_sent: set[str] = field(default_factory=set)
+    cancels_sent: set[tuple[str, int]] = field(default_factory=set)  # (task id, attempt): a later attempt's is sent too
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -484,10 +484,10 @@ class RunnerDispatch:
         by_conn = {link.conn_id: link for link in links}
         for conn_id, due in out.items():
             sent = by_conn[conn_id].cancels_sent
-            for task_id in due.cancels:
-                if task_id not in sent:
-                    sent.add(task_id)
-                    due.messages.append(p.Cancel(task_id=task_id).model_dump())
+            for task_id, attempt in due.cancels:
+                if (task_id, attempt) not in sent:
+                    sent.add((task_id, attempt))
+                    due.messages.append(p.Cancel(task_id=task_id, attempt=attempt).model_dump())
         stale = {x.conn_id for x in links if x.conn_id not in revoked and x.conn_id not in out}
         return Outbound(messages={c: due.messages for c, due in out.items() if due.messages}, revoked=revoked,
                         stale=stale)
@@ -537,7 +537,7 @@ class RunnerDispatch:
             if await self.store.claimable(conn, list(serving)):
                 return None
             for c in await self.store.cancels_due(conn, list(serving)):
-                out[serving[c.runtime_id]].cancels.append(c.task_id)
+                out[serving[c.runtime_id]].cancels.append((c.task_id, c.attempt))
         return out, revoked
 
     async def _outgoing(self, conn: Connection, links: list[Link], now: datetime) -> tuple[dict[str, _Due], set[str]]:
@@ -558,10 +558,11 @@ class RunnerDispatch:
             out[serving[runtime_id]].messages.append(msg)
         for st in steers:
             out[serving[st.runtime_id]].messages.append(
-                p.Steer(task_id=st.task_id, steer_id=st.id, text=st.text).model_dump())
+                p.Steer(task_id=st.task_id, steer_id=st.id, text=st.text, attempt=st.attempt).model_dump())
         for a in answers:
             out[serving[a.runtime_id]].messages.append(p.PermissionAnswer(
-                task_id=a.task_id, request_id=a.request_id, allow=a.allow, message=a.message or "").model_dump())
+                task_id=a.task_id, request_id=a.request_id, allow=a.allow, message=a.message or "",
+                attempt=a.attempt).model_dump())
         for c in cancels:
-            out[serving[c.runtime_id]].cancels.append(c.task_id)
+            out[serving[c.runtime_id]].cancels.append((c.task_id, c.attempt))
         return out, revoked

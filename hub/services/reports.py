@@ -111,7 +111,7 @@ class RunnerReports:
                 verdict = await self._accepted(conn, runtime_id, msg, now, fx)
                 replies.append(_ack(msg, 0, drop=verdict == "drop"))
                 if verdict == "cancel":
-                    replies.append(p.Cancel(task_id=msg.task_id).model_dump())
+                    replies.append(p.Cancel(task_id=msg.task_id, attempt=msg.attempt).model_dump())
             elif isinstance(msg, p.Events):
                 last = await self._events(conn, runtime_id, msg, now, fx)
                 replies.append(_ack(msg, last or 0, drop=last is None))

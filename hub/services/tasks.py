@@ -300,13 +300,15 @@ class TaskService:
             return row, Status.CANCELLED
 
         row, status = await self.db.transaction(cancel)
+        attempt = row.attempt or None  # the attempt it acted on; a task cancelled before any started has none
         if status is None:
-            return {"task_id": task_id, "status": row.status, "outcome": row.outcome, "note": "already finished"}
+            return {"task_id": task_id, "status": row.status, "outcome": row.outcome, "note": "already finished",
+                    "attempt": attempt}
         self.notifier.notify(task_key(task_id))
         if row.runtime_id:
             self.notifier.notify(f"runtime:{row.runtime_id}")
         return {"task_id": task_id, "status": status.value,
-                "outcome": status.value if status == Status.CANCELLED else None}
+                "outcome": status.value if status == Status.CANCELLED else None, "attempt": attempt}
 
     async def list(self, caller: Caller, limit: int = 50) -> list[dict]:
         """Return the caller's most recent tasks."""
@@ -377,4 +379,5 @@ class PermissionService:
         row = await self.db.transaction(answer)
         self.notifier.notify(f"runtime:{row.runtime_id}")
         self.notifier.notify(task_key(task_id))
-        return {"task_id": task_id, "request_id": request_id, "allow": bool(allow), "status": "sent"}
+        return {"task_id": task_id, "request_id": request_id, "allow": bool(allow), "status": "sent",
+                "attempt": row.attempt}

@@ -115,21 +115,22 @@ class SqlDispatchStore:
         return bool((await conn.execute(_CLAIMABLE, {"b_ids": sorted(set(runtime_ids))})).scalar())
 
     async def cancels_due(self, conn: Connection, runtime_ids: list[str]) -> list[Row]:
-        """Return the runtimes' running runs whose cancellation was requested: runtime_id, task_id."""
+        """Return the runtimes' running runs whose cancellation was requested: runtime_id, task_id, attempt."""
         if not runtime_ids:
             return []
-        return list((await conn.execute(sa.select(task_runs.c.runtime_id, task_runs.c.id.label("task_id")).where(
+        return list((await conn.execute(sa.select(task_runs.c.runtime_id, task_runs.c.id.label("task_id"),
+                                                  task_runs.c.attempt).where(
             one_of(task_runs.c.runtime_id, set(runtime_ids)), task_runs.c.status == Status.RUNNING.value,
             task_runs.c.cancel_requested_at.is_not(None)))).all())
 
     async def claim_permission_answers(self, conn: Connection, runtime_ids: list[str], now: datetime) -> list[Row]:
-        """Return the unsent permission answers for the runtimes' running runs (runtime_id, task_id, request_id,
-        allow, message) and mark them sent."""
+        """Return the unsent permission answers for the runtimes' running runs (runtime_id, task_id, attempt,
+        request_id, allow, message) and mark them sent."""
         if not runtime_ids:
             return []
         answers = list((await conn.execute(
-            sa.select(task_runs.c.runtime_id, permission_replies.c.task_id, permission_replies.c.request_id,
-                      permission_replies.c.allow, permission_replies.c.message)
+            sa.select(task_runs.c.runtime_id, permission_replies.c.task_id, task_runs.c.attempt,
+                      permission_replies.c.request_id, permission_replies.c.allow, permission_replies.c.message)
             .join(task_runs, task_runs.c.id == permission_replies.c.task_id).where(
                 one_of(task_runs.c.runtime_id, set(runtime_ids)), task_runs.c.status == Status.RUNNING.value,
                 permission_replies.c.sent_at.is_(None)))).all())
@@ -140,12 +141,12 @@ class SqlDispatchStore:
         return answers
 
     async def claim_steers(self, conn: Connection, runtime_ids: list[str], now: datetime) -> list[Row]:
-        """Return the pending, unsent steer messages for runs on the runtimes (id, runtime_id, task_id, text),
-        oldest first, and mark them sent."""
+        """Return the pending, unsent steer messages for runs on the runtimes (id, runtime_id, task_id, attempt,
+        text), oldest first, and mark them sent."""
         if not runtime_ids:
             return []
         steers = list((await conn.execute(
-            sa.select(mailbox.c.id, task_runs.c.runtime_id, mailbox.c.task_id, mailbox.c.text)
+            sa.select(mailbox.c.id, task_runs.c.runtime_id, mailbox.c.task_id, task_runs.c.attempt, mailbox.c.text)
             .join(task_runs, task_runs.c.id == mailbox.c.task_id)
             .where(mailbox.c.kind == "steer", mailbox.c.state == "pending", mailbox.c.sent_at.is_(None),
                    one_of(task_runs.c.runtime_id, set(runtime_ids)))

@@ -65,11 +65,12 @@ async def test_by_name_returns_the_named_runtime_or_none(db, registry):
         assert await registry.by_name(conn, "other") is None
 
 
-async def test_name_of_an_unknown_runtime_is_none(db, registry):
+async def test_name_of_a_runtime_comes_with_its_capabilities_and_an_unknown_one_is_none(db, registry):
     async with db.write() as conn:
         rt = await runtime(conn, await principal(conn), name="box")
-        assert await registry.name_of(conn, rt) == "box"
-        assert await registry.name_of(conn, "rt_gone") is None
+        name, caps = await registry.name_of(conn, rt)
+        assert name == "box" and isinstance(caps, dict)
+        assert await registry.name_of(conn, "rt_gone") == (None, {})
 
 
 async def test_names_are_sorted_and_limited(db, registry):

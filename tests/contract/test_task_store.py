@@ -237,9 +237,11 @@ async def test_cancel_of_a_running_task_goes_through_its_runner(core):
     await core.dispatcher.place_once()
     await runner_outgoing(core.runner_dispatch, rt, conn_id, set())
     await runner_accepted(core.reports, rt, p.Accepted(task_id=tid, attempt=1))
-    assert (await core.tasks.cancel(core.admin, tid))["status"] == "running"
-    sent: set[str] = set()
-    assert [m["type"] for m in await runner_outgoing(core.runner_dispatch, rt, conn_id, sent)] == ["cancel"]
+    answer = await core.tasks.cancel(core.admin, tid)
+    assert answer["status"] == "running" and answer["attempt"] == 1  # the answer names the attempt it acted on
+    sent: set[tuple[str, int]] = set()
+    assert [(m["type"], m["attempt"]) for m in await runner_outgoing(core.runner_dispatch, rt, conn_id, sent)] \
+        == [("cancel", 1)]  # so does the message: a runner running another attempt leaves that one alone
     assert await runner_outgoing(core.runner_dispatch, rt, conn_id, sent) == []  # sent once per connection
     await runner_finished(core.reports, rt, p.Finished(task_id=tid, attempt=1, rseq=1, outcome="cancelled"))
     assert (await row(core, tid)).outcome == "cancelled"

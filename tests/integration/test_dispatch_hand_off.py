@@ -152,7 +152,7 @@ async def test_a_pump_round_with_nothing_to_claim_takes_no_write_lock_yet_sends_
     due = await hub.hub.runner_dispatch.outgoing_many([link])
     again = await hub.hub.runner_dispatch.outgoing_many([link])
 
-    assert due.messages == {link.conn_id: [p.Cancel(task_id=task_id).model_dump()]} and not due.revoked
+    assert due.messages == {link.conn_id: [p.Cancel(task_id=task_id, attempt=1).model_dump()]} and not due.revoked
     assert again.messages == {}  # a cancel goes once per connection
     async with hub.hub.db.write() as conn:  # revoked behind the endpoint's back, as on another replica
         await conn.execute(api_tokens.update().where(api_tokens.c.id == link.token_id)
