@@ -107,7 +107,8 @@ class Hub:
         self.memory = MemoryService(self.db, self.clock, settings.memory)
         self.instances = InstanceService(self.db, self.clock, self.notifier, self.sessions, self.tasks,
                                          on_admitted=self.dispatcher.kick)
-        self.registry = RuntimeRegistry(self.db, self.clock, self.dispatcher, execution=settings.execution)
+        self.registry = RuntimeRegistry(self.db, self.clock, self.dispatcher, execution=settings.execution,
+                                        reap_s=settings.hub.runtime_reap_s)
         self.reports = RunnerReports(self.db, self.clock, self.notifier, self.dispatcher, self.auth,
                                      on_started=lambda _t, s: self.metrics.dispatch_latency.observe(max(s, 0.0)))
         self.runner_dispatch = RunnerDispatch(self.db, self.clock, self.credentials, self.auth,
@@ -273,6 +274,7 @@ class Hub:
         if self.db.is_sqlite:
             loops.start("sqlite-checkpoint", self.db.checkpoint, interval_s=1.0)
         loops.start("lease-reaper", self.leases.reaper_step, interval_s=30.0)
+        loops.start("runtime-reaper", self.registry.reap_step, interval_s=60.0)
         loops.start("timeline-sweeper", self.timeline.sweep_step, interval_s=self.settings.timeline.sweep_s)
         loops.start("alerts", self.alerts.step, interval_s=self.settings.alerts.poll_s, wake=self.alerts.kicked)
         loops.start("chat", self._chat_step, interval_s=hs.poll_s, wake=self.chats.kicked)

@@ -36,6 +36,9 @@ class HubSettings(Section):
 
     reservation_ttl_s: float = 30.0
     runtime_lost_s: float = 60.0
+    # A runtime offline this long with no work left is removed and its name freed (a replaced runner pod or
+    # container registers anew under its own name); 0 = never.
+    runtime_reap_s: float = Field(default=86_400.0, ge=0)
     heartbeat_s: float = 5.0
     deadline_grace_s: float = 30.0
     poll_s: float = 0.25

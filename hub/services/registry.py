@@ -2,8 +2,10 @@
 reconciles the work it holds; deregistration frees the name."""
 from __future__ import annotations
 
+import logging
 import os
 import socket
+from datetime import timedelta
 
 
 from ..clock import Clock
@@ -20,6 +22,8 @@ from ..store.tasks import SqlTaskStore
 from .auth import Caller
 from .dispatch import Dispatcher
 
+log = logging.getLogger("amux.registry")
+
 
 TAKEN = ("runtime name {name!r} belongs to {owner!r}, who registered it first; start the runner with another "
          "--name, or have {owner!r} deregister it (`DELETE /api/v1/runtimes/{name}` with their token) while its "
@@ -33,8 +37,9 @@ class RuntimeRegistry:
     """Register, list and deregister runtimes; every method is idempotent under resends."""
 
     def __init__(self, db: Database, clock: Clock, dispatcher: Dispatcher,
-                 execution: ExecutionSettings | None = None) -> None:
+                 execution: ExecutionSettings | None = None, reap_s: float = 0.0) -> None:
         self.db = db
+        self.reap_s = reap_s  # hub.runtime_reap_s (0: runtimes are never removed)
         self.execution = execution or ExecutionSettings()
         self.store = SqlRegistryStore(db)
         self.reports_store = SqlReportStore(db)
@@ -123,6 +128,18 @@ class RuntimeRegistry:
 
         await self.db.transaction(deregister)
         return {"name": name, "deregistered": True}
+
+    async def reap_step(self) -> float | None:
+        """Remove the runtimes offline longer than `hub.runtime_reap_s` that hold no work, freeing their names (a
+        replaced runner pod or container leaves its old row behind); one pass of the `runtime-reaper` loop."""
+        if self.reap_s <= 0:
+            return None
+        cutoff = self.clock.now() - timedelta(seconds=self.reap_s)
+        names = await self.db.transaction(lambda conn: self.store.reap(conn, cutoff))
+        for name in names:
+            log.info("runtime %s removed: offline since before %s with no work left (hub.runtime_reap_s)",
+                     name, cutoff.isoformat(timespec="seconds"))
+        return None
 
     async def list_runtimes(self) -> list[dict]:
         """Return every registered runtime by name: id, name, status, slots, capabilities."""

@@ -128,6 +128,25 @@ class SqlRegistryStore:
         return int((await conn.execute(sa.select(sa.func.count()).select_from(reservations).where(
             reservations.c.runtime_id == runtime_id, reservations.c.state != "released"))).scalar_one())
 
+    async def reap(self, conn: Connection, offline_before: datetime) -> list[str]:
+        """Delete every runtime offline since before `offline_before` whose reservations are all released (and
+        those reservations); return their names. Each runtime goes in one statement that checks again that it is
+        still offline and idle, so a runner that reconnects meanwhile, on any replica, keeps its row."""
+        stale = [r.id for r in (await conn.execute(sa.select(runtimes.c.id).where(
+            runtimes.c.status != "online", runtimes.c.last_seen_at < offline_before))).all()]
+        names: list[str] = []
+        for runtime_id in stale:
+            busy = sa.exists().where(reservations.c.runtime_id == runtime_id, reservations.c.state != "released")
+            idle = sa.and_(runtimes.c.id == runtime_id, runtimes.c.status != "online",
+                           runtimes.c.last_seen_at < offline_before, ~busy)
+            await conn.execute(reservations.delete().where(  # its released ones first (they name it)
+                reservations.c.runtime_id == runtime_id, reservations.c.state == "released",
+                sa.exists().where(idle)))
+            gone = (await conn.execute(runtimes.delete().where(idle).returning(runtimes.c.name))).first()
+            if gone is not None:
+                names.append(gone.name)
+        return names
+
     async def delete(self, conn: Connection, runtime_id: str) -> None:
         """Delete the runtime and its (released) reservations, freeing its name."""
         await conn.execute(reservations.delete().where(reservations.c.runtime_id == runtime_id))

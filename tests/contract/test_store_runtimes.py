@@ -73,6 +73,25 @@ async def test_name_of_a_runtime_comes_with_its_capabilities_and_an_unknown_one_
         assert await registry.name_of(conn, "rt_gone") == (None, {})
 
 
+async def test_reap_removes_runtimes_offline_since_before_the_cutoff_with_no_work_and_frees_their_names(db, registry):
+    day = timedelta(days=1)
+    async with db.write() as conn:
+        owner = await principal(conn)
+        gone = await runtime(conn, owner, name="pod-a", status="offline", last_seen=T0 - 2 * day)
+        tid = await task(conn, owner, status="succeeded", runtime_id=gone, attempt=1)
+        await reservation(conn, gone, tid, state="released")  # history of a finished run: no work
+        busy = await runtime(conn, owner, name="pod-b", status="offline", last_seen=T0 - 2 * day)
+        await reservation(conn, busy, await task(conn, owner, status="running", runtime_id=busy, attempt=1),
+                          state="committed")
+        await runtime(conn, owner, name="pod-c", status="offline", last_seen=T0 - timedelta(hours=1))  # recent
+        await runtime(conn, owner, name="pod-d", status="online", last_seen=T0 - 2 * day)  # online: never
+        assert await registry.reap(conn, T0 - day) == ["pod-a"]
+        left = sorted((await conn.execute(sa.select(runtimes.c.name))).scalars())
+        assert left == ["pod-b", "pod-c", "pod-d"]
+        assert await registry.reap(conn, T0 - day) == []  # nothing more: a second replica's pass deletes nothing
+        await runtime(conn, owner, name="pod-a")  # the name is free again
+
+
 async def test_names_are_sorted_and_limited(db, registry):
     async with db.write() as conn:
         owner = await principal(conn)

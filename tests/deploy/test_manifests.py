@@ -192,3 +192,8 @@ def test_the_compose_hub_entrypoint_adds_the_feishu_table_only_when_an_app_id_is
     cfg = out[3]
     assert cfg == (f"{tmp_path}/out-amux.toml" if with_app else f"{tmp_path}/amux.toml")
     assert ("[[feishu.apps]]" in (tmp_path / cfg).read_text()) is with_app
+
+
+def test_compose_runner_names_no_runtime_so_each_replica_registers_under_its_own_hostname(compose):
+    command = compose["services"]["runner"]["command"]
+    assert "--name" not in command, command  # a fixed name would make `--scale runner=N` replicas collide
