@@ -22,12 +22,12 @@ from aiohttp import web
 
 from hub.config import FeishuAppSettings
 from hub.errors import AmuxError
+from hub.services.channel import CONSOLE_APP
 
 if TYPE_CHECKING:
     from .core import FeishuBot
     from .services import BotServices
 
-CONSOLE_APP = "cli_console"
 HEADERS = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer", "X-Content-Type-Options": "nosniff"}
 
 

@@ -25,7 +25,7 @@ from .mcp.session_tools import session_tools
 from .mcp.task_tools import task_tools
 from .services.admission import Admission
 from .services.alerts import AlertService
-from .services.channel import NullChannel, load_channel
+from .services.channel import ConsoleChannel, load_channel
 from .services.auth import AuthService
 from .services.bot import BotService
 from .services.oauth import OAuthService
@@ -128,10 +128,10 @@ class Hub:
         self.recovery = RecoveryService(self.db, self.clock)  # upgrade creator recovery
         self.identity = IdentityService(self.db, self.clock)  # Feishu identity links
         # The Feishu channel, wired here: configured apps load it (a missing lark-oapi fails the start, naming
-        # the fix); no apps is the explicit NullChannel (the console's own application delivers through it).
-        channel = (load_channel(settings.feishu.channel, settings) if settings.feishu.apps else NullChannel(
-            "no Feishu application is configured ([[feishu.apps]]): status notices have no channel to go to, "
-            "the console's own application included"))
+        # the fix); no apps is the explicit ConsoleChannel: the console's own application's notices are confirmed
+        # where the console reads them, any other application's have no channel to go to.
+        channel = (load_channel(settings.feishu.channel, settings) if settings.feishu.apps else ConsoleChannel(
+            "no Feishu application is configured ([[feishu.apps]]): status notices have no channel to go to"))
         self.alerts = AlertService(self.db, self.clock, settings.alerts, settings.feishu, channel, self.schedules)
         # Reconciled firing outcomes feed the alert pipeline (its OutcomeSink).
         self.schedule_firing = ScheduleFiring(self.db, self.clock, settings.schedules, self.admission,

@@ -2,8 +2,9 @@
 
 Channel packages (e.g. `bot.feishu.channel`) import this module, never the reverse; the composition
 root loads the configured channel by name (`feishu.channel`) when Feishu applications are configured, and a
-channel that cannot be loaded stops the hub at start with the fix (no silent fallback). `NullChannel` is the
-explicit choice when no application is configured: then lark-oapi is never imported.
+channel that cannot be loaded stops the hub at start with the fix (no silent fallback). `ConsoleChannel` is the
+explicit choice when no application is configured (it confirms the console's own application's notices and
+refuses any other, as `NullChannel` does): then lark-oapi is never imported.
 """
 from __future__ import annotations
 
@@ -71,6 +72,35 @@ class NullChannel:
 
     async def aclose(self) -> None:
         """Nothing to release."""
+
+
+CONSOLE_APP = "cli_console"  # the bot console's own application (bot/console.py), known when none is configured
+
+
+class ConsoleChannel(NullChannel):
+    """The channel of a hub with no Feishu application: the console's own application (`cli_console`) is
+    delivered where the console reads it — the outbox itself (`/console/api/chat`) — so each of its notices is
+    confirmed at once, under a message id its request uuid names; any other application is refused as by
+    `NullChannel`."""
+
+    async def send(self, app_id: str, recipient: str, view: dict[str, Any], request_uuid: str) -> Delivery:
+        """Confirm a console notice; refuse any other (retry later)."""
+        return await self._console(app_id, request_uuid) or await super().send(app_id, recipient, view, request_uuid)
+
+    async def reply(self, app_id: str, message_id: str, view: dict[str, Any], request_uuid: str) -> Delivery:
+        """Confirm a console reply; refuse any other (retry later)."""
+        return await self._console(app_id, request_uuid) or await super().reply(app_id, message_id, view,
+                                                                                 request_uuid)
+
+    async def update(self, app_id: str, message_id: str, view: dict[str, Any]) -> Delivery:
+        """Confirm a console card's update (the console shows the newest); refuse any other (retry later)."""
+        return await self._console(app_id, None) or await super().update(app_id, message_id, view)
+
+    @staticmethod
+    async def _console(app_id: str, request_uuid: str | None) -> Delivery | None:
+        if app_id != CONSOLE_APP:
+            return None
+        return Delivery(OK, message_id=f"om_console_{request_uuid}" if request_uuid else None)
 
 
 def load_channel(spec: str, settings: Any) -> Channel:

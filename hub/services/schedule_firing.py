@@ -28,6 +28,7 @@ from ..ids import new_id
 from ..loops import Loops
 from ..store.db import Connection, Database, Row, StoreError
 from ..store.firings import DispatchResult, NewFiring, SqlFiringStore
+from ..store.records import TaskRunRecord
 from ..store.tasks import QueuedTask
 from .admission import Admission
 from .auth import Caller
@@ -57,7 +58,8 @@ class Due:
     result: tuple[str, str | None, str | None] | None = None  # (admission, task_id, turn_id)
     task: QueuedTask | None = None  # admitted when the result is recorded (the queue limit may refuse it)
     exempt: bool = False  # its creator holds an admin token: no queue limit, as at `task_submit`
-    replaces: tuple[str, ...] = ()  # overlap = replace: the unfinished Tasks to cancel before this one is admitted
+    replaces: tuple[str, ...] = ()  # overlap = replace: the unfinished Tasks cancelled as this one is admitted
+    caller: Caller | None = None  # who the firing acts as (its creator): the replaced Tasks are cancelled as them
 
 
 def _reason(e: BaseException) -> str:
@@ -198,8 +200,6 @@ class ScheduleFiring:
         for d in due:
             if d.result is None and d.schedule.type == "session-prompt":
                 await self._submit_turn(d, callers[d.schedule.id])
-            elif d.replaces and d.result is not None and d.result[0] == "ok":
-                await self._replace(d, callers[d.schedule.id])
         await self._record(due, now)
 
     async def _admit_all(self, conn: Connection, due: list[Due], callers: dict[str, Caller], now: datetime,
@@ -221,6 +221,7 @@ class ScheduleFiring:
                 d.result = (SKIPPED_OVERLAP, None, None)
             elif d.schedule.type == "subtask":
                 d.replaces = unfinished if d.schedule.overlap == "replace" else ()
+                d.caller = caller
                 subtasks.append((d, caller))
         reqs = [(caller, submit_request(d.schedule)) for d, caller in subtasks]
         snaps = await self.admission.freeze_many(conn, reqs, origin="schedule")
@@ -240,20 +241,29 @@ class ScheduleFiring:
                                 snapshot=snap, now=now)
             d.result, d.exempt = ("ok", d.task.task_id, None), caller.principal_id in exempt
 
-    async def _replace(self, d: Due, caller: Caller) -> None:
-        """Cancel the previous unfinished Tasks of an `overlap = replace` schedule (the cancellation `task_cancel`
-        uses: at once when not started, else through its runner), before this fire's Task is admitted; when one is
-        refused, this fire admits nothing (never two Tasks where one was asked for)."""
-        for task_id in d.replaces:
-            try:
-                if self.tasks is None:
-                    raise RuntimeError("Task cancellation is not wired into this hub")
-                await self.tasks.cancel(caller, task_id)
-            except Exception as e:  # noqa: BLE001 — a refusal is this fire's admission status, never a crash
-                text = e.message if isinstance(e, AmuxError) else f"{type(e).__name__}: {e}"
-                d.result, d.task = (f"error:the previous Task {task_id} could not be cancelled (overlap = "
-                                    f"replace), so no new one was admitted: {text}"[:500], None, None), None
-                return
+    async def _replace_in(self, conn: Connection, live: list[Due], now: datetime,
+                          results: dict[str, tuple[str, str | None, str | None]]) -> list[TaskRunRecord]:
+        """Cancel, in the transaction that admits the new Tasks, the previous unfinished Tasks of each `overlap =
+        replace` firing (the cancellation `task_cancel` uses: at once when not started, else through its runner):
+        a crash leaves both done or neither, so exactly one of old and new goes on. A refused cancellation admits
+        nothing for its firing (never two Tasks where one was asked for): `results` says so, and the firing's
+        Task is left out. Return the Tasks it cancelled. Nothing of `live` changes (the transaction may run again)."""
+        done: list[TaskRunRecord] = []
+        for d in live:
+            if not d.replaces or d.task is None or d.caller is None:
+                continue
+            if self.tasks is None:
+                raise RuntimeError("Task cancellation is not wired into this hub")
+            for task_id in d.replaces:
+                try:
+                    row, status = await self.tasks.cancel_in(conn, d.caller, task_id, now)
+                except AmuxError as e:  # a refusal is this fire's admission status, never a crash
+                    results[d.firing_id] = (f"error:the previous Task {task_id} could not be cancelled (overlap = "
+                                            f"replace), so no new one was admitted: {e.message}"[:500], None, None)
+                    break
+                if status is not None:
+                    done.append(row)
+        return done
 
     async def _submit_turn(self, d: Due, caller: Caller) -> None:
         if self.sessions is None:
@@ -270,7 +280,10 @@ class ScheduleFiring:
 
         Only firings still unrecorded are written: one the reconciler already marked `unknown` gets no Task.
         """
-        events, results = await self.db.transaction(lambda conn: self._record_in(conn, due, now))
+        events, results, replaced = await self.db.transaction(lambda conn: self._record_in(conn, due, now))
+        for row in replaced:  # committed with the new Tasks: wake their waiters and runners
+            if self.tasks is not None:
+                self.tasks.cancelled(row)
         for d in due:
             if d.firing_id in results:
                 d.result = results[d.firing_id]
@@ -279,13 +292,17 @@ class ScheduleFiring:
         await self._publish(events)
 
     async def _record_in(self, conn: Connection, due: list[Due], now: datetime
-                         ) -> tuple[list[FiringOutcome], dict[str, tuple[str, str | None, str | None]]]:
-        """`_record`'s writes in the caller's transaction, returning each recorded firing's result; fresh on each
-        attempt (what a lost commit wrote is seen, and nothing of `due` changes)."""
+                         ) -> tuple[list[FiringOutcome], dict[str, tuple[str, str | None, str | None]],
+                                    list[TaskRunRecord]]:
+        """`_record`'s writes in the caller's transaction, returning each recorded firing's result and the Tasks an
+        `overlap = replace` firing cancelled; fresh on each attempt (what a lost commit wrote is seen, and nothing
+        of `due` changes)."""
         open_ = await self.store.claim_unrecorded(conn, [d.firing_id for d in due])
         live = [d for d in due if d.firing_id in open_]
         results = {d.firing_id: d.result for d in live if d.result is not None}
-        tasks = [(d.firing_id, Admit(exempt=d.exempt, task=d.task)) for d in live if d.task is not None]
+        replaced = await self._replace_in(conn, live, now, results)
+        tasks = [(d.firing_id, Admit(exempt=d.exempt, task=d.task)) for d in live
+                 if d.task is not None and results.get(d.firing_id, ("ok",))[0] == "ok"]
         # The same admitter as `task_submit`: a Task beyond its creator's queue limit is not inserted, and its
         # firing records the refusal.
         refused = await self.admitter.admit(conn, [a for _, a in tasks])
@@ -297,7 +314,7 @@ class ScheduleFiring:
                            reconciled_at=None if adm == "ok" else now) for fid, (adm, tid, uid) in results.items()])
         events = [self._event(d.schedule, d.firing_id, d.nominal, None, results[d.firing_id][0])
                   for d in live if results[d.firing_id][0] != "ok"]
-        return events, results
+        return events, results, replaced
 
     # ------------------------------------------------------------ reconcile
 

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from ..domain.tasks import Status
+from ..store.db import Connection
+from ..store.records import TaskRunRecord
 from .auth import Caller
 
 OUTCOMES = ("succeeded", "failed", "cancelled", "timed_out", "missed", "unknown")
@@ -80,6 +83,11 @@ class SessionPort(Protocol):
 class TaskPort(Protocol):
     """What schedules need from Tasks: the cancellation a person's `task_cancel` uses (overlap = replace)."""
 
-    async def cancel(self, caller: Caller, task_id: str) -> dict:
-        """Cancel `caller`'s Task: at once when it has not started, else through its runner (which finishes it
-        cancelled); a finished Task is left as it is. Raise AmuxError when the Task is not the caller's."""
+    async def cancel_in(self, conn: Connection, caller: Caller, task_id: str,
+                        now: datetime) -> tuple[TaskRunRecord, Status | None]:
+        """Cancel `caller`'s Task in the caller's transaction: at once when it has not started, else through its
+        runner (which finishes it cancelled); a finished Task is left as it is (status None). Raise AmuxError when
+        the Task is not the caller's."""
+
+    def cancelled(self, row: TaskRunRecord) -> None:
+        """Wake what a committed cancellation concerns (its waiters, its runner)."""

@@ -280,33 +280,39 @@ class TaskService:
                 wait = min(wait, max(0.0, deadline - _monotonic()))
             await self.notifier.wait(task_key(task_id), wait)
 
+    async def cancel_in(self, conn: Connection, caller: Caller, task_id: str,
+                        now: datetime) -> tuple[TaskRunRecord, Status | None]:
+        """Cancel a task in the caller's transaction: end it at once when not yet running, else ask its runner (the
+        status it then has; None when it had ended). Call `cancelled` once the transaction has committed."""
+        row = await self.store.get_for_update(conn, task_id)
+        if row is None or (row.owner_id != caller.principal_id and not caller.admin):
+            raise NotFound(NOT_YOURS.format(task_id=task_id))
+        if row.status == Status.WAITING_FOR_USER:  # a Turn waiting on its question: the question is withdrawn
+            done = await SqlQuestionStore(self.db).cancel_waiting_turn(conn, task_id, now)
+            return row, Status.CANCELLED if done else None
+        if is_terminal(row.status):
+            return row, None
+        if row.status == Status.RUNNING:
+            await self.store.request_cancel(conn, task_id, now)
+            return row, Status.RUNNING
+        await self.store.finish(conn, task_id, Status.CANCELLED, now, error="cancelled before it started")
+        return row, Status.CANCELLED
+
+    def cancelled(self, row: TaskRunRecord) -> None:
+        """Wake what a committed cancellation concerns: the task's waiters and its runtime's runner pump."""
+        self.notifier.notify(task_key(row.id))
+        if row.runtime_id:
+            self.notifier.notify(f"runtime:{row.runtime_id}")
+
     async def cancel(self, caller: Caller, task_id: str) -> dict:
         """Cancel a task: at once when not yet running, else through its runner."""
         now = self.clock.now()
-
-        async def cancel(conn: Connection) -> tuple[TaskRunRecord, Status | None]:
-            row = await self.store.get_for_update(conn, task_id)
-            if row is None or (row.owner_id != caller.principal_id and not caller.admin):
-                raise NotFound(NOT_YOURS.format(task_id=task_id))
-            if row.status == Status.WAITING_FOR_USER:  # a Turn waiting on its question: the question is withdrawn
-                done = await SqlQuestionStore(self.db).cancel_waiting_turn(conn, task_id, now)
-                return row, Status.CANCELLED if done else None
-            if is_terminal(row.status):
-                return row, None
-            if row.status == Status.RUNNING:
-                await self.store.request_cancel(conn, task_id, now)
-                return row, Status.RUNNING
-            await self.store.finish(conn, task_id, Status.CANCELLED, now, error="cancelled before it started")
-            return row, Status.CANCELLED
-
-        row, status = await self.db.transaction(cancel)
+        row, status = await self.db.transaction(lambda conn: self.cancel_in(conn, caller, task_id, now))
         attempt = row.attempt or None  # the attempt it acted on; a task cancelled before any started has none
         if status is None:
             return {"task_id": task_id, "status": row.status, "outcome": row.outcome, "note": "already finished",
                     "attempt": attempt}
-        self.notifier.notify(task_key(task_id))
-        if row.runtime_id:
-            self.notifier.notify(f"runtime:{row.runtime_id}")
+        self.cancelled(row)
         return {"task_id": task_id, "status": status.value,
                 "outcome": status.value if status == Status.CANCELLED else None, "attempt": attempt}
 

@@ -540,6 +540,32 @@ async def test_overlap_replace_cancels_the_unfinished_task_then_admits_the_new_o
     assert first.outcome == "cancelled"
 
 
+async def test_overlap_replace_is_crash_safe_a_crash_before_the_commit_leaves_the_old_task_and_no_new_one(
+        core, monkeypatch):
+    s = await core.schedules.create(core.alice, spec(overlap="replace"))
+    await fire_at(core, 300)
+    [first] = await ledger(core, s["schedule_id"])
+    admit = core.schedule_firing.admitter.admit
+
+    async def crash(conn, tasks):  # the hub dies inside the transaction that replaces: after the cancel, before
+        raise ConnectionError("the hub died")  # the commit (a lost connection rolls the transaction back)
+
+    monkeypatch.setattr(core.schedule_firing.admitter, "admit", crash)
+    with pytest.raises(ConnectionError):
+        await fire_at(core, 300)
+    monkeypatch.setattr(core.schedule_firing.admitter, "admit", admit)
+    first, second = await ledger(core, s["schedule_id"])
+    assert (await task(core, first.task_id)).status == "queued"  # the old Task goes on: its cancel never committed
+    assert (second.admission, second.task_id) == (None, None)  # and no new one
+    async with core.db.read() as conn:
+        assert (await conn.execute(sa.select(sa.func.count()).select_from(task_runs))).scalar() == 1
+    core.clock.advance(core.settings.schedules.unknown_after_s + 1)
+    await core.schedule_firing.reconcile()
+    _, second = await ledger(core, s["schedule_id"])
+    assert second.outcome == "unknown"  # the card explains the firing: its outcome was never observed
+    assert (await task(core, first.task_id)).status == "queued"
+
+
 async def test_overlap_is_changed_by_update_and_a_finished_previous_task_never_holds_a_fire_back(core):
     s = await core.schedules.create(core.alice, spec())
     assert (await core.schedules.update(core.alice, s["schedule_id"], ScheduleSpec(overlap="skip")))["overlap"] == \

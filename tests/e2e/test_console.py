@@ -21,7 +21,7 @@ from hub.services.auth import Caller
 from hub.services.schedules import ScheduleSpec
 from hub.store.db import Database
 from bot.cards.base import card, markdown, same
-from hub.store.tables import identity_bindings, runtimes, schedules
+from hub.store.tables import identity_bindings, outbox, runtimes, schedules
 from tests.helpers import hub_settings
 
 CHROMIUM = "/usr/bin/chromium"
@@ -292,3 +292,12 @@ async def test_the_console_shows_a_chat_turns_progress_card_and_its_stop_until_i
         assert await card.locator("button").all_inner_texts() == ["Agent Timeline"]
         await page.select_option("#lang", "zh_cn")
         assert "已停止" in await card.inner_text()
+    for _ in range(3):  # the card, then its update (due once the card's update interval has passed)
+        await hub.alerts.worker.deliver_once()  # the console's own application is delivered like any channel's
+        hub.clock.advance(60)
+    async with hub.db.read() as conn:
+        notices = (await conn.execute(sa.select(outbox.c.kind, outbox.c.state, outbox.c.message_id,
+                                                outbox.c.request_uuid).where(outbox.c.app_id == "cli_console"))).all()
+    sent = [n for n in notices if n.kind in ("chat_card", "chat_part")]
+    assert sent and all(n.state == "sent" for n in notices), notices  # confirmed, none left unconfirmed or queued
+    assert all(n.message_id == f"om_console_{n.request_uuid}" for n in sent), sent
