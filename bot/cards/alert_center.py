@@ -9,6 +9,7 @@ from hub.domain.states import DeliveryState, IncidentState
 from .actions import Ack, Alerts, Overview, Recheck, Snooze
 from .alerts import outcome, snooze_label
 from .base import Text, button, button_row, card, check_limits, esc, hr, join, markdown, same, when
+from .timeline import timeline_button
 from .views import AlertCenterView, Diagnostic
 
 STATES: dict[str, str] = {IncidentState.PENDING: _("failing"), IncidentState.OPEN: _("failing"),
@@ -58,6 +59,8 @@ def render_alert_center(v: AlertCenterView, tr: Catalogs) -> dict[str, Any]:
             buttons.append(button(tr.text(_("Acknowledge")), Ack(incident_id=inc.incident_id),
                                   "primary"))
             buttons.append(button(snooze_label(tr, v.snooze_s), Snooze(incident_id=inc.incident_id)))
+        if inc.run_id:  # the administrator opens the failing run's Agent Timeline (a private sign-in link)
+            buttons.append(timeline_button(tr, inc.run_kind, inc.run_id))
         if buttons:
             elements.append(button_row(*buttons))
     if v.pages > 1:

@@ -113,6 +113,8 @@ class IncidentItem:
     last_outcome: str | None
     acknowledged: bool
     snoozed_until: str | None
+    run_id: str = ""          # its last firing's Task or Turn: the card links its Agent Timeline
+    run_kind: str = "task"    # task | turn
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -69,7 +69,9 @@ async def _card(ctx: Ctx, page: int) -> dict:
     items = tuple(IncidentItem(incident_id=r.id, schedule_name=r.schedule_name or r.schedule_id, creator=r.creator_name,
                                state=r.state, failures=r.failures, missed=r.missed, unknowns=r.unknowns,
                                last_outcome=r.last_outcome, acknowledged=r.acked_at is not None,
-                               snoozed_until=r.snoozed_until.isoformat() if r.snoozed_until else None)
+                               snoozed_until=r.snoozed_until.isoformat() if r.snoozed_until else None,
+                               run_id=r.last_task_id or r.last_turn_id or "",
+                               run_kind="task" if r.last_task_id else "turn")
                   for r in center.incidents)
     view = AlertCenterView(app_id=ctx.viewer.app_id, incidents=items, page=center.page, pages=center.pages,
                            delivery_state=center.delivery_state,

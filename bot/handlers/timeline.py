@@ -1,8 +1,9 @@
 """The Agent Timeline button (bot/cards/timeline.py): send the clicker a private one-time sign-in link to the page.
 
-Only the run's owner gets a link (the page shows a run to its owner and to hub admins); anyone else — another
-user pressing a button in a shared chat — gets the same refusal as for a run that does not exist, and nothing is
-sent. The link is `/amux login`'s (one use, ten minutes) with a `next` that lands on the run's timeline page.
+Only someone the timeline shows the run to gets a link (its owner, hub admins, and the administrator of a Feishu
+application whose alert center shows it: `TimelineService.read`); anyone else — another user pressing a button in
+a shared chat — gets the same refusal as for a run that does not exist, and nothing is sent. The link is
+`/amux login`'s (one use, ten minutes) with a `next` that lands on the run's timeline page.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ NOT_YOURS = _("That Agent Timeline is not yours (or no longer exists); nothing w
 
 @handles(Timeline)
 async def open_timeline(ctx: Ctx, a: Timeline) -> Answer:
-    """Check the clicker owns the run, then send them a private sign-in link that lands on its timeline."""
+    """Check the timeline shows the run to the clicker, then send them a private sign-in link that lands on it."""
     services, v = ctx.services, ctx.viewer
     if services.timeline is None or not a.run_id:
         return Answer(toast=NOT_YOURS, toast_kind="error")

@@ -1,4 +1,5 @@
-"""The Agent Timeline (docs/timeline.md): read a run's raw agent events (owner and admins only); sweep old ones."""
+"""The Agent Timeline (docs/timeline.md): read a run's raw agent events (its owner, hub admins, and the
+administrator of a Feishu application whose alert center shows the run); sweep old ones."""
 from __future__ import annotations
 
 from datetime import datetime
@@ -23,7 +24,8 @@ MAX_PAGE = 1000
 
 
 class TimelineService:
-    """Answer a run's timeline to its owner or an admin; delete events past `timeline.retention_s`."""
+    """Answer a run's timeline to its owner, a hub admin, or the administrator of a Feishu application whose alert
+    center shows it; delete events past `timeline.retention_s`."""
 
     def __init__(self, db: Database, clock: Clock, settings: TimelineSettings | None = None) -> None:
         self.db = db
@@ -35,13 +37,16 @@ class TimelineService:
         """Return the run's raw events after `cursor` (a runner sequence) and the next cursor.
 
         Another principal's run, a run of the other kind and a missing run answer the same 404: a timeline never
-        says whether someone else's run exists."""
+        says whether someone else's run exists. The administrator of a Feishu application reads the runs its alert
+        center shows them (a firing's Task or Turn of a schedule with an incident there), on every door alike."""
         if not isinstance(cursor, int) or isinstance(cursor, bool) or cursor < 0:
             raise Invalid("cursor must be a non-negative integer (the `cursor` of the previous answer, or 0)")
         limit = max(1, min(int(limit), MAX_PAGE))
         async with self.db.read() as conn:
             row = await self.tasks.get(conn, run_id)
-            if row is None or row.kind != kind or (row.owner_id != caller.principal_id and not caller.admin):
+            if row is None or row.kind != kind or not (
+                    row.owner_id == caller.principal_id or caller.admin
+                    or await SqlTimelineStore.shown_to_app_admin(conn, run_id, caller.principal_id)):
                 raise NotFound(NOT_YOURS[kind].format(id=run_id))
             events = await SqlTimelineStore.after(conn, run_id, cursor, limit)
         out = [{"seq": e.rseq, "type": e.type, **(e.payload if isinstance(e.payload, dict) else {"value": e.payload}),

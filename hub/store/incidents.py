@@ -233,11 +233,14 @@ class SqlIncidentStore:
 
     async def active_page_in_app(self, conn: Connection, app_id: str, *, offset: int, limit: int) -> list[Row]:
         """Return `limit` active incidents of `app_id` from `offset`, newest opened first (ties by id), each with
-        `schedule_name` and `creator_name` (None when the schedule or principal is gone)."""
+        `schedule_name` and `creator_name` (None when the schedule or principal is gone) and its last firing's
+        `last_task_id` / `last_turn_id` (the run whose Agent Timeline the alert center links)."""
         return list((await conn.execute(
-            sa.select(incidents, schedules.c.name.label("schedule_name"), principals.c.name.label("creator_name"))
+            sa.select(incidents, schedules.c.name.label("schedule_name"), principals.c.name.label("creator_name"),
+                      firings.c.task_id.label("last_task_id"), firings.c.turn_id.label("last_turn_id"))
             .outerjoin(schedules, schedules.c.id == incidents.c.schedule_id)
             .outerjoin(principals, principals.c.id == incidents.c.creator_id)
+            .outerjoin(firings, firings.c.id == incidents.c.last_firing_id)
             .where(incidents.c.app_id == app_id, incidents.c.active_key.is_not(None))
             .order_by(incidents.c.opened_at.desc(), incidents.c.id).offset(offset).limit(limit))).all())
 

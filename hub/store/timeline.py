@@ -6,8 +6,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from ..domain.states import BindingStatus
 from .db import Connection, Row, execute_many
-from .tables import timeline_events
+from .tables import feishu_apps, firings, identity_bindings, incidents, timeline_events
 
 _INSERT = timeline_events.insert()
 
@@ -35,6 +36,22 @@ class SqlTimelineStore:
                       timeline_events.c.created_at)
             .where(timeline_events.c.run_id == run_id, timeline_events.c.rseq > cursor)
             .order_by(timeline_events.c.rseq).limit(limit))).all())
+
+    @staticmethod
+    async def shown_to_app_admin(conn: Connection, run_id: str, principal_id: str) -> bool:
+        """Say whether `principal_id` administers a Feishu application whose alert center shows the run: a Task or
+        Turn of a firing of a schedule with an incident in that application, the principal bound (actively, in
+        that application) to the application's administrator identity."""
+        found = (await conn.execute(
+            sa.select(sa.literal(1)).select_from(firings)
+            .join(incidents, incidents.c.schedule_id == firings.c.schedule_id)
+            .join(feishu_apps, feishu_apps.c.app_id == incidents.c.app_id)
+            .join(identity_bindings, sa.and_(identity_bindings.c.app_id == feishu_apps.c.app_id,
+                                             identity_bindings.c.open_id == feishu_apps.c.admin_open_id))
+            .where(sa.or_(firings.c.task_id == run_id, firings.c.turn_id == run_id),
+                   identity_bindings.c.principal_id == principal_id,
+                   identity_bindings.c.status == BindingStatus.ACTIVE).limit(1))).first()
+        return found is not None
 
     @staticmethod
     async def sweep(conn: Connection, before: datetime, limit: int) -> int:
