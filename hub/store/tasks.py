@@ -25,6 +25,8 @@ _RELEASE_MANY = (reservations.update().where(one_of(reservations.c.task_id, "b_t
                                              reservations.c.state != "released")
                  .values(state="released", released_at=sa.bindparam("b_now")))
 _INSERT_RUNS = task_runs.insert()
+_NEXT_EVENT_SEQ = (task_runs.update().where(task_runs.c.id == sa.bindparam("b_task_id"))
+                   .values(event_seq=task_runs.c.event_seq + 1).returning(task_runs.c.event_seq))
 _INSERT_EVENTS = task_events.insert()
 _FINISH_FIELDS = ("error", "result_text", "result_json", "usage_json", "changed_files", "last_rseq", "resume_handle",
                   "started_at", "event_seq")
@@ -132,13 +134,12 @@ class SqlTaskStore:
 
     async def append_event(self, conn: Connection, task_id: str, type_: str, payload: dict[str, Any],
                            now: datetime) -> int:
-        """Append one event numbered right after the run's `event_seq` and advance it; return the new seq
-        (the (task, seq) pair is unique, so a concurrent append with the same number fails instead of doubling)."""
-        current = (await conn.execute(sa.select(task_runs.c.event_seq).where(task_runs.c.id == task_id))).scalar_one()
-        seq = int(current) + 1
+        """Append one event numbered right after the run's `event_seq` and advance it; return the new seq. The
+        counter moves first (`UPDATE … RETURNING`, which also takes the run's row lock on PostgreSQL), then the
+        event is inserted: two statements; the (task, seq) pair is unique besides."""
+        seq = int((await conn.execute(_NEXT_EVENT_SEQ, {"b_task_id": task_id})).scalar_one())
         await conn.execute(task_events.insert().values(task_id=task_id, seq=seq, type=type_, payload=payload,
                                                        created_at=now))
-        await conn.execute(task_runs.update().where(task_runs.c.id == task_id).values(event_seq=seq))
         return seq
 
     @staticmethod
