@@ -23,12 +23,12 @@ from ..clock import Clock, SystemClock
 from ..domain import isolation as modes
 from ..domain.durations import duration_text
 from ..domain.events import turn_usage
+from ..domain.limits import Limits, default_limits
 from ..domain.timeline import raw_payload
 from ..domain.policy import normalize_native_args
 from ..engines.base import Engine, EngineResult, Job, PermissionReply
 from ..engines.environment import base_env
 from ..errors import AmuxError
-from ..domain.limits import Limits, default_limits
 from . import boundary as dac
 from . import confine
 from . import protocol as p
