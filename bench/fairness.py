@@ -29,7 +29,7 @@ import sqlalchemy as sa
 
 from hub.app import Hub
 from hub.clock import ManualClock
-from hub.config import load_settings
+from hub.config_sources import load_settings
 from hub.domain.tasks import Status
 from hub.runner import protocol as p
 from hub.services.admission import SubmitRequest

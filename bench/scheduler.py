@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from bench.common import REPO, figure, pct, pg_database
 from hub.app import Hub
 from hub.clock import SystemClock
-from hub.config import load_settings
+from hub.config_sources import load_settings
 from hub.runner import protocol as p
 from hub.services.tasks import SubmitRequest
 from hub.store.db import Database, upgrade

@@ -36,7 +36,7 @@ def _print(args: argparse.Namespace, data: Any, human: str | None = None) -> Non
 
 def _settings(args: argparse.Namespace, *, create_home: bool = False) -> Settings:
     """Load settings; the home must exist (or is created by `create_home`) unless --db names another database."""
-    from .config import load_settings
+    from .config_sources import load_settings
 
     settings = load_settings(getattr(args, "config", None), database_url=getattr(args, "db", None),
                              listen=getattr(args, "listen", None))

@@ -1,7 +1,9 @@
 """Settings: an optional TOML file overlaid by `AMUX_*` environment variables (`__` between levels), then explicit
-overrides (the CLI's flags); loaded by pydantic-settings (hub/config_sources.py), every key checked."""
+overrides (the CLI's flags); `load_settings` (hub/config_sources.py) loads them with pydantic-settings, every key
+checked."""
 from __future__ import annotations
 
+import contextvars
 import ipaddress
 import json
 import logging
@@ -14,6 +16,10 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .domain.limits import Limits, default_cpus, parse_size
 from .errors import Invalid
+
+
+# The sources of the load in progress after the arguments (hub/config_sources.py sets them); outside a load, none.
+SOURCES: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar("amux_settings_sources", default=())
 
 
 class Section(BaseModel):
@@ -359,12 +365,5 @@ class Settings(BaseSettings):
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: Any, env_settings: Any,
                                    dotenv_settings: Any, file_secret_settings: Any) -> tuple[Any, ...]:
         """Read what `load_settings` chose (flags, then the environment, then the TOML file); no .env files."""
-        from .config_sources import current_sources
-        return current_sources(init_settings, env_settings)
-
-
-def load_settings(config_file: Any = None, env: Any = None, **overrides: Any) -> Settings:
-    """Read the TOML file (if any), overlay `AMUX_*` variables, then explicit overrides; refuse unknown keys."""
-    from .config_sources import load
-    return load(config_file, env, overrides).settings
+        return (init_settings, *SOURCES.get())
 

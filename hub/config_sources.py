@@ -3,7 +3,6 @@ flags (highest first: flags, environment, file, defaults), a strict check of eve
 effective configuration with its sources and secrets masked (`amux config show`)."""
 from __future__ import annotations
 
-import contextvars
 import difflib
 import os
 import re
@@ -19,7 +18,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, TomlConfigSetting
 from pydantic_settings.exceptions import SettingsError
 from pydantic_settings.sources.utils import parse_env_vars
 
-from .config import Settings
+from .config import SOURCES, Settings
 from .errors import Invalid
 
 # `AMUX_*` variables that are not settings: the CLI's and a task child's (hub/engines), engine binaries, the
@@ -35,7 +34,6 @@ ALIASES = {"AMUX_LOG_LEVEL": "AMUX_LOG__LEVEL"}  # older spellings still read (R
 SECRETS = frozenset({"app_secret", "encrypt_key", "verification_token", "secret_key", "metrics_token"})
 
 Path_ = tuple[str, ...]
-_PLAN: contextvars.ContextVar[tuple[Any, ...] | None] = contextvars.ContextVar("amux_settings_sources", default=None)
 
 
 class MappingEnvSource(EnvSettingsSource):
@@ -47,12 +45,6 @@ class MappingEnvSource(EnvSettingsSource):
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
         return parse_env_vars(self._mapping, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str)
-
-
-def current_sources(init_settings: Any, _env_settings: Any) -> tuple[Any, ...]:
-    """The sources of the load in progress (flags first); outside `load`, only the arguments given (no env)."""
-    plan = _PLAN.get()
-    return (init_settings,) if plan is None else (init_settings, *plan)
 
 
 @dataclass
@@ -69,6 +61,11 @@ class Loaded:
             if path[:n] in self.sources:
                 return self.sources[path[:n]]
         return "default"
+
+
+def load_settings(config_file: Any = None, env: Any = None, **overrides: Any) -> Settings:
+    """Read the TOML file (if any), overlay `AMUX_*` variables, then explicit overrides; refuse unknown keys."""
+    return load(config_file, env, overrides).settings
 
 
 def load(config_file: str | os.PathLike[str] | None, env: Mapping[str, str] | None,
@@ -97,7 +94,7 @@ def load(config_file: str | os.PathLike[str] | None, env: Mapping[str, str] | No
             raise Invalid(f"unknown setting {name}{_nearest(name.upper(), env_keys())}; fix or unset it (see "
                           "README \"Configuration\"; `amux config show` lists every key)")
     sources = (MappingEnvSource(Settings, env), TomlConfigSettingsSource(Settings, toml_file=path if data else None))
-    token = _PLAN.set(sources)
+    token = SOURCES.set(sources)
     try:
         settings = Settings(**overrides)
     except SettingsError as e:  # a list or table given as a variable that is not JSON
@@ -113,7 +110,7 @@ def load(config_file: str | os.PathLike[str] | None, env: Mapping[str, str] | No
         where = where or (f"{path}" if data else f"{path} or the variable AMUX_{'__'.join(loc).upper()}")
         raise Invalid(f"bad configuration: {'.'.join(loc)}: {err['msg']}; fix it in {where}") from e
     finally:
-        _PLAN.reset(token)
+        SOURCES.reset(token)
     loaded = Loaded(settings, path)
     for leaf in _leaves(data):
         loaded.sources[leaf] = f"file {path}"

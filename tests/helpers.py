@@ -24,7 +24,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from hub.app import Hub
 from hub.clock import Clock, ManualClock
-from hub.config import Settings, load_settings
+from hub.config import Settings
+from hub.config_sources import load_settings
 from hub.engines.scripted import ScriptedEngine
 from hub.runner.agent import Runner
 from hub.store.db import Database, normalize_url, upgrade_sync

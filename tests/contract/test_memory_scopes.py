@@ -7,7 +7,7 @@ import pytest
 import sqlalchemy as sa
 
 from hub.app import Hub
-from hub.config import load_settings
+from hub.config_sources import load_settings
 from hub.errors import Conflict
 from hub.runner import protocol as p
 from hub.store.tables import sessions, task_events

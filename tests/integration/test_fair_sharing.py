@@ -8,7 +8,7 @@ import httpx2
 import pytest
 import sqlalchemy as sa
 
-from hub.config import load_settings
+from hub.config_sources import load_settings
 from hub.domain import schedule_rules as rules
 from hub.errors import Invalid
 from hub.runner import protocol as p

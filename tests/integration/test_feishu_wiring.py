@@ -82,7 +82,7 @@ def test_a_hub_without_feishu_applications_starts_and_serves_without_importing_l
     code = """
 import asyncio, sys
 from hub.app import Hub
-from hub.config import load_settings
+from hub.config_sources import load_settings
 from hub.store.db import upgrade
 
 async def main():

@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from hub.config import load_settings
-from hub.config_sources import effective, load
+from hub.config_sources import effective, load, load_settings
 from hub.errors import Invalid
 
 

@@ -157,7 +157,7 @@ def test_every_refusal_names_the_tool_that_mends_it(text, must_contain):
     ({"AMUX_BOXES__NETWORK": "bridge"}, "boxes.network"),
 ], ids=["driver", "network"])
 def test_an_unknown_box_driver_or_network_is_refused_at_start_naming_the_fix(env, key):
-    from hub.config import load_settings
+    from hub.config_sources import load_settings
     from hub.errors import Invalid
 
     with pytest.raises(Invalid) as e:
@@ -166,7 +166,7 @@ def test_an_unknown_box_driver_or_network_is_refused_at_start_naming_the_fix(env
 
 
 def test_box_settings_come_from_the_environment_form():
-    from hub.config import load_settings
+    from hub.config_sources import load_settings
 
     s = load_settings(env={"AMUX_BOXES__DRIVER": "unsandboxed", "AMUX_BOXES__NETWORK": "host",
                            "AMUX_BOXES__MAX_PER_TASK": "3", "AMUX_BOXES__MEMORY_MB": "512",
@@ -176,7 +176,7 @@ def test_box_settings_come_from_the_environment_form():
 
 
 def test_a_task_holds_any_number_of_boxes_by_default_and_the_limits_are_per_principal():
-    from hub.config import load_settings
+    from hub.config_sources import load_settings
 
     s = load_settings(env={}, home="/nonexistent-amux-home")
     assert (s.boxes.max_per_task, s.boxes.max_live_per_principal, s.leases.max_open_tasks_per_principal,
