@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, TextIO
 
+from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
@@ -40,6 +41,10 @@ class RequestContext:
 
 
 _CONTEXT: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar("amux_request", default=None)
+# What the edge (hub/web/edge.py) keeps on each request, and its access line reads once the response is sent
+REQUEST_ID = web.RequestKey("request_id", str)
+CLIENT = web.RequestKey("client", str)  # the client's IP address: the peer, or what a trusted proxy forwarded
+LOG_CONTEXT = web.RequestKey("log_context", RequestContext)  # who the request is, for its log lines
 
 
 def open_request(request_id: str) -> tuple[RequestContext, contextvars.Token[RequestContext | None]]:
@@ -173,8 +178,6 @@ class AccessLog(AbstractAccessLogger):
 
     def log(self, request: BaseRequest, response: StreamResponse, time: float) -> None:
         """Write the access line of `request` (aiohttp calls this once the response is sent)."""
-        from .web.edge import CLIENT, LOG_CONTEXT, REQUEST_ID
-
         try:
             path = request.path
         except Exception:  # noqa: BLE001 - a request line too broken to have a path

@@ -23,7 +23,7 @@ from ..errors import AmuxError, Forbidden, Invalid
 from ..services.auth import Caller
 from ..services.views import (FollowupView, InstanceCreatedView, InstanceListView, InstanceView, InstanceWaitView,
                               InterruptView, MailView, ScheduleView, SteerView, TaskView, View)
-from .edge import REQUEST_ID
+from ..logs import REQUEST_ID
 
 CALLER = web.RequestKey("caller", Caller)
 

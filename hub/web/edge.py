@@ -15,14 +15,12 @@ from aiohttp import web
 
 from .server import rearm
 from .. import logs
+from ..logs import CLIENT, LOG_CONTEXT, REQUEST_ID
 from ..domain.durations import duration_text
 from ..domain.text import MAX_DEPTH, BadText, check_depth, check_text, check_value, loads
 
 log = logging.getLogger("amux.web")
 
-REQUEST_ID = web.RequestKey("request_id", str)
-CLIENT = web.RequestKey("client", str)  # the client's IP address: the peer, or what a trusted proxy forwarded
-LOG_CONTEXT = web.RequestKey("log_context", logs.RequestContext)  # who the request is, for its log lines (hub/logs.py)
 TEXT_PREFIXES = ("/api/", "/console", "/feishu/")  # routes whose JSON text is checked here; MCP checks its own
 
 

@@ -19,7 +19,8 @@ from ..errors import AmuxError
 from ..loops import Loops
 from ..services.auth import AuthService
 from ..services.health import HealthService
-from .edge import REQUEST_ID, refusal
+from ..logs import REQUEST_ID
+from .edge import refusal
 
 
 class Metrics:

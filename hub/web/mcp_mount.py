@@ -29,7 +29,7 @@ from ..errors import AmuxError
 from ..mcp.client_sessions import ClientSessions, labeled
 from ..services.auth import AuthService
 from ..store.db import is_unavailable, unavailable_text
-from .edge import REQUEST_ID
+from ..logs import REQUEST_ID
 from .oauth import challenge as oauth_challenge
 
 log = logging.getLogger("amux.mcp")

@@ -21,7 +21,7 @@ from ..errors import AmuxError
 from ..services.auth import AuthService, check_may_approve
 from ..services.oauth_registration import ClientRegistration, RegistrationLimited
 from . import timeline_page
-from .edge import CLIENT
+from ..logs import CLIENT
 from ..services.oauth import SCOPE_TEXT, SCOPES, AuthorizeRequest, OAuthError, OAuthService, PageError, RedirectError
 
 SESSION_COOKIE = "amux_oauth_session"
