@@ -15,8 +15,7 @@ from ..config import ExecutionSettings, HubSettings
 from ..domain import isolation
 from ..domain import memory as memory_rules
 from ..domain.fair_share import FairShares
-from ..domain.placement import unfit
-from ..domain.placement import waiting_for as waiting_reason
+from ..domain.placement import unfit, waiting_for
 from ..domain.tasks import RUNTIME_LOST, Status
 from ..errors import AmuxError
 from ..runner import protocol as p
@@ -28,8 +27,7 @@ from ..store.reports import SqlReportStore
 from ..store.tasks import SqlTaskStore
 from .auth import AuthService, RunToken
 from .credentials import CredentialService
-from .notify import Notifier
-from .tasks import task_key
+from .notify import Notifier, task_key
 
 log = logging.getLogger("amux.dispatch")
 
@@ -49,11 +47,6 @@ class HandOff(Protocol):
 def eligible(task: Any, runtime: Any) -> bool:
     """Return whether `runtime` may run `task`: requested runtime, engine, platform, workspace access, owner."""
     return unfit(task.snapshot, task.owner_id, runtime) is None
-
-
-def waiting_for(task: Any, known: list[Any]) -> str:
-    """Say why a queued task waits, from the runtimes the hub knows (any status)."""
-    return waiting_reason(task.snapshot, task.owner_id, known)
 
 
 class _Round:
@@ -318,7 +311,7 @@ class Dispatcher:
         for task in stale:
             if any(r.status == "online" and eligible(task, r) for r in known):
                 continue  # it can run: it only waits for a slot
-            why = f"not placed: {waiting_for(task, known)}"
+            why = f"not placed: {waiting_for(task.snapshot, task.owner_id, known)}"
             if await self.tasks.finish(conn, task.id, Status.FAILED, now, error=why):
                 failed += 1
                 touched.append(task.id)

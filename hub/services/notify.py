@@ -6,6 +6,11 @@ from collections import defaultdict
 from typing import Callable
 
 
+def task_key(task_id: str) -> str:
+    """Notifier key for a task's changes."""
+    return f"task:{task_id}"
+
+
 class Notifier:
     """Wake waiters on this replica when a key changes; other replicas fall back to polling."""
 

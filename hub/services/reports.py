@@ -22,9 +22,8 @@ from ..store.tasks import SqlTaskStore, event_rows
 from ..store.timeline import SqlTimelineStore, timeline_rows
 from .auth import AuthService
 from .dispatch import Dispatcher
-from .notify import Notifier
+from .notify import Notifier, task_key
 from .questions import record_question
-from .tasks import task_key
 
 
 log = logging.getLogger("amux.runtimes")

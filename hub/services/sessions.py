@@ -16,9 +16,9 @@ from ..store.records import SessionRecord
 from ..store.sessions import NewRun, NewSession, SqlSessionStore
 from .admission import Admission, SubmitRequest
 from .auth import Caller
-from .notify import Notifier
+from .notify import Notifier, task_key
 from .questions import answerable, chosen_answer, question_view
-from .tasks import TaskService, task_key
+from .tasks import TaskService
 
 
 class SessionService:

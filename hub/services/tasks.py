@@ -12,6 +12,7 @@ from ..config import ExecutionSettings, HubSettings
 from ..domain import isolation
 from ..domain.limits import applied_limits
 from ..domain.pages import MAX_TASKS, page_limit
+from ..domain.placement import waiting_for
 from ..domain.tasks import Status, is_terminal
 from ..domain.timeline import page_path
 from ..errors import Conflict, Invalid, NotFound, TooMany
@@ -27,13 +28,13 @@ from ..store.tasks import QueuedTask, SqlTaskStore
 from .admission import Admission, SubmitRequest
 from .auth import Caller
 from .delegation import SESSION_LABEL, delegation_parent
-from .notify import Notifier
+from .notify import Notifier, task_key
 from .views import ChangedFiles, TaskResult, TaskView
 
 # A coordinating parent agent is not woken for pure tool or usage updates (seed: coordination wait).
 QUIET_FOR_COORDINATION = ("tool", "usage")
 
-__all__ = ["Admit", "PermissionService", "QueueAdmitter", "SubmitRequest", "TaskService", "finish_task", "task_key"]
+__all__ = ["Admit", "PermissionService", "QueueAdmitter", "SubmitRequest", "TaskService", "finish_task"]
 NOT_YOURS = "task {task_id!r} does not exist or is not yours; list your tasks with `amux task list`"
 
 
@@ -137,11 +138,6 @@ class _GroupCommit:
                 self.on_committed()
 
 
-def task_key(task_id: str) -> str:
-    """Notifier key for a task's changes."""
-    return f"task:{task_id}"
-
-
 class TaskService:
     """Admit Tasks (freezing their snapshot) and answer questions about them."""
 
@@ -225,13 +221,11 @@ class TaskService:
         }
 
     async def _waiting_for(self, conn: Connection, row: TaskRunRecord | Row) -> str:
-        from .dispatch import waiting_for  # dispatch imports this module
-
         ex = self.execution
         if isolation.runs_as_principal(row.snapshot) and await SqlExecutionUidStore().exhausted(
                 conn, row.owner_id, ex.uid_base, ex.uid_count):
             return isolation.uid_exhausted_text(ex.uid_base, ex.uid_count)
-        return waiting_for(row, await self.runtimes.list_all(conn))
+        return waiting_for(row.snapshot, row.owner_id, await self.runtimes.list_all(conn))
 
     async def events(self, caller: Caller, task_id: str, cursor: int = 0, limit: int = 500) -> dict:
         """Return events after `cursor` and the next cursor."""
