@@ -2,8 +2,9 @@
 
 Run: `.venv/bin/python -m bench.launch [--runs 40]`. Prints figures; asserts nothing (≈ 15 s).
 
-Each mode launches the same child, `/bin/sh -c true`, the way the runner does (`hub.runner.boundary.wrap` on the
-run's boundary, with the isolated network's bridges and init for the sandboxed modes), and times spawn → exit:
+Each mode launches the same child, `/bin/sh -c true`, the way the runner does (hub/runner/boundary.py's
+`Boundary.wrap` on the run's boundary, with the isolated network's bridges and init for the sandboxed modes), and
+times spawn → exit:
 - process: the plain child (the floor);
 - process in a run's cgroup (as root): the group made, the child placed in it before exec, the group removed;
 - linux-dac: as root, bubblewrap + `setpriv` to a principal's uid (skipped when this is not root);
@@ -33,7 +34,7 @@ async def _launch_times(mode: str, runs: int, cgroup: bool = False) -> list[floa
     """Launch the child `runs` times in `mode` (with `cgroup`: in a run's cgroup, made before and removed after
     each launch, as the runner does); return each launch in ms."""
     from hub.domain.limits import Limits
-    from hub.engines.process import before_exec
+    from hub.engines.process import before_exec, sandboxed
     from hub.runner import boundary as b
     from hub.runner import confine
     from hub.runner.egress import Egress
@@ -56,7 +57,7 @@ async def _launch_times(mode: str, runs: int, cgroup: bool = False) -> list[floa
         limits = Limits(1 << 30, 256, 1.0)
         how = confine.mechanism(limits) if cgroup else {}
         for i in range(runs):
-            argv, env = b.wrap(box, ["/bin/sh", "-c", "true"], {"PATH": "/usr/bin:/bin"})
+            argv, env = sandboxed(box, ["/bin/sh", "-c", "true"], {"PATH": "/usr/bin:/bin"})
             t0 = time.perf_counter()
             cage = confine.start(f"bench-{os.getpid()}-{i}", limits, how, 60) if cgroup else None
             proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=tmp, stdin=subprocess.DEVNULL,

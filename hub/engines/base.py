@@ -6,12 +6,21 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
 Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
 # Deliver a correction into the running turn: None once the engine's protocol took it, else why it could not.
 SteerInto = Callable[[str], Awaitable[str | None]]
 NO_STEERING = ("{engine} takes no input during a turn; the correction waits for the next prompt")
+
+
+class Sandbox(Protocol):
+    """Where a run's child is launched when the run has a boundary (hub.runner.boundary.Boundary: linux-dac,
+    userns); the runner makes it, the engines only launch inside it."""
+
+    def wrap(self, command: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+        """Return (argv, env) that run `command` inside the sandbox."""
+        ...
 
 
 @dataclass
@@ -29,8 +38,8 @@ class Job:
     # Where a correction for the running turn goes (instance_steer): set by the engine while its protocol can take
     # input mid-turn, None before and after (and always, for an engine that cannot). See `Engine.steering_refusal`.
     steer_into: SteerInto | None = None
-    # The sandbox the child runs inside (hub.runner.boundary.Boundary: linux-dac, userns); None: the runner's own uid.
-    boundary: Any = None
+    # The sandbox the child runs inside (linux-dac, userns); None: the runner's own uid.
+    boundary: Sandbox | None = None
     # The run's resource limits (hub.runner.confine.Confinement), entered by the child before it execs; None: none.
     confine: Any = None
 

@@ -11,8 +11,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
-from .base import EngineResult
-from ..runner.boundary import wrap
+from .base import EngineResult, Sandbox
 from .environment import child_env
 
 PR_SET_PDEATHSIG = 1
@@ -27,6 +26,12 @@ def die_with_runner() -> None:
     have bubblewrap's --die-with-parent)."""
     if sys.platform == "linux":
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def sandboxed(boundary: Sandbox | None, command: Sequence[str],
+              env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """Return (argv, env) that run `command` inside `boundary`; unchanged without one."""
+    return (list(command), dict(env)) if boundary is None else boundary.wrap(command, env)
 
 
 def before_exec(confine: Any = None) -> Callable[[], None]:
@@ -53,10 +58,10 @@ class ChildProcess:
 
     @classmethod
     async def start(cls, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], stdin: bool,
-                    name: str, boundary: Any = None, confine: Any = None) -> "ChildProcess":
+                    name: str, boundary: Sandbox | None = None, confine: Any = None) -> "ChildProcess":
         """Launch `argv` in a new session (its own process group) with `env` over the allowlisted environment,
         inside `boundary` when the run has one (linux-dac, userns), within `confine`'s limits when it has them."""
-        argv, full_env = wrap(boundary, argv, child_env(env))
+        argv, full_env = sandboxed(boundary, argv, child_env(env))
         proc = await asyncio.create_subprocess_exec(
             *argv, cwd=cwd, env=full_env, start_new_session=True, limit=LINE_LIMIT, preexec_fn=before_exec(confine),
             stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
@@ -153,7 +158,7 @@ class ChildProcess:
 
 async def run_child(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], stdin: bool, name: str,
                     consume: Callable[[ChildProcess], Awaitable[EngineResult | None]],
-                    boundary: Any = None, confine: Any = None) -> EngineResult:
+                    boundary: Sandbox | None = None, confine: Any = None) -> EngineResult:
     """Launch a CLI, let `consume` read its stream, and always leave its process group dead.
 
     `consume` returns the EngineResult the stream produced, or None when the stream ended without

@@ -11,10 +11,9 @@ from typing import Any
 
 from ..domain import scripted
 from ..errors import AmuxError
-from ..runner.boundary import wrap
 from .base import EngineResult, Emit, Job
 from .environment import child_env
-from .process import before_exec
+from .process import before_exec, sandboxed
 
 
 async def _interpret(prompt: str, workspace: Path, emit: Emit, job: Job | None = None) -> EngineResult:
@@ -144,8 +143,8 @@ RUN_OWN_MODULE = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
 
 async def run_subprocess(job: Job, emit: Emit) -> EngineResult:
     """Launch the scripted CLI as a child process and translate its JSON lines."""
-    argv, env = wrap(job.boundary, [sys.executable, "-c", RUN_OWN_MODULE, str(Path(__file__).resolve().parents[2]),
-                                    "hub.engines.scripted", str(job.workspace)], child_env(job.env))
+    argv, env = sandboxed(job.boundary, [sys.executable, "-c", RUN_OWN_MODULE, str(Path(__file__).resolve().parents[2]),
+                                         "hub.engines.scripted", str(job.workspace)], child_env(job.env))
     proc = await asyncio.create_subprocess_exec(
         *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         cwd=job.workspace, env=env, start_new_session=True, preexec_fn=before_exec(job.confine),

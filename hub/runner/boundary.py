@@ -14,6 +14,7 @@ runner serves; nothing else of the runner's loopback is there.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -47,6 +48,23 @@ class Boundary:
     bridge: Path | None = None         # the run's bridge folder (hub.sock, proxy.sock), isolated network only
     hub_port: int | None = None        # the port the child's AMUX_HUB_URL names on its own loopback
     extra_env: dict[str, str] = field(default_factory=dict)
+
+    def wrap(self, command: Sequence[str], env: Mapping[str, str],
+             path_env: str | None = None) -> tuple[list[str], dict[str, str]]:
+        """Return (argv, env) that run `command` inside this boundary. The executable is named by its real path
+        (found on the child's PATH), so that the symlinks that led to it need not exist inside."""
+        bwrap = shutil.which("bwrap")
+        if not bwrap:
+            raise OSError(NO_BWRAP)
+        exe = command[0]
+        found = exe if os.sep in exe else shutil.which(exe, path=path_env or env.get("PATH"))
+        if not found:
+            raise FileNotFoundError(f"{exe} is not on the runner's PATH")
+        real = Path(found).resolve()
+        reveal = (*self.reveal, *install_roots(real, path_env or env.get("PATH", os.defpath)))
+        disable = self.uid is None and bwrap_takes(bwrap, "--disable-userns")
+        return (argv(bwrap, replace(self, reveal=reveal), [str(real), *command[1:]], disable_userns=disable),
+                child_env(self, env))
 
 
 def inside_port(port: int, uid: int | None) -> int:
@@ -273,14 +291,12 @@ def _is_script(path: Path) -> bool:
 
 def runner_roots() -> set[Path]:
     """The runner's own interpreter and packages (the `amux` memory CLI and the scripted engine run on them)."""
-    import bot
-    import hub
-
     roots = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
-    for package in (hub, bot):
-        if package.__file__ is None:  # a namespace package has no file (these are regular packages)
+    for name in ("hub", "bot"):  # found, not imported: the runner only needs their folders
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:  # a namespace package has no file (these are regular packages)
             continue
-        folder = Path(package.__file__).resolve().parent
+        folder = Path(spec.origin).resolve().parent
         if not any(r in folder.parents for r in roots):
             roots.add(folder)
     return {r for r in roots if not _visible(r)}
@@ -370,22 +386,3 @@ def prepare(folder: Path, uid: int | None) -> None:
     if uid is not None and (st.st_uid != uid or st.st_gid != uid):
         os.chown(folder, uid, uid)
     os.chmod(folder, PRIVATE)
-
-
-def wrap(b: Boundary | None, command: Sequence[str], env: Mapping[str, str],
-         path_env: str | None = None) -> tuple[list[str], dict[str, str]]:
-    """Return (argv, env) that run `command` inside `b`; unchanged without a boundary. The executable is named by
-    its real path (found on the child's PATH), so that the symlinks that led to it need not exist inside."""
-    if b is None:
-        return list(command), dict(env)
-    bwrap = shutil.which("bwrap")
-    if not bwrap:
-        raise OSError(NO_BWRAP)
-    exe = command[0]
-    found = exe if os.sep in exe else shutil.which(exe, path=path_env or env.get("PATH"))
-    if not found:
-        raise FileNotFoundError(f"{exe} is not on the runner's PATH")
-    real = Path(found).resolve()
-    reveal = (*b.reveal, *install_roots(real, path_env or env.get("PATH", os.defpath)))
-    disable = b.uid is None and bwrap_takes(bwrap, "--disable-userns")
-    return argv(bwrap, replace(b, reveal=reveal), [str(real), *command[1:]], disable_userns=disable), child_env(b, env)
