@@ -30,8 +30,9 @@ from hub.config import FeishuAppSettings
 from hub.loops import Loops
 from hub.services.bot import BotService
 
+from .webhook import Inbound
+
 if TYPE_CHECKING:
-    from bot.core import FeishuBot
     from bot.services import BotServices
 
 log = logging.getLogger(__name__)
@@ -177,7 +178,7 @@ class ClientThread:
 class LongConnections:
     """Hold the long connections of the applications configured with `mode = "long-connection"`."""
 
-    def __init__(self, bot: FeishuBot, services: BotServices, *, lease_s: float = LEASE_S, holder: str | None = None,
+    def __init__(self, bot: Inbound, services: BotServices, *, lease_s: float = LEASE_S, holder: str | None = None,
                  starter: Starter | None = None, service: BotService | None = None) -> None:
         self.bot = bot
         self.clock = services.clock

@@ -16,18 +16,34 @@ import hmac
 import json
 import math
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 from aiohttp import web
 from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-if TYPE_CHECKING:
-    from bot.core import FeishuBot
+from hub.config import FeishuAppSettings
 
 log = logging.getLogger(__name__)
 MAX_BODY = 1024 * 1024
 FRESH_S = 300.0
+
+
+class Inbound(Protocol):
+    """Where the Feishu doors (this webhook, the long connections) hand each event: the bot (bot.core.FeishuBot)."""
+
+    @property
+    def apps(self) -> Mapping[str, FeishuAppSettings]:
+        """The configured applications by app_id."""
+        ...
+
+    async def accept(self, app_id: str, envelope: dict) -> tuple[dict, Awaitable | None]:
+        """Deduplicate and route one event; return (the immediate answer, slow work to run after it)."""
+        ...
+
+    def spawn(self, work: Awaitable[Any]) -> Any:
+        """Run slow work after the answer was sent; kept referenced until done."""
+        ...
 
 
 class Rejected(Exception):
@@ -133,7 +149,7 @@ def _seconds(value: Any, per_second: float) -> float | None:
 class WebhookEndpoint:
     """The aiohttp handler for every configured application."""
 
-    def __init__(self, bot: FeishuBot, now_s: Callable[[], float], window_s: float = FRESH_S) -> None:
+    def __init__(self, bot: Inbound, now_s: Callable[[], float], window_s: float = FRESH_S) -> None:
         self.bot = bot
         self.now_s = now_s
         self.window_s = window_s
