@@ -336,19 +336,13 @@ class ChatTurnService:
                                     principal_id=ct.principal_id, session_id=ct.session_id,
                                     reply_to=n.get("reply_to") or ct.reply_to,
                                     receipt={"app_id": ct.app_id, "open_id": ct.open_id, "chat_id": ct.chat_id})
-                text = await self._mail_text(conn, n["mail"])
+                text = await self.store.steer_text(conn, n["mail"])
                 n["next_turn"] = await self._open(conn, owner, origin, text, [{"kind": "behind", "turn": ct.turn_id}])
                 n["why"] = "engine"
                 self.sessions.on_admitted()
             if state in ("delivered", "queued", "unknown"):
                 n["delivery"] = state
         return notes
-
-    async def _mail_text(self, conn: Connection, mail_id: str) -> str:
-        from ..store.tables import mailbox  # the steer's full text (the note keeps 200 characters)
-        import sqlalchemy as sa
-
-        return (await conn.execute(sa.select(mailbox.c.text).where(mailbox.c.id == mail_id))).scalar() or ""
 
     async def _view(self, conn: Connection, turn_id: str, notes: list[dict[str, Any]], now: datetime) -> ChatView:
         turn = await self.sessions.turn_view(conn, turn_id) or {}

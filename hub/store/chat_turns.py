@@ -152,6 +152,10 @@ class SqlChatTurnStore:
         """Return a steer's state: pending | delivered | queued | unknown."""
         return (await conn.execute(sa.select(mailbox.c.state).where(mailbox.c.id == message_id))).scalar()
 
+    async def steer_text(self, conn: Connection, message_id: str) -> str:
+        """Return a steer's full text (a chat note keeps only its first 200 characters); "" when there is none."""
+        return (await conn.execute(sa.select(mailbox.c.text).where(mailbox.c.id == message_id))).scalar() or ""
+
     async def give_up_steer(self, conn: Connection, message_id: str, now: datetime) -> bool:
         """Mark a steer still pending as unknown; False when its runner settled it first."""
         done = await conn.execute(mailbox.update().where(mailbox.c.id == message_id, mailbox.c.state == "pending")
