@@ -41,7 +41,7 @@ cmd_wheel() {
 import sys, zipfile
 names = set(zipfile.ZipFile(sys.argv[1]).namelist())
 need = ["migrations/env.py", "migrations/versions/0001_foundation.py",
-        "bot/locales/zh_Hans/LC_MESSAGES/messages.mo", "hub/cli.py"]
+        "bot/locales/zh_Hans/LC_MESSAGES/messages.mo", "hub/cli/amux.py"]
 missing = [n for n in need if n not in names]
 if missing:
     sys.exit(f"install.sh: the wheel lacks {missing}; check [tool.setuptools.package-data] in pyproject.toml")

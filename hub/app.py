@@ -10,7 +10,6 @@ from typing import Any, AsyncIterator
 from aiohttp import web
 
 from .boxes.local import LocalBoxDriver
-from .cli_discovery import listen_address, url_of
 from .clock import Clock, SystemClock
 from .errors import AmuxError
 from .config import Settings
@@ -62,7 +61,7 @@ from .web import timeline_api, timeline_page
 from .web import openapi
 from .web import oauth as oauth_web
 from .web.mcp_mount import McpMount
-from .web.server import ConnectionLimits, GuardedAppRunner
+from .web.server import ConnectionLimits, GuardedAppRunner, listen_address, url_of
 from .web.runner_ws import RunnerEndpoint
 
 

@@ -30,6 +30,7 @@ from aiohttp.web_server import Server
 
 from ..clock import Clock, SystemClock
 from ..domain.rate import WindowLimit
+from ..errors import Invalid
 
 log = logging.getLogger("amux.web")
 
@@ -210,3 +211,27 @@ def rearm(request: web.Request) -> None:
     protocol = request.protocol
     if isinstance(protocol, GuardedRequestHandler) and request.headers.get("Upgrade", "").lower() != "websocket":
         protocol.amux_arm()
+
+
+def listen_address(listen: str) -> tuple[str, int]:
+    """Split `HOST:PORT` (port 0: pick a free one); raise naming the fix when malformed."""
+    host, _, port = listen.rpartition(":")
+    try:
+        number = int(port)
+        if not 0 <= number <= 65535:
+            raise ValueError(port)
+    except ValueError as e:
+        raise Invalid(f"--listen {listen!r} is not HOST:PORT; pass e.g. 127.0.0.1:8787 (port 0 picks a free "
+                      "one)") from e
+    return host.strip("[]") or "127.0.0.1", number
+
+
+def url_of(host: str, port: int) -> str:
+    """Return the http URL a client uses to reach a hub bound to `host:port` (a wildcard host → loopback)."""
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "[::1]"
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"

@@ -79,7 +79,7 @@ def test_the_embedded_secret_key_is_0600_in_a_0700_home_even_when_the_home_exist
 
 
 async def test_an_older_admin_runner_token_file_is_replaced_by_a_runner_token_and_revoked(hub, tmp_path):
-    from hub.cli import _token_file
+    from hub.cli.serve import _token_file
     from hub.errors import Unauthorized
     import pytest
 

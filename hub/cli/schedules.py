@@ -3,9 +3,11 @@ the REST API."""
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
 import os
 import sys
+
+from .client import client
+from .options import client_opts, emit
 
 
 UPDATE_CHOICES = (("--profile", "profile"), ("--runtime", "runtime"), ("--model", "model"),
@@ -19,8 +21,8 @@ OVERLAP_HELP = ("subtask schedules: a fire while the previous Task is unfinished
                 "skip admits nothing, replace cancels it then admits")
 
 
-def add_parser(subparsers: argparse._SubParsersAction, client_opts: Callable[..., Any]) -> None:
-    """Add `amux schedule …`; `client_opts` adds --hub/--token/--json."""
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Add `amux schedule …`."""
     sch = subparsers.add_parser("schedule", help="durable schedules")
     sub = sch.add_subparsers(dest="schedule_cmd", required=True)
     c = sub.add_parser("create", help="create a schedule (session-prompt into <session-ref> by default)")
@@ -89,8 +91,9 @@ def _line(s: dict) -> str:
             + overlap)
 
 
-async def run(args: argparse.Namespace, api: Any, emit: Callable[..., Any]) -> None:
-    """Run one `amux schedule` command with the REST client `api`; `emit(args, data, human)` prints."""
+async def run(args: argparse.Namespace) -> None:
+    """Run one `amux schedule` command."""
+    api = client(args)
     if args.schedule_cmd == "create":
         prompt = args.prompt
         if prompt in (None, "-"):

@@ -3,9 +3,10 @@ over REST."""
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
 
-from .domain.alerts import parse_duration
+from ..domain.alerts import parse_duration
+from .client import client
+from .options import client_opts, emit
 
 
 def _duration(text: str) -> int:
@@ -15,8 +16,8 @@ def _duration(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def add_parser(subparsers: argparse._SubParsersAction, client_opts: Callable[..., Any]) -> None:
-    """Add `amux alerts …` and `amux feishu …`; `client_opts` adds --hub/--token/--json."""
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Add `amux alerts …` and `amux feishu …`."""
     al = subparsers.add_parser("alerts", help="the alert center: incidents, decisions, delivery diagnostics")
     sub = al.add_subparsers(dest="alerts_cmd", required=True)
     ls = sub.add_parser("list", help="active incidents and delivery diagnostics")
@@ -45,8 +46,9 @@ def add_parser(subparsers: argparse._SubParsersAction, client_opts: Callable[...
     rc.add_argument("--app", required=True, help="the application's app_id")
 
 
-async def run(args: argparse.Namespace, api: Any, emit: Callable[..., Any]) -> None:
-    """Run one `amux alerts` / `amux feishu` command with the REST client `api`; `emit(args, data, human)` prints."""
+async def run(args: argparse.Namespace) -> None:
+    """Run one `amux alerts` / `amux feishu` command."""
+    api = client(args)
     if args.cmd == "feishu":
         res = await api.call("POST", f"feishu/apps/{args.app}/recheck")
         emit(args, res, f"{res['app_id']}: delivery {res['delivery_state']}; {res['pending']} pending notices due now"

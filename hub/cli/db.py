@@ -1,21 +1,36 @@
-"""`amux db recover-creators [--dry-run] [--db URL] [--json]`: bind existing schedules to their creators once."""
+"""`amux db upgrade` (apply migrations) and `amux db recover-creators [--dry-run] [--db URL] [--json]` (bind
+existing schedules to their creators once)."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any, Callable
 
-if TYPE_CHECKING:
-    from .config import Settings
+from .discovery import home_settings
+from .options import db_opts, emit
 
 
-def add_parser(db_sub: argparse._SubParsersAction,
-               server_opts: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Add `amux db recover-creators`; `server_opts` adds --db/--config/--listen."""
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add `db upgrade` and `db recover-creators`."""
+    db = sub.add_parser("db", help="database commands")
+    db_sub = db.add_subparsers(dest="db_cmd", required=True)
+    dbu = db_sub.add_parser("upgrade", help="apply migrations")
+    db_opts(dbu)
     rc = db_sub.add_parser("recover-creators", help="bind existing subtask schedules to their creators' Feishu "
                                                     "alias where provenance is unambiguous (idempotent)")
-    server_opts(rc)
+    db_opts(rc)
     rc.add_argument("--dry-run", action="store_true", help="print what would happen; write nothing")
     rc.add_argument("--json", action="store_true", help="print JSON")
+
+
+async def run(args: argparse.Namespace) -> None:
+    """Run one `amux db` command."""
+    if args.db_cmd == "recover-creators":
+        await _recover_creators(args)
+        return
+    from ..store.db import upgrade
+
+    settings = home_settings(args)
+    await upgrade(settings.db_url())
+    print(f"database at head: {settings.db_url().split('@')[-1]}")
 
 
 def render(res: dict) -> str:
@@ -35,15 +50,15 @@ def render(res: dict) -> str:
     return "\n".join(lines)
 
 
-async def run(args: argparse.Namespace, settings: Settings,
-              emit: Callable[[argparse.Namespace, Any, str], None]) -> None:
-    """Upgrade the database, run recovery and print the report with `emit(args, data, human)`; a dry run upgrades
-    nothing and writes nothing: when the schema is behind, it refuses and says so."""
-    from .clock import SystemClock
-    from .errors import Invalid
-    from .services.recovery import RecoveryService
-    from .store.db import Database, schema_lag, upgrade
+async def _recover_creators(args: argparse.Namespace) -> None:
+    """Upgrade the database, run recovery and print the report; a dry run upgrades nothing and writes nothing: when
+    the schema is behind, it refuses and says so."""
+    from ..clock import SystemClock
+    from ..errors import Invalid
+    from ..services.recovery import RecoveryService
+    from ..store.db import Database, schema_lag, upgrade
 
+    settings = home_settings(args)
     if not args.dry_run:
         await upgrade(settings.db_url())
     db = Database(settings.db_url())

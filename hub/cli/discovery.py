@@ -7,12 +7,17 @@ it cannot connect. A missing or unreadable home is one line naming the fix, neve
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .errors import AmuxError
+from ..errors import AmuxError
+
+if TYPE_CHECKING:
+    from ..config import Settings
 
 DEFAULT_HUB = "http://127.0.0.1:8787"
 HUB_FILE = "hub.json"
@@ -51,6 +56,17 @@ def check_home(home: Path, *, create: bool) -> Path:
         raise HomeError(f"{_where(home)} is not readable{' and writable' if create else ''} by this user; "
                         "fix its permissions or set AMUX_HOME to your own home")
     return home
+
+
+def home_settings(args: argparse.Namespace, *, create_home: bool = False) -> Settings:
+    """Load settings; the home must exist (or is created by `create_home`) unless --db names another database."""
+    from ..config_sources import load_settings
+
+    settings = load_settings(getattr(args, "config", None), database_url=getattr(args, "db", None),
+                             listen=getattr(args, "listen", None))
+    if create_home or not settings.database_url or settings.home.exists():
+        check_home(settings.home, create=create_home)
+    return settings
 
 
 def read_text(path: Path, what: str) -> str | None:
@@ -130,27 +146,3 @@ def resolve_token(flag: str | None, home: Path | None = None) -> str:
     if not token:
         raise HomeError(f"no token: pass --token, set AMUX_TOKEN, or run `amux up` (it writes {home / 'admin.token'})")
     return token
-
-
-def listen_address(listen: str) -> tuple[str, int]:
-    """Split `HOST:PORT` (port 0: pick a free one); raise naming the fix when malformed."""
-    host, _, port = listen.rpartition(":")
-    try:
-        number = int(port)
-        if not 0 <= number <= 65535:
-            raise ValueError(port)
-    except ValueError as e:
-        raise HomeError(f"--listen {listen!r} is not HOST:PORT; pass e.g. 127.0.0.1:8787 (port 0 picks a free "
-                        "one)") from e
-    return host.strip("[]") or "127.0.0.1", number
-
-
-def url_of(host: str, port: int) -> str:
-    """Return the http URL a client uses to reach a hub bound to `host:port` (a wildcard host → loopback)."""
-    if host in ("0.0.0.0", ""):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "[::1]"
-    elif ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{port}"

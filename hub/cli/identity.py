@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
 
-from .domain.durations import duration_text
+from ..domain.durations import duration_text
+from .client import client
+from .options import client_opts, emit
 
 
-def add_parser(subparsers: argparse._SubParsersAction, client_opts: Callable[..., Any]) -> None:
-    """Add `amux identity …`; `client_opts` adds --hub/--token/--json."""
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Add `amux identity …`."""
     idp = subparsers.add_parser("identity", help="Feishu identities linked to your principal")
     sub = idp.add_subparsers(dest="identity_cmd", required=True)
     client_opts(sub.add_parser("link",
@@ -34,8 +35,9 @@ def _line(b: dict) -> str:
             f"  since {(b['created_at'] or '-')[:19]}")
 
 
-async def run(args: argparse.Namespace, api: Any, emit: Callable[..., Any]) -> None:
-    """Run one `amux identity` command with the REST client `api`; `emit(args, data, human)` prints."""
+async def run(args: argparse.Namespace) -> None:
+    """Run one `amux identity` command."""
+    api = client(args)
     if args.identity_cmd == "link":
         res = await api.call("POST", "identity/link-codes")
         emit(args, res, f"{res['code']}\nSend `/amux link {res['code']}` to the amux bot in Feishu within "

@@ -12,7 +12,7 @@
 """
 from __future__ import annotations
 
-from .errors import AmuxError
+from ..errors import AmuxError
 
 OK, ENDED, USAGE, REFUSED, UNREACHABLE, WAITED_OUT, INTERRUPTED, BROKEN_PIPE = 0, 1, 2, 3, 4, 5, 130, 141
 
@@ -63,7 +63,7 @@ def exit_code(error: BaseException) -> int:
 
 def outcome(status: str, what: str) -> None:
     """Raise Ended when a waited run's terminal `status` is not succeeded, WaitedOut when it is still going."""
-    from .domain.tasks import is_terminal
+    from ..domain.tasks import is_terminal
 
     if status == "succeeded":
         return

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
 
-from .domain.limits import limits_text
+from ..domain.limits import limits_text
+from .client import client
+from .options import client_opts, emit
 
 
-def add_parser(subparsers: argparse._SubParsersAction, client_opts: Callable[..., Any]) -> None:
-    """Add `amux runtime …`; `client_opts` adds --hub/--token/--json."""
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Add `amux runtime …`."""
     rt = subparsers.add_parser("runtime", help="registered runtimes (runners)")
     sub = rt.add_subparsers(dest="runtime_cmd", required=True)
     client_opts(sub.add_parser("list", help="every registered runtime: name, status, slots"))
@@ -18,8 +19,9 @@ def add_parser(subparsers: argparse._SubParsersAction, client_opts: Callable[...
     de.add_argument("name", help="the runtime's name, from `amux runtime list`")
 
 
-async def run(args: argparse.Namespace, api: Any, emit: Callable[..., Any]) -> None:
-    """Run one `amux runtime` command with the REST client `api`; `emit(args, data, human)` prints."""
+async def run(args: argparse.Namespace) -> None:
+    """Run one `amux runtime` command."""
+    api = client(args)
     if args.runtime_cmd == "list":
         res = await api.call("GET", "runtimes")
         emit(args, res, "\n".join(_line(r) for r in res["runtimes"]) or "no runtimes; start one with `amux runner`")

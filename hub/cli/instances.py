@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+from typing import Any
 import asyncio
 import sys
 
-from .cli_exit import outcome
+from .exit import outcome
+from .client import client
+from .options import client_opts, emit
 
 
-def add_parser(subparsers: argparse._SubParsersAction, client_opts: Callable[..., Any]) -> None:
-    """Add `amux instance …`; `client_opts` adds --hub/--token/--json."""
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Add `amux instance …`."""
     ins = subparsers.add_parser("instance", help="persistent Agent Instances")
     sub = ins.add_subparsers(dest="instance_cmd", required=True)
     c = sub.add_parser("create", help="create an instance: identity and permission policy are frozen now")
@@ -67,8 +69,9 @@ def _line(i: dict) -> str:
             + late)
 
 
-async def run(args: argparse.Namespace, api: Any, emit: Callable[..., Any]) -> None:
-    """Run one `amux instance` command with the REST client `api`; `emit(args, data, human)` prints."""
+async def run(args: argparse.Namespace) -> None:
+    """Run one `amux instance` command."""
+    api = client(args)
     cmd = args.instance_cmd
     if cmd == "create":
         body = {k: getattr(args, k) for k in ("name", "profile", "model", "reasoning_effort", "runtime",

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Callable
+from typing import Any
+
+from .options import server_opts
 
 
-def add_parser(sub: argparse._SubParsersAction, server_opts: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add `config show`."""
     cfg = sub.add_parser("config", help="the hub's configuration")
     cfg_sub = cfg.add_subparsers(dest="config_cmd", required=True)
@@ -16,9 +18,9 @@ def add_parser(sub: argparse._SubParsersAction, server_opts: Callable[[argparse.
     show.add_argument("--json", action="store_true", help="print JSON: {key: {value, source}}")
 
 
-def run(args: argparse.Namespace) -> None:
+async def run(args: argparse.Namespace) -> None:
     """Print the configuration the hub would start with from here (the same files, variables and flags)."""
-    from .config_sources import effective, load
+    from ..config_sources import effective, load
 
     loaded = load(args.config, None, {"database_url": args.db, "listen": args.listen})
     rows = effective(loaded)

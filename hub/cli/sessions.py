@@ -2,17 +2,19 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+from typing import Any
 import asyncio
 import os
 import sys
 
-from .cli_exit import UsageError, outcome
-from .domain.durations import duration_text
+from .exit import UsageError, outcome
+from ..domain.durations import duration_text
+from .client import client
+from .options import client_opts, emit
 
 
-def add_parser(subparsers: argparse._SubParsersAction, client_opts: Callable[..., Any]) -> None:
-    """Add `amux session …`; `client_opts` adds --hub/--token/--json."""
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Add `amux session …`."""
     ses = subparsers.add_parser("session", help="interactive sessions")
     sub = ses.add_subparsers(dest="session_cmd", required=True)
     sc = sub.add_parser("create", help="create a session")
@@ -51,8 +53,9 @@ def _line(s: dict) -> str:
             f"runtime={s['runtime'] or '-'}  turns={s['turns']}  updated {(s['updated_at'] or '-')[:19]}")
 
 
-async def run(args: argparse.Namespace, api: Any, emit: Callable[..., Any]) -> None:
-    """Run one `amux session` command with the REST client `api`; `emit(args, data, human)` prints."""
+async def run(args: argparse.Namespace) -> None:
+    """Run one `amux session` command."""
+    api = client(args)
     if args.session_cmd == "create":
         body = {k: v for k, v in {"name": args.name, "profile": args.profile, "model": args.model,
                                   "reasoning_effort": args.effort, "runtime": args.runtime}.items() if v is not None}
@@ -90,7 +93,7 @@ PROGRESS_EVERY_S = 10.0
 
 async def _follow(api: Any, queued: dict, timeout: float | None) -> dict:
     """Poll a queued Turn until it is terminal or `timeout` elapses, saying on stderr what it is doing."""
-    from .domain.tasks import is_terminal
+    from ..domain.tasks import is_terminal
 
     loop = asyncio.get_running_loop()
     start = loop.time()
