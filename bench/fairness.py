@@ -32,7 +32,7 @@ from hub.clock import ManualClock
 from hub.config_sources import load_settings
 from hub.domain.tasks import Status
 from hub.runner import protocol as p
-from hub.services.admission import SubmitRequest
+from hub.services.tasks.admission import SubmitRequest
 from hub.store.db import Database, upgrade_sync
 from hub.store.tables import task_runs
 

@@ -444,7 +444,7 @@ async def main(calls: int, with_pg: bool, loads: int = 400, boxes_only: bool = F
 
 def _render_only(render_page) -> str:
     """Time the pure HTML rendering of 1,000 tasks × 3 boxes."""
-    from hub.services.auth import Caller
+    from hub.services.auth.service import Caller
     from hub.store.leases import PageBox, PageTask
 
     now = datetime.now(timezone.utc)

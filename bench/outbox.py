@@ -105,7 +105,7 @@ async def worker_many_apps(label: str, db_url: str, notices: int, apps: int) -> 
     from hub.clock import SystemClock
     from hub.config import AlertSettings
     from hub.domain.alerts import Numbers
-    from hub.services.outbox import OutboxWorker
+    from hub.services.alerts.outbox import OutboxWorker
     from hub.store.db import Database, upgrade
     from hub.store.tables import feishu_apps, outbox
 

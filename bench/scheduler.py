@@ -32,7 +32,7 @@ from hub.app import Hub
 from hub.clock import SystemClock
 from hub.config_sources import load_settings
 from hub.runner import protocol as p
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from hub.store.db import Database, upgrade
 from hub.store.tables import firings, schedules
 

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from hub.config import FeishuAppSettings
 from hub.errors import AmuxError
-from hub.services.channel import CONSOLE_APP
+from hub.services.alerts.channel import CONSOLE_APP
 
 if TYPE_CHECKING:
     from .core import FeishuBot

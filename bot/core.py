@@ -21,7 +21,7 @@ from .handlers.schedules import LINK_FIRST
 from .i18n import Catalogs, _, catalogs
 from .identity import IdentityBindings, Viewer
 from .services import BotServices
-from hub.services.bot import INBOUND_TTL, EngineRefused
+from hub.services.chat.bot import INBOUND_TTL, EngineRefused
 
 if TYPE_CHECKING:  # lark-oapi (thousands of modules) loads only when a Feishu app needs it
     from .feishu.messenger import Outgoing
@@ -114,7 +114,7 @@ class FeishuBot:
     async def on_message(self, app_id: str, event: dict, out: Outgoing) -> None:
         """Answer a chat message: a text command (`/amux …`) through the router, with its card; anything else →
         a Turn of the chat's Session on a live progress card, or a steer of the Turn the chat is running
-        (hub.services.chat_turns)."""
+        (hub.services.chat.turns)."""
         sender = event.get("sender") or {}
         msg = event.get("message") or {}
         if sender.get("sender_type") not in (None, "user") or msg.get("message_type") != "text":

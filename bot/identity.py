@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hub.services.auth import Caller
-from hub.services.identity import Contact, IdentityService
+from hub.services.auth.service import Caller
+from hub.services.auth.identity import Contact, IdentityService
 
 
 @dataclass(frozen=True, kw_only=True)

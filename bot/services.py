@@ -6,17 +6,17 @@ from typing import Any
 
 from hub.clock import Clock
 from hub.config import FeishuSettings
-from hub.services.alerts import AlertService
-from hub.services.auth import AuthService
-from hub.services.bot import BotService
-from hub.services.chat_turns import ChatTurnService
-from hub.services.identity import IdentityService
-from hub.services.oauth import OAuthService
-from hub.services.dispatch import RunnerDispatch
-from hub.services.schedule_results import ScheduleResults
-from hub.services.schedules import ScheduleService
-from hub.services.sessions import SessionService
-from hub.services.timeline import TimelineService
+from hub.services.alerts.service import AlertService
+from hub.services.auth.service import AuthService
+from hub.services.chat.bot import BotService
+from hub.services.chat.turns import ChatTurnService
+from hub.services.auth.identity import IdentityService
+from hub.services.auth.oauth import OAuthService
+from hub.services.tasks.dispatch import RunnerDispatch
+from hub.services.schedules.results import ScheduleResults
+from hub.services.schedules.service import ScheduleService
+from hub.services.sessions.service import SessionService
+from hub.services.tasks.timeline import TimelineService
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,35 +22,35 @@ from .mcp.schedule_tools import schedule_tools
 from .mcp.server import build_mcp
 from .mcp.session_tools import session_tools
 from .mcp.task_tools import task_tools
-from .services.admission import Admission
-from .services.alerts import AlertService
-from .services.channel import ConsoleChannel, load_channel
-from .services.auth import AuthService
-from .services.bot import BotService
-from .services.oauth import OAuthService
-from .services.oauth_registration import ClientRegistration
-from .services.credentials import CredentialService, SecretBox
-from .services.profiles import ProfileService
-from .services.dispatch import Dispatcher
-from .services.leases import LeaseService
+from .services.tasks.admission import Admission
+from .services.alerts.service import AlertService
+from .services.alerts.channel import ConsoleChannel, load_channel
+from .services.auth.service import AuthService
+from .services.chat.bot import BotService
+from .services.auth.oauth import OAuthService
+from .services.auth.oauth_registration import ClientRegistration
+from .services.auth.credentials import CredentialService, SecretBox
+from .services.tasks.profiles import ProfileService
+from .services.tasks.dispatch import Dispatcher
+from .services.leases.service import LeaseService
 from .services.notify import Notifier
-from .services.chat_turns import ChatTurnService
-from .services.dispatch import RunnerDispatch
-from .services.outbox import OutboxWorker
-from .services.registry import RuntimeRegistry
-from .services.reports import RunnerReports
-from .services.schedule_firing import ScheduleFiring
-from .services.schedule_results import ScheduleResults
-from .services.schedules import ScheduleService
-from .services.recovery import RecoveryService
-from .services.instances import InstanceService
-from .services.memory import MemoryService
-from .services.health import HealthService
-from .services.identity import IdentityService
-from .services.sessions import SessionService
-from .services.tasks import PermissionService, TaskService
-from .services.box_sessions import BoxSessionService
-from .services.timeline import TimelineService
+from .services.chat.turns import ChatTurnService
+from .services.tasks.dispatch import RunnerDispatch
+from .services.alerts.outbox import OutboxWorker
+from .services.tasks.registry import RuntimeRegistry
+from .services.tasks.reports import RunnerReports
+from .services.schedules.firing import ScheduleFiring
+from .services.schedules.results import ScheduleResults
+from .services.schedules.service import ScheduleService
+from .services.schedules.recovery import RecoveryService
+from .services.sessions.instances import InstanceService
+from .services.sessions.memory import MemoryService
+from .services.tasks.health import HealthService
+from .services.auth.identity import IdentityService
+from .services.sessions.service import SessionService
+from .services.tasks.service import PermissionService, TaskService
+from .services.leases.box_sessions import BoxSessionService
+from .services.tasks.timeline import TimelineService
 from .store.db import Database
 from .store.keys import shared_key
 from .web import boxes, edge, health, rest, schedules_api
@@ -119,7 +119,7 @@ class Hub:
         self.leases = LeaseService(self.db, self.clock, settings.leases,
                                    LocalBoxDriver(settings.home / "boxes", settings.boxes, hide=[settings.home]),
                                    settings.boxes)
-        # SessionService fills the schedules' SessionPort seam (hub/services/schedule_ports.py).
+        # SessionService fills the schedules' SessionPort seam (hub/services/schedules/ports.py).
         # A definition change wakes the firing loop; the event exists before both ends of it.
         firing_wake = asyncio.Event()
         self.schedules = ScheduleService(self.db, self.clock, settings.schedules, self.admission, self.sessions,

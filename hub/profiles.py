@@ -1,4 +1,4 @@
-"""Builtin shortcut profiles (stored manifest-v2 profiles: hub/services/profiles.py; launch presets: config)."""
+"""Builtin shortcut profiles (stored manifest-v2 profiles: hub/services/tasks/profiles.py; launch presets: config)."""
 from __future__ import annotations
 
 import hashlib

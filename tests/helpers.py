@@ -266,7 +266,7 @@ def started_sync(ready: Callable[[], Any], what: str, *, proc: Any = None, timeo
 async def runner_outgoing(dispatch: Any, runtime_id: str, conn_id: str, cancels_sent: set[tuple[str, int]],
                           token_id: str | None = None) -> list[dict]:
     """What this connection sends now (dispatches marked sent); the connection must not be one to close."""
-    from hub.services.dispatch import Link
+    from hub.services.tasks.dispatch import Link
 
     due = await dispatch.outgoing_many([Link(runtime_id=runtime_id, conn_id=conn_id, token_id=token_id,
                                              cancels_sent=cancels_sent)])
@@ -297,7 +297,7 @@ async def turn_child_env(hub: Hub, conn: Any, owner_id: str, session_id: str) ->
     """The coordination environment the child of a Session's running Turn is given at dispatch: a fresh run token of
     that Turn (earlier ones revoked, as a dispatch sent again does), labeled for the Session, and its address."""
     from hub.domain.tasks import Status
-    from hub.services.dispatch import run_label
+    from hub.services.tasks.dispatch import run_label
     from hub.store.tables import task_runs
 
     task_id = (await conn.execute(sa.select(task_runs.c.id).where(

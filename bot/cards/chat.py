@@ -13,7 +13,7 @@ from typing import Any
 
 from bot.i18n import Catalogs, _
 from hub.domain.tasks import RUNTIME_LOST, Status
-from hub.services.chat_turns import ChatView
+from hub.services.chat.turns import ChatView
 
 from .actions import StopTurn
 from .base import button, button_row, card, check_limits, esc, hr, markdown, same
@@ -53,7 +53,7 @@ def elapsed(seconds: float) -> str:
 
 
 class ChatCardRenderer:
-    """Render the chat's cards in both card languages (implements hub.services.chat_turns.ChatCards)."""
+    """Render the chat's cards in both card languages (implements hub.services.chat.turns.ChatCards)."""
 
     def __init__(self, tr: Catalogs) -> None:
         self.tr = tr

@@ -19,7 +19,7 @@ def answer_action(question_id: str, option: int) -> AnswerQuestion:
 
 
 def render_question(tr: Catalogs, question: dict[str, Any]) -> dict[str, Any]:
-    """Render a waiting question (hub.services.questions.question_view): its text, one button per option and how
+    """Render a waiting question (hub.services.tasks.questions.question_view): its text, one button per option and how
     to answer in free text."""
     text = question.get("text") or ""
     elements: list[dict[str, Any]] = [markdown(same(esc(text[:TEXT_LIMIT]) or "…"))]

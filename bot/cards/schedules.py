@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from bot.i18n import Catalogs, _
-from hub.services.schedule_views import UNSUCCESSFUL
+from hub.services.schedules.views import UNSUCCESSFUL
 
 from .actions import (CardAction, Delete, Detail, EditForm, History, NewForm, Notify, Overview, Pause, Results,
                       Resume, RunNow, Schedules)

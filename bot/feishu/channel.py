@@ -20,7 +20,7 @@ from lark_oapi.api.im.v1 import (CreateMessageRequest, CreateMessageRequestBody,
 
 from bot.cards.alerts import render, to_content
 from hub.config import FeishuAppSettings
-from hub.services.channel import OK, PERMANENT, RETRY, SUSPEND, Delivery
+from hub.services.alerts.channel import OK, PERMANENT, RETRY, SUSPEND, Delivery
 
 from .token import TenantToken, TokenError
 from .transport import AppTransport
@@ -58,7 +58,7 @@ class _App:
 
 
 class FeishuChannel:
-    """Deliver notices to Feishu applications' administrators (implements hub.services.channel.Channel)."""
+    """Deliver notices to Feishu applications' administrators (implements hub.services.alerts.channel.Channel)."""
 
     def __init__(self, apps: list[FeishuAppSettings], timeout_s: float = 10.0, app_rate: float = 48.0,
                  user_rate: float = 4.8) -> None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from hub.config import FeishuAppSettings
 from hub.loops import Loops
-from hub.services.bot import BotService
+from hub.services.chat.bot import BotService
 
 from .webhook import Inbound
 

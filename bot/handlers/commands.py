@@ -9,7 +9,7 @@ from bot.cards.base import card, check_limits, esc, markdown
 from bot.cards.help import render_help
 from bot.cards.identity import LINK_REFUSED, render_link_result
 from bot.i18n import _
-from hub.services.identity import LinkRefused
+from hub.services.auth.identity import LinkRefused
 
 from .context import Answer, Ctx, Sender, handles
 

@@ -1,4 +1,4 @@
-"""Any other chat message: a Turn of that chat's Session, shown on a live progress card (hub.services.chat_turns).
+"""Any other chat message: a Turn of that chat's Session, shown on a live progress card (hub.services.chat.turns).
 
 A message while the chat's Turn runs steers it; Stop on the card interrupts it. Every chat output — the card, its
 updates, the answer, and a refusal — goes through the outbox.
@@ -12,7 +12,7 @@ from bot.cards.base import card, check_limits, markdown
 from bot.i18n import Catalogs, _
 from bot.identity import Viewer
 from hub.domain.tasks import is_terminal
-from hub.services.chat_turns import ChatOrigin, Steered
+from hub.services.chat.turns import ChatOrigin, Steered
 
 from .context import Answer, Ctx, Refused, handles
 

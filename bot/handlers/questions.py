@@ -11,7 +11,7 @@ from __future__ import annotations
 from bot.cards.actions import AnswerQuestion
 from bot.cards.question import render_answered
 from bot.i18n import _
-from hub.services.questions import QuestionClosed
+from hub.services.tasks.questions import QuestionClosed
 
 from .context import Answer, Ctx, handles
 from .conversation import origin

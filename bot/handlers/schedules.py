@@ -17,10 +17,10 @@ from bot.cards.schedules import (NOTIFY_MODES, render_deleted, render_detail, re
 from bot.cards.views import HistoryView, Outcome, ResultsView, ScheduleDetailView, ScheduleItem, ScheduleListView
 from bot.i18n import _
 
-from hub.services.schedule_views import FiringLine, firing_state
+from hub.services.schedules.views import FiringLine, firing_state
 from hub.errors import Invalid
-from hub.services.bot import INBOUND_TTL
-from hub.services.schedules import ScheduleSpec
+from hub.services.chat.bot import INBOUND_TTL
+from hub.services.schedules.service import ScheduleSpec
 from hub.services.views import ScheduleView
 
 from .context import Answer, Ctx, Refused, handles

@@ -1,4 +1,4 @@
-"""Personal views use the hub's one schedule policy (hub/services/schedule_access.py, applied by ScheduleService);
+"""Personal views use the hub's one schedule policy (hub/services/schedules/access.py, applied by ScheduleService);
 no rules of their own."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Iterator
 from bot.i18n import _
 
 from hub.errors import NotFound
-from hub.services.schedule_views import ScheduleCard
+from hub.services.schedules.views import ScheduleCard
 
 from .context import Ctx, Refused
 

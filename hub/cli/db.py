@@ -55,7 +55,7 @@ async def _recover_creators(args: argparse.Namespace) -> None:
     the schema is behind, it refuses and says so."""
     from ..clock import SystemClock
     from ..errors import Invalid
-    from ..services.recovery import RecoveryService
+    from ..services.schedules.recovery import RecoveryService
     from ..store.db import Database, schema_lag, upgrade
 
     settings = home_settings(args)

@@ -50,7 +50,7 @@ async def _token_file(hub: Hub, path: Path, principal: str, label: str, *, runne
                     path.chmod(0o600)
                 return token
             if runner and caller.admin:  # an older runner.token was an admin token: retire it with the file
-                from ..services.auth import TokenAdmin
+                from ..services.auth.service import TokenAdmin
                 await TokenAdmin(hub.auth).revoke(caller, caller.token_id)
         except AmuxError:
             pass

@@ -13,7 +13,7 @@ import hashlib
 import hmac
 import json
 
-from ..services.auth import Caller
+from ..services.auth.service import Caller
 
 PREFIX = "amx1"
 MAX_NAME = 120

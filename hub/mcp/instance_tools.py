@@ -6,7 +6,7 @@ from typing import Callable
 from mcp.server.mcpserver import Context, MCPServer
 
 from ..domain.choices import Args
-from ..services.instances import InstanceService
+from ..services.sessions.instances import InstanceService
 from ..services.views import (FollowupView, InstanceCreatedView, InstanceView, InstanceWaitView, InterruptView,
                               MailView, SteerView)
 from .server import caller_of, guarded

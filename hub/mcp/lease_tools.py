@@ -6,7 +6,7 @@ from typing import Callable
 from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel
 
-from ..services.leases import LeaseService
+from ..services.leases.service import LeaseService
 from .server import caller_of, guarded
 
 HANDLE_NOTE = ("`task` (required) is the handle task_<id>.<secret> that rift_task_new or rift_task_attach "

@@ -9,9 +9,9 @@ from pydantic import BaseModel
 
 from ..domain.choices import ChoiceChanges, ExecutionChoices
 from ..domain.pages import MAX_SCHEDULES, page_limit
-from ..services.auth import Caller
-from ..services.delegation import own_session_id
-from ..services.schedules import ScheduleService, ScheduleSpec
+from ..services.auth.service import Caller
+from ..services.tasks.delegation import own_session_id
+from ..services.schedules.service import ScheduleService, ScheduleSpec
 from ..services.views import ScheduleView
 from .choices import takes
 from .server import caller_of, guarded

@@ -14,7 +14,7 @@ from ..errors import AmuxError
 from ..ids import new_id
 from ..store.db import is_unavailable, unavailable_text
 from ..domain.text import BadText, check_value
-from ..services.auth import ALL_SCOPES, Caller, run_token_refusal
+from ..services.auth.service import ALL_SCOPES, Caller, run_token_refusal
 from .client_sessions import clean_name, labeled
 
 log = logging.getLogger("amux.mcp")

@@ -8,8 +8,8 @@ from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel, Field
 
 from ..domain.pages import MAX_TURNS, page_limit
-from ..services.delegation import own_session_id
-from ..services.sessions import SessionService
+from ..services.tasks.delegation import own_session_id
+from ..services.sessions.service import SessionService
 from .models import ChangedFiles, TaskResult
 from .server import caller_of, guarded
 

@@ -7,10 +7,10 @@ from mcp.server.mcpserver import Context, MCPServer
 
 from ..domain.choices import TaskChoices
 from ..domain.shapes import Short
-from ..services.profiles import BUILTIN_LISTING, ProfileService
+from ..services.tasks.profiles import BUILTIN_LISTING, ProfileService
 from ..errors import Invalid
-from ..services.tasks import PermissionService, SubmitRequest, TaskService
-from ..services.timeline import TimelineService
+from ..services.tasks.service import PermissionService, SubmitRequest, TaskService
+from ..services.tasks.timeline import TimelineService
 from . import models as m
 from .choices import takes
 from .server import caller_of, guarded

@@ -27,8 +27,9 @@ def _live(state: sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
 _B = boxes.alias("b")
 _BOX_KEYS = tuple((c.name, f"box_{c.name}") for c in boxes.c)  # a Box's fields and their labels in a joined row
 _t = lease_tasks.c
+# what the lease gate reads of a task (hub/services/leases/service.py `_check`)
 _GATE = (_t.id, _t.owner_id, _t.status, _t.closed_reason, _t.secret_hash, _t.holder_label, _t.attached_at,
-         _t.last_activity_at, _t.created_at)  # what the lease gate reads of a task (hub/services/leases.py `_check`)
+         _t.last_activity_at, _t.created_at)
 _LEASE_WITH_BOXES = (
     sa.select(*_GATE, *(c.label(f"box_{c.name}") for c in _B.c))
     .select_from(lease_tasks.outerjoin(_B, (_B.c.task_id == lease_tasks.c.id) & _live(_B.c.state)))
@@ -115,8 +116,8 @@ class TaskPage:
 
 @dataclass(frozen=True, kw_only=True)
 class LeaseGate:
-    """What the lease gate reads of a task (hub/services/leases.py `_check`): who owns it, whether it is open and
-    held, and by which secret's hash."""
+    """What the lease gate reads of a task (hub/services/leases/service.py `_check`): who owns it, whether it is open
+    and held, and by which secret's hash."""
 
     id: str
     owner_id: str

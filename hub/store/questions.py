@@ -49,7 +49,7 @@ class SqlQuestionStore:
     async def record(conn: Connection, new: NewQuestion, now: datetime) -> None:
         """Store the question of a Turn that ended waiting for the person, open; a Turn's second report adds none.
 
-        Static: it takes no lock, so the runner-report path (`hub.services.questions.record_question`) can use it.
+        Static: it takes no lock, so the runner-report path (`hub.services.tasks.questions.record_question`) can use it.
         """
         exists = (await conn.execute(sa.select(session_questions.c.id).where(
             session_questions.c.turn_id == new.turn_id))).first()

@@ -16,7 +16,7 @@ from .tables import feishu_apps, identity_bindings, incidents, principals, sched
 
 @dataclass(frozen=True, kw_only=True)
 class Visibility:
-    """Which schedules one caller may see and act on, as `hub/services/schedule_access.py` decided it.
+    """Which schedules one caller may see and act on, as `hub/services/schedules/access.py` decided it.
 
     Every field narrows: `creator_id` None means any creator's (an admin asking for everyone's);
     `app_id` keeps only schedules frozen to that application; `creator_bindings` keeps only schedules whose

@@ -145,7 +145,7 @@ class SqlSessionStore:
         """Return the owner's session with its running run of highest seq; None when it is not the owner's.
 
         A delegation never takes another owner's session as its parent. Static: it takes no lock, so a caller
-        holding only a connection (`hub.services.delegation.delegation_parent`) can use it.
+        holding only a connection (`hub.services.tasks.delegation.delegation_parent`) can use it.
         """
         s = (await conn.execute(sa.select(sessions.c.engine, sessions.c.model, sessions.c.reasoning_effort).where(
             sessions.c.id == session_id, sessions.c.owner_id == owner_id))).first()

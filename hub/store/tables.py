@@ -113,7 +113,7 @@ task_events = sa.Table(
 )
 
 # The Agent Timeline: raw agent events of one run (a Task or a Turn), keyed by the runner's sequence; swept after
-# `timeline.retention_s` (hub/services/timeline.py).
+# `timeline.retention_s` (hub/services/tasks/timeline.py).
 timeline_events = sa.Table(
     "timeline_events", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),

@@ -8,7 +8,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..errors import Invalid
-from ..services.alerts import AlertService
+from ..services.alerts.service import AlertService
 from . import api_models as m
 from .api_models import Call, flag, register
 

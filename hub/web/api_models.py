@@ -20,7 +20,7 @@ from ..domain.choices import Args, ChoiceChanges, ExecutionChoices, Seconds, Tas
 from ..domain.shapes import Clearable, Model, Short, text, validate
 from ..domain.text import BadText, check_text, loads
 from ..errors import AmuxError, Forbidden, Invalid
-from ..services.auth import Caller
+from ..services.auth.service import Caller
 from ..services.views import (FollowupView, InstanceCreatedView, InstanceListView, InstanceView, InstanceWaitView,
                               InterruptView, MailView, ScheduleView, SteerView, TaskView, View)
 from ..logs import REQUEST_ID

@@ -12,9 +12,9 @@ from ..clock import Clock
 from ..domain.durations import duration_text
 from ..domain.leases import DEAD, UNSANDBOXED, ago
 from ..errors import AmuxError
-from ..services.auth import AuthService, Caller, run_token_refusal
-from ..services.box_sessions import SESSION_TTL_S, BoxSessionService
-from ..services.leases import BoxesPage, LeaseService
+from ..services.auth.service import AuthService, Caller, run_token_refusal
+from ..services.leases.box_sessions import SESSION_TTL_S, BoxSessionService
+from ..services.leases.service import BoxesPage, LeaseService
 
 COOKIE = "amux_boxes"
 COOKIE_MAX_AGE_S = SESSION_TTL_S

@@ -17,8 +17,8 @@ from ..domain.tasks import Status
 from ..domain.states import RuntimeStatus
 from ..errors import AmuxError
 from ..loops import Loops
-from ..services.auth import AuthService
-from ..services.health import HealthService
+from ..services.auth.service import AuthService
+from ..services.tasks.health import HealthService
 from ..logs import REQUEST_ID
 from .edge import refusal
 

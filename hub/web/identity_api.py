@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ..services.identity import IdentityService
+from ..services.auth.identity import IdentityService
 
 from . import api_models as m
 from .api_models import Call, flag, register

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ..services.instances import InstanceService
+from ..services.sessions.instances import InstanceService
 from ..services.views import (FollowupView, InstanceCreatedView, InstanceListView, InstanceView, InstanceWaitView,
                               InterruptView, MailView, SteerView)
 from . import api_models as m

@@ -27,7 +27,7 @@ from multidict import CIMultiDict
 from .. import logs
 from ..errors import AmuxError
 from ..mcp.client_sessions import ClientSessions, labeled
-from ..services.auth import AuthService
+from ..services.auth.service import AuthService
 from ..store.db import is_unavailable, unavailable_text
 from ..logs import REQUEST_ID
 from .oauth import challenge as oauth_challenge

@@ -1,6 +1,6 @@
 """OAuth routes for hosted MCP clients: discovery (RFC 9728, RFC 8414), registration, the approval page, tokens.
 
-The policy is `hub/services/oauth.py`; this module speaks HTTP. The SDK's own handlers in
+The policy is `hub/services/auth/oauth.py`; this module speaks HTTP. The SDK's own handlers in
 `mcp.server.auth` are Starlette endpoints that read wall-clock time, so they do not fit an aiohttp
 hub whose durations come from the injected clock; the SDK's pydantic metadata models are reused.
 """
@@ -18,11 +18,12 @@ from mcp.shared.auth import OAuthMetadata, ProtectedResourceMetadata
 from ..domain.rate import retry_after
 from ..domain.timeline import safe_next
 from ..errors import AmuxError
-from ..services.auth import AuthService, check_may_approve
-from ..services.oauth_registration import ClientRegistration, RegistrationLimited
+from ..services.auth.service import AuthService, check_may_approve
+from ..services.auth.oauth_registration import ClientRegistration, RegistrationLimited
 from . import timeline_page
 from ..logs import CLIENT
-from ..services.oauth import SCOPE_TEXT, SCOPES, AuthorizeRequest, OAuthError, OAuthService, PageError, RedirectError
+from ..services.auth.oauth import (SCOPE_TEXT, SCOPES, AuthorizeRequest, OAuthError, OAuthService, PageError,
+                                   RedirectError)
 
 SESSION_COOKIE = "amux_oauth_session"
 NEXT_COOKIE = "amux_oauth_next"

@@ -12,13 +12,13 @@ from aiohttp import web
 
 from .. import logs
 from ..errors import AmuxError, Forbidden, NotFound
-from ..services.auth import AuthService, TokenAdmin, rest_area, run_token_refusal
-from ..services.credentials import CredentialService
-from ..services.memory import MemoryService
-from ..services.profiles import ProfileService
-from ..services.registry import RuntimeRegistry
-from ..services.sessions import SessionService
-from ..services.tasks import PermissionService, SubmitRequest, TaskService
+from ..services.auth.service import AuthService, TokenAdmin, rest_area, run_token_refusal
+from ..services.auth.credentials import CredentialService
+from ..services.sessions.memory import MemoryService
+from ..services.tasks.profiles import ProfileService
+from ..services.tasks.registry import RuntimeRegistry
+from ..services.sessions.service import SessionService
+from ..services.tasks.service import PermissionService, SubmitRequest, TaskService
 from ..services.views import TaskView
 from . import api_models as m
 from .api_models import CALLER, Call, error_response, flag, register

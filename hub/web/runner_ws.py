@@ -17,11 +17,11 @@ from ..domain.text import BadText, loads_bounded
 from ..errors import AmuxError
 from ..loops import Background, Loops
 from ..runner import protocol as p
-from ..services.auth import AuthService
+from ..services.auth.service import AuthService
 from ..services.notify import Notifier
-from ..services.dispatch import Link, Outbound, RunnerDispatch
-from ..services.registry import RuntimeRegistry
-from ..services.reports import RunnerReports
+from ..services.tasks.dispatch import Link, Outbound, RunnerDispatch
+from ..services.tasks.registry import RuntimeRegistry
+from ..services.tasks.reports import RunnerReports
 from ..store.db import Connection, Row
 
 log = logging.getLogger("amux.runner_ws")

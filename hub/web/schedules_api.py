@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ..services.schedules import ScheduleService, ScheduleSpec
+from ..services.schedules.service import ScheduleService, ScheduleSpec
 from ..services.views import ScheduleView
 from . import api_models as m
 from .api_models import Call, flag, register

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ..services.sessions import SessionService
+from ..services.sessions.service import SessionService
 from . import api_models as m
 from .api_models import Call, register
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ..services.timeline import TimelineService
+from ..services.tasks.timeline import TimelineService
 from . import api_models as m
 from .api_models import Call, register
 

@@ -14,10 +14,10 @@ from typing import Any, Literal
 from aiohttp import web
 
 from ..errors import AmuxError
-from ..services.auth import AuthService, Caller, run_token_refusal
-from ..services.box_sessions import SESSION_TTL_S, BoxSessionService
-from ..services.oauth import OAuthService
-from ..services.timeline import TimelineService
+from ..services.auth.service import AuthService, Caller, run_token_refusal
+from ..services.leases.box_sessions import SESSION_TTL_S, BoxSessionService
+from ..services.auth.oauth import OAuthService
+from ..services.tasks.timeline import TimelineService
 from .boxes import HEADERS, STYLE, _secure
 
 COOKIE = "amux_timeline"

@@ -11,7 +11,7 @@ from hub.app import Hub
 from hub.config import PresetSettings
 from hub.errors import Forbidden, Invalid
 from hub.runner import protocol as p
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from hub.store.tables import metadata, task_runs
 from tests.helpers import hub_settings, runner_outgoing
 

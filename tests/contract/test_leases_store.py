@@ -11,8 +11,8 @@ from hub.boxes.local import LocalBoxDriver
 from hub.clock import utc
 from hub.config import BoxSettings, LeaseSettings
 from hub.errors import AmuxError, Conflict, Invalid, NotFound, TooMany
-from hub.services.auth import AuthService
-from hub.services.leases import LeaseService
+from hub.services.auth.service import AuthService
+from hub.services.leases.service import LeaseService
 from hub.store.db import Database
 from hub.store.tables import boxes, lease_tasks
 

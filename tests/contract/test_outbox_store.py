@@ -10,8 +10,8 @@ import sqlalchemy as sa
 from hub.clock import ManualClock
 from hub.config import AlertSettings
 from hub.domain.alerts import Numbers
-from hub.services.channel import OK, Delivery
-from hub.services.outbox import Notices, OutboxWorker, _Result
+from hub.services.alerts.channel import OK, Delivery
+from hub.services.alerts.outbox import Notices, OutboxWorker, _Result
 from hub.store.tables import decisions, feishu_apps, outbox
 
 APP = "cli_contract"

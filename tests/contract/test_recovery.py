@@ -238,7 +238,7 @@ async def test_recovered_schedules_appear_in_the_personal_view_and_reads_still_c
     async with hub.db.read() as conn:
         open_id = (await conn.execute(sa.select(identity_bindings.c.open_id).where(
             identity_bindings.c.id == hub.binding["alice"]))).scalar()
-    # The one schedule policy (hub/services/schedule_access.py): the application scope and an active binding are
+    # The one schedule policy (hub/services/schedules/access.py): the application scope and an active binding are
     # needed, so alice's own schedule without a creator binding (the session-prompt recovery does not bind) is not
     # shown in Feishu at all.
     assert await feishu_view(hub, "cli_a", open_id) == [hub.ids["clean"]]

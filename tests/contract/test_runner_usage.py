@@ -8,7 +8,7 @@ import pytest
 
 from hub.app import Hub
 from hub.runner import protocol as p
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from tests.helpers import hub_settings, runner_outgoing
 
 CAPS = {"platform": "linux", "engines": ["scripted"], "workspace_root": "/tmp", "workspace_writable": True,

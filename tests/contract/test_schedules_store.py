@@ -14,10 +14,10 @@ from hub.app import Hub
 from hub.config import PresetSettings
 from hub.errors import Invalid, NotFound, TooMany
 from hub.runner import protocol as p
-from hub.services.schedule_firing import Due, ScheduleFiring
-from hub.services.schedule_ports import RecordingOutcomeSink
-from hub.services.schedules import ScheduleService, ScheduleSpec
-from hub.services.tasks import SubmitRequest
+from hub.services.schedules.firing import Due, ScheduleFiring
+from hub.services.schedules.ports import RecordingOutcomeSink
+from hub.services.schedules.service import ScheduleService, ScheduleSpec
+from hub.services.tasks.service import SubmitRequest
 from hub.store.db import Database
 from hub.store.tables import firings, runtimes, schedules, task_runs
 from hub.store.tasks import QueuedTask

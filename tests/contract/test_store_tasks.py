@@ -8,7 +8,7 @@ import sqlalchemy as sa
 
 from hub.clock import utc
 from hub.domain.tasks import Status
-from hub.services.tasks import finish_task
+from hub.services.tasks.service import finish_task
 from hub.store.db import Database
 from hub.store.tables import reservations, task_runs
 from hub.store.tasks import QueuedTask, SqlTaskStore, event_rows

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from hub.app import Hub
 from hub.errors import Invalid, NotFound, Unauthorized
 from hub.runner import protocol as p
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from hub.store.tables import api_tokens, reservations, runtimes, task_events, task_runs
 from tests.helpers import hub_settings, runner_accepted, runner_events, runner_finished, runner_outgoing
 

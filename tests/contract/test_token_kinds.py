@@ -10,10 +10,10 @@ import sqlalchemy as sa
 from hub.app import Hub
 from hub.errors import Conflict, Forbidden, NotFound, Unauthorized
 from hub.runner import protocol as p
-from hub.services.auth import AuthService, TokenAdmin
-from hub.services.dispatch import Link
+from hub.services.auth.service import AuthService, TokenAdmin
+from hub.services.tasks.dispatch import Link
 from hub.domain.tasks import Status
-from hub.services.tasks import SubmitRequest, finish_task
+from hub.services.tasks.service import SubmitRequest, finish_task
 from hub.store.tables import api_tokens, runtimes
 from tests.helpers import hub_settings, runner_outgoing
 

@@ -17,8 +17,8 @@ from hub.app import Hub
 from hub.clock import ManualClock
 from hub.config import FeishuAppSettings
 from hub.ids import new_id
-from hub.services.auth import Caller
-from hub.services.schedules import ScheduleSpec
+from hub.services.auth.service import Caller
+from hub.services.schedules.service import ScheduleSpec
 from hub.store.db import Database
 from bot.cards.base import card, markdown, same
 from hub.store.tables import identity_bindings, outbox, runtimes, schedules

@@ -8,7 +8,7 @@ from urllib.parse import quote
 import pytest
 
 from hub.errors import Invalid
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from tests.e2e.test_boxes_page import chromium
 from tests.helpers import start_hub
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hub.services.channel import RETRY, Delivery
+from hub.services.alerts.channel import RETRY, Delivery
 
 BUILT: list["RecordingChannel"] = []  # every channel `build` made in this process, for the test to look at
 

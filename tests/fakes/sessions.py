@@ -4,7 +4,7 @@ from __future__ import annotations
 import itertools
 
 from hub.errors import Invalid, NotFound
-from hub.services.auth import Caller
+from hub.services.auth.service import Caller
 
 
 class FakeSessions:

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from hub.clock import ManualClock
 from hub.domain.timeline import raw_payload, scrub_text
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from hub.store.tables import timeline_events
 from tests.helpers import mcp_client, start_hub
 

@@ -19,7 +19,7 @@ from hub.app import Hub
 from hub.clock import ManualClock
 from hub.config import FeishuAppSettings
 from hub.ids import new_id
-from hub.services.schedules import ScheduleSpec
+from hub.services.schedules.service import ScheduleSpec
 from hub.store.db import Database
 from hub.store.tables import firings, identity_bindings, incidents, runtimes, schedules, task_runs
 from tests.fakes.feishu import FakeFeishu, card_buttons, card_text, clock_seconds, signed_card_callback

@@ -14,7 +14,7 @@ from hub.app import Hub
 from hub.clock import ManualClock
 from hub.config import FeishuAppSettings
 from hub.ids import new_id
-from hub.services.schedules import ScheduleSpec
+from hub.services.schedules.service import ScheduleSpec
 from hub.store.db import Database
 from hub.store.tables import firings, identity_bindings, outbox, runtimes, schedules, task_runs
 from tests.fakes.feishu import FakeFeishu, card_text, clock_seconds
@@ -417,7 +417,7 @@ async def test_admin_change_retires_old_requests_and_notifies_the_new_admin(env:
 
 
 async def test_a_lost_publish_is_caught_up_from_the_firings_ledger_exactly_once(env: Env):
-    from hub.services.schedule_ports import NullOutcomeSink
+    from hub.services.schedules.ports import NullOutcomeSink
 
     env.hub.schedule_firing.sink = NullOutcomeSink()   # the call after the commit is lost (crash)
     fid = await env.fire("failed")
@@ -431,7 +431,7 @@ async def test_a_lost_publish_is_caught_up_from_the_firings_ledger_exactly_once(
 
 
 async def _event(env: Env, fid: str):
-    from hub.services.schedule_ports import FiringOutcome
+    from hub.services.schedules.ports import FiringOutcome
 
     async with env.hub.db.read() as conn:
         f = (await conn.execute(sa.select(firings).where(firings.c.id == fid))).first()

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from hub.app import Hub
 from hub.config import FeishuAppSettings
 from hub.ids import new_id
-from hub.services.schedules import ScheduleSpec
+from hub.services.schedules.service import ScheduleSpec
 from hub.store.db import Database
 from hub.store.tables import identity_bindings, incidents, runtimes
 from tests.fakes.feishu import FakeFeishu, card_text, clock_seconds

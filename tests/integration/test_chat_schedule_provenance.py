@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from bot.console import ConsoleSink
 from hub.clock import ManualClock
 from hub.config import FeishuAppSettings
-from hub.services.schedules import ScheduleSpec
+from hub.services.schedules.service import ScheduleSpec
 from hub.store.tables import identity_bindings, schedules, task_runs
 from tests.helpers import eventually, mcp_client, start_hub, turn_child_env
 

@@ -1,7 +1,7 @@
 """The chat driver hears every task's change; only chat Turns' changes may cost it a write transaction."""
 from __future__ import annotations
 
-from hub.services.admission import SubmitRequest
+from hub.services.tasks.admission import SubmitRequest
 
 
 async def test_a_plain_tasks_changes_neither_wake_the_chat_driver_nor_take_the_write_lock(any_hub):

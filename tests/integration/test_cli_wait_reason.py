@@ -5,7 +5,7 @@ import asyncio
 import os
 import sys
 
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from tests.helpers import REPO, start_hub, started
 
 

@@ -13,8 +13,8 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from hub.runner import protocol as p
-from hub.services.admission import SubmitRequest
-from hub.services.dispatch import Link
+from hub.services.tasks.admission import SubmitRequest
+from hub.services.tasks.dispatch import Link
 from hub.store.tables import api_tokens, reservations
 from tests.helpers import eventually, start_hub
 

@@ -10,8 +10,8 @@ import pytest
 from hub.domain.choices import (MAX_ARG_CHARS, MAX_EXTRA_ARGS, MAX_TIMEOUT_S, TASK_CHOICES, ChoiceChanges,
                                 ExecutionChoices, TaskChoices)
 from hub.errors import Invalid
-from hub.services.admission import SubmitRequest
-from hub.services.schedules import ScheduleSpec
+from hub.services.tasks.admission import SubmitRequest
+from hub.services.schedules.service import ScheduleSpec
 from tests.helpers import mcp_client
 
 

@@ -12,7 +12,7 @@ from hub.config_sources import load_settings
 from hub.domain import schedule_rules as rules
 from hub.errors import Invalid
 from hub.runner import protocol as p
-from hub.services.admission import SubmitRequest
+from hub.services.tasks.admission import SubmitRequest
 from hub.store.tables import runtimes, task_runs
 from tests.helpers import eventually, mcp_client, start_hub
 
@@ -239,7 +239,7 @@ async def test_submissions_that_arrive_while_a_commit_runs_are_inserted_together
     arrive; they are inserted by one next transaction, and each caller is answered after its own commit."""
     import asyncio
 
-    from hub.services.tasks import Admit, _GroupCommit
+    from hub.services.tasks.service import Admit, _GroupCommit
     from hub.store.tasks import QueuedTask
 
     release, batches = asyncio.Event(), []

@@ -26,8 +26,8 @@ from hub.app import Hub
 from hub.clock import ManualClock
 from hub.config import FeishuAppSettings
 from hub.ids import new_id
-from hub.services.auth import Caller
-from hub.services.schedules import ScheduleSpec
+from hub.services.auth.service import Caller
+from hub.services.schedules.service import ScheduleSpec
 from hub.store.db import Database
 from hub.store.tables import firings, identity_bindings, incidents, runtimes, task_runs
 from tests.fakes.feishu import FakeFeishu, Message, card_buttons, card_text, clock_seconds

@@ -150,7 +150,7 @@ def _escaped(card: dict, *, in_markdown: bool = True) -> None:
 
 
 async def test_schedule_names_reach_pushed_incident_and_digest_cards_escaped(db_url, tmp_path, clock):
-    from hub.services.schedules import ScheduleSpec
+    from hub.services.schedules.service import ScheduleSpec
     from hub.store.tables import task_runs
     from tests.integration.test_alerts_feishu import make_env
     fake = await FakeFeishu(now=clock_seconds(clock)).start()

@@ -17,7 +17,7 @@ from bot.feishu.longconn import LongConnections
 from hub.app import Hub
 from hub.clock import ManualClock
 from hub.config import FeishuAppSettings
-from hub.services.bot import BotService
+from hub.services.chat.bot import BotService
 from hub.store.bot import SqlBotStore
 from hub.store.db import Database
 from tests.fakes.feishu_ws import FakeFeishuWs

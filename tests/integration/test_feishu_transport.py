@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from hub.config import FeishuAppSettings
-from hub.services.channel import OK, RETRY
+from hub.services.alerts.channel import OK, RETRY
 from tests.fakes.feishu import FakeFeishu
 
 VIEW = {"v": 1, "kind": "receipt", "schedule_name": "nightly", "creator": "alice", "outcome": "succeeded"}

@@ -17,7 +17,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from hub.config import FeishuAppSettings
-from hub.services.identity import code_hash, normalize
+from hub.services.auth.identity import code_hash, normalize
 from hub.store.tables import identity_bindings, identity_link_codes, schedules
 from tests.fakes.feishu import card_text
 from tests.integration.test_alerts_feishu import ADMIN as ALERT_ADMIN, fake, make_env  # noqa: F401 — fixture

@@ -19,7 +19,7 @@ from hub.app import Hub
 from hub.clock import ManualClock
 from hub.config import BoxSettings
 from hub.domain.leases import UNSANDBOXED
-from hub.services.auth import Caller
+from hub.services.auth.service import Caller
 from hub.store.db import Database
 from hub.store.tables import api_tokens, box_sessions
 from tests.helpers import hub_settings, mcp_client

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from bot.cards.actions import CardAction
 from hub.config import FeishuAppSettings
 from hub.errors import Invalid
-from hub.services.schedules import ScheduleSpec
+from hub.services.schedules.service import ScheduleSpec
 from hub.store.tables import schedules
 from tests.fakes.feishu import card_text
 from tests.integration.test_alerts_feishu import fake, make_env  # noqa: F401 — fixture

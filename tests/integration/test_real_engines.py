@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from hub.engines.claude import ClaudeEngine
 from hub.engines.codex import CodexEngine
 from hub.runner.agent import Runner
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from hub.store.tables import api_tokens, task_events
 from tests.fakes.model_api import RejectingModelApi
 from tests.helpers import PROCESS_MODE, REPO, started

@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 
 from hub.domain.limits import applied_limits
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from tests.helpers import eventually
 from tests.integration.test_task_child_boundary import BWRAP, dac_hub, out, runner_process  # noqa: F401
 from tests.integration.test_userns_boundary import NOBODY, _userns_works

@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from hub.runner import protocol as p
-from hub.services.admission import SubmitRequest
+from hub.services.tasks.admission import SubmitRequest
 from tests.helpers import start_hub, started
 
 

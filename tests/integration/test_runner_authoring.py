@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from hub.errors import Invalid
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from hub.store.tables import runtimes
 from tests.helpers import REPO, runner_command, started
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from hub.store.tables import reservations, runtimes
 from tests.helpers import REPO, eventually, runner_command, start_hub, started
 

@@ -7,7 +7,7 @@ import json
 from hub.clock import ManualClock
 from hub.engines.claude import ClaudeEngine
 from hub.runner.agent import Runner
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from tests.helpers import PROCESS_MODE, REPO, eventually, started
 
 

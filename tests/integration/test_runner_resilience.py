@@ -7,7 +7,7 @@ import sys
 import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError
 
-from hub.services.admission import SubmitRequest
+from hub.services.tasks.admission import SubmitRequest
 from hub.store.tables import task_runs
 from tests.helpers import PROCESS_MODE, REPO
 

@@ -1,4 +1,4 @@
-"""One authorization policy (hub/services/schedule_access.py): the bot's personal views and card actions and the
+"""One authorization policy (hub/services/schedules/access.py): the bot's personal views and card actions and the
 REST/MCP schedule reads make the same decision, table-driven over one set of schedules.
 """
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from bot.handlers.schedules import PAGE
 from bot.identity import Viewer
 from hub.ids import new_id
-from hub.services.auth import Caller
+from hub.services.auth.service import Caller
 from hub.store.tables import identity_bindings, schedules
 
 APP_A, APP_B = "cli_a", "cli_b"

@@ -7,7 +7,7 @@ import sqlalchemy as sa
 
 from bot.cards.actions import CardAction
 from hub.domain.tasks import Status
-from hub.services.tasks import finish_task
+from hub.services.tasks.service import finish_task
 from hub.store.tables import firings, schedules
 from tests.fakes.feishu import card_buttons, card_text
 from tests.integration.test_feishu_bot import Bot, bot  # noqa: F401 — the fixture

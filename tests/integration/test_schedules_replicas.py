@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from hub.app import Hub
 from hub.runner import protocol as p
-from hub.services.schedules import ScheduleSpec
+from hub.services.schedules.service import ScheduleSpec
 from hub.store.db import Database
 from hub.store.tables import firings, runtimes, schedules, task_runs
 from tests.helpers import REPO, eventually, hub_settings, started

@@ -5,7 +5,7 @@ import logging
 
 import sqlalchemy as sa
 
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from hub.store.tables import metadata
 
 SECRET = "sk-ant-a9f8e7d6c5b4-never-leak"

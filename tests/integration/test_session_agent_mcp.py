@@ -29,7 +29,7 @@ from hub.engines.codex import CodexEngine
 from hub.engines.pi import PiEngine
 from hub.engines.scripted import ScriptedEngine
 from hub.runner.agent import Runner
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from hub.store.tables import bot_chats, identity_bindings, schedules, task_runs
 from tests.fakes.feishu import FakeFeishu, Message, clock_seconds
 from tests.helpers import PROCESS_MODE, REPO, eventually, start_hub, started

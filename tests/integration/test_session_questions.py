@@ -24,7 +24,7 @@ from hub.config import FeishuAppSettings
 from hub.engines.claude import ClaudeEngine
 from hub.runner.agent import Runner
 from hub.runner.protocol import QUESTION_DIAGNOSTIC
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from hub.store.tables import session_questions, task_runs
 from tests.fakes.feishu import FakeFeishu, card_buttons, card_text, clock_seconds, signed_card_callback
 from tests.helpers import PROCESS_MODE, REPO, eventually, HubHandle, mcp_client, start_hub, started

@@ -9,7 +9,7 @@ import sys
 import pytest
 import sqlalchemy as sa
 
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from hub.store.tables import instances, mailbox, sessions, task_runs
 from tests.helpers import REPO, eventually, mcp_client, turn_child_env
 

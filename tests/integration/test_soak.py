@@ -46,7 +46,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from hub.engines.scripted import ScriptedEngine
 from hub.ids import new_id
 from hub.runner.agent import Runner
-from hub.services.outbox import LIVE
+from hub.services.alerts.outbox import LIVE
 from hub.store.tables import api_tokens, firings, identity_bindings, outbox, runtimes, schedules, task_runs
 from tests.fakes.feishu import FakeFeishu
 from tests.helpers import PROCESS_MODE, REPO, runner_command, started

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from hub.domain.isolation import NO_BWRAP, ROOT_HAS_DAC
 from hub.errors import Invalid
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from hub.store.tables import runtimes
 from tests.helpers import REPO, eventually, start_hub, started
 

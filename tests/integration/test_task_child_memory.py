@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from hub.engines.claude import ClaudeEngine
 from hub.errors import NotFound
 from hub.runner.agent import Runner
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from hub.store.tables import runtimes
 from tests.helpers import PROCESS_MODE, REPO, runner_command, started
 

@@ -12,7 +12,7 @@ from bot.cards.schedules import render_results
 from bot.cards.timeline import timeline_button
 from bot.cards.views import Outcome, ResultsView
 from bot.i18n import catalogs
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from tests.fakes.feishu import card_buttons, card_text
 from tests.helpers import eventually
 from tests.integration.test_feishu_bot import Bot, bot  # noqa: F401 — the bot fixture, reused

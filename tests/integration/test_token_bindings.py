@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from hub.engines.scripted import ScriptedEngine
 from hub.runner.agent import Runner, RunnerRefused
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from hub.store.tables import api_tokens, runtimes
 from tests.helpers import REPO, eventually, mcp_client, runner_command, started
 from tests.integration.test_oauth import (approve, authorize_url, bearer_client, mcp_status, pkce, register, signed_in,

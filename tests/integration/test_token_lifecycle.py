@@ -12,7 +12,7 @@ import pytest
 from hub.runner.agent import RunnerRefused
 import sqlalchemy as sa
 
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from hub.store.tables import api_tokens, reservations, runtimes, task_runs
 from tests.helpers import REPO, eventually, mcp_client, turn_child_env
 

@@ -17,7 +17,7 @@ import pytest
 
 from hub.errors import Invalid
 from hub.runner import boundary
-from hub.services.tasks import SubmitRequest
+from hub.services.tasks.service import SubmitRequest
 from tests.helpers import eventually, start_hub
 from tests.integration.test_task_child_boundary import BWRAP, ORDINARY_WORK, SECRET, out, run_as, runner_process
 

@@ -11,7 +11,7 @@ from bot.i18n import catalogs
 from hub.config import AlertSettings
 from hub.domain import alerts as rules
 from hub.domain.tasks import RUNTIME_LOST
-from hub.services.chat_turns import ChatView
+from hub.services.chat.turns import ChatView
 from tests.fakes.feishu import card_buttons, card_text
 
 R = ChatCardRenderer(catalogs())

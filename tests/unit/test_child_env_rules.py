@@ -8,7 +8,7 @@ from hub.engines.codex import CodexEngine
 from hub.engines.environment import base_env, child_env
 from hub.runner import protocol as p
 from hub.runner.agent import launch_env
-from hub.services.auth import rest_area, run_token_may
+from hub.services.auth.service import rest_area, run_token_may
 
 RUNNER = {
     "PATH": "/usr/bin", "HOME": "/root", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "xterm", "TZ": "UTC",
