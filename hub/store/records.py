@@ -1,5 +1,5 @@
 """The records the task, schedule, instance and session stores return: plain dataclasses, one per shape a query
-reads, so a service never holds a database row (`hub/store/ports.py` declares the stores' interfaces over them)."""
+reads, so a service never holds a database row (`hub/store/ports/` declares the stores' interfaces over them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields

@@ -11,7 +11,7 @@ from ...clock import Clock, utc
 from ...ids import short_id
 from ...store.db import Database
 from ...store.leases import SqlLeaseStore
-from ...store.ports import LeaseStore
+from ...store.ports.leases import LeaseStore
 from ..auth.service import Caller
 
 SESSION_TTL_S = 12 * 3600

@@ -20,7 +20,7 @@ from ...errors import Conflict, Invalid, NotFound, TooMany
 from ...ids import short_id
 from ...store.db import Connection, Database
 from ...store.leases import Box, LeaseGate, LeaseTask, PageBox, PageTask, SqlLeaseStore
-from ...store.ports import LeaseStore
+from ...store.ports.leases import LeaseStore
 from ..auth.service import Caller
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from typing import Any
 from ...errors import NotFound
 from ...store.db import Connection, Database
 from ...store.records import ScheduleRecord
-from ...store.ports import ScheduleStore
+from ...store.ports.schedules import ScheduleStore
 from ...store.schedules import SqlScheduleStore, Visibility
 
 FEISHU = "feishu:"

@@ -16,7 +16,7 @@ from ...ids import new_id
 from ...store.db import Connection, Database
 from ...store.firings import SqlFiringStore
 from ...store.incidents import SqlIncidentStore
-from ...store.ports import ScheduleStore
+from ...store.ports.schedules import ScheduleStore
 from ...store.schedules import SqlScheduleStore
 from ..tasks.admission import Admission, SubmitRequest
 from ..auth.service import Caller

@@ -13,7 +13,7 @@ from ...errors import Conflict, Invalid, NotFound
 from ...ids import new_id
 from ...store.db import Connection, Database
 from ...store.instances import SqlInstanceStore
-from ...store.ports import InstanceStore, SessionStore
+from ...store.ports.sessions import InstanceStore, SessionStore
 from ...store.records import InstanceRecord, SessionRecord
 from ...store.sessions import SqlSessionStore
 from ..auth.service import Caller

@@ -7,7 +7,7 @@ from ...domain import memory as rules
 from ...errors import Conflict, Invalid, NotFound
 from ...store.db import Connection, Database
 from ...store.memory import SqlMemoryStore
-from ...store.ports import MemoryStore
+from ...store.ports.sessions import MemoryStore
 from ..auth.service import Caller
 from ..tasks.delegation import SESSION_LABEL
 

@@ -11,7 +11,7 @@ from ...errors import Invalid, NotFound
 from ...ids import new_id
 from ...store.db import Connection, Database
 from ...store.questions import SqlQuestionStore
-from ...store.ports import SessionStore
+from ...store.ports.sessions import SessionStore
 from ...store.records import SessionRecord
 from ...store.sessions import NewRun, NewSession, SqlSessionStore
 from ..tasks.admission import Admission, SubmitRequest

@@ -14,7 +14,7 @@ from ...errors import Conflict, Invalid, NotFound
 from ...ids import new_id
 from ...runner import protocol as p
 from ...store.db import Connection
-from ...store.ports import QuestionStore
+from ...store.ports.tasks import QuestionStore
 from ...store.questions import ANSWERED, NewQuestion, QuestionRecord, SqlQuestionStore
 
 

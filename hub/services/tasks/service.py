@@ -22,7 +22,7 @@ from ...store.execution_uids import SqlExecutionUidStore
 from ...store.questions import SqlQuestionStore
 from ...store.registry import SqlRegistryStore
 from ...loops import Background
-from ...store.ports import TaskStore
+from ...store.ports.tasks import TaskStore
 from ...store.records import TaskRunRecord
 from ...store.tasks import QueuedTask, SqlTaskStore
 from .admission import Admission, SubmitRequest
