@@ -111,12 +111,14 @@ i18n-update: i18n-extract
 i18n-compile: venv
 	$(VENV)/bin/pybabel compile -D messages -d $(I18N) --statistics
 
-## lint: ruff over the tree, mypy over hub and bot, hadolint on deploy/Dockerfile, sh -n on
-##       deploy/install.sh, kustomize renders the example overlay (.ci/run runs it before the tests)
+## lint: ruff over the tree, mypy over hub and bot, lint-imports (the import contracts in pyproject.toml: layers, no
+##       cycles, SQL only in hub/store), hadolint on deploy/Dockerfile, sh -n on deploy/install.sh, kustomize renders
+##       the example overlay (.ci/run runs it before the tests)
 .PHONY: lint
 lint: venv-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy hub bot
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/hadolint deploy/Dockerfile
 	sh -n deploy/install.sh
 	@command -v kubectl >/dev/null 2>&1 || { echo "make lint: kubectl is missing; install it to render deploy/k8s" >&2; exit 1; }
