@@ -1,11 +1,17 @@
 """The HTTP edge: request ids, client addresses, JSON of bounded depth on every route and text every store can keep
-(hub/domain/text.py), and no 500 that leaks user content."""
+(hub/domain/text.py), and no 500 that leaks user content.
+
+A request's id is the operator's `X-Request-Id` when it is well formed (1–128 characters of `A-Z a-z 0-9 . _ : -`),
+so a request can be followed from a proxy's log into the hub's; anything else is replaced by a fresh id, and the
+value sent is never logged. The id names the request's access line, its `X-Request-Id` answer header, the
+`request_id` of every refusal, and every log line written while it is handled (and by the work it starts)."""
 from __future__ import annotations
 
 import asyncio
 import ipaddress
 import json
 import logging
+import re
 import secrets
 import traceback
 from typing import Awaitable, Callable, Collection
@@ -22,12 +28,21 @@ from ..domain.text import MAX_DEPTH, BadText, check_depth, check_text, check_val
 log = logging.getLogger("amux.web")
 
 TEXT_PREFIXES = ("/api/", "/console", "/feishu/")  # routes whose JSON text is checked here; MCP checks its own
+REQUEST_ID_HEADER = "X-Request-Id"
+WELL_FORMED_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # the ids a proxy may hand the hub (README "Configuration")
+
+
+def request_id_of(sent: str | None) -> str:
+    """Return the id a request goes by: the `X-Request-Id` it was sent with when well formed, else a fresh one."""
+    if sent is not None and WELL_FORMED_ID.fullmatch(sent):
+        return sent
+    return secrets.token_hex(8)
 
 
 def refusal(status: int, error: str, fix: str, request_id: str) -> web.Response:
     """The JSON shape of every refusal made at the edge."""
     return web.json_response({"error": error, "fix": fix, "message": fix, "request_id": request_id}, status=status,
-                             headers={"X-Request-Id": request_id})
+                             headers={REQUEST_ID_HEADER: request_id})
 
 
 def client_address(peer: str | None, forwarded_for: str | None, trusted: Collection[ipaddress.IPv4Network |
@@ -46,15 +61,15 @@ def client_address(peer: str | None, forwarded_for: str | None, trusted: Collect
 
 
 def edge_middleware(body_timeout_s: float = 30.0, trusted_proxies: Collection[str] = ()) -> Callable:
-    """Give each request an id and its client's address; refuse unstorable text in its path, query and JSON body,
-    and bodies that arrive slower than `body_timeout_s` (408); turn crashes into JSON; give the connection time for
-    its next request."""
+    """Give each request its id (the operator's, when well formed) and its client's address; refuse unstorable text
+    in its path, query and JSON body, and bodies that arrive slower than `body_timeout_s` (408); turn crashes into
+    JSON; give the connection time for its next request."""
     trusted = [ipaddress.ip_network(p, strict=False) for p in trusted_proxies]
 
     @web.middleware
     async def middleware(request: web.Request,
                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-        rid = secrets.token_hex(8)
+        rid = request_id_of(request.headers.get(REQUEST_ID_HEADER))
         request[REQUEST_ID] = rid
         request[LOG_CONTEXT], log_token = logs.open_request(rid)
         try:
@@ -96,7 +111,7 @@ def edge_middleware(body_timeout_s: float = 30.0, trusted_proxies: Collection[st
                                             f"operator request id {rid}", rid)
         finally:
             rearm(request)
-        response.headers.setdefault("X-Request-Id", rid)
+        response.headers.setdefault(REQUEST_ID_HEADER, rid)
         return response
 
     return middleware
