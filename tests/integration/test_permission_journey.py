@@ -53,7 +53,8 @@ async def test_an_escalated_task_continues_after_answers_over_mcp_and_rest(any_h
         first, cursor = await next_permission(c, task_id, 0)
         assert (first["request_id"], first["tool"], first["title"]) == ("perm_1_Bash", "Bash", "rm -rf build")
         answered = await ok(c, "permission_respond", task_id=task_id, request_id=first["request_id"], allow=True)
-        assert answered == {"task_id": task_id, "request_id": "perm_1_Bash", "allow": True, "status": "sent"}
+        assert answered == {"task_id": task_id, "request_id": "perm_1_Bash", "allow": True, "status": "sent",
+                            "attempt": 1}  # the attempt that asked
         second, cursor = await next_permission(c, task_id, cursor)
         assert second["request_id"] == "perm_2_Write"
         # the first request was answered: answering it again is refused while the task runs, and nothing is sent
@@ -63,7 +64,8 @@ async def test_an_escalated_task_continues_after_answers_over_mcp_and_rest(any_h
         assert (await ok(c, "task_events", task_id=task_id))["events"] == before
         resp = await rest_answer(hub, token, task_id, {"request_id": "perm_2_Write", "allow": True, "message": "ok"})
         assert resp.status_code == 200, resp.text
-        assert resp.json() == {"task_id": task_id, "request_id": "perm_2_Write", "allow": True, "status": "sent"}
+        assert resp.json() == {"task_id": task_id, "request_id": "perm_2_Write", "allow": True, "status": "sent",
+                               "attempt": 1}
         while not (page := await ok(c, "task_wait", task_id=task_id, cursor=cursor, timeout_s=20))["done"]:
             cursor = page["cursor"]
         view = await ok(c, "task_get", task_id=task_id)
