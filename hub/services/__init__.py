@@ -12,6 +12,7 @@ One package per aggregate, each owning its rows' rules and transactions; a packa
     notify, views: shared by the packages above, importing none of them
 
 Every package may import hub/domain, hub/store (its ports and Sql stores), hub/config, hub/clock, hub/errors, hub/ids
-and hub/loops; tasks also hub/runner/protocol.py (the messages a runner is sent) and leases hub/boxes (box drivers).
+and hub/loops; tasks also hub/runner/protocol.py (the messages a runner is sent) and hub/profiles (the builtin
+shortcuts), leases hub/boxes (box drivers).
 No service imports an adapter (hub/web, hub/mcp, hub/cli, hub/app, bot); SQL stays in hub/store.
 """

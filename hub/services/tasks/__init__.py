@@ -5,4 +5,5 @@ cancels Tasks; dispatch.py places runs on runtimes and reaps them; registry.py r
 what runners report (questions.py: a run asking its person); timeline.py reads the Agent Timeline; health.py the
 counts `/readyz` and `/metrics` show.
 
-May import services.auth, services.notify, services.views, hub/runner/protocol.py, hub/domain and hub/store."""
+May import services.auth, services.notify, services.views, hub/runner/protocol.py, hub/profiles, hub/domain, hub/store
+and the base modules (config, clock, loops, …)."""
