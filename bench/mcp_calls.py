@@ -40,7 +40,8 @@ async def hub_at(repo: Path, store: str) -> AsyncIterator[tuple[str, str, int]]:
         env = {**os.environ, "AMUX_HOME": str(home), "PYTHONPATH": str(repo), **ONE_ADDRESS}
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "hub.cli", "hub", "serve", "--listen", f"127.0.0.1:{port}", "--db", db, cwd=repo,
-            env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+            # stderr to a file: a pipe nobody reads stalls the hub once its access log fills it
+            env=env, stdout=asyncio.subprocess.DEVNULL, stderr=open(home / "hub.stderr", "wb"))  # noqa: SIM115
         try:
             url = f"http://127.0.0.1:{port}"
 
