@@ -257,10 +257,13 @@ class SqlDispatchStore:
         return list((await conn.execute(sa.select(runtimes.c.id).where(
             among(runtimes.c.status, ["online", "offline"]), runtimes.c.last_seen_at < before))).scalars())
 
-    async def mark_lost(self, conn: Connection, runtime_id: str) -> None:
-        """Mark the runtime lost and forget its connection."""
-        await conn.execute(runtimes.update().where(runtimes.c.id == runtime_id)
-                           .values(status="lost", connection_id=None))
+    async def mark_lost(self, conn: Connection, runtime_id: str, before: datetime) -> bool:
+        """Mark the runtime lost and forget its connection, if it is still silent since before `before`; return
+        whether it was. The statement checks again: a heartbeat committed since `silent_since` read it wins."""
+        lost = await conn.execute(runtimes.update().where(
+            runtimes.c.id == runtime_id, among(runtimes.c.status, ["online", "offline"]),
+            runtimes.c.last_seen_at < before).values(status="lost", connection_id=None))
+        return lost.rowcount > 0
 
     async def active_run_ids(self, conn: Connection, runtime_id: str) -> list[str]:
         """Return the ids of runs dispatched to or running on the runtime."""

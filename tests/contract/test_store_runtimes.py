@@ -636,10 +636,23 @@ async def test_runtimes_silent_since_a_time_are_the_online_or_offline_ones_last_
 
 async def test_mark_lost_forgets_the_runtimes_connection(db, dispatch):
     async with db.write() as conn:
-        rt = await runtime(conn, await principal(conn))
-        await dispatch.mark_lost(conn, rt)
+        rt = await runtime(conn, await principal(conn), last_seen=T0)
+        assert await dispatch.mark_lost(conn, rt, T0 + timedelta(minutes=1))
     r = await row(db, runtimes, rt)
     assert (r.status, r.connection_id) == ("lost", None)
+
+
+async def test_mark_lost_leaves_a_runtime_that_was_seen_since_the_reaper_read_it(db, dispatch):
+    """The reaper reads the silent runtimes, then marks each: a heartbeat committed in between keeps it online (and
+    its runs running), instead of a healthy runner's connection being forgotten."""
+    async with db.write() as conn:
+        rt = await runtime(conn, await principal(conn), last_seen=T0)
+        assert await dispatch.silent_since(conn, T0 + timedelta(minutes=1)) == [rt]
+        await conn.execute(runtimes.update().where(runtimes.c.id == rt).values(
+            last_seen_at=T0 + timedelta(minutes=2)))  # its heartbeat
+        assert not await dispatch.mark_lost(conn, rt, T0 + timedelta(minutes=1))
+    r = await row(db, runtimes, rt)
+    assert r.status == "online" and r.connection_id is not None
 
 
 async def test_overdue_runs_are_active_runs_past_their_deadline(db, dispatch):

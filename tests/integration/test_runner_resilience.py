@@ -1,6 +1,8 @@
 """Runner connections survive the store's bad moments and give up only when reconnecting cannot help."""
 from __future__ import annotations
 
+from datetime import timedelta
+
 import asyncio
 import sys
 
@@ -93,7 +95,7 @@ async def test_a_runtime_marked_lost_while_its_socket_is_open_is_closed_and_regi
     caller = await any_hub.hub.auth.authenticate(any_hub.admin_token)
     first_ws, rt = runner.ws, runner.runtime_id
     async with any_hub.hub.db.write() as conn:  # what the reaper does when heartbeats went unapplied too long
-        await any_hub.hub.dispatcher.store.mark_lost(conn, rt)
+        assert await any_hub.hub.dispatcher.store.mark_lost(conn, rt, any_hub.hub.clock.now() + timedelta(seconds=1))
 
     async def online_again() -> bool:
         async with any_hub.hub.db.read() as conn:

@@ -281,7 +281,8 @@ class Dispatcher:
             touched.append(res.task_id)
         lost_before = now - timedelta(seconds=self.settings.runtime_lost_s)
         for rt_id in await self.store.silent_since(conn, lost_before):
-            await self.store.mark_lost(conn, rt_id)
+            if not await self.store.mark_lost(conn, rt_id, lost_before):
+                continue  # it spoke meanwhile
             # Dispatched but never accepted: its engine never launched (the runner launches only after the hub
             # commits its acceptance), so it is placed again. Running: accepted, so its fate is unknown.
             for task_id, status in await self.store.active_runs(conn, rt_id):
