@@ -4,8 +4,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -19,6 +21,29 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 REPO = Path(__file__).resolve().parent.parent
 PG_URL = os.environ.get("AMUX_TEST_DATABASE_URL") or "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
+
+
+BASE_REF = "397eb4e"  # the build before the store moved to public SQLAlchemy APIs (issue 42's figures compare with it)
+
+
+def checkout(ref: str) -> Path | None:
+    """Return a directory holding git ref `ref` of this repository (`git archive`, kept under the temp dir between
+    runs), or None when the ref is not in this clone. A directory given as `ref` is returned as it is."""
+    if Path(ref).is_dir():
+        return Path(ref).resolve()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=REPO,
+                                capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    out = Path(tempfile.gettempdir()) / f"amux-build-{commit[:12]}"
+    if not (out / ".complete").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        archive = subprocess.run(["git", "archive", "--format=tar", commit], cwd=REPO, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
+        (out / ".complete").touch()
+    return out
 
 
 def free_port() -> int:
@@ -65,9 +90,10 @@ ONE_ADDRESS = {"AMUX_HUB__MAX_PENDING_PER_CLIENT": "0", "AMUX_HUB__MAX_CONNECTIO
 
 @contextlib.asynccontextmanager
 async def hub_process(db_url: str | None, *, slots: int = 8, with_runner: bool = True,
-                      env: dict[str, str] | None = None,
-                      profile_as: str | None = None) -> AsyncIterator[tuple[str, str]]:
-    """Run `amux up` (hub + in-process runner) in a subprocess; yield (url, admin token).
+                      env: dict[str, str] | None = None, profile_as: str | None = None,
+                      repo: Path = REPO) -> AsyncIterator[tuple[str, str]]:
+    """Run `amux up` (hub + in-process runner) in a subprocess, from checkout `repo` (this one by default; another
+    build's source tree runs on this virtualenv); yield (url, admin token).
 
     The hub's stderr goes to a file (a pipe nobody reads would stall a chatty hub). With AMUX_BENCH_PROFILE=DIR and
     `profile_as`, py-spy records the hub from readiness to the end into DIR/<profile_as>.txt (raw format; summarize
@@ -79,8 +105,8 @@ async def hub_process(db_url: str | None, *, slots: int = 8, with_runner: bool =
     args += ["--listen", f"127.0.0.1:{port}"] + (["--db", db_url] if db_url else [])
     errors = open(home / "hub.stderr", "wb")  # noqa: SIM115 — closed below
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "hub.cli", *args, cwd=REPO, env={**os.environ, "AMUX_HOME": str(home), **ONE_ADDRESS,
-                                                              **(env or {})},
+        sys.executable, "-m", "hub.cli", *args, cwd=repo, env={**os.environ, "AMUX_HOME": str(home), **ONE_ADDRESS,
+                                                              "PYTHONPATH": str(repo), **(env or {})},
         stdout=asyncio.subprocess.DEVNULL, stderr=errors)
     url = f"http://127.0.0.1:{port}"
     spy = None

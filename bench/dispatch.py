@@ -14,13 +14,16 @@ import contextlib
 import sys
 import time
 from datetime import datetime
+from pathlib import Path
+from statistics import median
+from typing import Any
 
 import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import Implementation
 
-from .common import figure, hub_process, pct, pg_database
+from .common import BASE_REF, REPO, checkout, figure, hub_process, pct, pg_database
 from .leases import bare_server, read_floor_line
 
 CONCURRENCY = 32
@@ -194,50 +197,94 @@ async def interleaved(url: str, token: str, bare: str, calls: int, rounds: int =
     return ours, peer, read
 
 
-async def main(n: int, echo_calls: int) -> None:
-    """Per store: the floors, then our figures against them (each floor measured right before its figure)."""
+async def one_build(repo: Path, db_url: str | None, label: str, bare: str, n: int) -> dict[str, Any]:
+    """Run one build's hub (`amux up`, 8 slots) on `db_url` and take its figures: tasks/s, submit→running at
+    RATE, and `profile_list` against the bare echo in alternating rounds."""
+    async with hub_process(db_url, slots=8, profile_as=f"dispatch-{label}", repo=repo) as (url, token):
+        await throughput(url, token, WARMUP)  # steady state, as the echo floor's own warm-up calls
+        tps = await throughput(url, token, n)
+        p50, p99 = await latency_at_rate(url, token, rate=RATE, seconds=6)
+        async with (bare_server(db_url) if db_url else contextlib.nullcontext(None)) as bare_read:
+            ours, peer, read = await interleaved(url, token, bare, 300, bare_read=bare_read)
+    return {"tps": tps, "p50": p50, "p99": p99, "o50": pct(ours, 50), "o99": pct(ours, 99), "e50": pct(peer, 50),
+            "e99": pct(peer, 99), "read": read}
+
+
+async def main(n: int, echo_calls: int, against: str | None, rounds: int) -> None:
+    """Per store: the floors, then our figures against them (each floor measured right before its figure); with
+    `against`, that build's figures too, the two builds alternating `rounds` times on fresh databases."""
+    base = checkout(against) if against else None
+    if against and base is None:
+        print(f"  (no build {against!r} in this clone: its side-by-side figures are skipped)")
     print(f"bench/dispatch — scripted tasks over MCP, hub + in-process runner with 8 slots in one subprocess; "
-          f"{CONCURRENCY} concurrent callers; floor: bare MCP SDK echo server logging at WARNING")
+          f"{CONCURRENCY} concurrent callers; floor: bare MCP SDK echo server logging at WARNING"
+          + (f"; build {against} side by side, {rounds} rounds each" if base else ""))
+    builds = [("this", REPO)] + ([(str(against), base)] if base else [])
     async with bare_server() as bare:
-        for label, ctx in (("sqlite", contextlib.nullcontext(None)), ("postgresql", pg_database())):
-            async with ctx as db_url:
-                if db_url:
+        for label in ("sqlite", "postgresql"):
+            if label == "postgresql":
+                async with pg_database() as db_url:
                     pgf = await pg_commit_floor(db_url)
-                    figure("floor.pg.commits_per_s", f"floor: PostgreSQL single-row INSERT+COMMIT (asyncpg) "
-                           f"{pgf[1]:.0f}/s on 1 connection, {pgf[CONCURRENCY]:.0f}/s on {CONCURRENCY}",
-                           value=pgf[CONCURRENCY], unit="commits/s", one_connection=pgf[1])
-                async with hub_process(db_url, slots=8, profile_as=f"dispatch-{label}") as (url, token):
-                    floor = await echo_floor(bare, echo_calls)
-                    figure(f"floor.{label}.echo_calls_per_s", f"floor: bare echo {floor['calls_per_s']:.0f} calls/s at "
-                           f"{CONCURRENCY} callers (p99 {floor['concurrent_p99_ms']:.1f} ms); at {RATE} calls/s p50 "
-                           f"{floor['rate_p50_ms']:.2f} ms, p99 {floor['rate_p99_ms']:.2f} ms",
-                           value=floor["calls_per_s"], unit="calls/s", rate_p99_ms=floor["rate_p99_ms"])
-                    await throughput(url, token, WARMUP)  # steady state, as the echo floor's own warm-up calls
-                    tps = await throughput(url, token, n)
-                    p50, p99 = await latency_at_rate(url, token, rate=RATE, seconds=6)
-                    async with (bare_server(db_url) if db_url else contextlib.nullcontext(None)) as bare_read:
-                        ours, peer, read = await interleaved(url, token, bare, 300, bare_read=bare_read)
+                figure("floor.pg.commits_per_s", f"floor: PostgreSQL single-row INSERT+COMMIT (asyncpg) "
+                       f"{pgf[1]:.0f}/s on 1 connection, {pgf[CONCURRENCY]:.0f}/s on {CONCURRENCY}",
+                       value=pgf[CONCURRENCY], unit="commits/s", one_connection=pgf[1])
+            floor = await echo_floor(bare, echo_calls)
+            figure(f"floor.{label}.echo_calls_per_s", f"floor: bare echo {floor['calls_per_s']:.0f} calls/s at "
+                   f"{CONCURRENCY} callers (p99 {floor['concurrent_p99_ms']:.1f} ms); at {RATE} calls/s p50 "
+                   f"{floor['rate_p50_ms']:.2f} ms, p99 {floor['rate_p99_ms']:.2f} ms",
+                   value=floor["calls_per_s"], unit="calls/s", rate_p99_ms=floor["rate_p99_ms"])
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in builds}
+            for _ in range(rounds if base else 1):
+                for name, repo in builds:
+                    async with (pg_database() if label == "postgresql" else contextlib.nullcontext(None)) as db_url:
+                        runs[name].append(await one_build(repo, db_url, label, bare, n))
+                    r = runs[name][-1]
+                    if base:
+                        share = r["tps"] / floor["calls_per_s"]
+                        print(f"  {label:<10} [{name:>7}] {r['tps']:6.1f} tasks/s ({share:.2f} of echo); "
+                              f"submit→running p50 {r['p50']:.1f} ms p99 {r['p99']:.1f} ms; profile_list "
+                              f"p50 {r['o50']:.2f} ms = {r['o50'] / r['e50']:.2f}× echo", flush=True)
+            ours = {k: median(x[k] for x in runs["this"]) for k in ("tps", "p50", "p99", "o50", "o99", "e50", "e99")}
+            tps, p50, p99 = ours["tps"], ours["p50"], ours["p99"]
             figure(f"dispatch.{label}.tasks_per_s", f"{label:<10} dispatch {tps:6.1f} tasks/s ({n} tasks) vs bare echo "
                    f"{floor['calls_per_s']:.0f} calls/s", value=tps, unit="tasks/s",
                    ratio=tps / floor["calls_per_s"], target="≥ 0.25", floor=floor["calls_per_s"])
-            if db_url:
+            if label == "postgresql":
                 print(f"  {label:<10}   = one task per {pgf[CONCURRENCY] / tps:.1f} single-row commits' worth of "
                       f"PostgreSQL time (the floor above; #16 sets no target for this one)")
             figure(f"dispatch.{label}.submit_running_p99_ms", f"{label:<10} submit→running at {RATE} tasks/s: p50 "
                    f"{p50:.1f} ms, p99 {p99:.1f} ms vs bare echo p99 {floor['rate_p99_ms']:.2f} ms at {RATE} calls/s",
                    value=p99, unit="ms", ratio=p99 / floor["rate_p99_ms"], target="≤ 5", floor=floor["rate_p99_ms"],
                    p50=p50)
-            o50, o99, p50_, p99_ = pct(ours, 50), pct(ours, 99), pct(peer, 50), pct(peer, 99)
+            o50, o99, p50_, p99_ = ours["o50"], ours["o99"], ours["e50"], ours["e99"]
             figure(f"mcp.{label}.profile_list_p50_ms", f"{label:<10} MCP per call: profile_list p50 {o50:.2f} ms "
                    f"(p99 {o99:.2f}) vs bare echo p50 {p50_:.2f} ms (p99 {p99_:.2f})", value=o50, unit="ms",
                    ratio=o50 / p50_, target="≤ 1.25", floor=p50_)
-            if read:
-                read_floor_line(label, read, p50_, {"profile_list": o50})
+            if runs["this"][-1]["read"]:
+                read_floor_line(label, runs["this"][-1]["read"], p50_, {"profile_list": o50})
+            if base:
+                theirs = {k: median(x[k] for x in runs[str(against)]) for k in ("tps", "p50", "o50", "e50")}
+                rel_tps = ours["tps"] / floor["calls_per_s"] / (theirs["tps"] / floor["calls_per_s"])
+                rel_call = (ours["o50"] / ours["e50"]) / (theirs["o50"] / theirs["e50"])
+                figure(f"vs_base.{label}.tasks_per_s", f"{label:<10} vs {against}: dispatch {tps:.1f} vs "
+                       f"{theirs['tps']:.1f} tasks/s (medians of {rounds} rounds each)", value=tps, unit="tasks/s",
+                       ratio=rel_tps, target="≥ 0.9", floor=theirs["tps"])
+                figure(f"vs_base.{label}.profile_list_vs_echo", f"{label:<10} vs {against}: profile_list "
+                       f"{ours['o50'] / ours['e50']:.2f}× echo vs {theirs['o50'] / theirs['e50']:.2f}× echo",
+                       value=ours["o50"] / ours["e50"], unit="× echo", ratio=rel_call, target="≤ 1.1",
+                       floor=theirs["o50"] / theirs["e50"])
+                figure(f"vs_base.{label}.submit_running_p50_ms", f"{label:<10} vs {against}: submit→running p50 at "
+                       f"{RATE} tasks/s {p50:.1f} ms vs {theirs['p50']:.1f} ms", value=p50, unit="ms",
+                       ratio=p50 / theirs["p50"], floor=theirs["p50"],
+                       target="≤ 12 ms" if label == "sqlite" else None, met=p50 <= 12 if label == "sqlite" else None)
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", type=int, default=600)
     ap.add_argument("--echo-calls", type=int, default=2000, help="calls for the bare echo throughput floor")
+    ap.add_argument("--against", default=BASE_REF,
+                    help=f"a git ref or source tree whose hub runs side by side (default {BASE_REF}; '' for none)")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of each build when --against is set")
     a = ap.parse_args()
-    asyncio.run(main(a.tasks, a.echo_calls))
+    asyncio.run(main(a.tasks, a.echo_calls, a.against or None, a.rounds))

@@ -23,7 +23,14 @@ class Notifier:
         self._listeners.append((prefix, callback))
 
     def notify(self, key: str) -> None:
-        """Wake every waiter on `key`, and the listeners of its prefix."""
+        """Wake every waiter on `key`, and the listeners of its prefix. Call it from the event loop, after the
+        transaction that made the change commits (never from a transaction body: on SQLite that runs on the
+        database's thread)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(f"notify({key!r}) outside the event loop: notify after the transaction commits, "
+                               "not inside its body") from None
         for ev in self._events.pop(key, ()):
             ev.set()
         for prefix, callback in self._listeners:

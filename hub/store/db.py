@@ -7,7 +7,7 @@ import json
 import logging
 import sqlite3
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Collection, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Collection, Coroutine, TypeVar, Unpack, cast
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ..errors import Invalid
+from .sqlite import SqliteThreads
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -37,8 +38,9 @@ def normalize_url(url: str) -> str:
     return url
 
 
-# One connection type on both stores: SQLAlchemy's AsyncConnection (aiosqlite runs each SQLite connection in its own
-# thread, so no statement blocks the event loop; asyncpg on PostgreSQL).
+# One connection type on both stores, as the store's code sees it: SQLAlchemy's AsyncConnection (asyncpg on
+# PostgreSQL). On SQLite it is a `SqliteConnection`, which answers the same calls over the standard sqlite3 driver on
+# the database's own threads (see `Database`).
 Connection = AsyncConnection
 Row = sa.Row[Unpack[tuple[Any, ...]]]
 StoreError = sa.exc.SQLAlchemyError
@@ -153,6 +155,9 @@ class Database:
     before them, with no transaction around them), `write()` / `transaction(fn)` (one write transaction, committed
     on success; `transaction` runs it again on a transient PostgreSQL error), and `execute_many` (one statement,
     once per parameter set, inside either). Everything else is SQLAlchemy's own `AsyncConnection`.
+
+    SQLite (`hub.store.sqlite`): `transaction(fn)` runs the whole body and its commit on the writer thread, one hop
+    from the event loop; a body there may await only the store. `write()` and `read()` hop once per statement.
     """
 
     def __init__(self, url: str, *, echo: bool = False, retry_attempts: int = 3) -> None:
@@ -163,20 +168,24 @@ class Database:
             raise Invalid(f"unsupported database {backend!r}; use sqlite+aiosqlite:///PATH or postgresql+asyncpg://HOST/DB")
         self.is_sqlite = backend == "sqlite"
         self.retry_attempts = retry_attempts
+        self.sqlite: SqliteThreads | None = None
         # hide_parameters: an error's message and log line never carry a prompt, memory value or secret.
         if self.is_sqlite:
             require_json_each()
             prepare_sqlite_file(self.url)
             database = parsed.database
             in_memory = not database or database == ":memory:" or "mode=memory" in str(parsed)
-            sizes: dict[str, Any] = {} if in_memory else {"pool_size": 8, "max_overflow": 24}
-            self.engine: AsyncEngine = create_async_engine(parsed, echo=echo, hide_parameters=True, **sizes)
-            event.listen(self.engine.sync_engine, "connect", _sqlite_connect)
-            event.listen(self.engine.sync_engine, "begin", _sqlite_begin)
+            self.sqlite = SqliteThreads(parsed, echo=echo, in_memory=in_memory)
+            self.sync_engine: sa.Engine = self.sqlite.engine
+            event.listen(self.sync_engine, "connect", _sqlite_connect)
+            event.listen(self.sync_engine, "begin", _sqlite_begin)
         else:
             # Connections are kept rather than opened per burst (each new one costs a TCP and auth round trip and a
             # thread-pool DNS lookup); at most 30 per replica.
-            self.engine = create_async_engine(self.url, echo=echo, pool_size=24, max_overflow=6, hide_parameters=True)
+            self.engine: AsyncEngine = create_async_engine(self.url, echo=echo, pool_size=24, max_overflow=6,
+                                                           hide_parameters=True)
+            self.sync_engine = self.engine.sync_engine
+        self.dialect = self.sync_engine.dialect
         # SQLite is the single-process embedded store: writers are serialized in-process (and take the
         # database lock up front with BEGIN IMMEDIATE), so read-check-write sequences cannot interleave.
         # PostgreSQL uses row locks (`for_update`).
@@ -185,44 +194,34 @@ class Database:
     @contextlib.asynccontextmanager
     async def write(self) -> AsyncIterator[Connection]:
         """Open a write transaction; commits on success, rolls back on error (no retry: see `transaction`)."""
-        if self._write_lock is None:
+        if self.sqlite is None or self._write_lock is None:
             async with self.engine.begin() as conn:
                 yield conn
             return
-        async with self._write_lock:
-            conn = await self.engine.connect()
-            try:
-                conn = await conn.execution_options(sqlite_begin="BEGIN IMMEDIATE")  # the write lock before any read
-                trans = await conn.begin()
-                try:
-                    yield conn
-                except BaseException:
-                    await asyncio.shield(trans.rollback())
-                    raise
-                await asyncio.shield(trans.commit())
-            finally:
-                # A cancelled writer (shutdown, a client gone) must still end its transaction now: left to the
-                # garbage collector, SQLite's write lock outlives it and the next writer waits `busy_timeout`.
-                await asyncio.shield(conn.close())
+        async with self._write_lock, self.sqlite.write() as conn:
+            yield cast(Connection, conn)
 
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[Connection]:
         """Open a connection for reads: each statement stands alone and sees every commit made before it, as under
         PostgreSQL's READ COMMITTED (AUTOCOMMIT there: no BEGIN/ROLLBACK round trips; no BEGIN on SQLite). Take no
         row locks on it; a read-check-write sequence belongs in `write()`."""
+        if self.sqlite is not None:
+            async with self.sqlite.read() as conn:
+                yield cast(Connection, conn)
+            return
         async with self.engine.connect() as conn:
-            if self.is_sqlite:
-                yield await conn.execution_options(sqlite_begin=None)
-            else:
-                yield await conn.execution_options(isolation_level="AUTOCOMMIT")
+            yield await conn.execution_options(isolation_level="AUTOCOMMIT")
 
     async def transaction(self, fn: Callable[[Connection], Awaitable[T]]) -> T:
         """Run `fn` in one write transaction; on PostgreSQL run it again (bounded, with backoff) when it failed
         for a transient reason (connection loss, serialization failure, deadlock). `fn` must be safe to re-run:
-        it sees nothing of the failed attempt."""
-        if self.is_sqlite:
-            async with self.write() as conn:
-                return await fn(conn)
+        it sees nothing of the failed attempt. On SQLite `fn` runs on the writer thread and may await only the
+        store (`hub.store.sqlite`)."""
+        if self.sqlite is not None and self._write_lock is not None:
+            sqlite, body = self.sqlite, cast(Callable[[Any], Coroutine[Any, Any, T]], fn)
+            async with self._write_lock:
+                return await sqlite.on(sqlite.writer, lambda: sqlite.write_unit(body))
         retrying = AsyncRetrying(stop=stop_after_attempt(self.retry_attempts), reraise=True,
                                  wait=wait_exponential(multiplier=0.05, max=1.0),
                                  retry=retry_if_exception(is_transient),
@@ -239,9 +238,8 @@ class Database:
         """Copy what the SQLite WAL holds back into the database file, without waiting for readers or writers
         (PASSIVE), outside any transaction; the hub runs it every second (`sqlite-checkpoint`). Commits never pay
         for a checkpoint (`wal_autocheckpoint` is off). PostgreSQL: nothing to do."""
-        if self.is_sqlite:
-            async with self.engine.connect() as conn:
-                conn = await conn.execution_options(sqlite_begin=None)
+        if self.sqlite is not None:
+            async with self.sqlite.read() as conn:
                 await conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
 
     async def serialize(self, conn: Connection, name: str) -> None:
@@ -261,8 +259,11 @@ class Database:
         return stmt.with_for_update(skip_locked=skip_locked, of=of)
 
     async def close(self) -> None:
-        """Dispose of the pool."""
-        await self.engine.dispose()
+        """Dispose of the pool (and stop SQLite's threads)."""
+        if self.sqlite is not None:
+            await self.sqlite.close()
+        else:
+            await self.engine.dispose()
 
 
 async def execute_many(conn: Connection, stmt: sa.Executable, rows: list[dict[str, Any]]) -> None:

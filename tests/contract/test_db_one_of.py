@@ -44,13 +44,13 @@ async def test_one_of_compiles_one_sql_text_for_every_list_length(db: Database):
     def record(conn, cursor, statement, parameters, context, executemany):
         seen.append(statement)
 
-    sa.event.listen(db.engine.sync_engine, "before_cursor_execute", record)
+    sa.event.listen(db.sync_engine, "before_cursor_execute", record)
     try:
         async with db.read() as conn:
             for names in ([], ["a"], ["a", "b", "c"], [str(i) for i in range(50)]):
                 await conn.execute(_BY_NAME, {"names": names})
     finally:
-        sa.event.remove(db.engine.sync_engine, "before_cursor_execute", record)
+        sa.event.remove(db.sync_engine, "before_cursor_execute", record)
     assert len(seen) == 4 and len(set(seen)) == 1
     assert ("= ANY(" if not db.is_sqlite else "json_each(") in seen[0]
 
@@ -58,7 +58,7 @@ async def test_one_of_compiles_one_sql_text_for_every_list_length(db: Database):
 async def test_among_writes_the_codes_constants_into_the_sql_with_quotes_escaped_and_no_parameter(db: Database):
     await add(db)
     stmt = sa.select(principals.c.name).where(among(principals.c.name, ["o'hara", "zoë", "nobody"]))
-    compiled = stmt.compile(dialect=db.engine.dialect)
+    compiled = stmt.compile(dialect=db.dialect)
     assert "'o''hara'" in str(compiled) and not compiled.params
     async with db.read() as conn:
         assert sorted((await conn.execute(stmt)).scalars().all()) == ["o'hara", "zoë"]

@@ -34,7 +34,7 @@ async def test_each_statement_of_a_read_is_its_own_transaction(db: Database, clo
 
 async def test_a_read_gives_its_connection_back_when_its_body_fails_and_the_next_read_sees_later_commits(
         db: Database, clock: ManualClock):
-    pool = db.engine.sync_engine.pool
+    pool = db.sync_engine.pool
     before = pool.checkedout()
     with pytest.raises(RuntimeError, match="boom"):
         async with db.read() as conn:

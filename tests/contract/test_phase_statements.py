@@ -23,11 +23,11 @@ def counted(hub) -> Iterator[list[str]]:
         if head in ("SELECT", "INSERT", "UPDATE", "DELETE", "WITH"):
             seen.append(statement)
 
-    event.listen(hub.db.engine.sync_engine, "before_cursor_execute", record)
+    event.listen(hub.db.sync_engine, "before_cursor_execute", record)
     try:
         yield seen
     finally:
-        event.remove(hub.db.engine.sync_engine, "before_cursor_execute", record)
+        event.remove(hub.db.sync_engine, "before_cursor_execute", record)
 
 
 async def test_each_task_phase_runs_a_bounded_number_of_statements(core, db):
@@ -49,7 +49,7 @@ async def test_each_task_phase_runs_a_bounded_number_of_statements(core, db):
     # run's row; PostgreSQL also takes its advisory lock) and the hand-off (the connection's due work, the run
     # token, the `dispatched` event); dispatched → started: the Accepted (read, start, commit the reservation) and
     # the first events (read, events, timeline, counters); started → finished: read, finish, release, revoke.
-    expected = {"sqlite": (19, 7, 4), "postgresql": (20, 7, 4)}[db.engine.dialect.name]
+    expected = {"sqlite": (19, 7, 4), "postgresql": (20, 7, 4)}[db.dialect.name]
     assert counts == expected, "\n".join(f"{name}: {' '.join(s.split())[:150]}" for name, phase in
                                           (("dispatched", dispatched), ("started", started), ("finished", finished))
                                           for s in phase)

@@ -44,11 +44,11 @@ def statements_run(hub) -> Iterator[list[str]]:
     def seen(_c, _cur, statement, *_rest) -> None:
         statements.append(statement)
 
-    event.listen(hub.hub.db.engine.sync_engine, "before_cursor_execute", seen)
+    event.listen(hub.hub.db.sync_engine, "before_cursor_execute", seen)
     try:
         yield statements
     finally:
-        event.remove(hub.hub.db.engine.sync_engine, "before_cursor_execute", seen)
+        event.remove(hub.hub.db.sync_engine, "before_cursor_execute", seen)
 
 
 def count_calls(obj: object, name: str) -> list[int]:

@@ -238,16 +238,20 @@ async def test_submissions_that_arrive_while_a_commit_runs_are_inserted_together
     """The group commit's rule, deterministically: the first submission's transaction is held open while three more
     arrive; they are inserted by one next transaction, and each caller is answered after its own commit."""
     import asyncio
+    import threading
 
     from hub.services.tasks.service import Admit, _GroupCommit
     from hub.store.tasks import QueuedTask
 
-    release, batches = asyncio.Event(), []
+    release, batches = threading.Event(), []
 
     async def apply(conn, batch):
         batches.append([a.task.task_id for a in batch])
-        if len(batches) == 1:
-            await release.wait()
+        if len(batches) == 1:  # hold the transaction open: on SQLite its body runs on the database's writer thread
+            if db.is_sqlite:
+                release.wait(30)
+            else:
+                await asyncio.to_thread(release.wait, 30)
         return {}
 
     group = _GroupCommit(db, apply, lambda: None)

@@ -251,14 +251,14 @@ async def test_a_boxes_page_is_one_database_statement(paged):
 
     async with httpx2.AsyncClient(base_url=paged["url"], headers={"Authorization": f"Bearer {token}"}) as http:
         older = link((await http.get("/boxes")).text, "older")  # also verifies the token once (then cached)
-        sa.event.listen(hub.db.engine.sync_engine, "before_cursor_execute", count)
+        sa.event.listen(hub.db.sync_engine, "before_cursor_execute", count)
         try:
             for url in ("/boxes", older, link((await http.get(older)).text, "newer")):
                 statements.clear()
                 assert (await http.get(url)).status_code == 200
                 assert len(statements) == 1 and "lease_tasks" in statements[0], statements
         finally:
-            sa.event.remove(hub.db.engine.sync_engine, "before_cursor_execute", count)
+            sa.event.remove(hub.db.sync_engine, "before_cursor_execute", count)
 
 
 async def test_another_users_tasks_never_show_on_any_page(paged):

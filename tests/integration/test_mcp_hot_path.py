@@ -34,11 +34,11 @@ def statements(db: Database, *, control: bool = False) -> Iterator[list[str]]:
         if control or not is_control:
             seen.append(" ".join(statement.split()))
 
-    sa.event.listen(db.engine.sync_engine, "before_cursor_execute", record)
+    sa.event.listen(db.sync_engine, "before_cursor_execute", record)
     try:
         yield seen
     finally:
-        sa.event.remove(db.engine.sync_engine, "before_cursor_execute", record)
+        sa.event.remove(db.sync_engine, "before_cursor_execute", record)
 
 
 async def ok(client, tool: str, args: dict[str, Any]) -> dict[str, Any]:
