@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ..errors import Invalid
-from .sqlite import SqliteThreads
+from .sqlite import SqliteReader, SqliteThreads
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -174,8 +174,10 @@ class Database:
             require_json_each()
             prepare_sqlite_file(self.url)
             database = parsed.database
-            in_memory = not database or database == ":memory:" or "mode=memory" in str(parsed)
-            self.sqlite = SqliteThreads(parsed, echo=echo, in_memory=in_memory)
+            if not database or database == ":memory:" or "mode=memory" in str(parsed):
+                raise Invalid("an in-memory SQLite database lives in one connection and the hub uses several; give "
+                              "it a file: sqlite:///PATH (or leave --db unset for the one in AMUX_HOME)")
+            self.sqlite = SqliteThreads(parsed, echo=echo)
             self.sync_engine: sa.Engine = self.sqlite.engine
             event.listen(self.sync_engine, "connect", _sqlite_connect)
             event.listen(self.sync_engine, "begin", _sqlite_begin)
@@ -204,11 +206,11 @@ class Database:
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[Connection]:
         """Open a connection for reads: each statement stands alone and sees every commit made before it, as under
-        PostgreSQL's READ COMMITTED (AUTOCOMMIT there: no BEGIN/ROLLBACK round trips; no BEGIN on SQLite). Take no
-        row locks on it; a read-check-write sequence belongs in `write()`."""
+        PostgreSQL's READ COMMITTED (AUTOCOMMIT there: no BEGIN/ROLLBACK round trips; on SQLite each statement runs
+        on a reader thread over that thread's own connection, with no BEGIN). Take no row locks on it; a
+        read-check-write sequence belongs in `write()`."""
         if self.sqlite is not None:
-            async with self.sqlite.read() as conn:
-                yield cast(Connection, conn)
+            yield cast(Connection, SqliteReader(self.sqlite))
             return
         async with self.engine.connect() as conn:
             yield await conn.execution_options(isolation_level="AUTOCOMMIT")
@@ -239,8 +241,7 @@ class Database:
         (PASSIVE), outside any transaction; the hub runs it every second (`sqlite-checkpoint`). Commits never pay
         for a checkpoint (`wal_autocheckpoint` is off). PostgreSQL: nothing to do."""
         if self.sqlite is not None:
-            async with self.sqlite.read() as conn:
-                await conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+            await SqliteReader(self.sqlite).exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
 
     async def serialize(self, conn: Connection, name: str) -> None:
         """Serialize this transaction with every other one that names `name`, on every replica, until it ends.

@@ -7,8 +7,9 @@ SQLAlchemy's synchronous engine over the standard sqlite3 driver, driven from th
   `await conn.execute(...)` finishes at once (`run_body` drives the coroutine to its end without an event loop), so
   a body may await only the store. Awaiting anything else (a network call, a lock, a sleep) is refused with an
   error naming the body: that work belongs before or after the transaction.
-- `write()` (a transaction whose statements the caller awaits one by one) and `read()`: one hop per statement, to
-  the writer thread or to one of a few reader threads (WAL: readers never wait for the writer).
+- `write()` (a transaction whose statements the caller awaits one by one): one hop per statement to the writer
+  thread. `read()`: one hop per statement to one of a few reader threads, each with its own connection and no
+  transaction (WAL: readers never wait for the writer).
 
 Every result comes back with its rows fetched, so it can be read on any thread after its connection is gone.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Callable, Coroutine, Iterator, TypeVar
 
@@ -77,26 +79,28 @@ class SqliteConnection:
         self._turn = asyncio.Lock() if hop is not None else None
         self._running: asyncio.Future[Any] | None = None
 
-    async def _run(self, fn: Callable[[], T]) -> T:
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run `fn` (a statement, a commit) on the connection's thread once the one before it has finished."""
         if self._hop is None or self._turn is None:
             return fn()
         async with self._turn:
+            await self.settle()
             self._running = self._hop(fn)
             return await asyncio.shield(self._running)
 
     async def settle(self) -> None:
         """Wait for the statement in flight, if any (its caller may have been cancelled), and forget its outcome."""
-        if self._running is not None:
+        if self._running is not None and not self._running.done():
             await asyncio.wait([self._running])
 
     async def execute(self, statement: Any, parameters: Any = None, **kw: Any) -> Any:
-        return await self._run(lambda: fetched(self.sync_connection.execute(statement, parameters, **kw)))
+        return await self.call(lambda: fetched(self.sync_connection.execute(statement, parameters, **kw)))
 
     async def exec_driver_sql(self, statement: str, parameters: Any = None, **kw: Any) -> Any:
-        return await self._run(lambda: fetched(self.sync_connection.exec_driver_sql(statement, parameters, **kw)))
+        return await self.call(lambda: fetched(self.sync_connection.exec_driver_sql(statement, parameters, **kw)))
 
     async def run_sync(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
-        return await self._run(lambda: fn(self.sync_connection, *args, **kw))
+        return await self.call(lambda: fn(self.sync_connection, *args, **kw))
 
     async def execution_options(self, **options: Any) -> SqliteConnection:
         self.sync_connection.execution_options(**options)
@@ -108,28 +112,66 @@ class SqliteConnection:
     @contextlib.asynccontextmanager
     async def begin_nested(self) -> AsyncIterator[Any]:
         """A SAVEPOINT: released when the block ends, rolled back (and the error raised) when it fails."""
-        nested = await self._run(self.sync_connection.begin_nested)
+        nested = await self.call(self.sync_connection.begin_nested)
         try:
             yield nested
         except BaseException:
-            await self._run(nested.rollback)
+            await self.call(nested.rollback)
             raise
-        await self._run(nested.commit)
+        await self.call(nested.commit)
+
+
+class SqliteReader:
+    """What `Database.read()` yields on SQLite: each statement stands alone, on one of the reader threads, over that
+    thread's own connection (no transaction: it sees every commit before it). Nothing is checked out or held
+    between statements, so a caller cancelled mid-statement leaves nothing behind."""
+
+    def __init__(self, threads: SqliteThreads) -> None:
+        self._threads = threads
+        self.dialect = threads.engine.dialect
+
+    async def execute(self, statement: Any, parameters: Any = None, **kw: Any) -> Any:
+        return await self._threads.reading(lambda c: fetched(c.execute(statement, parameters, **kw)))
+
+    async def exec_driver_sql(self, statement: str, parameters: Any = None, **kw: Any) -> Any:
+        return await self._threads.reading(lambda c: fetched(c.exec_driver_sql(statement, parameters, **kw)))
+
+    async def run_sync(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        return await self._threads.reading(lambda c: fn(c, *args, **kw))
 
 
 class SqliteThreads:
     """The engine, the writer thread and the reader threads of one SQLite database."""
 
-    def __init__(self, url: sa.URL, *, echo: bool, in_memory: bool) -> None:
-        sync_url = url.set(drivername="sqlite+pysqlite")
-        if in_memory:  # one connection, so one thread for everything: a second would see another database
-            self.engine = sa.create_engine(sync_url, echo=echo, hide_parameters=True, poolclass=sa.pool.StaticPool,
-                                           connect_args={"check_same_thread": False})
-        else:
-            self.engine = sa.create_engine(sync_url, echo=echo, hide_parameters=True, pool_size=READERS + 1,
-                                           max_overflow=READERS)
+    def __init__(self, url: sa.URL, *, echo: bool) -> None:
+        self.engine = sa.create_engine(url.set(drivername="sqlite+pysqlite"), echo=echo, hide_parameters=True,
+                                       pool_size=READERS + 2, max_overflow=READERS)
         self.writer = ThreadPoolExecutor(1, thread_name_prefix="amux-db-write")
-        self.readers = self.writer if in_memory else ThreadPoolExecutor(READERS, thread_name_prefix="amux-db-read")
+        self.readers = ThreadPoolExecutor(READERS, thread_name_prefix="amux-db-read")
+        self._local = threading.local()  # each reader thread's connection
+        self._reader_conns: list[sa.Connection] = []
+        self._lock = threading.Lock()
+
+    def _reader_conn(self) -> sa.Connection:
+        """This reader thread's connection (opened on its first statement): no BEGIN, so no transaction."""
+        conn: sa.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self.engine.connect()
+            conn.execution_options(sqlite_begin=None)
+            with self._lock:
+                self._reader_conns.append(conn)
+        return conn
+
+    def _read(self, fn: Callable[[sa.Connection], T]) -> T:
+        conn = self._reader_conn()
+        try:
+            return fn(conn)
+        finally:
+            conn.rollback()  # ends SQLAlchemy's own (autobegun) transaction; SQLite never began one
+
+    async def reading(self, fn: Callable[[sa.Connection], T]) -> T:
+        """Run `fn(connection)` on a reader thread, with its connection, and return what it returns."""
+        return await asyncio.get_running_loop().run_in_executor(self.readers, self._read, fn)
 
     @staticmethod
     def start(executor: ThreadPoolExecutor, fn: Callable[[], T]) -> asyncio.Future[T]:
@@ -154,48 +196,31 @@ class SqliteThreads:
     @contextlib.asynccontextmanager
     async def write(self) -> AsyncIterator[SqliteConnection]:
         """A write transaction whose statements the caller awaits one at a time (each a hop to the writer)."""
-        conn = await self._checkout(self.writer)
+        conn = self.engine.connect()  # from the pool, here: no statement runs
+        wrapped = SqliteConnection(conn, self.hop(self.writer))
         try:
             conn.execution_options(sqlite_begin="BEGIN IMMEDIATE")
-            trans = await self.on(self.writer, conn.begin)
-            wrapped = SqliteConnection(conn, self.hop(self.writer))
+            trans = await wrapped.call(conn.begin)
             try:
                 yield wrapped
             except BaseException:
-                await asyncio.shield(self._end(wrapped, self.writer, trans.rollback))
+                await asyncio.shield(wrapped.call(trans.rollback))
                 raise
-            await asyncio.shield(self._end(wrapped, self.writer, trans.commit))
+            await asyncio.shield(wrapped.call(trans.commit))
         finally:
             # A cancelled writer (shutdown, a client gone) must still end its transaction now: left to the garbage
-            # collector, SQLite's write lock outlives it and the next writer waits `busy_timeout`.
-            await asyncio.shield(self.on(self.writer, conn.close))
-
-    @contextlib.asynccontextmanager
-    async def read(self) -> AsyncIterator[SqliteConnection]:
-        """A connection with no transaction (each statement sees every commit before it), on the reader threads."""
-        conn = await self._checkout(self.readers)
-        wrapped = SqliteConnection(conn, self.hop(self.readers))
-        try:
-            conn.execution_options(sqlite_begin=None)
-            yield wrapped
-        finally:
-            await asyncio.shield(self._end(wrapped, self.readers, conn.close))
-
-    async def _checkout(self, executor: ThreadPoolExecutor) -> sa.Connection:
-        """Check a connection out of the pool on `executor`; one whose caller was cancelled meanwhile goes back."""
-        checkout = self.start(executor, self.engine.connect)
-        try:
-            return await asyncio.shield(checkout)
-        except asyncio.CancelledError:
-            checkout.add_done_callback(lambda f: None if f.cancelled() or f.exception() else f.result().close())
-            raise
-
-    async def _end(self, conn: SqliteConnection, executor: ThreadPoolExecutor, end: Callable[[], Any]) -> None:
-        """Run `end` (commit, rollback, close) once the connection's statement in flight has finished."""
-        await conn.settle()
-        await self.on(executor, end)
+            # collector, SQLite's write lock outlives it and the next writer waits `busy_timeout`. Back to the pool
+            # here (its reset rolls back a transaction a failed commit left open).
+            await asyncio.shield(wrapped.settle())
+            conn.close()
 
     async def close(self) -> None:
-        await self.on(self.writer, self.engine.dispose)
-        self.writer.shutdown(wait=False)
-        self.readers.shutdown(wait=False)
+        """Stop the threads (after what they run), then close every connection."""
+        def stop() -> None:
+            self.writer.shutdown(wait=True)
+            self.readers.shutdown(wait=True)
+
+        await asyncio.get_running_loop().run_in_executor(None, stop)
+        for conn in self._reader_conns:
+            conn.close()
+        self.engine.dispose()
