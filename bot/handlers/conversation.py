@@ -47,11 +47,7 @@ async def converse(services: BotServices, v: Viewer, chat_id: str, text: str, me
     """Steer the chat's running Turn with `text`, or open a Turn for it; return what became of it (the new Turn's
     id when it opened one)."""
     sid = await chat_session(services, v, chat_id)
-    where = origin(v, chat_id, sid, message_id)
-    steered = await services.chats.steer(v.caller(), where, text)
-    if steered is not None:
-        return steered
-    return await services.chats.open(v.caller(), where, text)
+    return await services.chats.send(v.caller(), origin(v, chat_id, sid, message_id), text)
 
 
 async def say(services: BotServices, tr: Catalogs, v: Viewer, reply_to: str, msgid: str, **values: str) -> None:

@@ -94,43 +94,46 @@ class OutboxWorker:
     async def claim(self) -> list["_Claim"]:
         """Lease due notices that pass the gate; gate the rest (defer, fold, hold, retire) in the same transaction."""
         now = self.clock.now()
-        claimed: list[_Claim] = []
         async with self.db.read() as conn:  # most rounds find nothing: do not take the write lock for that
             if not await self.outbox.any_due(conn, now):
                 return []
-        async with self.db.write() as conn:
-            rows = await self.outbox.lock_due(conn, now, self.settings.claim_batch)
-            if not rows:
-                return []
-            apps = await self.incidents.lock_apps(conn, {r.app_id for r in rows})
-            slots = await self._slots(conn, rows, now)
-            until = now + timedelta(seconds=self.settings.lease_s)
-            leases: list[NoticeClaim] = []
-            gated: list[tuple[Row, rules.Gate, Row | None]] = []
-            for r in rows:
-                app = apps.get(r.app_id)
-                state = rules.AppState(app.admin_open_id, app.delivery_state) if app else None
-                # A retry's own earlier slot is not counted against it: it retakes that slot, it takes no new one.
-                taken = slots.get((r.app_id, r.recipient or (app.admin_open_id if app else None)), {})
-                g = rules.gate(r.kind, r.recipient, r.timezone, state,
-                               [at for nid, at in taken.items() if nid != r.id], now, self.n)
-                if g.action != "send" or app is None:  # the gate sends only to a configured administrator
-                    gated.append((r, g, app))
-                    continue
-                recipient = r.recipient or app.admin_open_id
-                values = {"claimed_by": self.worker_id, "claimed_until": until, "recipient": recipient,
-                          "first_attempt_at": utc(r.first_attempt_at) or now}
-                slot = None
-                if r.kind in rules.NEW_KINDS:
-                    values["slot_at"] = slot = now
-                    slots.setdefault((r.app_id, recipient), {})[r.id] = now
-                leases.append(NoticeClaim(notice_id=r.id, recipient=recipient,
-                                          first_attempt_at=values["first_attempt_at"], slot_at=slot))
-                claimed.append(_Claim(r, values))
-            # Claimed before the gated rows are handled, so a digest leased in this round takes no folded item.
-            await self.outbox.claim_many(conn, leases, worker=self.worker_id, until=until)
-            for r, g, app in gated:
-                await self._gated(conn, r, g, app, now)
+        return await self.db.transaction(lambda conn: self._claim(conn, now))
+
+    async def _claim(self, conn: Connection, now: datetime) -> list["_Claim"]:
+        """`claim`'s transaction."""
+        claimed: list[_Claim] = []
+        rows = await self.outbox.lock_due(conn, now, self.settings.claim_batch)
+        if not rows:
+            return []
+        apps = await self.incidents.lock_apps(conn, {r.app_id for r in rows})
+        slots = await self._slots(conn, rows, now)
+        until = now + timedelta(seconds=self.settings.lease_s)
+        leases: list[NoticeClaim] = []
+        gated: list[tuple[Row, rules.Gate, Row | None]] = []
+        for r in rows:
+            app = apps.get(r.app_id)
+            state = rules.AppState(app.admin_open_id, app.delivery_state) if app else None
+            # A retry's own earlier slot is not counted against it: it retakes that slot, it takes no new one.
+            taken = slots.get((r.app_id, r.recipient or (app.admin_open_id if app else None)), {})
+            g = rules.gate(r.kind, r.recipient, r.timezone, state,
+                           [at for nid, at in taken.items() if nid != r.id], now, self.n)
+            if g.action != "send" or app is None:  # the gate sends only to a configured administrator
+                gated.append((r, g, app))
+                continue
+            recipient = r.recipient or app.admin_open_id
+            values = {"claimed_by": self.worker_id, "claimed_until": until, "recipient": recipient,
+                      "first_attempt_at": utc(r.first_attempt_at) or now}
+            slot = None
+            if r.kind in rules.NEW_KINDS:
+                values["slot_at"] = slot = now
+                slots.setdefault((r.app_id, recipient), {})[r.id] = now
+            leases.append(NoticeClaim(notice_id=r.id, recipient=recipient,
+                                      first_attempt_at=values["first_attempt_at"], slot_at=slot))
+            claimed.append(_Claim(r, values))
+        # Claimed before the gated rows are handled, so a digest leased in this round takes no folded item.
+        await self.outbox.claim_many(conn, leases, worker=self.worker_id, until=until)
+        for r, g, app in gated:
+            await self._gated(conn, r, g, app, now)
         return claimed
 
     async def _slots(self, conn: Connection, rows: list[Row],
@@ -302,15 +305,17 @@ class OutboxWorker:
         return _Result(c, d, message_id=card.message_id)
 
     async def _release(self, c: "_Claim", when: datetime) -> None:
-        async with self.db.write() as conn:
-            await self.outbox.release(conn, c.row.id, self.worker_id, when)
+        await self.db.transaction(lambda conn: self.outbox.release(conn, c.row.id, self.worker_id, when))
 
     async def _finish(self, c: "_Claim", state: str, detail: str | None = None) -> None:
         now = self.clock.now()
-        async with self.db.write() as conn:
+
+        async def finish(conn: Connection) -> None:
             await self.outbox.finish(conn, c.row.id, self.worker_id, state)
             await self.notices.log(conn, now, state, detail=detail, notice_id=c.row.id, incident_id=c.row.incident_id,
                                    schedule_id=c.row.schedule_id)
+
+        await self.db.transaction(finish)
 
     async def _record(self, c: "_Claim", d: Delivery, *, card_from_send: bool = False,
                       message_id: str | None = None) -> None:

@@ -189,24 +189,28 @@ class IdentityService:
         """Return the active binding of a Feishu identity, creating principal and binding on first contact; None
         when its binding is revoked (a revoked identity gets no answer until it links again)."""
         now = self.clock.now()
-        async with self.db.write() as conn:
-            row = await self.store.binding(conn, app_id, open_id)
+        return await self.db.transaction(lambda conn: self._contact_in(conn, app_id, open_id, union_id, user_id, now))
+
+    async def _contact_in(self, conn: Connection, app_id: str, open_id: str, union_id: str | None,
+                          user_id: str | None, now: datetime) -> Contact | None:
+        """`contact`'s transaction."""
+        row = await self.store.binding(conn, app_id, open_id)
+        if row is None:
+            principal_id = await self.store.sole_principal_of_union(conn, union_id) if union_id else None
+            if principal_id is None:
+                principal_id = await self.principals.ensure_principal(
+                    conn, f"feishu:{app_id}:{open_id}", "user", now, new_id("pr"))
+            bid = new_id("ib")
+            if await self.store.add_binding(conn, binding_id=bid, principal_id=principal_id, app_id=app_id,
+                                            open_id=open_id, union_id=union_id, user_id=user_id, now=now):
+                return await self._contact(conn, bid, principal_id)
+            row = await self.store.binding(conn, app_id, open_id)  # a concurrent first contact bound it first
             if row is None:
-                principal_id = await self.store.sole_principal_of_union(conn, union_id) if union_id else None
-                if principal_id is None:
-                    principal_id = await self.principals.ensure_principal(
-                        conn, f"feishu:{app_id}:{open_id}", "user", now, new_id("pr"))
-                bid = new_id("ib")
-                if await self.store.add_binding(conn, binding_id=bid, principal_id=principal_id, app_id=app_id,
-                                                open_id=open_id, union_id=union_id, user_id=user_id, now=now):
-                    return await self._contact(conn, bid, principal_id)
-                row = await self.store.binding(conn, app_id, open_id)  # a concurrent first contact bound it first
-                if row is None:
-                    return None
-            if row.status != BindingStatus.ACTIVE:
                 return None
-            await self.store.fill_ids(conn, row, union_id, user_id)
-            return await self._contact(conn, row.id, row.principal_id)
+        if row.status != BindingStatus.ACTIVE:
+            return None
+        await self.store.fill_ids(conn, row, union_id, user_id)
+        return await self._contact(conn, row.id, row.principal_id)
 
     async def find_contact(self, app_id: str, open_id: str) -> Contact | None:
         """Return the active binding of a Feishu identity, or None (never creates one)."""

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from ...clock import Clock
 from ...store.bot import Duplicate, SqlBotStore
-from ...store.db import Database
+from ...store.db import Connection, Database
 from ..auth.service import Caller
 
 if TYPE_CHECKING:
@@ -42,14 +42,16 @@ class BotService:
                 sid = await self.store.session_of_chat(conn, app_id, chat_id, principal_id)
             if sid:
                 return sid
+            async def create(conn: Connection, sessions: SessionService = self.sessions) -> str:
+                s = await sessions.create(caller, source="feishu", profile=profile, conn=conn)
+                if refuse_engine is not None and s["engine"] == refuse_engine:
+                    raise EngineRefused(s["engine"])
+                await self.store.add_chat(conn, app_id=app_id, chat_id=chat_id, principal_id=principal_id,
+                                          session_id=s["session_id"], now=self.clock.now())
+                return str(s["session_id"])
+
             try:
-                async with self.db.write() as conn:
-                    s = await self.sessions.create(caller, source="feishu", profile=profile, conn=conn)
-                    if refuse_engine is not None and s["engine"] == refuse_engine:
-                        raise EngineRefused(s["engine"])
-                    await self.store.add_chat(conn, app_id=app_id, chat_id=chat_id, principal_id=principal_id,
-                                              session_id=s["session_id"], now=self.clock.now())
-                    return s["session_id"]
+                return await self.db.transaction(create)
             except Duplicate:
                 continue  # the other message's Session won (ours was rolled back with its binding): read it
 
@@ -71,11 +73,14 @@ class BotService:
         """Record an inbound key; False when it was seen before (a redelivery or a replay). `prune` also forgets
         keys older than `keep`."""
         now = self.clock.now()
+
+        async def record(conn: Connection) -> None:
+            await self.store.first_seen(conn, app_id, key, now)
+            if prune:
+                await self.store.prune_inbound(conn, now - keep)
+
         try:
-            async with self.db.write() as conn:
-                await self.store.first_seen(conn, app_id, key, now)
-                if prune:
-                    await self.store.prune_inbound(conn, now - keep)
+            await self.db.transaction(record)
             return True
         except Duplicate:
             return False

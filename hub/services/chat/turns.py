@@ -123,8 +123,7 @@ class ChatTurnService:
         Turn's id."""
         if conn is not None:
             return await self._open(conn, caller, origin, text, notes or [])
-        async with self.db.write() as c:
-            turn_id = await self._open(c, caller, origin, text, notes or [])
+        turn_id = await self.db.transaction(lambda c: self._open(c, caller, origin, text, notes or []))
         self.sessions.on_admitted()
         self.kick()
         return turn_id
@@ -176,40 +175,59 @@ class ChatTurnService:
 
     # ------------------------------------------------------------ steering and stopping
 
+    async def send(self, caller: Caller, origin: ChatOrigin, text: str) -> Steered | str:
+        """A chat message, in one transaction: steer the chat's running Turn with it (`steer`), or open a Turn for
+        it when the chat runs none; return what became of it (the new Turn's id when it opened one)."""
+        async def steer_or_open(conn: Connection) -> tuple[Steered | str, Row | None]:
+            steered, run = await self._steer(conn, caller, origin, text)
+            return (steered, run) if steered is not None else (await self._open(conn, caller, origin, text, []), None)
+
+        result, run = await self.db.transaction(steer_or_open)
+        self._steered(result, run)
+        return result
+
     async def steer(self, caller: Caller, origin: ChatOrigin, text: str) -> Steered | None:
         """Route a chat message while the chat has a running chat Turn: offer it to the running Turn, or queue it as
         the Session's next Turn when that Turn has not started; None when the chat has no running chat Turn (the
         message opens a Turn). `delivery` ended: the Turn had just ended, the message opened the next Turn."""
-        now = self.clock.now()
-        async with self.db.write() as conn:
-            ct = await self.store.running_in_chat(conn, origin.app_id, origin.chat_id, origin.principal_id)
-            if ct is None:
-                return None
-            run = await self.store.run(conn, ct.turn_id)
-            status = run.status if run is not None else Status.FAILED.value
-            short = text.strip()[:200]
-            if is_terminal(status):
-                nxt = await self._open(conn, caller, origin, text, [{"kind": "after_end", "turn": ct.turn_id}])
-                result = Steered(delivery="ended", turn_id=ct.turn_id, next_turn_id=nxt)
-            elif status == Status.RUNNING.value:
-                mid = new_id("mb")
-                await self.store.add_steer(conn, message_id=mid, turn_id=ct.turn_id, text=text, now=now)
-                notes = list(ct.notes) + [{"kind": "steer", "mail": mid, "text": short, "delivery": "pending",
-                                           "reply_to": origin.reply_to, "at": now.isoformat()}]
-                await self.store.save(conn, ct.turn_id, notes=notes, next_check_at=now)
-                result = Steered(delivery="pending", turn_id=ct.turn_id)
-            else:
-                nxt = await self._open(conn, caller, origin, text, [{"kind": "behind", "turn": ct.turn_id}])
-                notes = list(ct.notes) + [{"kind": "steer", "text": short, "delivery": "queued", "next_turn": nxt,
-                                           "why": "not_started"}]
-                await self.store.save(conn, ct.turn_id, notes=notes, next_check_at=now)
-                result = Steered(delivery="queued", turn_id=ct.turn_id, next_turn_id=nxt)
+        result, run = await self.db.transaction(lambda conn: self._steer(conn, caller, origin, text))
+        if result is not None:
+            self._steered(result, run)
+        return result
+
+    def _steered(self, result: Steered | str, run: Row | None) -> None:
+        """After `send` or `steer` commits: wake the runner of a steered run, placement, and the driver."""
         if run is not None and run.runtime_id:
             self.notifier.notify(f"runtime:{run.runtime_id}")
-        if result.next_turn_id:
+        if isinstance(result, str) or result.next_turn_id:
             self.sessions.on_admitted()
         self.kick()
-        return result
+
+    async def _steer(self, conn: Connection, caller: Caller, origin: ChatOrigin,
+                     text: str) -> tuple[Steered | None, Row | None]:
+        """`steer`'s transaction: what became of the message (None: the chat runs no chat Turn) and the run."""
+        now = self.clock.now()
+        ct = await self.store.running_in_chat(conn, origin.app_id, origin.chat_id, origin.principal_id)
+        if ct is None:
+            return None, None
+        run = await self.store.run(conn, ct.turn_id)
+        status = run.status if run is not None else Status.FAILED.value
+        short = text.strip()[:200]
+        if is_terminal(status):
+            nxt = await self._open(conn, caller, origin, text, [{"kind": "after_end", "turn": ct.turn_id}])
+            return Steered(delivery="ended", turn_id=ct.turn_id, next_turn_id=nxt), run
+        if status == Status.RUNNING.value:
+            mid = new_id("mb")
+            await self.store.add_steer(conn, message_id=mid, turn_id=ct.turn_id, text=text, now=now)
+            notes = list(ct.notes) + [{"kind": "steer", "mail": mid, "text": short, "delivery": "pending",
+                                       "reply_to": origin.reply_to, "at": now.isoformat()}]
+            await self.store.save(conn, ct.turn_id, notes=notes, next_check_at=now)
+            return Steered(delivery="pending", turn_id=ct.turn_id), run
+        nxt = await self._open(conn, caller, origin, text, [{"kind": "behind", "turn": ct.turn_id}])
+        notes = list(ct.notes) + [{"kind": "steer", "text": short, "delivery": "queued", "next_turn": nxt,
+                                   "why": "not_started"}]
+        await self.store.save(conn, ct.turn_id, notes=notes, next_check_at=now)
+        return Steered(delivery="queued", turn_id=ct.turn_id, next_turn_id=nxt), run
 
     async def chat_turn(self, turn_id: str) -> dict[str, Any] | None:
         """Return the chat Turn `turn_id` (application, person, state) with its run's `status`; None when it is no
@@ -269,17 +287,19 @@ class ChatTurnService:
             async with self.db.read() as conn:
                 turns = await self.store.running_among(conn, hints)
             if turns:
-                async with self.db.write() as conn:
-                    await self.store.due_now(conn, turns, now)
+                await self.db.transaction(lambda conn: self.store.due_now(conn, turns, now))
         async with self.db.read() as conn:
             if not await self.store.any_due(conn, now):
                 return self.poll_s
-        async with self.db.write() as conn:
+
+        async def drive(conn: Connection) -> int:
             rows = await self.store.lock_due(conn, now, CLAIM_BATCH)
             for ct in rows:
                 self._watch(ct.turn_id)
                 await self._drive(conn, ct, now)
-        return 0.0 if len(rows) >= CLAIM_BATCH else self.poll_s
+            return len(rows)
+
+        return 0.0 if await self.db.transaction(drive) >= CLAIM_BATCH else self.poll_s
 
     async def _drive(self, conn: Connection, ct: Row, now: datetime) -> None:
         notes = await self._settle_notes(conn, ct, now)
