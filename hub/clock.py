@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta, timezone
-from typing import Protocol, overload
+from typing import Awaitable, Protocol, TypeVar, overload
+
+T = TypeVar("T")
 
 
 class Clock(Protocol):
@@ -60,12 +62,21 @@ def utc(dt: datetime | None) -> datetime | None:
     return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
 
 
+async def within(aw: Awaitable[T], timeout: float | None) -> T:
+    """Await `aw` for at most `timeout` real seconds (None: no limit), else raise TimeoutError: `asyncio.wait_for`
+    without its Python 3.11 flaw. There, a cancellation that arrives as `aw` completes is dropped (`wait_for`
+    returns the result), so a cancelled loop runs on and whoever awaits it waits for ever; `asyncio.timeout`
+    keeps it."""
+    async with asyncio.timeout(timeout):
+        return await aw
+
+
 async def sleep_until(event: asyncio.Event, timeout: float) -> bool:
     """Wait for an event or a timeout (real seconds); return whether it fired."""
     try:
-        await asyncio.wait_for(event.wait(), timeout)
+        await within(event.wait(), timeout)
         return True
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return False
 
 

@@ -18,6 +18,7 @@ from ..config import BoxSettings
 from .base import OUTPUT_CAP_BYTES, BoxError, ExecResult
 from .limits import Limits, existing_cgroups, remove_cgroups
 from .uids import UidClaims
+from ..clock import within
 
 BOX_ID = re.compile(r"vm_[0-9a-z]{1,40}")
 # After the command exits, background children may still hold its pipes; read what is there, then stop.
@@ -135,7 +136,7 @@ class HostBoxes:
         readers = [asyncio.create_task(self._read_capped(out_r)), asyncio.create_task(self._read_capped(err_r))]
         timed_out = False
         try:
-            await asyncio.wait_for(proc.wait(), timeout_s)
+            await within(proc.wait(), timeout_s)
         except asyncio.TimeoutError:
             timed_out = True
             await self._kill(exec_marker=("AMUX_EXEC_ID", exec_id), groups=[proc.pid])

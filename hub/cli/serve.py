@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from ..errors import AmuxError
 from .discovery import home_settings
 from .options import server_opts
+from ..clock import within
 
 if TYPE_CHECKING:  # the server side loads only for the commands that run it
     from ..app import Hub
@@ -133,7 +134,7 @@ async def _serve(args: argparse.Namespace, *, with_runner: bool) -> None:
     del admin_token
     if local is not None:  # the collection below stops the loop ~0.1 s: let the in-process runner register first
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(local.registered.wait(), 10)
+            await within(local.registered.wait(), 10)
     freeze_startup_heap()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

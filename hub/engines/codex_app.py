@@ -41,6 +41,7 @@ from .base import Emit, EngineResult, Job
 from .environment import child_env
 from .process import ChildProcess
 from .streams import program_name, raw_tool
+from ..clock import within
 
 CLIENT = {"name": "amux", "title": "amux hub", "version": "1"}
 PASSTHROUGH = frozenset({"-c", "--config", "--enable", "--disable"})
@@ -95,7 +96,7 @@ async def has_app_server(binary: str, env: Mapping[str, str]) -> bool:
     except OSError:
         return False
     try:
-        return await asyncio.wait_for(proc.wait(), 20) == 0
+        return await within(proc.wait(), 20) == 0
     except asyncio.TimeoutError:
         proc.kill()
         return False

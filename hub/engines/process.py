@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from .base import EngineResult, Sandbox
 from .environment import child_env
+from ..clock import within
 
 PR_SET_PDEATHSIG = 1
 LINE_LIMIT = 32 * 1024 * 1024  # one stream line (a tool result can carry a whole file)
@@ -127,7 +128,7 @@ class ChildProcess:
     async def wait(self, timeout: float | None = None) -> int | None:
         """Wait for the child to exit; return its code, or None if it is still running after `timeout`."""
         try:
-            return await asyncio.wait_for(self.proc.wait(), timeout)
+            return await within(self.proc.wait(), timeout)
         except asyncio.TimeoutError:
             return None
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..clock import within
 from ..domain import scripted
 from ..errors import AmuxError
 from .base import EngineResult, Emit, Job
@@ -77,7 +78,7 @@ async def _interpret(prompt: str, workspace: Path, emit: Emit, job: Job | None =
             if job is None or steering is None:
                 return EngineResult("failed", text="\n".join(said), error="wait-steer needs the in-process engine")
             try:
-                text = await asyncio.wait_for(steering.get(), step.seconds)
+                text = await within(steering.get(), step.seconds)
             except asyncio.TimeoutError:
                 text = None
             if text is not None:

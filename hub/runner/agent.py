@@ -19,7 +19,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 from yarl import URL
 
 from ..backoff import RECONNECT
-from ..clock import Clock, SystemClock
+from ..clock import Clock, SystemClock, within
 from ..domain import isolation as modes
 from ..domain.durations import duration_text
 from ..domain.events import turn_usage
@@ -519,7 +519,7 @@ class Runner:
         else:
             try:
                 h.steers_taken.add(steer.steer_id)  # before the await: a copy arriving meanwhile is not fed too
-                reason = await asyncio.wait_for(h.job.steer_into(steer.text), STEER_TAKE_S)
+                reason = await within(h.job.steer_into(steer.text), STEER_TAKE_S)
                 if reason is not None:
                     h.steers_taken.discard(steer.steer_id)
             except asyncio.TimeoutError:
@@ -710,8 +710,7 @@ class Runner:
                 if limited is not None:
                     watches.append(asyncio.create_task(limited.run()))
                 try:
-                    result = await asyncio.wait_for(engine.run(job, emit),
-                                                    timeout=float(d.snapshot.get("timeout_s") or 3600))
+                    result = await within(engine.run(job, emit), float(d.snapshot.get("timeout_s") or 3600))
                 finally:
                     for watch in watches:
                         watch.cancel()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from typing import Callable
+from ..clock import within
 
 
 def task_key(task_id: str) -> str:
@@ -42,7 +43,7 @@ class Notifier:
         ev = asyncio.Event()
         self._events[key].add(ev)
         try:
-            await asyncio.wait_for(ev.wait(), timeout)
+            await within(ev.wait(), timeout)
             return True
         except asyncio.TimeoutError:
             return False
