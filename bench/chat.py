@@ -140,7 +140,8 @@ async def latency(db_url: str | None, counts: list[int]) -> None:
     env = {"AMUX_FEISHU__APPS": json.dumps(apps), "AMUX_HUB__POLL_S": "0.05", "AMUX_FEISHU__CHAT_UPDATE_S": "0.5"}
     store = "PostgreSQL" if db_url else "SQLite"
     try:
-        async with hub_process(db_url, slots=64, env=env) as (url, _token), httpx2.AsyncClient(timeout=60) as http:
+        async with hub_process(db_url, slots=64, env=env, profile_as=f"chat-{store.lower()}") as (url, _token), \
+                httpx2.AsyncClient(timeout=60) as http:
             with Watch(fake) as watch:
                 await _send(http, url, app_id, "ou_warm", "say warm")  # lark-oapi, the first claims: not measured
                 await asyncio.sleep(3)

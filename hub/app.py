@@ -261,10 +261,15 @@ class Hub:
             yield
 
     async def _chat_step(self) -> float:
-        """Drive the chat Turns' cards, then deliver the chat outputs that are due (one pass of the chat loop)."""
+        """Drive the chat Turns' cards (one pass of the chat loop); what it queued wakes the chat outbox's loop."""
         wait = await self.chats.step()
-        sent = await self.chat_outbox.deliver_once()
-        return 0.0 if sent else wait
+        self.chats.outputs_due.set()
+        return wait
+
+    async def _chat_outputs_step(self) -> float:
+        """Deliver the chat outputs that are due (one pass of the chat outbox's loop, apart from the driver's, so
+        a progress card never waits behind a pass that drives other Turns)."""
+        return 0.0 if await self.chat_outbox.deliver_once() else self.settings.hub.poll_s
 
     async def _loops_ctx(self, _app: web.Application) -> AsyncIterator[None]:
         loops, hs = self.loops, self.settings.hub
@@ -277,6 +282,7 @@ class Hub:
         loops.start("timeline-sweeper", self.timeline.sweep_step, interval_s=self.settings.timeline.sweep_s)
         loops.start("alerts", self.alerts.step, interval_s=self.settings.alerts.poll_s, wake=self.alerts.kicked)
         loops.start("chat", self._chat_step, interval_s=hs.poll_s, wake=self.chats.kicked)
+        loops.start("chat-outbox", self._chat_outputs_step, interval_s=hs.poll_s, wake=self.chats.outputs_due)
         self.schedule_firing.start_loops(loops)
         loops.start("schedule-reconciler", self.schedule_firing.reconciler_step,
                     interval_s=self.settings.schedules.reconcile_s)

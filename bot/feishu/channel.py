@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from typing import Any, Awaitable, Callable
 
 from lark_oapi.api.im.v1 import (CreateMessageRequest, CreateMessageRequestBody, CreateMessageResponse,
@@ -33,21 +34,36 @@ RESET_HEADER = "x-ogw-ratelimit-reset"
 
 
 class Pacer:
-    """Space calls per key at `rate` per second (a leaky bucket in real time: it paces I/O, not a rule)."""
+    """At most `rate` calls (rounded down, at least one) per key in any one-second window, as Feishu counts its
+    limits: a burst goes out at once, and the call after a full window waits until the window's first call has
+    left it (real time: it paces I/O, not a rule). A person waiting for a card is not kept waiting for a rate the
+    platform does not ask for (a leaky bucket spaced even a burst of 48 over a whole second)."""
+
+    WINDOW_S = 1.0
+    KEYS_MAX = 10_000  # keys remembered; idle ones are forgotten first
 
     def __init__(self, rate: float) -> None:
-        self.interval = 1.0 / rate if rate > 0 else 0.0
-        self._next: dict[str, float] = {}
+        self.burst = max(1, int(rate)) if rate > 0 else 0
+        self._slots: dict[str, deque[float]] = {}  # per key, the start times of its last `burst` calls
 
     async def wait(self, key: str) -> None:
-        """Sleep until `key` may make its next call."""
-        if not self.interval:
+        """Sleep until `key` may make its next call, and count that call."""
+        if not self.burst:
             return
         now = time.monotonic()
-        at = max(now, self._next.get(key, 0.0))
-        self._next[key] = at + self.interval
+        slots = self._slots.get(key)
+        if slots is None:
+            if len(self._slots) >= self.KEYS_MAX:
+                self._forget(now)
+            slots = self._slots[key] = deque(maxlen=self.burst)
+        at = now if len(slots) < self.burst else max(now, slots[0] + self.WINDOW_S)
+        slots.append(at)
         if at > now:
             await asyncio.sleep(at - now)
+
+    def _forget(self, now: float) -> None:
+        for key in [k for k, s in self._slots.items() if s[-1] <= now - self.WINDOW_S]:
+            del self._slots[key]
 
 
 class _App:

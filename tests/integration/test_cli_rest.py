@@ -91,7 +91,8 @@ async def test_health_readiness_and_prometheus_metrics(hub):
         ready = (await http.get("/readyz")).json()
         assert ready["ok"] is True
         assert {loop["name"] for loop in ready["loops"] if loop["running"]} == {
-            "placement", "reaper", "lease-reaper", "runtime-reaper", "alerts", "chat", "timeline-sweeper",
+            "placement", "reaper", "lease-reaper", "runtime-reaper", "alerts", "chat", "chat-outbox",
+            "timeline-sweeper",
             "schedule-firing", "schedule-firing-2", "schedule-reconciler", "runner-pump", "sqlite-checkpoint"}
         text = (await http.get("/metrics")).text
     assert any(f'amux_tasks{{status="{s}"}}' in text for s in ("queued", "dispatched", "running"))

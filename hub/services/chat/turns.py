@@ -93,7 +93,8 @@ class ChatTurnService:
         self.poll_s = poll_s
         self.store = SqlChatTurnStore(db)
         self.notices = Notices(db)
-        self.kicked = asyncio.Event()
+        self.kicked = asyncio.Event()  # the driver (`step`)
+        self.outputs_due = asyncio.Event()  # the chat outbox's loop: a card or an answer was queued
         self._hints: set[str] = set()  # tasks this replica heard change: the chat Turns among them are made due
         # Chat Turns this replica opened or drove: a change of one wakes the driver at once. Any other task's change
         # waits for the next poll (most tasks are not chat Turns; other replicas' Turns are found by polling).
@@ -114,6 +115,7 @@ class ChatTurnService:
     def kick(self) -> None:
         """Run the driver and the chat outbox now."""
         self.kicked.set()
+        self.outputs_due.set()
 
     # ------------------------------------------------------------ opening
 

@@ -1,0 +1,59 @@
+"""The Feishu channel's pacer: at most `rate` calls per key in any one-second window, a burst at once (Feishu's
+limits are counted per second: 50 calls a second per application, 5 a second per user)."""
+from __future__ import annotations
+
+import pytest
+
+from bot.feishu import channel
+
+
+class Time:
+    """A monotonic clock that `asyncio.sleep` advances (the pacer sleeps real time; here no time passes)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def fake_time(monkeypatch: pytest.MonkeyPatch) -> Time:
+    t = Time()
+    monkeypatch.setattr(channel.time, "monotonic", t.monotonic)
+    monkeypatch.setattr(channel.asyncio, "sleep", t.sleep)
+    return t
+
+
+async def test_a_burst_of_up_to_the_rate_goes_at_once_and_the_next_call_waits_for_the_window(fake_time: Time):
+    pacer, starts = channel.Pacer(48.0), []
+    for _ in range(50):
+        await pacer.wait("app")
+        starts.append(fake_time.now - 100.0)
+    assert starts[:48] == [0.0] * 48  # 48 first progress cards of a busy minute go out together
+    assert starts[48:] == [1.0, 1.0]  # the 49th when the first has left the one-second window
+    assert all(sum(1 for s in starts if w <= s < w + 1.0) <= 48 for w in starts)  # any window: at most 48
+
+
+async def test_each_key_has_its_own_window_and_a_fractional_rate_rounds_down(fake_time: Time):
+    pacer = channel.Pacer(4.8)  # Feishu's 5 QPS per user, kept under
+    for _ in range(4):
+        await pacer.wait("app/ou_a")
+    await pacer.wait("app/ou_b")
+    assert fake_time.now == 100.0  # four calls for one user and one for another: nobody waited
+    await pacer.wait("app/ou_a")
+    assert fake_time.now == 101.0
+
+
+async def test_keys_idle_for_a_window_are_forgotten_when_the_pacer_is_full(fake_time: Time,
+                                                                           monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(channel.Pacer, "KEYS_MAX", 3)
+    pacer = channel.Pacer(5.0)
+    for key in ("a", "b", "c"):
+        await pacer.wait(key)
+    fake_time.now += 2.0
+    await pacer.wait("d")
+    assert set(pacer._slots) == {"d"}
