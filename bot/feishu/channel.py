@@ -35,15 +35,18 @@ RESET_HEADER = "x-ogw-ratelimit-reset"
 
 class Pacer:
     """At most `rate` calls (rounded down, at least one) per key in any one-second window, as Feishu counts its
-    limits: a burst goes out at once, and the call after a full window waits until the window's first call has
-    left it (real time: it paces I/O, not a rule). A person waiting for a card is not kept waiting for a rate the
-    platform does not ask for (a leaky bucket spaced even a burst of 48 over a whole second)."""
+    limits: a burst goes out within the window's first `SPREAD` (spaced evenly, so the calls also arrive in their
+    window), and the call after a full window waits until the window's first call has left it (real time: it paces
+    I/O, not a rule). A person waiting for a card is not kept waiting for a rate the platform does not ask for (a
+    leaky bucket spaced even a burst of 48 over the whole second)."""
 
     WINDOW_S = 1.0
+    SPREAD = 0.25  # of the window: a full burst of calls starts within its first quarter
     KEYS_MAX = 10_000  # keys remembered; idle ones are forgotten first
 
     def __init__(self, rate: float) -> None:
         self.burst = max(1, int(rate)) if rate > 0 else 0
+        self.gap = self.WINDOW_S * self.SPREAD / self.burst if self.burst else 0.0
         self._slots: dict[str, deque[float]] = {}  # per key, the start times of its last `burst` calls
 
     async def wait(self, key: str) -> None:
@@ -56,7 +59,9 @@ class Pacer:
             if len(self._slots) >= self.KEYS_MAX:
                 self._forget(now)
             slots = self._slots[key] = deque(maxlen=self.burst)
-        at = now if len(slots) < self.burst else max(now, slots[0] + self.WINDOW_S)
+        at = max(now, slots[-1] + self.gap) if slots else now
+        if len(slots) == self.burst:
+            at = max(at, slots[0] + self.WINDOW_S)
         slots.append(at)
         if at > now:
             await asyncio.sleep(at - now)

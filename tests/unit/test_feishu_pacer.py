@@ -33,19 +33,20 @@ async def test_a_burst_of_up_to_the_rate_goes_at_once_and_the_next_call_waits_fo
     for _ in range(50):
         await pacer.wait("app")
         starts.append(fake_time.now - 100.0)
-    assert starts[:48] == [0.0] * 48  # 48 first progress cards of a busy minute go out together
-    assert starts[48:] == [1.0, 1.0]  # the 49th when the first has left the one-second window
-    assert all(sum(1 for s in starts if w <= s < w + 1.0) <= 48 for w in starts)  # any window: at most 48
+    assert starts[47] == pytest.approx(0.25 * 47 / 48)  # 48 first progress cards of a busy minute: in 0.25 s
+    assert starts[48:] == pytest.approx([1.0, 1.0 + 0.25 / 48])  # the 49th once the first has left the window
+    assert all(sum(1 for s in starts if w <= s < w + 1.0 - 1e-9) <= 48 for w in starts)  # any window: at most 48
 
 
 async def test_each_key_has_its_own_window_and_a_fractional_rate_rounds_down(fake_time: Time):
     pacer = channel.Pacer(4.8)  # Feishu's 5 QPS per user, kept under
     for _ in range(4):
         await pacer.wait("app/ou_a")
+    spread = fake_time.now - 100.0
     await pacer.wait("app/ou_b")
-    assert fake_time.now == 100.0  # four calls for one user and one for another: nobody waited
+    assert spread == pytest.approx(0.25 * 3 / 4) and fake_time.now - 100.0 == spread  # ou_b did not wait
     await pacer.wait("app/ou_a")
-    assert fake_time.now == 101.0
+    assert fake_time.now == pytest.approx(101.0)  # ou_a's fifth call: a second after its first
 
 
 async def test_keys_idle_for_a_window_are_forgotten_when_the_pacer_is_full(fake_time: Time,
