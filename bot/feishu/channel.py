@@ -11,9 +11,10 @@ Calls are paced below Feishu's limits (per application and per recipient) so the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from lark_oapi.api.im.v1 import (CreateMessageRequest, CreateMessageRequestBody, CreateMessageResponse,
                                  PatchMessageRequest, PatchMessageRequestBody, PatchMessageResponse,
@@ -33,12 +34,24 @@ CARD_GONE = {230031, 230011, 230110}
 RESET_HEADER = "x-ogw-ratelimit-reset"
 
 
+class _Call:
+    """One paced call: when it was let start, and when its answer came back (None while in flight)."""
+
+    __slots__ = ("start", "end", "ended")
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.end: float | None = None
+        self.ended = asyncio.Event()
+
+
 class Pacer:
-    """At most `rate` calls (rounded down, at least one) per key in any one-second window, as Feishu counts its
-    limits: a burst goes out within the window's first `SPREAD` (spaced evenly, so the calls also arrive in their
-    window), and the call after a full window waits until the window's first call has left it (real time: it paces
-    I/O, not a rule). A person waiting for a card is not kept waiting for a rate the platform does not ask for (a
-    leaky bucket spaced even a burst of 48 over the whole second)."""
+    """At most `rate` calls (rounded down, at least one) per key in any one-second window at the platform, as
+    Feishu counts its limits (real time: it paces I/O, not a rule). A burst goes out within the window's first
+    `SPREAD`, spaced evenly; the call after a full window starts a second after the window's first call *came
+    back* — it reached the platform before that, so however late a call arrives, no window there holds more than
+    `rate`. A person waiting for a card is not kept waiting for a rate the platform does not ask for (a leaky
+    bucket spaced even a burst of 48 over the whole second)."""
 
     WINDOW_S = 1.0
     SPREAD = 0.25  # of the window: a full burst of calls starts within its first quarter
@@ -47,28 +60,43 @@ class Pacer:
     def __init__(self, rate: float) -> None:
         self.burst = max(1, int(rate)) if rate > 0 else 0
         self.gap = self.WINDOW_S * self.SPREAD / self.burst if self.burst else 0.0
-        self._slots: dict[str, deque[float]] = {}  # per key, the start times of its last `burst` calls
+        self._calls: dict[str, deque[_Call]] = {}  # per key, its last `burst` calls
 
-    async def wait(self, key: str) -> None:
-        """Sleep until `key` may make its next call, and count that call."""
+    @contextlib.asynccontextmanager
+    async def slot(self, key: str) -> AsyncIterator[None]:
+        """Wait until `key` may make its next call; the call runs inside the block (its end is when it came back)."""
         if not self.burst:
+            yield
             return
-        now = time.monotonic()
-        slots = self._slots.get(key)
-        if slots is None:
-            if len(self._slots) >= self.KEYS_MAX:
-                self._forget(now)
-            slots = self._slots[key] = deque(maxlen=self.burst)
-        at = max(now, slots[-1] + self.gap) if slots else now
-        if len(slots) == self.burst:
-            at = max(at, slots[0] + self.WINDOW_S)
-        slots.append(at)
-        if at > now:
-            await asyncio.sleep(at - now)
+        calls = self._calls.get(key)
+        if calls is None:
+            if len(self._calls) >= self.KEYS_MAX:
+                self._forget(time.monotonic())
+            calls = self._calls[key] = deque(maxlen=self.burst)
+        while True:
+            now = time.monotonic()
+            at = max(now, calls[-1].start + self.gap) if calls else now
+            if len(calls) < self.burst:
+                break
+            oldest = calls[0]
+            if oldest.end is not None:
+                at = max(at, oldest.end + self.WINDOW_S)
+                break
+            await oldest.ended.wait()  # a full window whose first call is still out: wait for its answer
+        call = _Call(at)
+        calls.append(call)  # and the window's first leaves the deque
+        try:
+            if at > now:
+                await asyncio.sleep(at - now)
+            yield
+        finally:
+            call.end = time.monotonic()
+            call.ended.set()
 
     def _forget(self, now: float) -> None:
-        for key in [k for k, s in self._slots.items() if s[-1] <= now - self.WINDOW_S]:
-            del self._slots[key]
+        for key in [k for k, c in self._calls.items()
+                    if c[-1].end is not None and c[-1].end <= now - self.WINDOW_S]:
+            del self._calls[key]
 
 
 class _App:
@@ -118,9 +146,14 @@ class FeishuChannel:
         app = self.apps.get(app_id)
         if app is None:
             return Delivery(RETRY, error=f"Feishu application {app_id} is not configured in this hub")
-        await self.app_pacer.wait(app_id)
-        if recipient:
-            await self.user_pacer.wait(f"{app_id}/{recipient}")
+        async with contextlib.AsyncExitStack() as paced:
+            await paced.enter_async_context(self.app_pacer.slot(app_id))
+            if recipient:
+                await paced.enter_async_context(self.user_pacer.slot(f"{app_id}/{recipient}"))
+            return await self._attempts(app, fn, update)
+
+    async def _attempts(self, app: _App, fn: Callable[[_App, str], Awaitable[Any]], update: bool) -> Delivery:
+        """The call, once more with a fresh tenant token if the first was refused for its token."""
         for attempt in range(2):
             try:
                 token = await app.token.get()
