@@ -262,9 +262,7 @@ class Hub:
 
     async def _chat_step(self) -> float:
         """Drive the chat Turns' cards (one pass of the chat loop); what it queued wakes the chat outbox's loop."""
-        wait = await self.chats.step()
-        self.chats.outputs_due.set()
-        return wait
+        return await self.chats.step()
 
     async def _chat_outputs_step(self) -> float:
         """Deliver the chat outputs that are due (one pass of the chat outbox's loop, apart from the driver's, so

@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..clock import within
 from ..config import BoxSettings
 from .base import OUTPUT_CAP_BYTES, BoxError, ExecResult
 from .limits import Limits, existing_cgroups, remove_cgroups
 from .uids import UidClaims
-from ..clock import within
 
 BOX_ID = re.compile(r"vm_[0-9a-z]{1,40}")
 # After the command exits, background children may still hold its pipes; read what is there, then stop.

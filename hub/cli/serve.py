@@ -10,10 +10,10 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..clock import within
 from ..errors import AmuxError
 from .discovery import home_settings
 from .options import server_opts
-from ..clock import within
 
 if TYPE_CHECKING:  # the server side loads only for the commands that run it
     from ..app import Hub

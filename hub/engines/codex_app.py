@@ -35,13 +35,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Mapping
 
+from ..clock import within
 from ..domain.events import turn_usage
 from .approvals import Approvals, Decision
 from .base import Emit, EngineResult, Job
 from .environment import child_env
 from .process import ChildProcess
 from .streams import program_name, raw_tool
-from ..clock import within
 
 CLIENT = {"name": "amux", "title": "amux hub", "version": "1"}
 PASSTHROUGH = frozenset({"-c", "--config", "--enable", "--disable"})

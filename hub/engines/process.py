@@ -11,9 +11,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
+from ..clock import within
 from .base import EngineResult, Sandbox
 from .environment import child_env
-from ..clock import within
 
 PR_SET_PDEATHSIG = 1
 LINE_LIMIT = 32 * 1024 * 1024  # one stream line (a tool result can carry a whole file)

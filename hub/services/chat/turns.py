@@ -301,7 +301,10 @@ class ChatTurnService:
                 await self._drive(conn, ct, now)
             return len(rows)
 
-        return 0.0 if await self.db.transaction(drive) >= CLAIM_BATCH else self.poll_s
+        driven = await self.db.transaction(drive)
+        if driven:
+            self.outputs_due.set()  # what the pass queued (updates, answers) goes out now
+        return 0.0 if driven >= CLAIM_BATCH else self.poll_s
 
     async def _drive(self, conn: Connection, ct: Row, now: datetime) -> None:
         notes = await self._settle_notes(conn, ct, now)
